@@ -1,0 +1,1 @@
+"""Adapters that run the residency policy inside other serving stacks."""

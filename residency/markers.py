@@ -1,0 +1,54 @@
+"""Named host ranges: `torch.profiler.record_function` plus optional in-process sinks.
+
+A sink is any callable `sink(name, start_ns, end_ns)` (monotonic `perf_counter_ns` clock);
+the emulated NPU registers one to export host ranges beside its device tasks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+RangeSink = Callable[[str, int, int], None]
+
+RELEASE_NORMAL = "residency.release[normal]"
+RELEASE_FORCED = "residency.release[forced]"
+REQUEST = "residency.request"
+PHASE_PREPARE = "residency.phase[prepare]"
+PHASE_DENOISE = "residency.phase[denoise]"
+PHASE_DECODE = "residency.phase[decode]"
+
+_sinks: list[RangeSink] = []
+
+
+def add_sink(sink: RangeSink) -> None:
+    """Register a callable that receives every finished range."""
+    if sink not in _sinks:
+        _sinks.append(sink)
+
+
+def remove_sink(sink: RangeSink) -> None:
+    """Unregister a sink added with `add_sink` (no error when absent)."""
+    if sink in _sinks:
+        _sinks.remove(sink)
+
+
+def emit(name: str, start_ns: int, end_ns: int) -> None:
+    """Report an already measured range to every sink."""
+    for sink in tuple(_sinks):
+        sink(name, start_ns, end_ns)
+
+
+@contextmanager
+def span(name: str) -> Iterator[None]:
+    """A host range named `name`, visible to torch profilers and to registered sinks."""
+    from torch.profiler import record_function
+
+    start_ns = time.perf_counter_ns()
+    try:
+        with record_function(name):
+            yield
+    finally:
+        if _sinks:
+            emit(name, start_ns, time.perf_counter_ns())
