@@ -122,3 +122,67 @@ def telemetry_for(device: Any) -> Telemetry:
     if as_device(device).type == "npu":
         return RegisteredModuleTelemetry()
     return GenericTelemetry()
+
+
+def _outcome(call: Any) -> dict[str, Any]:
+    try:
+        value = call()
+    except Exception as exc:  # the outcome of a failing query is the evidence
+        return {"ok": False, "error_type": type(exc).__name__, "error": str(exc)}
+    value = [int(v) for v in value] if isinstance(value, tuple) else int(value)
+    return {"ok": True, "value": value}
+
+
+def probe_queries(device: Any) -> dict[str, Any]:
+    """Outcome of every query path on `device`: value, or exception type and message.
+
+    Keys: `generic` and `registered` (each `allocated`, `reserved`), `mem_get_info`,
+    `arms` (which telemetry each arm reads and whether a snapshot succeeds), `bug_present`.
+    """
+    import torch
+
+    device = as_device(device)
+
+    def registered(name: str) -> Any:
+        return lambda: getattr(torch.get_device_module(device), name)(device)
+
+    generic = {
+        "allocated": _outcome(lambda: torch.accelerator.memory_allocated(device)),
+        "reserved": _outcome(lambda: torch.accelerator.memory_reserved(device)),
+    }
+    module = {
+        "allocated": _outcome(registered("memory_allocated")),
+        "reserved": _outcome(registered("memory_reserved")),
+    }
+    arms = {}
+    for arm, source in (("baseline", GenericTelemetry()), ("candidate", telemetry_for(device))):
+        try:
+            snapshot: dict[str, Any] | None = source.snapshot(device).to_dict()
+            error = None
+        except TelemetryUnavailable as exc:
+            snapshot, error = None, str(exc)
+        arms[arm] = {"telemetry": source.name, "snapshot": snapshot, "error": error}
+    arms["always-release"] = {"telemetry": None, "snapshot": None, "error": None}
+    generic_ok = all(v["ok"] for v in generic.values())
+    module_ok = all(v["ok"] for v in module.values())
+    return {
+        "device": str(device),
+        "generic": generic,
+        "registered": module,
+        "mem_get_info": _outcome(registered("mem_get_info")),
+        "arms": arms,
+        # the bug: generic query fails where the registered module answers
+        "bug_present": (not generic_ok) and module_ok,
+        "verdict": _verdict(generic_ok, module_ok),
+    }
+
+
+def _verdict(generic_ok: bool, module_ok: bool) -> str:
+    if not generic_ok and module_ok:
+        return ("bug present: the generic torch.accelerator query fails where the registered "
+                "device module answers")
+    if generic_ok and module_ok:
+        return "bug absent: both query paths answer"
+    if generic_ok:
+        return "registered device module does not answer; the generic query does"
+    return "no allocator telemetry on this device: neither query path answers"

@@ -1,0 +1,30 @@
+"""Shared helpers: run Python snippets in a fresh interpreter (for process-global torch state)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_python(code: str, *, timeout: float = 180, env: dict | None = None) -> dict:
+    """Run `code` in a new interpreter; its last stdout line must be a JSON object."""
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+        timeout=timeout, cwd=ROOT, env=env,
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def subprocess_python():
+    """`run_python` as a fixture."""
+    return run_python
