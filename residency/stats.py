@@ -1,0 +1,427 @@
+"""What a comparison of two arms can and cannot claim, as small immutable results.
+
+Four entry points, one per shape of evidence:
+
+* `compare_groups`: per-rank values of one run pair (exact Mann-Whitney U test);
+* `compare_pairs`: arm-level paired measurements (exact Wilcoxon signed-rank sign-flip test);
+* `proportion`: k of n with a Clopper-Pearson 95 % interval;
+* `single`: one value per arm, no test possible.
+
+Every result carries `n`, `p_value` (float or None), `ci` (tuple or None), an effect
+(`ratio` and/or `delta`, in `unit`) and a plain-words `note`. Tests are two-sided at the 5 %
+level. Wording follows pyperf ("Not significant", "1.23x faster") and Google Benchmark's
+compare.py (names the test, warns below 9 repetitions). No torch here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from itertools import combinations
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+from scipy import stats as _sps
+
+ALPHA = 0.05
+MIN_REPETITIONS = 9  # Google Benchmark compare.py warns below this
+MIN_CI_PAIRS = 10  # no interval for paired deltas below this many pairs
+_MAX_ENUMERATION = 200_000  # exact permutation enumeration limit for tied groups
+
+__all__ = [
+    "GroupComparison", "PairComparison", "Proportion", "Single",
+    "compare_groups", "compare_pairs", "proportion", "single", "pairs_floor_note",
+    "fmt_num", "fmt_p", "fmt_speed",
+]
+
+
+# ----------------------------------------------------------------------------- formatting
+def fmt_num(x: float) -> str:
+    """A number with at most 6 decimals and no trailing zeros (ns resolution in ms)."""
+    if x == int(x) and abs(x) < 1e15:
+        return str(int(x))
+    return f"{x:.6f}".rstrip("0").rstrip(".")
+
+
+def fmt_p(p: float) -> str:
+    """A p-value with three significant digits."""
+    return f"{p:.3g}"
+
+
+def fmt_speed(ratio: float | None) -> str:
+    """pyperf's wording for a duration ratio candidate/baseline."""
+    if ratio is None or not math.isfinite(ratio):
+        return "ratio undefined (baseline is 0)"
+    if ratio == 1.0:
+        return "no change"
+    if ratio == 0.0:
+        return "candidate is 0"
+    return f"{1 / ratio:.2f}x faster" if ratio < 1 else f"{ratio:.2f}x slower"
+
+
+def _verdict(p: float) -> str:
+    if p < ALPHA:
+        return f"significant at the 5 % level (p={fmt_p(p)} < 0.05)"
+    return f"Not significant (p={fmt_p(p)} >= 0.05)"
+
+
+class _Result:
+    """Shared helpers: `to_dict()` for JSON and a readable repr."""
+
+    note: str  # declared by every subclass
+
+    def to_dict(self) -> dict[str, Any]:
+        """The result as plain JSON-ready values."""
+        out = asdict(self)  # type: ignore[call-overload]
+        out["kind"] = type(self).__name__
+        return out
+
+    def _summary(self) -> str:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self._summary()}>\n  {self.note}"
+
+    def __str__(self) -> str:
+        return self._summary()
+
+
+# ----------------------------------------------------------------------------- input checks
+def _values(name: str, values: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Validated non-empty, finite, non-negative float array."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+        raise ValueError(
+            f"The value for `{name}` must be a sequence of numbers, but {values!r} was passed.")
+    try:
+        arr = np.asarray(values, dtype=float).ravel()
+    except (TypeError, ValueError):
+        raise ValueError(f"The value for `{name}` must be a sequence of numbers, "
+                         f"but {values!r} was passed.") from None
+    if arr.size == 0:
+        raise ValueError(f"The value for `{name}` must be a non-empty sequence of numbers, "
+                         f"but an empty sequence was passed.")
+    _check_finite(name, arr)
+    return arr
+
+
+def _check_finite(name: str, arr: np.ndarray) -> None:
+    bad = arr[~np.isfinite(arr)]
+    if bad.size:
+        raise ValueError(f"The value for `{name}` must contain only finite numbers, "
+                         f"but {bad[0]!r} was passed.")
+    neg = arr[arr < 0]
+    if neg.size:
+        raise ValueError(f"The value for `{name}` must hold non-negative durations, "
+                         f"but {neg[0]!r} was passed.")
+
+
+def _scalar(name: str, value: float) -> float:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"The value for `{name}` must be a number, "
+                         f"but {value!r} was passed.") from None
+    _check_finite(name, np.array([x]))
+    return x
+
+
+def _ratio(candidate: float, baseline: float) -> float | None:
+    return candidate / baseline if baseline > 0 else None
+
+
+# ----------------------------------------------------------------------------- groups
+@dataclass(frozen=True, repr=False)
+class GroupComparison(_Result):
+    """Per-rank values of one run pair compared with an exact Mann-Whitney U test."""
+
+    n: tuple[int, int]
+    baseline_range: tuple[float, float]
+    candidate_range: tuple[float, float]
+    baseline_median: float
+    candidate_median: float
+    ratio: float | None  # candidate median / baseline median
+    delta: float  # candidate median - baseline median
+    unit: str
+    p_value: float
+    test: str
+    ci: None
+    note: str
+
+    def _summary(self) -> str:
+        b, c, u = self.baseline_range, self.candidate_range, self.unit
+        return (f"n={self.n[0]} vs {self.n[1]}: {fmt_num(b[0])}-{fmt_num(b[1])} {u} -> "
+                f"{fmt_num(c[0])}-{fmt_num(c[1])} {u}, medians {fmt_num(self.baseline_median)}"
+                f" -> {fmt_num(self.candidate_median)} {u}: {fmt_speed(self.ratio)}, "
+                f"p={fmt_p(self.p_value)}")
+
+
+def _mann_whitney_exact(b: np.ndarray, c: np.ndarray) -> tuple[float, str]:
+    """Two-sided p of the U test: scipy exact without ties, else exact enumeration."""
+    pooled = np.concatenate([b, c])
+    if np.unique(pooled).size == pooled.size:
+        res = _sps.mannwhitneyu(b, c, alternative="two-sided", method="exact")
+        return float(res.pvalue), "exact"
+    if math.comb(pooled.size, b.size) > _MAX_ENUMERATION:
+        res = _sps.mannwhitneyu(b, c, alternative="two-sided", method="asymptotic")
+        return float(res.pvalue), "normal approximation with tie correction"
+    ranks = _sps.rankdata(pooled)
+    expected = b.size * (pooled.size + 1) / 2
+    observed = abs(ranks[: b.size].sum() - expected)
+    sums = np.fromiter((ranks[list(ix)].sum() for ix in combinations(range(pooled.size), b.size)),
+                       dtype=float)
+    p = np.mean(np.abs(sums - expected) >= observed - 1e-9)
+    return float(min(1.0, p)), "exact permutation with ties"
+
+
+def compare_groups(
+    baseline: Sequence[float], candidate: Sequence[float], *, unit: str = "ms"
+) -> GroupComparison:
+    """Compare per-rank values of one baseline run with one candidate run.
+
+    The ranks of one run are not independent replicates: a small p supports a claim about
+    every rank in this run pair, not a generalisation across runs.
+
+    Raises:
+        ValueError: an input is empty or holds NaN, infinite or negative values.
+    """
+    b, c = _values("baseline", baseline), _values("candidate", candidate)
+    p, method = _mann_whitney_exact(b, c)
+    test = f"Mann-Whitney U test ({method}, two-sided)"
+    bm, cm = float(np.median(b)), float(np.median(c))
+    sep = ""
+    floor = 2 / math.comb(b.size + c.size, b.size)
+    if floor >= ALPHA:
+        sep = (f"p < 0.05 is unreachable with {b.size} vs {c.size} values whatever the data "
+               f"(smallest two-sided p = {fmt_p(floor)}); ")
+    elif c.max() < b.min() or b.max() < c.min():
+        sep = f"complete separation (p = 2/C({b.size + c.size},{b.size}), the smallest reachable); "
+    note = (f"{test}, repetitions {b.size} vs {c.size}: {sep}{_verdict(p)}. "
+            f"The ranks of one run are not independent replicates: the claim is "
+            f"\"every rank, in this run pair\", not a cross-run generalisation; no interval.")
+    if min(b.size, c.size) < MIN_REPETITIONS:
+        note += (f" Warning: results unreliable, {MIN_REPETITIONS}+ repetitions recommended "
+                 f"(have {b.size} vs {c.size}).")
+    return GroupComparison(
+        n=(int(b.size), int(c.size)), baseline_range=(float(b.min()), float(b.max())),
+        candidate_range=(float(c.min()), float(c.max())), baseline_median=bm,
+        candidate_median=cm, ratio=_ratio(cm, bm), delta=cm - bm, unit=unit, p_value=p,
+        test=test, ci=None, note=note)
+
+
+# ----------------------------------------------------------------------------- pairs
+@dataclass(frozen=True, repr=False)
+class PairComparison(_Result):
+    """Arm-level paired measurements compared with an exact sign-flip test."""
+
+    n: int
+    deltas: tuple[float, ...]  # candidate - baseline, per pair
+    baseline_median: float
+    candidate_median: float
+    delta: float  # median of the paired deltas
+    relative: float | None  # delta / baseline median
+    ratio: float | None  # candidate median / baseline median
+    unit: str
+    p_value: float | None
+    min_p: float | None  # smallest two-sided p reachable at this n: 2^(1-n)
+    ci: tuple[float, float] | None  # 95 % distribution-free interval for the median delta
+    pairs_needed: int | None
+    test: str
+    note: str
+
+    def _summary(self) -> str:
+        u = self.unit
+        rel = "" if self.relative is None else f" ({self.relative:+.3%})"
+        p = "p=None" if self.p_value is None else f"p={fmt_p(self.p_value)}"
+        ci = "" if self.ci is None else f", 95 % CI {fmt_num(self.ci[0])}..{fmt_num(self.ci[1])}"
+        pairs = "pair" if self.n == 1 else "pairs"
+        return (f"n={self.n} {pairs}: medians {fmt_num(self.baseline_median)} -> "
+                f"{fmt_num(self.candidate_median)} {u}, median delta {self.delta:+.6f} {u}"
+                f"{rel}{ci}, {p}")
+
+
+def pairs_floor_note(n: int) -> str:
+    """What an exact two-sided sign-flip test can reach with `n` pairs."""
+    if n <= 1:
+        return "Single observation: one pair, no interval or test possible."
+    floor = 2.0 ** (1 - n)
+    if floor >= ALPHA:
+        return (f"With {n} pairs p < 0.05 is unreachable whatever the data (smallest two-sided "
+                f"p = 2^(1-{n}) = {fmt_p(floor)}): at least 6 pairs needed, all in one "
+                f"direction.")
+    return f"Smallest two-sided p reachable with {n} pairs: 2^(1-{n}) = {fmt_p(floor)}."
+
+
+def _signed_rank_exact(d: np.ndarray) -> tuple[float, int]:
+    """Exact two-sided Wilcoxon signed-rank p over all 2^n sign flips (zeros dropped)."""
+    d = d[d != 0]
+    if d.size == 0:
+        return 1.0, 0
+    r2 = np.rint(2 * _sps.rankdata(np.abs(d))).astype(np.int64)  # midranks, doubled
+    counts = np.zeros(int(r2.sum()) + 1)
+    counts[0] = 1.0
+    for r in r2:  # distribution of the positive-rank sum under random signs
+        shifted = np.zeros_like(counts)
+        shifted[r:] = counts[:-r] if r else counts
+        counts = counts + shifted
+    probs = counts / counts.sum()
+    mean = r2.sum() / 2
+    observed = abs(r2[d > 0].sum() - mean)
+    p = probs[np.abs(np.arange(probs.size) - mean) >= observed - 1e-9].sum()
+    return float(min(1.0, p)), int(d.size)
+
+
+def _median_ci(d: np.ndarray) -> tuple[float, float] | None:
+    """Distribution-free >=95 % interval for the median (order statistics, binomial)."""
+    n = d.size
+    k = int(_sps.binom.ppf(0.025, n, 0.5))  # largest k with P(X <= k-1) <= 0.025
+    while k > 0 and _sps.binom.cdf(k - 1, n, 0.5) > 0.025:
+        k -= 1
+    if k < 1:
+        return None
+    s = np.sort(d)
+    return float(s[k - 1]), float(s[n - k])
+
+
+def _pairs_needed(effect: float, sd: float | None) -> int | None:
+    """Pairs for 80 % power at the 5 % level, normal approximation; at least 6."""
+    if effect == 0:
+        return None
+    if not sd:
+        return 6
+    z = NormalDist().inv_cdf(0.975) + NormalDist().inv_cdf(0.80)
+    return max(6, math.ceil((z * sd / abs(effect)) ** 2))
+
+
+def compare_pairs(
+    baseline: Sequence[float], candidate: Sequence[float], *, unit: str = "s",
+    noise: float | None = None,
+) -> PairComparison:
+    """Compare paired arm-level measurements, pair i = (baseline[i], candidate[i]).
+
+    `noise` is an optional A/A noise estimate in `unit` (e.g. the typical |delta| of
+    same-arm pairs); the median delta is compared with it.
+
+    Raises:
+        ValueError: empty, NaN, infinite or negative inputs; unequal lengths; bad `noise`.
+    """
+    b, c = _values("baseline", baseline), _values("candidate", candidate)
+    if b.size != c.size:
+        raise ValueError(f"The value for `candidate` must have as many values as `baseline` "
+                         f"({b.size}), but a sequence of length {c.size} was passed.")
+    if noise is not None:
+        noise = _scalar("noise", noise)
+    n = int(b.size)
+    d = c - b
+    bm, cm, md = float(np.median(b)), float(np.median(c)), float(np.median(d))
+    parts = [pairs_floor_note(n)]
+    p = min_p = ci = None
+    test = "none (single pair)"
+    if n >= 2:
+        p, used = _signed_rank_exact(d)
+        min_p = 2.0 ** (1 - n)
+        test = "Wilcoxon signed-rank test (exact sign-flip, two-sided)"
+        dropped = f" ({n - used} zero deltas dropped)" if used < n else ""
+        parts.append(f"{test}, {n} pairs{dropped}: {_verdict(p)}.")
+        ci = _median_ci(d) if n >= MIN_CI_PAIRS else None
+        parts.append(f"Median delta {md:+.6f} {unit}; " + (
+            f"95 % distribution-free interval {fmt_num(ci[0])}..{fmt_num(ci[1])} {unit}."
+            if ci else f"no interval below {MIN_CI_PAIRS} pairs."))
+    if noise is not None:
+        verdict = ("within the noise: not distinguishable from A/A variation"
+                   if abs(md) <= noise else f"{abs(md) / noise:.1f}x the noise")
+        parts.append(f"A/A noise {fmt_num(noise)} {unit}: |median delta| {fmt_num(abs(md))} "
+                     f"{unit} is {verdict}.")
+    sd = float(np.std(d, ddof=1)) if n >= 2 else noise
+    mean = float(np.mean(d))
+    needed = _pairs_needed(mean, sd)
+    if needed is not None and sd is not None:
+        src = "SD of the deltas" if n >= 2 else "A/A noise as the spread"
+        parts.append(f"Estimate: about {needed} pairs would resolve a mean delta of "
+                     f"{mean:+.6f} {unit} at {src} {fmt_num(sd)} {unit} (normal approximation, "
+                     f"80 % power, 5 % two-sided; at least 6 for the exact test).")
+    elif n == 1:
+        parts.append("Spread unknown from one pair: at least 6 pairs needed.")
+    return PairComparison(
+        n=n, deltas=tuple(float(x) for x in d), baseline_median=bm, candidate_median=cm,
+        delta=md, relative=md / bm if bm > 0 else None, ratio=_ratio(cm, bm), unit=unit,
+        p_value=p, min_p=min_p, ci=ci, pairs_needed=needed, test=test, note=" ".join(parts))
+
+
+# ----------------------------------------------------------------------------- counts
+@dataclass(frozen=True, repr=False)
+class Proportion(_Result):
+    """k of n with a Clopper-Pearson 95 % interval."""
+
+    successes: int
+    n: int
+    fraction: float
+    ci: tuple[float, float]
+    p_value: None
+    ratio: None
+    delta: None
+    unit: str
+    note: str
+
+    def _summary(self) -> str:
+        lo, hi = self.ci
+        return f"{self.successes}/{self.n} ({self.fraction:.1%}), 95 % CI {lo:.3f}..{hi:.3f}"
+
+
+def proportion(successes: int, n: int) -> Proportion:
+    """`successes` of `n` with an exact Clopper-Pearson 95 % interval.
+
+    Raises:
+        ValueError: `n` < 1, or `successes` not an integer in [0, n].
+    """
+    for name, v in (("n", n), ("successes", successes)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise ValueError(f"The value for `{name}` must be an integer, but {v!r} was passed.")
+    if n < 1:
+        raise ValueError(f"The value for `n` must be at least 1, but {n!r} was passed.")
+    if not 0 <= successes <= n:
+        raise ValueError(f"The value for `successes` must be between 0 and n={n}, "
+                         f"but {successes!r} was passed.")
+    k = int(successes)
+    lo = 0.0 if k == 0 else float(_sps.beta.ppf(0.025, k, n - k + 1))
+    hi = 1.0 if k == n else float(_sps.beta.ppf(0.975, k + 1, n - k))
+    note = (f"{k} of {n} ({k / n:.1%}); Clopper-Pearson 95 % interval "
+            f"{lo:.1%}-{hi:.1%}: what this count supports.")
+    return Proportion(successes=k, n=int(n), fraction=k / n, ci=(lo, hi), p_value=None,
+                      ratio=None, delta=None, unit="fraction", note=note)
+
+
+# ----------------------------------------------------------------------------- single
+@dataclass(frozen=True, repr=False)
+class Single(_Result):
+    """One value per arm: a single observation, no test or interval."""
+
+    baseline: float
+    candidate: float
+    delta: float
+    relative: float | None
+    ratio: float | None
+    unit: str
+    n: int
+    p_value: None
+    ci: None
+    note: str
+
+    def _summary(self) -> str:
+        rel = "" if self.relative is None else f" ({self.relative:+.2%})"
+        return (f"{fmt_num(self.baseline)} -> {fmt_num(self.candidate)} {self.unit}, "
+                f"delta {self.delta:+.6f} {self.unit}{rel}")
+
+
+def single(baseline: float, candidate: float, *, unit: str = "ms") -> Single:
+    """One value per arm, labelled as a single observation.
+
+    Raises:
+        ValueError: a value is NaN, infinite, negative or not a number.
+    """
+    b, c = _scalar("baseline", baseline), _scalar("candidate", candidate)
+    return Single(baseline=b, candidate=c, delta=c - b,
+                  relative=(c - b) / b if b > 0 else None, ratio=_ratio(c, b), unit=unit, n=1,
+                  p_value=None, ci=None,
+                  note="Single observation per arm: no interval or test possible.")

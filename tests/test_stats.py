@@ -1,0 +1,163 @@
+"""Known answers, bad input and properties of `residency.stats`."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from residency import stats
+
+
+@dataclass(frozen=True)
+class PairCase:
+    name: str
+    baseline: list[float]
+    candidate: list[float]
+    p_value: float | None
+    note_has: tuple[str, ...] = field(default=())
+
+
+PAIR_CASES = [
+    PairCase("one pair", [2248.795837], [2244.482967], None,
+             ("Single observation", "no interval or test possible")),
+    PairCase("three pairs one direction", [10, 11, 12], [9, 10, 11.5], 0.25,
+             ("unreachable whatever the data", "at least 6 pairs")),
+    PairCase("three pairs other direction", [1, 2, 3], [2, 4, 6], 0.25, ("at least 6 pairs",)),
+    PairCase("six pairs one direction", [5, 6, 7, 8, 9, 10], [4, 5, 6, 7, 8, 9.5],
+             2 ** -5, ("significant at the 5 % level",)),
+    PairCase("mixed signs", [10, 10, 10, 10], [9, 11, 9.5, 10.4], 1.0, ("Not significant",)),
+]
+
+
+@pytest.mark.parametrize("case", PAIR_CASES, ids=lambda c: c.name)
+def test_compare_pairs_known_answers(case: PairCase) -> None:
+    r = stats.compare_pairs(case.baseline, case.candidate)
+    assert r.n == len(case.baseline)
+    if case.p_value is None:
+        assert r.p_value is None
+    else:
+        assert r.p_value == pytest.approx(case.p_value)
+    for text in case.note_has:
+        assert text in r.note
+
+
+def test_one_pair_has_no_interval_and_no_test() -> None:
+    r = stats.compare_pairs([12.3], [11.2])
+    assert (r.p_value, r.ci, r.min_p) == (None, None, None)
+    assert "Single observation" in r.note
+    assert r.delta == pytest.approx(-1.1)
+
+
+def test_smallest_reachable_p_and_interval_threshold() -> None:
+    r9 = stats.compare_pairs(list(range(10, 19)), list(range(9, 18)))
+    assert r9.min_p == 2.0 ** -8 and r9.p_value == pytest.approx(2.0 ** -8)
+    assert r9.ci is None and "no interval below 10 pairs" in r9.note
+    base = [100.0 + i for i in range(12)]
+    r12 = stats.compare_pairs(base, [b - 1 - 0.01 * i for i, b in enumerate(base)])
+    assert r12.ci is not None and r12.ci[0] <= r12.delta <= r12.ci[1]
+
+
+def test_noise_and_pairs_needed() -> None:
+    r = stats.compare_pairs([2248.795837], [2244.482967], noise=3.0)
+    assert "1.4x the noise" in r.note and r.pairs_needed == 6
+    within = stats.compare_pairs([10.0, 10.0], [9.9, 9.95], noise=0.5)
+    assert "within the noise" in within.note
+    noisy = stats.compare_pairs([10, 10, 10, 10], [9, 11, 9.5, 10.4])
+    assert noisy.pairs_needed is not None and noisy.pairs_needed > 6
+
+
+def test_complete_separation_8_vs_8() -> None:
+    base = [216.822, 220.1, 225.0, 230.4, 233.3, 240.0, 245.5, 251.161]
+    cand = [1.334, 1.36, 1.4, 1.42, 1.45, 1.5, 1.55, 1.579]
+    r = stats.compare_groups(base, cand)
+    assert r.p_value == pytest.approx(2 / 12870, rel=1e-12)
+    assert r.n == (8, 8) and r.ci is None
+    assert r.baseline_range == (216.822, 251.161)
+    assert "every rank, in this run pair" in r.note
+    assert "9+ repetitions recommended" in r.note
+    assert "faster" in repr(r)
+
+
+def test_groups_with_ties_use_exact_enumeration() -> None:
+    r = stats.compare_groups([1, 2, 2, 3, 4], [2, 3, 3, 4, 5])
+    assert "exact permutation with ties" in r.test
+    assert 0 < r.p_value <= 1
+    tied_separation = stats.compare_groups([5, 5, 6, 6, 7, 7], [1, 1, 2, 2, 3, 3])
+    assert tied_separation.p_value == pytest.approx(2 / math.comb(12, 6))
+
+
+def test_proportion_clopper_pearson() -> None:
+    r = stats.proportion(24, 24)
+    assert round(r.ci[0], 3) == 0.858 and r.ci[1] == 1.0
+    assert f"{r.ci[0]:.4f}" == "0.8575"
+    assert stats.proportion(0, 8).ci[0] == 0.0
+    assert stats.proportion(0, 8).ci[1] == pytest.approx(0.36942, abs=1e-5)
+    assert r.p_value is None and "Clopper-Pearson" in r.note
+
+
+def test_single_is_labelled() -> None:
+    r = stats.single(221.296680, 3.164550, unit="ms")
+    assert r.delta == pytest.approx(-218.13213)
+    assert (r.n, r.p_value, r.ci) == (1, None, None)
+    assert "Single observation" in r.note
+    assert r.to_dict()["kind"] == "Single"
+
+
+@dataclass(frozen=True)
+class BadCase:
+    name: str
+    call: object
+    argument: str
+
+
+BAD_CASES = [
+    BadCase("empty baseline", lambda: stats.compare_groups([], [1.0]), "baseline"),
+    BadCase("empty candidate", lambda: stats.compare_pairs([1.0], []), "candidate"),
+    BadCase("nan", lambda: stats.compare_groups([1.0, float("nan")], [1.0]), "baseline"),
+    BadCase("negative", lambda: stats.compare_pairs([1.0], [-2.0]), "candidate"),
+    BadCase("unequal pairs", lambda: stats.compare_pairs([1.0, 2.0], [1.0]), "candidate"),
+    BadCase("string", lambda: stats.compare_groups("abc", [1.0]), "baseline"),
+    BadCase("single nan", lambda: stats.single(float("nan"), 1.0), "baseline"),
+    BadCase("negative noise", lambda: stats.compare_pairs([1.0], [2.0], noise=-1), "noise"),
+    BadCase("successes > n", lambda: stats.proportion(5, 4), "successes"),
+    BadCase("n zero", lambda: stats.proportion(0, 0), "n"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_CASES, ids=lambda c: c.name)
+def test_bad_input_names_the_argument(case: BadCase) -> None:
+    with pytest.raises(ValueError, match=rf"The value for `{case.argument}` must .* was passed"):
+        case.call()
+
+
+durations = st.lists(st.floats(min_value=0, max_value=1e6, allow_nan=False), min_size=1,
+                     max_size=7)
+
+
+@settings(max_examples=60, deadline=None)
+@given(durations, durations)
+def test_groups_p_in_unit_interval_and_symmetric(b: list[float], c: list[float]) -> None:
+    r, swapped = stats.compare_groups(b, c), stats.compare_groups(c, b)
+    assert 0 < r.p_value <= 1
+    assert r.p_value == pytest.approx(swapped.p_value)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 1e4), st.floats(0, 1e4)), min_size=2, max_size=12))
+def test_pairs_p_bounds_and_symmetry(pairs: list[tuple[float, float]]) -> None:
+    b, c = [p[0] for p in pairs], [p[1] for p in pairs]
+    r = stats.compare_pairs(b, c)
+    assert r.min_p - 1e-12 <= r.p_value <= 1
+    assert r.p_value == pytest.approx(stats.compare_pairs(c, b).p_value)
+
+
+def test_analysis_modules_do_not_import_torch() -> None:
+    code = ("import sys, residency.stats, residency.rundir, residency.tables; "
+            "sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
