@@ -11,6 +11,7 @@ from collections.abc import Sequence
 # subcommand -> module providing `add_cli(subparsers)` and `run_cli(args) -> int`
 SUBCOMMANDS = {
     "probe": "residency.cli",
+    "serve": "residency.service",
     "idle": "residency.idle",
     "tables": "residency.tables",
 }

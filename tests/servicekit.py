@@ -1,0 +1,77 @@
+"""Start `residency serve` as a real subprocess for tests, and talk to it over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+SMALL = ["--scale", "0.02", "--resident-mib", "256"]
+
+
+def http(method: str, url: str, body: object | bytes | None = None, timeout: float = 120
+         ) -> tuple[int, dict]:
+    """(status, JSON body) of one request; HTTP errors are returned, not raised."""
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+@contextmanager
+def service(tmp: Path, *args: str, ready_timeout: float = 240):
+    """Yield (process, base_url, markers_dir); always stops the process group."""
+    markers = tmp / "markers"
+    cmd = [sys.executable, "-m", "residency.cli", "serve", "--device", "emulated-npu",
+           "--port", "0", "--markers", str(markers), *args]
+    log = open(tmp / "service.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + ready_timeout
+        url = None
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith("listening on "):
+                url = line.split()[-1]
+                break
+        if url is None:
+            raise AssertionError(f"service did not start:\n{(tmp / 'service.log').read_text()}")
+        yield proc, url, markers
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        log.close()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is not alive
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def decisions(markers: Path) -> dict[int, list[dict]]:
+    out = {}
+    for path in sorted(markers.glob("decisions-rank*.jsonl")):
+        rank = int(path.stem.removeprefix("decisions-rank"))
+        out[rank] = [json.loads(line) for line in path.read_text().splitlines()]
+    return out
