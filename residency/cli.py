@@ -12,6 +12,7 @@ from collections.abc import Sequence
 SUBCOMMANDS = {
     "probe": "residency.cli",
     "serve": "residency.service",
+    "pair": "residency.experiments",
     "idle": "residency.idle",
     "tables": "residency.tables",
 }

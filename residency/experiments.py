@@ -1,0 +1,547 @@
+"""Paired designs: isolated baseline/candidate arms, warmed, measured and stopped one at a time,
+for the built-in service or an external one described by a TOML service file.
+
+Data flow: service -> run directory (`docs/contracts.md`): manifest.json, and per measured run
+`client.json`, `service.log`, decisions JSONL per rank and traces per rank when profiled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+DESIGNS = ("profiled-pair", "alternating")
+ARMS = ("baseline", "candidate")
+STOP_GRACE_S = 30.0
+
+
+class ExperimentError(RuntimeError):
+    """A paired run could not finish; the run directory is left marked `incomplete`."""
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """How to start one arm's service and measure one request on it (strings are templates
+    with `{port}`, `{arm}`, `{profile_dir}`, `{profiler_config}`, `{decisions_dir}`,
+    `{steps}`, `{seed}`)."""
+
+    name: str
+    device_kind: str
+    ranks: int
+    command: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str = "."
+    health_url: str = "http://127.0.0.1:{port}/health"
+    health_timeout_s: float = 600.0
+    method: str = "POST"
+    url: str = "http://127.0.0.1:{port}/v1/generate"
+    json_body: dict[str, Any] | None = None
+    form: dict[str, str] | None = None
+    files: dict[str, str] | None = None
+    request_timeout_s: float = 3600.0
+    profile_start_url: str | None = None
+    profile_stop_url: str | None = None
+    profile_stop_timeout_s: float = 1800.0
+    traces: str = "{profile_dir}"
+    decisions: str = "{decisions_dir}"
+    builtin: bool = False
+    warmup_json: dict[str, Any] | None = None
+
+
+def builtin_service(*, device_kind: str, ranks: int, scale: float = 1.0,
+                    capacity_bytes: int | None = None, resident_mib: float = 1024,
+                    health_timeout_s: float = 600.0) -> ServiceSpec:
+    """The spec of `residency serve` for these parameters."""
+    command = [sys.executable, "-m", "residency.cli", "serve", "--arm", "{arm}", "--device",
+               device_kind, "--ranks", str(ranks), "--port", "{port}", "--markers",
+               "{decisions_dir}", "--scale", repr(scale), "--resident-mib", repr(resident_mib),
+               "{profile_flag}"]
+    if capacity_bytes is not None:
+        command += ["--capacity", str(capacity_bytes)]
+    return ServiceSpec(
+        name="residency-builtin", device_kind=device_kind, ranks=ranks, command=tuple(command),
+        json_body={"steps": "{steps}", "seed": "{seed}"},
+        warmup_json={"steps": "{steps}", "seed": "{seed}", "warmup": True},
+        health_timeout_s=health_timeout_s, builtin=True)
+
+
+def load_service_file(path: str | os.PathLike[str]) -> ServiceSpec:
+    """A `ServiceSpec` from a TOML service file; errors name the file and the field."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ExperimentError(f"{path}: service file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ExperimentError(f"{path}: invalid TOML: {exc}") from None
+
+    def need(table: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+        if key not in table:
+            raise ExperimentError(f"{path}: missing field `{where}{key}`")
+        if not isinstance(table[key], kind):
+            raise ExperimentError(f"{path}: field `{where}{key}` has the wrong type "
+                                  f"({type(table[key]).__name__})")
+        return table[key]
+
+    serve = need(data, "serve", dict, "")
+    health = need(data, "health", dict, "")
+    request = need(data, "request", dict, "")
+    profile = data.get("profile", {})
+    kind = need(data, "device_kind", str, "")
+    if kind not in ("npu", "cuda", "emulated-npu"):
+        raise ExperimentError(f"{path}: field `device_kind` must be npu, cuda or emulated-npu, "
+                              f"not {kind!r}")
+    command = need(serve, "command", list, "serve.")
+    base = path.parent
+    files = {k: str((base / v).resolve()) for k, v in request.get("files", {}).items()}
+    return ServiceSpec(
+        name=str(data.get("name", path.stem)), device_kind=kind,
+        ranks=int(need(data, "ranks", int, "")), command=tuple(str(c) for c in command),
+        env={str(k): str(v) for k, v in serve.get("env", {}).items()},
+        cwd=str((base / serve.get("cwd", ".")).resolve()),
+        health_url=need(health, "url", str, "health."),
+        health_timeout_s=float(health.get("timeout_s", 600)),
+        method=str(request.get("method", "POST")).upper(), url=need(request, "url", str,
+                                                                      "request."),
+        json_body=request.get("json"), form=request.get("form"), files=files or None,
+        request_timeout_s=float(request.get("timeout_s", 3600)),
+        profile_start_url=profile.get("start_url"), profile_stop_url=profile.get("stop_url"),
+        profile_stop_timeout_s=float(profile.get("stop_timeout_s", 1800)),
+        traces=str(profile.get("traces", "{profile_dir}")),
+        decisions=str(profile.get("decisions", "{decisions_dir}")),
+    )
+
+
+# --- template filling and HTTP ----------------------------------------------------------------
+
+def _fill(value: Any, values: dict[str, Any]) -> Any:
+    """Fill `{name}` placeholders; a string that is exactly one placeholder keeps its type."""
+    if isinstance(value, str):
+        for key, v in values.items():
+            if value == "{" + key + "}":
+                return v
+        out = value
+        for key, v in values.items():
+            out = out.replace("{" + key + "}", str(v))
+        return out
+    if isinstance(value, dict):
+        return {k: _fill(v, values) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_fill(v, values) for v in value]
+    return value
+
+
+def _multipart(form: dict[str, Any], files: dict[str, str]) -> tuple[bytes, str]:
+    boundary = uuid.uuid4().hex
+    parts: list[bytes] = []
+    for name, value in form.items():
+        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n'
+                     f"{value}\r\n".encode())
+    for name, file in files.items():
+        p = Path(file)
+        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; '
+                     f'filename="{p.name}"\r\nContent-Type: application/octet-stream\r\n\r\n'
+                     .encode() + p.read_bytes() + b"\r\n")
+    parts.append(f"--{boundary}--\r\n".encode())
+    return b"".join(parts), f"multipart/form-data; boundary={boundary}"
+
+
+def _http(method: str, url: str, *, body: bytes | None = None, content_type: str | None = None,
+          timeout: float) -> tuple[int, bytes]:
+    headers = {"Content-Type": content_type} if content_type else {}
+    req = urllib.request.Request(url, data=body, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def free_port() -> int:
+    """A TCP port free on loopback right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --- one arm ----------------------------------------------------------------------------------
+
+@dataclass
+class RunningService:
+    """A started service process group and its filled-in values."""
+
+    proc: subprocess.Popen[bytes]
+    values: dict[str, Any]
+    log_path: Path
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(text[-lines:])
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> int | None:
+        """SIGTERM to the whole group, SIGKILL after `grace_s`; returns the exit code."""
+        if self.proc.poll() is None:
+            _signal_group(self.proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=grace_s)
+        _signal_group(self.proc.pid, signal.SIGKILL)  # stragglers of the group, if any
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        return self.proc.returncode
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def start_service(spec: ServiceSpec, arm: str, run_dir: Path, *, profiled: bool
+                  ) -> RunningService:
+    """Start the arm's service in its own process group and wait until it is healthy."""
+    port = free_port()
+    profile_dir = run_dir / ("trace-raw" if spec.builtin else "trace")
+    values: dict[str, Any] = {
+        "port": port, "arm": arm, "decisions_dir": str(run_dir),
+        "profile_dir": str(profile_dir) if profiled else "",
+        "profiler_config": json.dumps({"profiler": "torch",
+                                       "torch_profiler_dir": str(profile_dir)}),
+    }
+    command = [str(c) for c in _fill(list(spec.command), values)]
+    if spec.builtin:
+        command = [c for c in command if c != "{profile_flag}"]
+        if profiled:
+            command += ["--profile", str(profile_dir)]
+    env = {**os.environ, **{k: str(v) for k, v in _fill(spec.env, values).items()}}
+    log_path = run_dir / "service.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                cwd=spec.cwd, start_new_session=True)
+    service = RunningService(proc, values, log_path)
+    try:
+        _wait_healthy(spec, service)
+    except BaseException:
+        service.stop(grace_s=5)
+        raise
+    return service
+
+
+def _wait_healthy(spec: ServiceSpec, service: RunningService) -> None:
+    url = _fill(spec.health_url, service.values)
+    deadline = time.monotonic() + spec.health_timeout_s
+    while True:
+        code = service.proc.poll()
+        if code is not None:
+            raise ExperimentError(f"service exited with code {code} before it was healthy; "
+                                  f"log tail:\n{service.log_tail()}")
+        try:
+            status, _ = _http("GET", url, timeout=5)
+            if status == 200:
+                return
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise ExperimentError(f"service not healthy at {url} after "
+                                  f"{spec.health_timeout_s:g} s; log tail:\n{service.log_tail()}")
+        time.sleep(0.25)
+
+
+def send_request(spec: ServiceSpec, values: dict[str, Any], *, warmup: bool = False
+                 ) -> tuple[int, bytes, int]:
+    """Send the measured (or warm-up) request; returns (status, body, client E2E ns)."""
+    url = _fill(spec.url, values)
+    body: bytes | None = None
+    content_type = None
+    template = spec.warmup_json if warmup and spec.warmup_json else spec.json_body
+    if template is not None:
+        body, content_type = json.dumps(_fill(template, values)).encode(), "application/json"
+    elif spec.form is not None or spec.files:
+        body, content_type = _multipart(_fill(spec.form or {}, values), spec.files or {})
+    start = time.perf_counter_ns()
+    try:
+        status, payload = _http(spec.method, url, body=body, content_type=content_type,
+                                timeout=spec.request_timeout_s)
+    except (urllib.error.URLError, OSError, TimeoutError) as exc:
+        raise ExperimentError(f"request to {url} failed: {exc}") from exc
+    return status, payload, time.perf_counter_ns() - start
+
+
+def _post_control(url: str, values: dict[str, Any], timeout: float) -> None:
+    target = _fill(url, values)
+    try:
+        status, payload = _http("POST", target, body=b"", timeout=timeout)
+    except (urllib.error.URLError, OSError, TimeoutError) as exc:
+        raise ExperimentError(f"{target} failed: {exc}") from exc
+    if status >= 400:
+        raise ExperimentError(f"{target} answered {status}: {payload[:300]!r}")
+
+
+def run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, seed: int,
+            profiled: bool) -> dict[str, Any]:
+    """Start, warm, measure and stop one arm; returns its manifest entry."""
+    rel = f"runs/{index:02d}-{arm}"
+    run_dir = out / rel
+    run_dir.mkdir(parents=True, exist_ok=False)
+    service = start_service(spec, arm, run_dir, profiled=profiled)
+    values = {**service.values, "steps": steps, "seed": seed}
+    try:
+        status, payload, warm_ns = send_request(spec, values, warmup=True)
+        if status != 200:
+            raise ExperimentError(f"{arm} warm-up answered {status}: {payload[:300]!r}; "
+                                  f"log tail:\n{service.log_tail()}")
+        warm = _json_or_none(payload)
+        if profiled and spec.profile_start_url:
+            _post_control(spec.profile_start_url, values, timeout=60)
+        status, payload, e2e_ns = send_request(spec, values)
+        if profiled and spec.profile_stop_url:
+            _post_control(spec.profile_stop_url, values, timeout=spec.profile_stop_timeout_s)
+        if status != 200:
+            raise ExperimentError(f"{arm} request answered {status}: {payload[:300]!r}; "
+                                  f"log tail:\n{service.log_tail()}")
+    except ExperimentError as exc:
+        if service.proc.poll() is not None:
+            raise ExperimentError(f"{exc}\nservice exited with code {service.proc.returncode};"
+                                  f" log tail:\n{service.log_tail()}") from exc
+        raise
+    finally:
+        service.stop()
+    response = _json_or_none(payload)
+    request_id = (response or {}).get("request_id")
+    if spec.builtin and profiled:
+        _collect_builtin_traces(run_dir, request_id)
+    client = {"arm": arm, "index": index, "request": {"steps": steps, "seed": seed},
+              "request_id": request_id, "e2e_ns": e2e_ns, "e2e_s": e2e_ns / 1e9,
+              "warmup": {"request_id": (warm or {}).get("request_id"), "e2e_ns": warm_ns},
+              "response": response if response is not None else {"bytes": len(payload)}}
+    _write_json(run_dir / "client.json", client)
+    return {"arm": arm, "index": index, "dir": rel, "e2e_s": e2e_ns / 1e9,
+            "profiled": profiled, "request_id": request_id}
+
+
+def _json_or_none(payload: bytes) -> Any:
+    try:
+        return json.loads(payload)
+    except ValueError:
+        return None
+
+
+def _collect_builtin_traces(run_dir: Path, request_id: str | None) -> None:
+    raw = run_dir / "trace-raw"
+    src = raw / str(request_id)
+    if request_id is None or not src.is_dir():
+        raise ExperimentError(f"{run_dir}: no traces for request {request_id} under {raw}")
+    src.rename(run_dir / "trace")
+    shutil.rmtree(raw, ignore_errors=True)
+
+
+# --- designs and the run directory ------------------------------------------------------------
+
+def plan(design: str, pairs: int) -> list[tuple[str, bool]]:
+    """(arm, profiled) in run order: one profiled pair, or `pairs` unprofiled pairs in ABBA."""
+    if design == "profiled-pair":
+        return [("baseline", True), ("candidate", True)]
+    if design == "alternating":
+        if pairs < 1:
+            raise ValueError(f"The value for `pairs` must be >= 1, but {pairs!r} was passed.")
+        order: list[tuple[str, bool]] = []
+        for i in range(pairs):
+            arms = ARMS if i % 2 == 0 else ARMS[::-1]
+            order += [(arm, False) for arm in arms]
+        return order
+    raise ValueError(f"The value for `design` must be one of {list(DESIGNS)}, but {design!r} "
+                     "was passed.")
+
+
+def versions() -> dict[str, Any]:
+    """python, torch, torch-npu, residency and its git commit."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def ver(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    commit = None
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).resolve().parent, timeout=10,
+                                check=True).stdout.strip() or None
+    return {"python": platform.python_version(), "torch": ver("torch"),
+            "torch_npu": ver("torch-npu") or ver("torch_npu"), "residency": ver("residency"),
+            "git_commit": commit}
+
+
+def _write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically (temp file + rename)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def sha256_artifacts(root: Path) -> dict[str, str]:
+    """sha256 of every file under `root` except the manifest, by POSIX relative path."""
+    out = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = path.relative_to(root).as_posix()
+        if rel == "manifest.json" or path.name.startswith("."):
+            continue
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        out[rel] = h.hexdigest()
+    return out
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, steps: int = 50,
+               seed: int = 2101, pairs: int = 1, params: dict[str, Any] | None = None,
+               progress: bool | Callable[[Iterator[Any]], Iterator[Any]] = True) -> Path:
+    """Run a design into a new run directory; returns it. On any failure the directory stays
+    with `status: incomplete` and the error, every service is stopped, and
+    `ExperimentError` is raised."""
+    if steps <= 0:
+        raise ValueError(f"The value for `steps` must be >= 1, but {steps!r} was passed.")
+    order = plan(design, pairs)
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise ExperimentError(f"{out}: run directory exists and is not empty; choose a new one")
+    out.mkdir(parents=True, exist_ok=True)
+    manifest: dict[str, Any] = {
+        "schema": "residency.run/1", "status": "incomplete", "design": design,
+        "device_kind": spec.device_kind, "service": "builtin" if spec.builtin else "external",
+        "service_name": spec.name,
+        "params": {"ranks": spec.ranks, "steps": steps, "seed": seed,
+                   "pairs": pairs if design == "alternating" else 1, **(params or {})},
+        "versions": versions(), "host": platform.node(), "started_at": _now(),
+        "ended_at": None, "order": [arm for arm, _ in order], "runs": [], "artifacts": {},
+        "error": None,
+    }
+    _write_json(out / "manifest.json", manifest)
+    bar = _progress(progress, len(order), f"{design} ({spec.device_kind})")
+    try:
+        for index, (arm, profiled) in enumerate(order):
+            bar.set_postfix_str(f"{arm} #{index}")
+            manifest["runs"].append(run_arm(spec, arm, index, out, steps=steps, seed=seed,
+                                            profiled=profiled))
+            _write_json(out / "manifest.json", manifest)
+            bar.update(1)
+    except BaseException as exc:
+        manifest["error"] = f"{type(exc).__name__}: {exc}"
+        manifest["ended_at"] = _now()
+        _write_json(out / "manifest.json", manifest)
+        if isinstance(exc, ExperimentError):
+            raise
+        if isinstance(exc, Exception):
+            raise ExperimentError(f"{out}: run incomplete: {exc}") from exc
+        raise
+    finally:
+        bar.close()
+    manifest["artifacts"] = sha256_artifacts(out)
+    manifest["ended_at"] = _now()
+    manifest["status"] = "complete"
+    _write_json(out / "manifest.json", manifest)
+    return out
+
+
+def _progress(progress: Any, total: int, desc: str) -> Any:
+    if callable(progress):
+        return progress(total=total, desc=desc)
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="arm", disable=not progress, file=sys.stderr)
+
+
+def run_pair(design: str = "profiled-pair", *, out: str | os.PathLike[str], device: str = "auto",
+             ranks: int = 2, steps: int = 50, seed: int = 2101, pairs: int = 1,
+             scale: float = 1.0, capacity_bytes: int | None = None, resident_mib: float = 1024,
+             service_file: str | os.PathLike[str] | None = None, progress: bool = True) -> Path:
+    """`residency pair` as a function: the built-in service unless `service_file` is given."""
+    if service_file is not None:
+        spec = load_service_file(service_file)
+        params: dict[str, Any] = {"service_file": str(service_file)}
+    else:
+        from residency.emulated import resolve_device
+
+        if ranks < 1:
+            raise ValueError(f"The value for `ranks` must be >= 1, but {ranks!r} was passed.")
+        kind = resolve_device(device)
+        spec = builtin_service(device_kind=kind, ranks=ranks, scale=scale,
+                               capacity_bytes=capacity_bytes, resident_mib=resident_mib)
+        params = {"scale": scale, "capacity_bytes": capacity_bytes,
+                  "resident_mib": resident_mib}
+    return run_design(design, out, spec=spec, steps=steps, seed=seed, pairs=pairs,
+                      params=params, progress=progress)
+
+
+# --- CLI --------------------------------------------------------------------------------------
+
+def add_cli(subparsers: Any) -> None:
+    """Register `pair`."""
+    p = subparsers.add_parser("pair", help="run an isolated baseline/candidate design",
+                              description="Each arm runs in a fresh service process group: "
+                              "started, health-checked, warmed with the same request, measured,"
+                              " stopped before the other arm starts.")
+    p.add_argument("--design", choices=DESIGNS, default="profiled-pair")
+    p.add_argument("--pairs", type=int, default=1, help="alternating pairs (ABBA order)")
+    p.add_argument("--device", default="auto", help="auto|npu|cuda|emulated-npu")
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--seed", type=int, default=2101)
+    p.add_argument("--scale", type=float, default=1.0)
+    p.add_argument("--capacity", type=int, metavar="BYTES")
+    p.add_argument("--resident-mib", type=float, default=1024)
+    p.add_argument("--service", metavar="FILE", help="external service TOML file")
+    p.add_argument("--out", required=True, metavar="RUN_DIR")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def run_cli(args: Any) -> int:
+    """Run `pair`."""
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        out = run_pair(args.design, out=args.out, device=args.device, ranks=args.ranks,
+                       steps=args.steps, seed=args.seed, pairs=args.pairs, scale=args.scale,
+                       capacity_bytes=args.capacity, resident_mib=args.resident_mib,
+                       service_file=args.service, progress=not args.no_progress)
+    except (ExperimentError, ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"run complete: {out}")
+    return 0
+
+
+__all__ = ["ExperimentError", "ServiceSpec", "builtin_service", "load_service_file", "plan",
+           "run_design", "run_pair"]

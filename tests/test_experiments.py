@@ -1,0 +1,174 @@
+"""Paired designs against the built-in service (emulated NPU) and an external service file."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from residency.experiments import (
+    ExperimentError,
+    builtin_service,
+    load_service_file,
+    plan,
+    run_design,
+    run_pair,
+)
+from tests.servicekit import alive
+
+pytestmark = pytest.mark.slow
+SMALL = {"scale": 0.02, "resident_mib": 256}
+
+
+def manifest(out: Path) -> dict:
+    return json.loads((out / "manifest.json").read_text())
+
+
+def test_plan_orders() -> None:
+    assert plan("profiled-pair", 1) == [("baseline", True), ("candidate", True)]
+    assert [a for a, _ in plan("alternating", 2)] == ["baseline", "candidate", "candidate",
+                                                       "baseline"]
+    with pytest.raises(ValueError, match="design"):
+        plan("interleaved", 2)
+
+
+def test_profiled_pair_and_alternating_complete(tmp_path) -> None:
+    out = run_pair("profiled-pair", out=tmp_path / "pp", device="emulated-npu", ranks=2,
+                   steps=2, progress=False, **SMALL)
+    m = manifest(out)
+    assert m["status"] == "complete" and m["device_kind"] == "emulated-npu"
+    assert [(r["arm"], r["profiled"]) for r in m["runs"]] == [("baseline", True),
+                                                              ("candidate", True)]
+    for r in m["runs"]:
+        d = out / r["dir"]
+        assert sorted(p.name for p in (d / "trace").iterdir()) == ["rank0.trace.json",
+                                                                  "rank1.trace.json"]
+        assert (d / "decisions-rank0.jsonl").exists() and (d / "service.log").exists()
+        client = json.loads((d / "client.json").read_text())
+        assert client["request_id"] == r["request_id"] and client["e2e_s"] > 0
+        assert client["warmup"]["request_id"].startswith("warmup-")
+    assert set(m["artifacts"]) >= {"runs/00-baseline/client.json"}
+    alt = run_pair("alternating", out=tmp_path / "alt", device="emulated-npu", ranks=2,
+                   steps=2, pairs=2, progress=False, **SMALL)
+    m = manifest(alt)
+    assert m["status"] == "complete" and m["order"] == ["baseline", "candidate", "candidate",
+                                                        "baseline"]
+    assert len(m["runs"]) == 4 and not any(r["profiled"] for r in m["runs"])
+
+
+def test_external_service_file_runs_the_builtin_as_stand_in(tmp_path) -> None:
+    service_file = tmp_path / "builtin.toml"
+    service_file.write_text(f"""
+name = "stand-in"
+device_kind = "emulated-npu"
+ranks = 2
+[serve]
+command = ["{sys.executable}", "-m", "residency.cli", "serve", "--arm", "{{arm}}",
+           "--device", "emulated-npu", "--ranks", "2", "--port", "{{port}}",
+           "--markers", "{{decisions_dir}}", "--scale", "0.02", "--resident-mib", "256"]
+env = {{ RESIDENCY_ARM = "{{arm}}" }}
+[health]
+url = "http://127.0.0.1:{{port}}/health"
+timeout_s = 240
+[request]
+method = "POST"
+url = "http://127.0.0.1:{{port}}/v1/generate"
+json = {{ steps = "{{steps}}", seed = "{{seed}}" }}
+timeout_s = 300
+""")
+    out = run_pair("alternating", out=tmp_path / "ext", service_file=service_file, steps=2,
+                   pairs=1, progress=False)
+    m = manifest(out)
+    assert m["status"] == "complete" and m["service"] == "external"
+    assert [r["arm"] for r in m["runs"]] == ["baseline", "candidate"]
+    for r in m["runs"]:
+        rows = (out / r["dir"] / "decisions-rank1.jsonl").read_text().splitlines()
+        assert any(json.loads(x)["arm"] == r["arm"] for x in rows)
+
+
+def test_service_never_healthy_fails_with_log_tail(tmp_path) -> None:
+    service_file = tmp_path / "stuck.toml"
+    service_file.write_text(f"""
+device_kind = "emulated-npu"
+ranks = 1
+[serve]
+command = ["{sys.executable}", "-c", "import time; print('booting forever', flush=True); time.sleep(600)"]
+[health]
+url = "http://127.0.0.1:{{port}}/health"
+timeout_s = 2
+[request]
+url = "http://127.0.0.1:{{port}}/v1/generate"
+json = {{ steps = 1 }}
+""")
+    with pytest.raises(ExperimentError, match="(?s)not healthy.*booting forever"):
+        run_pair("profiled-pair", out=tmp_path / "stuck", service_file=service_file,
+                 progress=False)
+    m = manifest(tmp_path / "stuck")
+    assert m["status"] == "incomplete" and "not healthy" in m["error"]
+
+
+def test_killing_the_service_mid_run_marks_incomplete(tmp_path) -> None:
+    spec = builtin_service(device_kind="emulated-npu", ranks=2, scale=0.02, resident_mib=256)
+    out = tmp_path / "killed"
+    killed: list[int] = []
+
+    def killer() -> None:  # kill the first arm's service group a few seconds after it starts
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            for log in out.glob("runs/*/service.log"):
+                pids = _service_pids(log.parent)
+                if pids:
+                    time.sleep(3.0)
+                    os.killpg(pids[0], signal.SIGKILL)
+                    killed.append(pids[0])
+                    return
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=killer)
+    thread.start()
+    with pytest.raises(ExperimentError):
+        run_design("profiled-pair", out, spec=spec, steps=300, progress=False)
+    thread.join()
+    m = manifest(out)
+    assert m["status"] == "incomplete" and m["error"]
+    assert killed and not alive(killed[0])
+
+
+def _service_pids(run_dir: Path) -> list[int]:
+    """pid of the service whose process group writes into `run_dir` (from /proc)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"serve" in cmd and str(run_dir).encode() in cmd:
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_service_file_errors_name_the_field(tmp_path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('device_kind = "npu"\nranks = 8\n[serve]\n[health]\nurl = "x"\n[request]\n'
+                   'url = "y"\n')
+    with pytest.raises(ExperimentError, match="serve.command"):
+        load_service_file(bad)
+    with pytest.raises(ExperimentError, match="not found"):
+        load_service_file(tmp_path / "missing.toml")
+
+
+def test_existing_nonempty_out_is_refused(tmp_path) -> None:
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "keep.txt").write_text("evidence")
+    spec = builtin_service(device_kind="emulated-npu", ranks=1)
+    with pytest.raises(ExperimentError, match="not empty"):
+        run_design("profiled-pair", tmp_path / "x", spec=spec, progress=False)
+    assert (tmp_path / "x" / "keep.txt").read_text() == "evidence"
