@@ -98,7 +98,8 @@ def test_service_never_healthy_fails_with_log_tail(tmp_path) -> None:
 device_kind = "emulated-npu"
 ranks = 1
 [serve]
-command = ["{sys.executable}", "-c", "import time; print('booting forever', flush=True); time.sleep(600)"]
+command = ["{sys.executable}", "-c",
+           "import time; print('booting forever', flush=True); time.sleep(600)"]
 [health]
 url = "http://127.0.0.1:{{port}}/health"
 timeout_s = 2
