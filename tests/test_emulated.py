@@ -1,0 +1,536 @@
+"""The emulated NPU: allocator, streams, tracing in-process; registration in subprocesses.
+
+The PrivateUse1 rename is process-global and irreversible, so every check that needs
+`install_emulated_npu` runs in a fresh interpreter (the `subprocess_python` fixture);
+everything else builds an unregistered `EmulatedNPU` or `CachingHostAllocator` here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from residency import markers
+from residency.emulated import (
+    DEVICE_NAME,
+    DEVICE_PID_BASE,
+    OVERSIZE_SLACK_BYTES,
+    Block,
+    CachingHostAllocator,
+    DeviceTaskError,
+    EmulatedNPU,
+    resolve_device,
+    round_size,
+    torch_device,
+)
+
+MiB = 1024**2
+
+
+def check_invariants(alloc: CachingHostAllocator, live: dict) -> None:
+    """Accounting agrees with itself and with the live blocks the test holds."""
+    allocated, reserved = alloc.allocated_bytes, alloc.reserved_bytes
+    assert 0 <= allocated <= reserved <= alloc.capacity_bytes
+    assert alloc.free_bytes + reserved == alloc.capacity_bytes
+    assert allocated == sum(block.size for block in live.values())
+    stats = alloc.stats()
+    assert stats["allocated_bytes.all.current"] == allocated
+    assert stats["reserved_bytes.all.current"] == reserved
+    assert stats["allocation.all.current"] == len(live)
+    assert (stats["reserved_bytes.small_pool.current"]
+            + stats["reserved_bytes.large_pool.current"]) == reserved
+
+
+# -- allocator ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RoundCase:
+    nbytes: int
+    size: int
+
+
+@pytest.mark.parametrize("case", [
+    RoundCase(1, 512), RoundCase(512, 512), RoundCase(513, 1024), RoundCase(MiB, MiB),
+    RoundCase(MiB + 1, 2 * MiB), RoundCase(2 * MiB, 2 * MiB), RoundCase(5 * MiB, 6 * MiB),
+])
+def test_round_size(case: RoundCase) -> None:
+    assert round_size(case.nbytes) == case.size
+
+
+OPS = st.lists(st.one_of(
+    st.tuples(st.just("alloc"), st.integers(1, 2 * MiB)),           # small and medium
+    st.tuples(st.just("alloc"), st.integers(2 * MiB, 40 * MiB)),    # large, some over capacity
+    st.tuples(st.just("free"), st.integers(0, 1000)),
+    st.tuples(st.just("empty_cache"), st.just(0)),
+), max_size=40)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(ops=OPS)
+def test_allocator_accounting_holds_for_any_sequence(ops: list[tuple[str, int]]) -> None:
+    alloc = CachingHostAllocator(64 * MiB)
+    live: dict[int, Block] = {}
+    for op, arg in ops:
+        if op == "alloc":
+            before = (alloc.allocated_bytes, alloc.stats()["num_ooms"])
+            try:
+                block = alloc.allocate(arg)
+            except torch.OutOfMemoryError:
+                # OOM: live blocks untouched, the cache was dropped by the retry, one OOM counted
+                assert alloc.allocated_bytes == before[0]
+                assert alloc.reserved_bytes == alloc.allocated_bytes
+                assert alloc.stats()["num_ooms"] == before[1] + 1
+            else:
+                assert round_size(arg) <= block.size < round_size(arg) + OVERSIZE_SLACK_BYTES
+                assert block.buffer is not None and block.buffer.numel() == block.size
+                live[block.id] = block
+        elif op == "free" and live:
+            key = sorted(live)[arg % len(live)]
+            alloc.free(live.pop(key))
+        elif op == "empty_cache":
+            alloc.release_cached()
+            assert alloc.reserved_bytes == alloc.allocated_bytes
+        check_invariants(alloc, live)
+
+
+def test_freed_block_is_reused_best_fit_and_stays_reserved() -> None:
+    alloc = CachingHostAllocator(256 * MiB)
+    small, large, huge = alloc.allocate(4 * MiB), alloc.allocate(8 * MiB), alloc.allocate(64 * MiB)
+    for block in (small, large, huge):
+        alloc.free(block)
+    assert (alloc.allocated_bytes, alloc.reserved_bytes) == (0, 76 * MiB)
+    assert alloc.allocate(3 * MiB) is small          # smallest cached block that fits
+    assert alloc.allocate(5 * MiB) is large
+    fresh = alloc.allocate(6 * MiB)                  # 64 MiB is >= 20 MiB too large: not reused
+    assert fresh is not huge
+    assert alloc.reserved_bytes == 82 * MiB
+    assert alloc.stats()["num_device_alloc"] == 4
+
+
+def test_oom_retries_after_dropping_the_cache_then_raises_with_numbers() -> None:
+    alloc = CachingHostAllocator(32 * MiB)
+    alloc.free(alloc.allocate(20 * MiB))
+    kept = alloc.allocate(24 * MiB)       # fits only once the cached 20 MiB block is dropped
+    assert alloc.stats()["num_alloc_retries"] == 1
+    assert (alloc.allocated_bytes, alloc.reserved_bytes) == (24 * MiB, 24 * MiB)
+    with pytest.raises(torch.OutOfMemoryError) as err:
+        alloc.allocate(20 * MiB)
+    message = str(err.value)
+    for number in (20 * MiB, 24 * MiB, 32 * MiB):   # requested, reserved, capacity
+        assert str(number) in message
+    assert (alloc.allocated_bytes, alloc.reserved_bytes) == (24 * MiB, 24 * MiB)
+    assert alloc.stats()["num_ooms"] == 1
+    assert kept.buffer is not None and kept.allocated
+    alloc.free(kept)
+    assert alloc.allocate(30 * MiB).size == 30 * MiB
+    assert alloc.stats()["num_alloc_retries"] == 2
+
+
+def test_double_free_and_foreign_blocks_are_rejected() -> None:
+    alloc, other = CachingHostAllocator(8 * MiB), CachingHostAllocator(8 * MiB)
+    block = alloc.allocate(1000)
+    alloc.free(block)
+    with pytest.raises(ValueError, match="not a live block"):
+        alloc.free(block)
+    with pytest.raises(ValueError, match="not a live block"):
+        other.free(alloc.allocate(1000))
+
+
+def test_finalizer_free_while_the_lock_is_held_is_applied_by_the_next_call() -> None:
+    alloc = CachingHostAllocator(8 * MiB)
+    block = alloc.allocate(4096)
+    with alloc._lock:  # as when a finalizer runs inside an allocator call
+        alloc.free(block, from_finalizer=True)
+    assert alloc.allocated_bytes == 0
+    assert alloc.reserved_bytes == 4096
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="needs Linux /proc")
+def test_empty_cache_returns_touched_memory_to_the_os() -> None:
+    def rss() -> int:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    npu = EmulatedNPU(capacity_bytes=1024 * MiB)
+    tensor = npu.empty((256 * MiB,), torch.uint8)
+    npu.launch("touch", partial(tensor.host.fill_, 1))  # the task drops it once run
+    npu.synchronize()
+    tensor.free()
+    cached = rss()
+    assert npu.memory_reserved() == 256 * MiB
+    npu.empty_cache()
+    assert npu.memory_reserved() == 0
+    assert cached - rss() >= 200 * MiB
+
+
+# -- device module, in-process (not registered) ------------------------------------------------
+
+
+def test_module_reports_the_allocator_numbers() -> None:
+    npu = EmulatedNPU(devices=2, capacity_bytes=64 * MiB)
+    a = npu.empty((1024, 1024), device=1)               # 4 MiB on npu:1
+    b = npu.empty(100, torch.float16, device="npu:1")   # 200 B -> one 512 B block
+    assert npu.memory_allocated("npu:1") == 4 * MiB + 512
+    assert npu.memory_allocated(0) == 0
+    assert npu.mem_get_info(1) == (64 * MiB - npu.memory_reserved(1), 64 * MiB)
+    stats = npu.memory_stats(1)
+    assert stats["allocated_bytes.all.current"] == npu.memory_allocated(1)
+    assert stats["reserved_bytes.all.current"] == npu.memory_reserved(1)
+    assert stats["allocated_bytes.all.peak"] == npu.max_memory_allocated(1)
+    assert {"num_alloc_retries", "num_ooms"} <= stats.keys()
+    assert (a.shape, a.dtype, a.nbytes, a.host.shape) == (torch.Size([1024, 1024]),
+                                                          torch.float32, 4 * MiB, a.shape)
+    del a                                               # finalizer returns the block to the cache
+    b.free()
+    b.free()                                            # idempotent
+    assert (npu.memory_allocated(1), npu.memory_reserved(1)) == (0, 4 * MiB + 512)
+    npu.set_device(1)
+    npu.empty_cache()
+    assert npu.memory_reserved(1) == 0
+    with pytest.raises(RuntimeError, match="freed"):
+        _ = b.host
+
+
+def test_copies_round_trip_through_device_tasks() -> None:
+    npu = EmulatedNPU(capacity_bytes=64 * MiB)
+    source = torch.arange(12, dtype=torch.float64).reshape(3, 4)
+    on_device = npu.to_device(source)
+    out = npu.empty(on_device.shape, on_device.dtype)
+    src_view, out_view = on_device.host, out.host
+    npu.launch("double", lambda: torch.mul(src_view, 2, out=out_view))
+    assert torch.equal(out.to_host(), source * 2)
+    assert npu.empty((0, 5)).to_host().shape == (0, 5)
+
+
+def test_tasks_run_in_submission_order_while_the_host_goes_on() -> None:
+    npu = EmulatedNPU(capacity_bytes=MiB)
+    gate, seen, order = threading.Event(), [], list[int]()
+    npu.launch("wait-for-host", lambda: seen.append(gate.wait(timeout=30)))
+    gate.set()  # reached only because launch returned before the task finished
+    for i in range(50):
+        npu.launch(f"k{i}", partial(order.append, i))
+    npu.synchronize()
+    assert seen == [True]
+    assert order == list(range(50))
+
+
+def test_synchronize_waits_for_every_stream_of_the_device() -> None:
+    npu = EmulatedNPU(capacity_bytes=MiB)
+    side = npu.Stream()
+    gate, done = threading.Event(), []
+    for stream in (npu.current_stream(), side):
+        npu.launch("blocked", lambda: done.append(gate.wait(timeout=30)), stream=stream)
+    threading.Timer(0.05, gate.set).start()
+    npu.synchronize()
+    assert done == [True, True]
+    assert npu.current_stream().query() and side.query()
+
+
+def test_empty_cache_synchronizes_before_releasing() -> None:
+    npu = EmulatedNPU(capacity_bytes=64 * MiB)
+    gate, done = threading.Event(), []
+    npu.launch("blocked", lambda: done.append(gate.wait(timeout=30)))
+    threading.Timer(0.05, gate.set).start()
+    npu.empty_cache()
+    assert done == [True]
+
+
+def test_task_errors_are_sticky() -> None:
+    npu = EmulatedNPU(capacity_bytes=MiB)
+    ran: list[str] = []
+    npu.launch("bad", lambda: 1 / 0)
+    skipped = npu.launch("after", lambda: ran.append("after"))
+    with pytest.raises(DeviceTaskError, match="'bad'.*ZeroDivisionError") as err:
+        npu.synchronize()
+    assert isinstance(err.value.__cause__, ZeroDivisionError)
+    assert skipped.skipped and ran == []
+    with pytest.raises(DeviceTaskError):
+        npu.launch("later", lambda: None)
+    with pytest.raises(DeviceTaskError):
+        npu.synchronize()
+
+
+def test_streams_events_and_the_stream_context() -> None:
+    npu = EmulatedNPU(capacity_bytes=MiB)
+    side, order, gate = npu.Stream(), list[str](), threading.Event()
+    start, end = npu.Event(enable_timing=True), npu.Event(enable_timing=True)
+
+    def first() -> None:
+        gate.wait(timeout=30)
+        order.append("first")
+
+    start.record()
+    npu.launch("first", first)
+    end.record()
+    with npu.stream(side):
+        assert npu.current_stream() is side
+        side.wait_event(end)
+        npu.launch("second", lambda: order.append("second"))
+    assert npu.current_stream() is npu.default_stream()
+    assert not end.query()
+    gate.set()
+    end.synchronize()
+    side.synchronize()
+    assert order == ["first", "second"]
+    assert end.query() and start.elapsed_time(end) >= 0.0
+    with pytest.raises(RuntimeError, match="enable_timing"):
+        npu.Event().elapsed_time(end)
+    assert isinstance(npu.current_stream(), npu.Stream)
+    assert side.stream_id != npu.default_stream().stream_id
+
+
+# -- tracing -------------------------------------------------------------------------------------
+
+
+def test_trace_export_is_kineto_shaped(tmp_path: Path) -> None:
+    npu = EmulatedNPU(capacity_bytes=64 * MiB)
+    npu.launch("before-trace", lambda: None)
+    npu.synchronize()
+    npu.start_trace()
+    with markers.span(markers.RELEASE_NORMAL):
+        t = npu.to_device(torch.ones(1000))
+        view = t.host
+        npu.launch("scale", lambda: view.mul_(3))
+        npu.synchronize()
+    thread = threading.Thread(target=_span_in_thread, name="request-thread")
+    thread.start()
+    thread.join()
+    npu.stop_trace()
+    with markers.span("after-stop"):
+        pass
+    path = npu.export_trace(tmp_path / "sub" / "rank1.trace.json", rank=1, world_size=2)
+    trace = json.loads(path.read_text())
+
+    assert trace["distributedInfo"] == {"backend": "gloo", "rank": 1, "world_size": 2}
+    assert isinstance(trace["baseTimeNanoseconds"], int) and trace["schemaVersion"] == 1
+    assert trace["deviceProperties"][0]["name"] == DEVICE_NAME
+    assert trace["traceName"] == str(path)
+    events = trace["traceEvents"]
+    assert all(e["ph"] in ("X", "M") and {"name", "pid", "tid"} <= e.keys() for e in events)
+    meta = {(e["pid"], e["args"].get("name")) for e in events if e["name"] == "process_name"}
+    assert (DEVICE_PID_BASE, "Emulated NPU 0") in meta
+    ranges = [e for e in events if e["ph"] == "X"]
+    assert all(e["ts"] >= 0 and e["dur"] >= 0 for e in ranges)
+    device = {e["name"]: e for e in ranges if e["pid"] == DEVICE_PID_BASE}
+    host = {e["name"]: e for e in ranges if e["pid"] == os.getpid()}
+    assert set(device) == {"Memcpy HtoD", "scale"}
+    assert device["Memcpy HtoD"]["cat"] == "gpu_memcpy" and device["scale"]["cat"] == "kernel"
+    assert set(host) == {markers.RELEASE_NORMAL, "thread-range"}
+    assert all(e["cat"] == "user_annotation" for e in host.values())
+    assert host["thread-range"]["tid"] != host[markers.RELEASE_NORMAL]["tid"]
+    release = host[markers.RELEASE_NORMAL]
+    for kernel in device.values():   # synchronized inside the range: the tasks lie within it
+        assert release["ts"] <= kernel["ts"]
+        assert kernel["ts"] + kernel["dur"] <= release["ts"] + release["dur"] + 0.001
+    thread_names = {e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert "request-thread" in thread_names
+    assert [r.name for r in npu.trace_events() if r.device is not None] == ["Memcpy HtoD", "scale"]
+
+
+def _span_in_thread() -> None:
+    with markers.span("thread-range"):
+        pass
+
+
+def test_export_needs_a_trace_and_a_valid_rank(tmp_path: Path) -> None:
+    npu = EmulatedNPU(capacity_bytes=MiB)
+    with pytest.raises(RuntimeError, match="start_trace"):
+        npu.export_trace(tmp_path / "t.json", rank=0, world_size=1)
+    npu.start_trace()
+    npu.stop_trace()
+    for rank, world_size in ((2, 2), (-1, 2), (0, 0)):
+        with pytest.raises(ValueError, match=repr(rank) if world_size else "world_size"):
+            npu.export_trace(tmp_path / "t.json", rank=rank, world_size=world_size)
+
+
+# -- bad input and device selection ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs, named", [
+    ({"devices": 0}, "devices"), ({"devices": -2}, "devices"), ({"devices": True}, "devices"),
+    ({"capacity_bytes": 0}, "capacity_bytes"), ({"capacity_bytes": -1}, "capacity_bytes"),
+    ({"capacity_bytes": 1.5}, "capacity_bytes"),
+])
+def test_bad_construction_values_are_named(kwargs: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=rf"`{named}`.*{next(iter(kwargs.values()))!r}"):
+        EmulatedNPU(**kwargs)
+
+
+@pytest.mark.parametrize("device", [2, -1, "npu:2", "cuda:0", "npu0", True, 1.0,
+                                    torch.device("cpu")])
+def test_unknown_devices_are_named(device: object) -> None:
+    npu = EmulatedNPU(devices=2, capacity_bytes=MiB)
+    with pytest.raises(ValueError, match="`device`") as err:
+        npu.memory_allocated(device)
+    assert repr(device) in str(err.value)
+
+
+def test_bad_task_and_tensor_arguments() -> None:
+    npu = EmulatedNPU(capacity_bytes=MiB)
+    with pytest.raises(ValueError, match="'cuda_sync'"):
+        npu.launch("k", lambda: None, category="cuda_sync")
+    with pytest.raises(ValueError, match="`fn`"):
+        npu.launch("k", None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="negative"):
+        npu.empty((2, -1))
+    with pytest.raises(ValueError, match="host_tensor"):
+        npu.to_device([1, 2])  # type: ignore[arg-type]
+
+
+def test_resolve_device_on_a_cpu_only_host() -> None:
+    assert sys.modules.get("torch_npu") is None and not torch.cuda.is_available()
+    assert resolve_device() == resolve_device("auto") == "emulated-npu"
+    assert resolve_device("emulated-npu") == "emulated-npu"
+    with pytest.raises(RuntimeError, match="emulated-npu"):
+        resolve_device("npu")
+    with pytest.raises(RuntimeError, match="cuda"):
+        resolve_device("cuda")
+    with pytest.raises(ValueError, match=r"\['auto', 'npu', 'cuda', 'emulated-npu'\], but 'tpu'"):
+        resolve_device("tpu")
+    assert torch_device("cuda", 1) == torch.device("cuda", 1)
+    with pytest.raises(ValueError, match="'cpu'"):
+        torch_device("cpu", 0)
+    with pytest.raises(ValueError, match="-1"):
+        torch_device("cuda", -1)
+
+
+# -- registration (subprocesses) ------------------------------------------------------------------
+
+
+def test_registered_backend_reproduces_the_generic_failure_and_the_fix(
+        subprocess_python: Callable[..., dict]) -> None:
+    result = subprocess_python("""
+        import json, torch
+        from residency.emulated import install_emulated_npu, resolve_device, torch_device
+        from residency.policy import ListRecorder, policy_for
+        from residency.telemetry import GenericTelemetry, RegisteredModuleTelemetry
+        from residency.telemetry import TelemetryUnavailable
+
+        out = {}
+        try:
+            install_emulated_npu(devices=0)
+        except ValueError as exc:
+            out["devices0"] = str(exc)
+        out["name_before"] = torch._C._get_privateuse1_backend_name()
+        npu = install_emulated_npu(devices=1, capacity_bytes=1 << 30)
+        out["idempotent"] = install_emulated_npu(devices=1, capacity_bytes=1 << 30) is npu
+        try:
+            install_emulated_npu(devices=1, capacity_bytes=2 << 30)
+        except ValueError as exc:
+            out["other_capacity"] = str(exc)
+        d = torch.device("npu:0")
+        out["module"] = torch.get_device_module(d) is npu and torch.npu is npu
+        out["accelerator"] = str(torch.accelerator.current_accelerator())
+        out["torch_device"] = str(torch_device("emulated-npu", 0))
+        kept = npu.empty((1024, 1024), device=d)
+        cached = npu.empty((2 * 1024, 1024), device=d)
+        cached.free()
+        out["tensor_device"] = str(kept.device)
+        try:
+            torch.accelerator.memory_allocated(d)
+        except RuntimeError as exc:
+            out["generic_error"] = str(exc)
+        out["registered"] = [torch.get_device_module(d).memory_allocated(d),
+                             torch.get_device_module(d).memory_reserved(d),
+                             *torch.get_device_module(d).mem_get_info(d)]
+        out["snapshot"] = RegisteredModuleTelemetry().snapshot(d).to_dict()
+        try:
+            GenericTelemetry().snapshot(d)
+        except TelemetryUnavailable as exc:
+            out["generic_telemetry"] = exc.error_message
+        out["bad_index"] = None
+        try:
+            npu.memory_allocated("npu:1")
+        except ValueError as exc:
+            out["bad_index"] = str(exc)
+        out["auto"] = resolve_device("auto")
+
+        npu.start_trace()
+        recorder = ListRecorder()
+        before = RegisteredModuleTelemetry().snapshot(d).to_dict()
+        candidate = policy_for("candidate", d, recorder=recorder, rank=0)
+        out["candidate_released"] = candidate.release_if_needed()
+        out["same_state"] = RegisteredModuleTelemetry().snapshot(d).to_dict() == before
+        baseline = policy_for("baseline", d, recorder=recorder, rank=0)
+        out["baseline_released"] = baseline.release_if_needed()
+        out["after_baseline"] = [npu.memory_allocated(d), npu.memory_reserved(d)]
+        out["decisions"] = [[x.arm, x.outcome, x.reason] for x in recorder.decisions]
+        npu.stop_trace()
+        trace = npu.kineto_trace(rank=0, world_size=1)
+        out["annotations"] = [e["name"] for e in trace["traceEvents"]
+                              if e.get("cat") == "user_annotation"]
+        print(json.dumps(out))
+    """)
+    assert "`devices`" in result["devices0"] and "0" in result["devices0"]
+    assert result["name_before"] == "privateuseone"
+    assert result["idempotent"] is True
+    assert "capacity_bytes=2147483648" in result["other_capacity"]
+    assert result["module"] is True
+    assert result["accelerator"] == "npu"
+    assert result["torch_device"] == result["tensor_device"] == "npu:0"
+    assert "Allocator for npu is not a DeviceAllocator" in result["generic_error"]
+    assert "Allocator for npu is not a DeviceAllocator" in result["generic_telemetry"]
+    allocated, reserved = 4 * MiB, 4 * MiB + 8 * MiB
+    assert result["registered"] == [allocated, reserved, (1 << 30) - reserved, 1 << 30]
+    assert result["snapshot"] == {"reserved": reserved, "allocated": allocated,
+                                  "free": (1 << 30) - reserved, "total": 1 << 30}
+    assert "'npu:1'" in result["bad_index"]
+    assert result["auto"] == "emulated-npu"
+    assert result["candidate_released"] is False and result["same_state"] is True
+    assert result["baseline_released"] is True
+    assert result["after_baseline"] == [allocated, allocated]
+    assert result["decisions"] == [["candidate", "retained", "within-bounds"],
+                                   ["baseline", "released", "telemetry-unavailable"]]
+    assert result["annotations"] == [markers.RELEASE_NORMAL, markers.RELEASE_NORMAL]
+
+
+def test_real_torch_npu_or_another_backend_blocks_the_emulation(
+        tmp_path: Path, subprocess_python: Callable[..., dict]) -> None:
+    (tmp_path / "torch_npu.py").write_text(
+        "import os, types, torch\n"
+        "m = types.ModuleType('torch_npu.npu')\n"
+        "m.is_available = lambda: os.environ.get('FAKE_NPU') == '1'\n"
+        "torch._register_device_module('privateuseone', m)\n"
+        "torch.npu = m\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    result = subprocess_python("""
+        import json, os, torch
+        from residency.emulated import install_emulated_npu, resolve_device
+        out = {}
+        os.environ["FAKE_NPU"] = "1"
+        out["auto_available"] = resolve_device("auto")
+        out["npu_available"] = resolve_device("npu")
+        os.environ["FAKE_NPU"] = "0"
+        out["auto_unavailable"] = resolve_device("auto")
+        try:
+            resolve_device("npu")
+        except RuntimeError as exc:
+            out["npu_unavailable"] = str(exc)
+        try:
+            install_emulated_npu()
+        except RuntimeError as exc:
+            out["install"] = str(exc)
+        torch.utils.rename_privateuse1_backend("foo")
+        try:
+            install_emulated_npu()
+        except RuntimeError as exc:
+            out["install_foo"] = str(exc)
+        print(json.dumps(out))
+    """, env=env)
+    assert result["auto_available"] == result["npu_available"] == "npu"
+    assert result["auto_unavailable"] == "emulated-npu"
+    assert "is_available() is False" in result["npu_unavailable"]
+    assert "torch_npu" in result["install"]
+    assert "'foo'" in result["install_foo"]
