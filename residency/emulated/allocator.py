@@ -26,12 +26,12 @@ OVERSIZE_SLACK_BYTES = 20 * 1024**2
 _GiB = 1024**3
 
 
-
 def _fmt_bytes(n: int) -> str:
     return f"{n} bytes ({n / _GiB:.3f} GiB)"
 
 
 def check_positive_int(name: str, value: Any) -> int:
+    """`value` if it is a positive int; otherwise ValueError naming `name` and the value."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"The value for `{name}` must be a positive integer, but {value!r} "
                          "was passed.")
