@@ -1,0 +1,100 @@
+"""Interval algebra against a naive point-set model (hypothesis), plus edge cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from residency import intervals as iv
+
+# small coordinates so a set of covered integer points is an exact model of [start, end)
+interval = st.tuples(st.integers(-20, 60), st.integers(0, 25)).map(lambda p: (p[0], p[0] + p[1]))
+interval_sets = st.lists(interval, max_size=12)
+
+
+def points(rows) -> set[int]:
+    """The integer instants covered by half-open rows: the naive model."""
+    return {t for s, e in rows for t in range(s, e)}
+
+
+def normalised(a: np.ndarray) -> bool:
+    """Sorted, disjoint, non-adjacent, non-empty rows."""
+    return bool(np.all(a[:, 1] > a[:, 0]) and np.all(a[1:, 0] > a[:-1, 1]))
+
+
+def arr(rows) -> np.ndarray:
+    return np.array(rows, dtype=np.int64).reshape(-1, 2)
+
+
+@settings(max_examples=300, deadline=None)
+@given(interval_sets)
+def test_merge_matches_naive_and_leaves_input_alone(rows):
+    a = arr(rows)
+    before = a.copy()
+    m = iv.merge(a)
+    assert np.array_equal(a, before)  # HTA's merge sorts its argument in place; ours must not
+    assert normalised(m)
+    assert points(m.tolist()) == points(rows)
+    assert iv.measure(a) == len(points(rows))
+
+
+@settings(max_examples=300, deadline=None)
+@given(interval_sets, interval_sets, interval_sets)
+def test_union_and_intersection_match_naive(a, b, c):
+    u = iv.union(arr(a), arr(b), arr(c))
+    i = iv.intersection(arr(a), arr(b), arr(c))
+    assert normalised(u) and normalised(i)
+    assert points(u.tolist()) == points(a) | points(b) | points(c)
+    assert points(i.tolist()) == points(a) & points(b) & points(c)
+
+
+@settings(max_examples=300, deadline=None)
+@given(interval_sets, interval_sets)
+def test_complement_matches_naive(rows, window_rows):
+    c = iv.complement(arr(rows), arr(window_rows))
+    assert normalised(c)
+    assert points(c.tolist()) == points(window_rows) - points(rows)
+
+
+@given(interval_sets, interval)
+def test_complement_of_single_window_pair(rows, w):
+    c = iv.complement(arr(rows), w)
+    assert points(c.tolist()) == set(range(*w)) - points(rows)
+
+
+def test_touching_intervals_join_and_empty_ones_vanish():
+    assert iv.merge([[0, 5], [5, 9], [12, 12], [11, 13]]).tolist() == [[0, 9], [11, 13]]
+
+
+def test_half_open_ends_do_not_intersect():
+    assert iv.intersection([[0, 5]], [[5, 9]]).shape == (0, 2)
+    assert iv.measure(iv.intersection([[0, 6]], [[5, 9]])) == 1
+
+
+def test_empty_inputs():
+    empty = np.empty((0, 2), np.int64)
+    assert iv.merge(empty).shape == (0, 2)
+    assert iv.union().shape == (0, 2)
+    assert iv.intersection().shape == (0, 2)
+    assert iv.measure([]) == 0
+    assert iv.complement(empty, (3, 8)).tolist() == [[3, 8]]
+    assert iv.complement([[0, 10]], (3, 8)).shape == (0, 2)
+
+
+def test_int64_nanosecond_epoch_values_stay_exact():
+    t = 1_764_500_000_123_456_789
+    a = np.array([[t, t + 1], [t + 1, t + 3]], dtype=np.int64)
+    assert iv.merge(a).tolist() == [[t, t + 3]]
+    assert iv.measure(iv.complement(a, (t - 5, t + 5))) == 7
+
+
+@pytest.mark.parametrize("bad, match", [
+    ([[5, 4]], "ends before it starts"),
+    ([1, 2, 3], "shape"),
+    ([[0.5, 1.0]], "integer"),
+])
+def test_bad_intervals_are_refused(bad, match):
+    with pytest.raises(ValueError, match=match):
+        iv.merge(bad)
