@@ -19,12 +19,12 @@ Analyses return values and never print; `run_cli` is the ``residency idle`` fron
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -40,7 +40,7 @@ __all__ = ["IdleSummary", "RankIdle", "add_cli", "format_summary", "idle_summary
            "marker_intervals", "per_rank_idle", "run_cli"]
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class RankIdle:
     """One rank's figures inside the window (ns); `markers` counts its matching host ranges
     that overlap the window."""
@@ -53,7 +53,7 @@ class RankIdle:
     span_idle_ns: int
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class IdleSummary:
     """All-rank idle and marker attribution of one trace set; `to_dict` is the CLI's JSON."""
 
@@ -169,36 +169,36 @@ def per_rank_idle(traces: TraceSet, *, marker: str | None = None,
     import pandas as pd
 
     summary = idle_summary(traces, marker=marker, window_marker=window_marker)
-    frame = pd.DataFrame([r.__dict__ for r in summary.per_rank])
+    frame = pd.DataFrame([dataclasses.asdict(r) for r in summary.per_rank])
     frame["source"] = [str(traces.ranks[r].source) for r in frame["rank"]]
     return frame
 
 
 def format_summary(s: IdleSummary) -> list[str]:
     """A readable table in milliseconds, as lines."""
-    def ms(ns: int) -> str:
-        return f"{ns / 1e6:12.3f}"
+    def ms(ns: int, width: int = 12) -> str:
+        return f"{ns / 1e6:{width}.3f}"
 
     def pct(part: int, whole: int) -> str:
         return f"{100 * part / whole:.1f} %" if whole else "n/a"
 
     how = (f"union of host ranges matching /{s.window_marker}/" if s.window_marker is not None
            else "earliest to latest device task")
-    lines = [f"{s.format} traces, {len(s.ranks)} ranks ({', '.join(map(str, s.ranks))})",
-             f"window            {ms(s.window_measure_ns)} ms  ({how}; "
-             f"[{s.window_ns[0]}, {s.window_ns[1]}) ns)",
-             f"all-rank idle     {ms(s.all_rank_idle_ns)} ms  "
-             f"({pct(s.all_rank_idle_ns, s.window_measure_ns)} of the window)"]
+    rows = [("window", s.window_measure_ns, f"{how}; [{s.window_ns[0]}, {s.window_ns[1]}) ns"),
+            ("all-rank idle", s.all_rank_idle_ns,
+             f"{pct(s.all_rank_idle_ns, s.window_measure_ns)} of the window")]
     if s.marker is not None:
-        lines += [f"markers /{s.marker}/ {ms(s.marker_ns)} ms  (union over ranks, in window)",
-                  f"  in all-rank idle {ms(s.marker_idle_intersection_ns)} ms  "
-                  f"({pct(s.marker_idle_intersection_ns, s.marker_ns)} of marker time)"]
-    lines += [f"rejected events   {s.rejected_events:12d}", "",
-              f"{'rank':>5} {'busy_ms':>12} {'idle_ms':>12} {'device_tasks':>13} "
+        rows += [("markers", s.marker_ns, f"/{s.marker}/, union over ranks, in the window"),
+                 ("markers in all-rank idle", s.marker_idle_intersection_ns,
+                  f"{pct(s.marker_idle_intersection_ns, s.marker_ns)} of marker time")]
+    lines = [f"{s.format} traces, {len(s.ranks)} ranks ({', '.join(map(str, s.ranks))})"]
+    lines += [f"  {label:<26}{ms(ns)} ms  ({note})" for label, ns, note in rows]
+    lines += [f"  {'rejected events':<26}{s.rejected_events:12d}", "",
+              f"{'rank':>6} {'busy_ms':>12} {'idle_ms':>12} {'device_tasks':>13} "
               f"{'markers':>8} {'span_idle_ms':>13}"]
-    lines += [f"{r.rank:>5} {ms(r.busy_ns)} {ms(r.idle_ns)} {r.device_tasks:>13} "
-              f"{r.markers:>8} {ms(r.span_idle_ns):>13}" for r in s.per_rank]
-    lines += ["", f"Unit: milliseconds (n = {len(s.ranks)} ranks). busy/idle: inside the window; "
+    lines += [f"{r.rank:>6} {ms(r.busy_ns)} {ms(r.idle_ns)} {r.device_tasks:>13} "
+              f"{r.markers:>8} {ms(r.span_idle_ns, 13)}" for r in s.per_rank]
+    lines += ["", f"Unit: milliseconds; n = {len(s.ranks)} ranks. busy/idle: inside the window; "
               "all-rank idle: no rank runs a device task;", "span_idle: the rank's own "
               "device-task span minus its busy time (HolisticTraceAnalysis's idle)."]
     return lines

@@ -132,9 +132,12 @@ def load_traces(path: str | os.PathLike[str], *, cache: bool = True,
     """Load every rank's trace under `path`.
 
     `path` is a trace file, a directory of rank traces of one format (searched recursively),
-    or a run directory whose ``trace/`` subdirectory holds them. Files are parsed in `workers`
-    processes (default: one per CPU when the traces are large). With `cache`, parsed files are
-    read from and written to Parquet beside them; a cache that cannot be used is ignored.
+    or a run directory whose ``trace/`` subdirectory holds them. A Kineto file's rank is its
+    ``distributedInfo.rank``, else a ``rank<N>`` in its name (then in its folders' names); a
+    torch-npu directory's rank is in its ``profiler_info_<rank>.json``, else a ``rank<N>`` in
+    its path (vLLM-Omni writes ``diffusion_rank<N>/``). Files are parsed in `workers` processes
+    (default: one per CPU when the traces are large). With `cache`, parsed files are read from
+    and written to Parquet beside them; a cache that cannot be used is ignored.
 
     Raises:
         TraceError: nothing to load, both formats under `path`, unreadable or invalid JSON
@@ -195,10 +198,18 @@ def _discover(path: Path) -> tuple[Literal["kineto", "ascend"], list[Path]]:
         return "ascend", [root]
     kineto: list[Path] = []
     ascend: list[Path] = []
+    runs: list[Path] = []  # trace/ folders of run directories below PATH
     for d, dirs, files in os.walk(root):
         ascend += [Path(d, x) for x in dirs if x.endswith("_ascend_pt")]
+        runs += [Path(d, x) for x in dirs if x == "trace"]
         dirs[:] = [x for x in dirs if not x.endswith("_ascend_pt") and x != CACHE_DIR]
-        kineto += [Path(d, f) for f in files if f.endswith((".json", ".json.gz"))]
+        kineto += [p for f in files if _is_kineto_name(p := Path(d, f))]
+    if len(runs) > 1:
+        listed = ", ".join(str(r.parent.relative_to(root)) for r in sorted(runs)[:4])
+        raise TraceError(root, f"holds the traces of {len(runs)} runs ({listed}"
+                         f"{', ...' if len(runs) > 4 else ''}); point PATH at one of them")
+    if runs:
+        return _discover(runs[0].parent)
     if kineto and ascend:
         raise TraceError(root, f"holds both Kineto files ({kineto[0].name}, ...) and torch-npu "
                          f"directories ({ascend[0].name}, ...); point PATH at one format")

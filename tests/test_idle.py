@@ -180,7 +180,7 @@ def test_cli_table_in_milliseconds(tmp_path):
     out = cli(str(d), "--marker", NORMAL)
     assert (out.returncode, out.stderr) == (0, "")
     assert "ascend traces, 2 ranks (0, 1)" in out.stdout
-    assert "Unit: milliseconds (n = 2 ranks)" in out.stdout
+    assert "Unit: milliseconds; n = 2 ranks." in out.stdout
     assert "0.011 ms" in out.stdout  # 10.5 us of all-rank idle, in ms
     assert any(d.rglob("*.parquet"))  # the cache was written beside the traces
 

@@ -95,6 +95,16 @@ def test_run_directory_with_trace_subdir(tmp_path):
     assert list(load_traces(run, cache=False).ranks) == [0, 1]
 
 
+def test_run_directory_of_several_runs_is_refused(tmp_path):
+    for arm in ("00-baseline", "01-candidate"):
+        shutil.copytree(DATA / "kineto_basic", tmp_path / "runs" / arm / "trace")
+    (tmp_path / "manifest.json").write_text("{}")
+    with pytest.raises(TraceError, match=r"traces of 2 runs \(runs/00-baseline, "):
+        load_traces(tmp_path, cache=False)
+    shutil.rmtree(tmp_path / "runs" / "01-candidate")
+    assert list(load_traces(tmp_path, cache=False).ranks) == [0, 1]  # the only run
+
+
 def test_kineto_array_format_and_fast_exact_paths_agree(tmp_path):
     floats = [kernel(10.25, 2.5), kernel(3, 1)]
     strings = [kernel("10.250", "2.5"), kernel("3", 1)]
