@@ -39,7 +39,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import msgspec
 import numpy as np
@@ -383,8 +383,8 @@ def _parse_kineto(source: Path, data: bytes) -> _Parsed:
     # exact path: any field types; every float literal kept as its decimal text
     doc = _decode(source, data, _AnyTrace | list[_AnyEvent], exact=True)
     events = _events_of(source, doc)
-    kinds = _category_kinds([e.cat if type(e.cat) is str else "" for e in events])
-    kinds[np.array([e.ph for e in events], dtype=object) != "X"] = 0
+    kinds = _category_kinds([e.cat if type(e.cat) is str and e.ph == "X" else ""
+                             for e in events])
     sel = _take(events, np.flatnonzero(kinds))
     ts_ns, ts_ok = _us_to_ns([e.ts for e in sel])
     dur_ns, dur_ok = _us_to_ns([e.dur for e in sel])
@@ -469,15 +469,18 @@ def _floats_to_ns(us: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _us_to_ns(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
     """Microsecond values (int, float or decimal text) to int64 ns, and which were numbers."""
+    convert = {int: _ints_to_ns, float: _float_list_to_ns, str: _decimal_text_to_ns}
     n = len(values)
     ns, ok = np.zeros(n, np.int64), np.zeros(n, bool)
-    types = list(map(type, values))
-    code = {t: {int: 1, float: 2, str: 3}.get(t, 0) for t in set(types)}
-    codes = np.fromiter(map(code.__getitem__, types), np.int8, n)
-    for c, convert in ((1, _ints_to_ns), (2, _float_list_to_ns), (3, _decimal_text_to_ns)):
-        idx = np.flatnonzero(codes == c)
+    types = set(map(type, values))
+    if len(types) == 1 and (only := types.pop()) in convert:
+        return convert[only](values)
+    code = {t: i for i, t in enumerate(convert, 1)}
+    codes = np.fromiter((code.get(t, 0) for t in map(type, values)), np.int8, n)
+    for i, fn in enumerate(convert.values(), 1):
+        idx = np.flatnonzero(codes == i)
         if len(idx):
-            ns[idx], ok[idx] = convert([values[i] for i in idx.tolist()])
+            ns[idx], ok[idx] = fn([values[k] for k in idx.tolist()])
     return ns, ok
 
 
@@ -516,32 +519,60 @@ def _decimal_us_to_ns(text: str) -> int | None:
     return ns if abs(ns) < 2**63 else None
 
 
+class _AscendX(msgspec.Struct, tag_field="ph", tag="X", gc=False):
+    name: msgspec.Raw = msgspec.Raw()
+    pid: int | str | None = None
+    ts: str | int | None = None  # torch-npu writes decimal text; a float goes the exact path
+    dur: float = math.nan
+
+
+class _AscendMeta(msgspec.Struct, tag_field="ph", tag="M", gc=False):
+    pid: ClassVar[None] = None  # a metadata event belongs to no process's tasks
+    name: str = ""
+    process: int | str | None = msgspec.field(default=None, name="pid")
+    args: msgspec.Raw = msgspec.Raw()
+
+
+_AscendEvent = functools.reduce(operator.or_, [
+    msgspec.defstruct(f"_AscendPhase{i}", [], tag_field="ph", tag=ph, gc=False,
+                      namespace={"pid": None}, module=__name__)
+    for i, ph in enumerate("BEiICbnesftPNODVvRc()")], _AscendX | _AscendMeta)
+
+
+class _AscendTrace(msgspec.Struct, gc=False):
+    traceEvents: list[_AscendEvent] | None = None  # type: ignore[valid-type]
+
+
+_GET_PID = operator.attrgetter("pid")
+
+
 def _parse_ascend(source: Path, data: bytes) -> _Parsed:
-    doc = _decode(source, data, _AnyTrace | list[_AnyEvent], exact=True)
-    events = _events_of(source, doc)
+    try:  # fast path: the types torch-npu writes
+        doc = _decode(source, data, _AscendTrace | list[_AscendEvent], exact=False)
+        events = _events_of(source, doc)
+        metas = [(e.process, e.args) for e in events
+                 if type(e) is _AscendMeta and e.name == "process_name"]
+        pids = list(map(_GET_PID, events))
+        names_of = _raw_names
+    except msgspec.ValidationError:  # exact path: any types, numbers kept as decimal text
+        doc = _decode(source, data, _AnyTrace | list[_AnyEvent], exact=True)
+        events = _events_of(source, doc)
+        metas = [(e.pid, e.args) for e in events if e.ph == "M" and e.name == "process_name"]
+        pids = [e.pid if e.ph == "X" and type(e.pid) in (int, str) else None for e in events]
+        names_of = _any_names
     process: dict[Any, Any] = {}
-    for e in events:
-        if e.ph == "M" and e.name == "process_name" and len(e.args):
-            try:
-                args = msgspec.json.decode(e.args)
-            except msgspec.DecodeError:
-                continue
-            if isinstance(args, dict) and _hashable(e.pid):
-                process[e.pid] = args.get("name")
-    pids = [e.pid if _hashable(e.pid) else None for e in events]
-    lut = {p: 1 if process.get(p) == ASCEND_DEVICE_PROCESS else
+    for pid, raw in metas:
+        with contextlib.suppress(msgspec.DecodeError):
+            args = msgspec.json.decode(raw) if len(raw) else None
+            if isinstance(args, dict) and type(pid) in (int, str):
+                process[pid] = args.get("name")
+    lut = {p: 0 if p is None else 1 if process.get(p) == ASCEND_DEVICE_PROCESS else
            0 if process.get(p) in ASCEND_DERIVED_PROCESSES else 2 for p in set(pids)}
     kinds = np.fromiter(map(lut.__getitem__, pids), np.int8, len(pids))
-    kinds[np.array([e.ph for e in events], dtype=object) != "X"] = 0
     sel = _take(events, np.flatnonzero(kinds))
     ts_ns, ts_ok = _us_to_ns([e.ts for e in sel])
     dur_ns, dur_ok = _us_to_ns([e.dur for e in sel])
-    return _finish(source, doc, kinds[kinds > 0], sel, ts_ns, dur_ns, ts_ok & dur_ok,
-                   _any_names)
-
-
-def _hashable(v: Any) -> bool:
-    return v is None or type(v) in (int, str, float)
+    return _finish(source, doc, kinds[kinds > 0], sel, ts_ns, dur_ns, ts_ok & dur_ok, names_of)
 
 
 # -- Parquet cache -----------------------------------------------------------------------------

@@ -87,6 +87,28 @@ def test_ascend_fixture():
     assert "Computing" not in set(ts.ranks[1].range_names)
 
 
+def write_ascend(d: Path, rank: int, text: str) -> Path:
+    """A torch-npu tree whose trace_view.json is `text` (an array of events)."""
+    (d / "ASCEND_PROFILER_OUTPUT").mkdir(parents=True)
+    (d / f"profiler_info_{rank}.json").write_text("{}")
+    (d / "ASCEND_PROFILER_OUTPUT" / "trace_view.json").write_text(text)
+    return d
+
+
+def test_ascend_numeric_epoch_times_are_exact(tmp_path):
+    meta = '{"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "Ascend Hardware"}}'
+    write_ascend(tmp_path / "h_1_ascend_pt", 0, f"""[{meta},
+        {{"ph": "X", "name": "a", "pid": 7, "ts": 1764500000000100.251, "dur": 2.5}},
+        {{"ph": "X", "name": "b", "pid": 7, "ts": 1764500000000200, "dur": 1}},
+        {{"ph": "X", "name": "c", "pid": 7, "ts": "soon", "dur": 1}},
+        {{"ph": "X", "name": "d", "pid": 7, "ts": "1764500000000300.5", "dur": -1}},
+        {{"ph": "X", "name": "e", "pid": 8, "ts": "1764500000000090", "dur": 1}}]""")
+    t = load_traces(tmp_path, cache=False).ranks[0]
+    assert (t.device - EPOCH_NS).tolist() == [[100_251, 102_751], [200_000, 201_000]]
+    assert t.rejected_events == 2
+    assert t.range_names.tolist() == ["e"]  # a process without a name is a host process
+
+
 def test_run_directory_with_trace_subdir(tmp_path):
     run = tmp_path / "runs" / "00-baseline"
     copy_fixture("kineto_basic", run)
@@ -144,6 +166,8 @@ CASES = [
     Case("gpu_user_annotation excluded", kernel(1, 1, cat="gpu_user_annotation"), 0),
     Case("GPU_MEMSET any case", kernel(1, 1, cat="GPU_MEMSET"), 0, [[1000, 2000]]),
     Case("not a complete event", kernel(1, 1, ph="B"), 0),
+    Case("odd phase and category types", {**kernel("1", 1, ph=["X"]), "cat": ["kernel"]}, 0),
+    Case("unknown phase", kernel(1, 1, ph="Z"), 0),
     Case("rejected host range", kernel(1, -2, cat="user_annotation"), 1),
 ]
 
@@ -288,6 +312,21 @@ def test_parquet_cache_is_used_and_invalidated(tmp_path, monkeypatch, fixture):
     again = load_traces(d)
     assert len(again.ranks[0].ranges) == len(fresh.ranks[0].ranges) + (fixture != "kineto_basic")
     assert again.ranks[0].device_tasks == fresh.ranks[0].device_tasks + (fixture == "kineto_basic")
+
+
+def test_cache_is_invalidated_by_mtime_alone(tmp_path, monkeypatch):
+    d = copy_fixture("kineto_basic", tmp_path)
+    load_traces(d)
+    calls = []
+    parse = traces._parse_kineto
+    monkeypatch.setattr(traces, "_parse_kineto", lambda *a: calls.append(a[0]) or parse(*a))
+    load_traces(d)
+    assert calls == []
+    src = d / "rank0.trace.json"
+    st = src.stat()
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # same size
+    load_traces(d)
+    assert calls == [src]
 
 
 def test_unusable_cache_never_breaks_loading(tmp_path):
