@@ -185,6 +185,7 @@ class Service:
                                   args=(r, cfg, self.commands, self.results, self.status))
                       for r in range(cfg.ranks)]
         self.ready = False
+        self.ready_ranks: set[int] = set()
         self.failure: str | None = None
         self.stopping = False
         self.busy = threading.Lock()
@@ -199,43 +200,35 @@ class Service:
 
     def wait_ready(self, timeout_s: float = RANK_READY_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout_s
-        ready: set[int] = set()
-        while len(ready) < self.cfg.ranks:
-            self.check_ranks()
-            if self.failure:
+        while len(self.ready_ranks) < self.cfg.ranks:
+            if self.check_ranks():
                 raise RuntimeError(self.failure)
             if time.monotonic() > deadline:
-                raise RuntimeError(f"ranks not ready after {timeout_s:.0f} s: "
-                                   f"{sorted(set(range(self.cfg.ranks)) - ready)}")
-            try:
-                event = self.status.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            if event["event"] == "error":
-                self.failure = f"rank {event['rank']} failed: {event['error']}"
-                sys.stderr.write(event.get("traceback", ""))
-                raise RuntimeError(self.failure)
-            ready.add(event["rank"])
+                missing = sorted(set(range(self.cfg.ranks)) - self.ready_ranks)
+                raise RuntimeError(f"ranks not ready after {timeout_s:.0f} s: {missing}")
+            time.sleep(0.1)
         self.ready = True
 
     def check_ranks(self) -> str | None:
         """Set and return `failure` when a rank died while it should be serving."""
         if self.failure or self.stopping:
             return self.failure
+        while self.failure is None:  # events from ranks: ready, or an error before exiting
+            try:
+                event = self.status.get_nowait()
+            except queue.Empty:
+                break
+            if event["event"] == "ready":
+                self.ready_ranks.add(event["rank"])
+            elif event["event"] == "error":
+                self.failure = f"rank {event['rank']} failed: {event['error']}"
+                sys.stderr.write(event.get("traceback", ""))
+                self.ready = False
         for rank, p in enumerate(self.procs):
-            if p.exitcode is not None:
+            if self.failure is None and p.exitcode is not None:
                 self.failure = f"rank {rank} exited with code {p.exitcode}"
                 self.ready = False
                 break
-        if self.failure is None:
-            while True:  # an error reported by a rank that has not exited yet
-                try:
-                    event = self.status.get_nowait()
-                except queue.Empty:
-                    break
-                if event["event"] == "error":
-                    self.failure = f"rank {event['rank']} failed: {event['error']}"
-                    self.ready = False
         return self.failure
 
     def stop(self, grace_s: float = 20.0) -> None:

@@ -234,6 +234,8 @@ class Pipeline:
                 prompt = ops.upload(torch.randn(1, h, generator=gen), "prompt.load")
                 text = ops.empty((h,))
                 self._encode(self.stager.load(self.text_encoder), prompt, text, "text_encoder")
+                if exchange is not None:  # the tensor-parallel text encoder's all-reduce
+                    self._combine(text, exchange)
                 self.stager.offload(self.text_encoder, policy_call=True)
                 reference = ops.empty((h,))
                 self._encode(self.stager.load(self.reference_encoder), prompt, reference,
@@ -241,14 +243,13 @@ class Pipeline:
                 self.stager.offload(self.reference_encoder)
                 latents = ops.upload(torch.randn(local_tokens, h, generator=gen), "latents.load")
                 scratch = ops.empty((local_tokens, h))
+                ops.synchronize()  # the window ends where the first denoising step can start
             t1 = time.perf_counter_ns()
             with markers.span(markers.PHASE_DENOISE):
                 for step in range(steps):
                     self._denoise_step(latents, scratch, text, reference, step)
-                    if exchange is not None:
-                        summary = ops.to_host(text)  # waits for the step: a USP-like sync
-                        ops.launch("exchange.apply", _add_scaled(ops, text,
-                                                                 exchange(summary[:8]).sum()))
+                    if exchange is not None:  # sequence-parallel exchange after each step
+                        self._combine(text, exchange)
                     if on_step is not None:
                         on_step(step)
             t2 = time.perf_counter_ns()
@@ -265,6 +266,11 @@ class Pipeline:
         decisions = tuple(getattr(self.policy.recorder, "decisions", [])[first_decision:])
         return RequestResult(self.rank, request_id, t1 - t0, t2 - t1, t3 - t2, t3 - t0,
                              decisions, self.stager.oom - oom_before, checksum)
+
+    def _combine(self, target: Any, exchange: Exchange) -> None:
+        """Wait for `target`, combine a slice of it across ranks, fold the result back in."""
+        summary = self.ops.to_host(target)[:8]
+        self.ops.launch("exchange.apply", _add_scaled(self.ops, target, exchange(summary).sum()))
 
     def _denoise_step(self, latents: Any, scratch: Any, text: Any, reference: Any,
                       step: int) -> None:
