@@ -29,7 +29,7 @@ from typing import Any
 
 import tomllib
 
-DESIGNS = ("profiled-pair", "alternating")
+DESIGNS = ("profiled-pair", "alternating", "paired-profile", "consecutive")
 ARMS = ("baseline", "candidate")
 STOP_GRACE_S = 30.0
 
@@ -298,13 +298,15 @@ def _post_control(url: str, values: dict[str, Any], timeout: float) -> None:
 
 
 def run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, seed: int,
-            profiled: bool) -> dict[str, Any]:
-    """Start, warm, measure and stop one arm; returns its manifest entry."""
+            profiled: bool, requests: int = 1) -> dict[str, Any]:
+    """Start, warm, measure `requests` consecutive requests and stop one arm; returns its
+    manifest entry."""
     rel = f"runs/{index:02d}-{arm}"
     run_dir = out / rel
     run_dir.mkdir(parents=True, exist_ok=False)
     service = start_service(spec, arm, run_dir, profiled=profiled)
     values = {**service.values, "steps": steps, "seed": seed}
+    measured: list[dict[str, Any]] = []
     try:
         status, payload, warm_ns = send_request(spec, values, warmup=True)
         if status != 200:
@@ -313,12 +315,18 @@ def run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, s
         warm = _json_or_none(payload)
         if profiled and spec.profile_start_url:
             _post_control(spec.profile_start_url, values, timeout=60)
-        status, payload, e2e_ns = send_request(spec, values)
+        for _ in range(requests):
+            status, payload, e2e_ns = send_request(spec, values)
+            if status != 200:
+                raise ExperimentError(f"{arm} request answered {status}: {payload[:300]!r}; "
+                                      f"log tail:\n{service.log_tail()}")
+            response = _json_or_none(payload)
+            measured.append({"request_id": (response or {}).get("request_id"),
+                             "e2e_ns": e2e_ns, "e2e_s": e2e_ns / 1e9,
+                             "response": response if response is not None
+                             else {"bytes": len(payload)}})
         if profiled and spec.profile_stop_url:
             _post_control(spec.profile_stop_url, values, timeout=spec.profile_stop_timeout_s)
-        if status != 200:
-            raise ExperimentError(f"{arm} request answered {status}: {payload[:300]!r}; "
-                                  f"log tail:\n{service.log_tail()}")
     except ExperimentError as exc:
         if service.proc.poll() is not None:
             raise ExperimentError(f"{exc}\nservice exited with code {service.proc.returncode};"
@@ -326,17 +334,22 @@ def run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, s
         raise
     finally:
         service.stop()
-    response = _json_or_none(payload)
-    request_id = (response or {}).get("request_id")
+    first = measured[0]
     if spec.builtin and profiled:
-        _collect_builtin_traces(run_dir, request_id)
+        _collect_builtin_traces(run_dir, first["request_id"])
     client = {"arm": arm, "index": index, "request": {"steps": steps, "seed": seed},
-              "request_id": request_id, "e2e_ns": e2e_ns, "e2e_s": e2e_ns / 1e9,
+              "request_id": first["request_id"], "e2e_ns": first["e2e_ns"],
+              "e2e_s": first["e2e_s"],
               "warmup": {"request_id": (warm or {}).get("request_id"), "e2e_ns": warm_ns},
-              "response": response if response is not None else {"bytes": len(payload)}}
+              "response": first["response"]}
+    if requests > 1:
+        client["requests"] = measured
     _write_json(run_dir / "client.json", client)
-    return {"arm": arm, "index": index, "dir": rel, "e2e_s": e2e_ns / 1e9,
-            "profiled": profiled, "request_id": request_id}
+    entry = {"arm": arm, "index": index, "dir": rel, "e2e_s": first["e2e_s"],
+             "profiled": profiled, "request_id": first["request_id"]}
+    if requests > 1:
+        entry["request_ids"] = [m["request_id"] for m in measured]
+    return entry
 
 
 def _json_or_none(payload: bytes) -> Any:
@@ -357,20 +370,30 @@ def _collect_builtin_traces(run_dir: Path, request_id: str | None) -> None:
 
 # --- designs and the run directory ------------------------------------------------------------
 
-def plan(design: str, pairs: int) -> list[tuple[str, bool]]:
-    """(arm, profiled) in run order: one profiled pair, or `pairs` unprofiled pairs in ABBA."""
-    if design == "profiled-pair":
-        return [("baseline", True), ("candidate", True)]
-    if design == "alternating":
-        if pairs < 1:
-            raise ValueError(f"The value for `pairs` must be >= 1, but {pairs!r} was passed.")
-        order: list[tuple[str, bool]] = []
+def plan(design: str, pairs: int = 1) -> list[tuple[str, bool]]:
+    """(arm, profiled) in run order.
+
+    `profiled-pair`: one profiled baseline/candidate pair. `alternating`: `pairs` unprofiled
+    pairs in ABBA order. `paired-profile`: the profiled pair, then `pairs` alternating pairs
+    (0 allowed). `consecutive`: one candidate service (its requests are `requests`).
+    """
+    if design == "consecutive":
+        return [("candidate", False)]
+    if design not in DESIGNS:
+        raise ValueError(f"The value for `design` must be one of {list(DESIGNS)}, but "
+                         f"{design!r} was passed.")
+    minimum = 0 if design == "paired-profile" else 1
+    if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < minimum:
+        raise ValueError(f"The value for `pairs` must be an integer >= {minimum}, but "
+                         f"{pairs!r} was passed.")
+    order: list[tuple[str, bool]] = []
+    if design in ("profiled-pair", "paired-profile"):
+        order += [("baseline", True), ("candidate", True)]
+    if design in ("alternating", "paired-profile"):
         for i in range(pairs):
             arms = ARMS if i % 2 == 0 else ARMS[::-1]
             order += [(arm, False) for arm in arms]
-        return order
-    raise ValueError(f"The value for `design` must be one of {list(DESIGNS)}, but {design!r} "
-                     "was passed.")
+    return order
 
 
 def versions() -> dict[str, Any]:
@@ -424,13 +447,19 @@ def _now() -> str:
 
 
 def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, steps: int = 50,
-               seed: int = 2101, pairs: int = 1, params: dict[str, Any] | None = None,
+               seed: int = 2101, pairs: int = 1, requests: int = 1,
+               params: dict[str, Any] | None = None,
                progress: bool | Callable[[Iterator[Any]], Iterator[Any]] = True) -> Path:
     """Run a design into a new run directory; returns it. On any failure the directory stays
     with `status: incomplete` and the error, every service is stopped, and
     `ExperimentError` is raised."""
-    if steps <= 0:
-        raise ValueError(f"The value for `steps` must be >= 1, but {steps!r} was passed.")
+    for name, value in (("steps", steps), ("requests", requests)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"The value for `{name}` must be an integer >= 1, but {value!r} "
+                             "was passed.")
+    if design != "consecutive" and requests != 1:
+        raise ValueError("The value for `requests` must be 1 unless design is 'consecutive', "
+                         f"but {requests!r} was passed.")
     order = plan(design, pairs)
     out = Path(out)
     if out.exists() and any(out.iterdir()):
@@ -441,7 +470,8 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
         "device_kind": spec.device_kind, "service": "builtin" if spec.builtin else "external",
         "service_name": spec.name,
         "params": {"ranks": spec.ranks, "steps": steps, "seed": seed,
-                   "pairs": pairs if design == "alternating" else 1, **(params or {})},
+                   "pairs": pairs if design in ("alternating", "paired-profile") else 1,
+                   "requests": requests, **(params or {})},
         "versions": versions(), "host": platform.node(), "started_at": _now(),
         "ended_at": None, "order": [arm for arm, _ in order], "runs": [], "artifacts": {},
         "error": None,
@@ -452,7 +482,7 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
         for index, (arm, profiled) in enumerate(order):
             bar.set_postfix_str(f"{arm} #{index}")
             manifest["runs"].append(run_arm(spec, arm, index, out, steps=steps, seed=seed,
-                                            profiled=profiled))
+                                            profiled=profiled, requests=requests))
             _write_json(out / "manifest.json", manifest)
             bar.update(1)
     except BaseException as exc:
@@ -483,6 +513,7 @@ def _progress(progress: Any, total: int, desc: str) -> Any:
 
 def run_pair(design: str = "profiled-pair", *, out: str | os.PathLike[str], device: str = "auto",
              ranks: int = 2, steps: int = 50, seed: int = 2101, pairs: int = 1,
+             requests: int = 1,
              scale: float = 1.0, capacity_bytes: int | None = None, resident_mib: float = 1024,
              service_file: str | os.PathLike[str] | None = None, progress: bool = True) -> Path:
     """`residency pair` as a function: the built-in service unless `service_file` is given."""
@@ -500,7 +531,7 @@ def run_pair(design: str = "profiled-pair", *, out: str | os.PathLike[str], devi
         params = {"scale": scale, "capacity_bytes": capacity_bytes,
                   "resident_mib": resident_mib}
     return run_design(design, out, spec=spec, steps=steps, seed=seed, pairs=pairs,
-                      params=params, progress=progress)
+                      requests=requests, params=params, progress=progress)
 
 
 # --- CLI --------------------------------------------------------------------------------------
@@ -513,6 +544,8 @@ def add_cli(subparsers: Any) -> None:
                               " stopped before the other arm starts.")
     p.add_argument("--design", choices=DESIGNS, default="profiled-pair")
     p.add_argument("--pairs", type=int, default=1, help="alternating pairs (ABBA order)")
+    p.add_argument("--requests", type=int, default=1,
+                   help="consecutive requests per service (design consecutive)")
     p.add_argument("--device", default="auto", help="auto|npu|cuda|emulated-npu")
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--steps", type=int, default=50)
@@ -533,7 +566,8 @@ def run_cli(args: Any) -> int:
     signal.signal(signal.SIGTERM, on_term)
     try:
         out = run_pair(args.design, out=args.out, device=args.device, ranks=args.ranks,
-                       steps=args.steps, seed=args.seed, pairs=args.pairs, scale=args.scale,
+                       steps=args.steps, seed=args.seed, pairs=args.pairs,
+                       requests=args.requests, scale=args.scale,
                        capacity_bytes=args.capacity, resident_mib=args.resident_mib,
                        service_file=args.service, progress=not args.no_progress)
     except (ExperimentError, ValueError, RuntimeError) as exc:

@@ -150,10 +150,23 @@ def _errors_row(run: Run, dec: Mapping[str, pd.DataFrame]) -> dict[str, str]:
 
 
 def _e2e_row(run: Run, noise_s: float | None, used: set) -> list:
+    """Client E2E rows: one for the profiled pair and one for the unprofiled pairs when a run
+    has both (profiling slows a run down: the two are never pooled)."""
+    groups = {True: "client E2E, profiled pair", False: "client E2E per unprofiled pair"}
+    present = {r.profiled for r in run.runs}
+    rows = []
+    for profiled in sorted(present, reverse=True):
+        label = groups[profiled] if len(present) > 1 else "client E2E per pair"
+        runs = tuple(tuple(r for r in run.arm(a) if r.profiled == profiled) for a in ARMS)
+        rows += _e2e_pairs_row(run, label, runs, noise_s, used)
+    return rows
+
+
+def _e2e_pairs_row(run: Run, metric: str, runs: tuple[tuple[RunEntry, ...], ...],
+                   noise_s: float | None, used: set) -> list:
     def e2e(entry: RunEntry) -> float | None:
         return entry.e2e_s if entry.e2e_s is not None else run.client(entry).get("e2e_s")
 
-    runs = (run.arm("baseline"), run.arm("candidate"))
     both = [(e2e(b), e2e(c)) for b, c in zip(*runs, strict=False)]  # pair i: i-th of each arm
     pairs = [(b, c) for b, c in both if b is not None and c is not None]
     if not pairs:
@@ -165,7 +178,7 @@ def _e2e_row(run: Run, noise_s: float | None, used: set) -> list:
     used.add("pairs" if r.n >= 2 else "single")
     label = "" if r.n == 1 else "median "
     word = "pair" if r.n == 1 else "pairs"
-    return [_row("client E2E per pair", f"{label}{stats.fmt_num(r.baseline_median)} s",
+    return [_row(metric, f"{label}{stats.fmt_num(r.baseline_median)} s",
                  f"{label}{stats.fmt_num(r.candidate_median)} s",
                  f"{label}{stats.fmt_num(r.delta)} s{_pct(r.relative)}", f"{r.n} {word}",
                  r.note + extra)]

@@ -34,8 +34,31 @@ def test_plan_orders() -> None:
     assert plan("profiled-pair", 1) == [("baseline", True), ("candidate", True)]
     assert [a for a, _ in plan("alternating", 2)] == ["baseline", "candidate", "candidate",
                                                        "baseline"]
+    assert [a for a, p in plan("paired-profile", 1)] == ["baseline", "candidate", "baseline",
+                                                          "candidate"]
+    assert [p for _, p in plan("paired-profile", 1)] == [True, True, False, False]
+    assert plan("paired-profile", 0) == plan("profiled-pair", 1)
+    assert plan("consecutive") == [("candidate", False)]
     with pytest.raises(ValueError, match="design"):
         plan("interleaved", 2)
+    with pytest.raises(ValueError, match="pairs"):
+        plan("alternating", 0)
+
+
+def test_consecutive_requests_on_one_candidate_service(tmp_path) -> None:
+    out = run_pair("consecutive", out=tmp_path / "c", device="emulated-npu", ranks=2, steps=2,
+                   requests=3, progress=False, **SMALL)
+    m = manifest(out)
+    assert m["status"] == "complete" and m["params"]["requests"] == 3
+    (entry,) = m["runs"]
+    assert entry["arm"] == "candidate" and len(entry["request_ids"]) == 3
+    client = json.loads((out / entry["dir"] / "client.json").read_text())
+    assert [r["request_id"] for r in client["requests"]] == entry["request_ids"]
+    for rank in (0, 1):
+        rows = [json.loads(x) for x in
+                (out / entry["dir"] / f"decisions-rank{rank}.jsonl").read_text().splitlines()]
+        measured = [r for r in rows if r["request_id"] in entry["request_ids"]]
+        assert sorted(r["kind"] for r in measured) == ["forced"] * 6 + ["normal"] * 3
 
 
 def test_profiled_pair_and_alternating_complete(tmp_path) -> None:
