@@ -15,6 +15,8 @@ SUBCOMMANDS = {
     "pair": "residency.experiments",
     "idle": "residency.idle",
     "tables": "residency.tables",
+    "verify": "residency.rundir",
+    "whatif": "residency.whatif",
 }
 
 

@@ -8,7 +8,6 @@ Data flow: service -> run directory (`docs/contracts.md`): manifest.json, and pe
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import platform
@@ -28,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import tomllib
+
+from residency.rundir import artifact_hashes
 
 DESIGNS = ("profiled-pair", "alternating", "paired-profile", "consecutive")
 ARMS = ("baseline", "candidate")
@@ -427,21 +428,6 @@ def _write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def sha256_artifacts(root: Path) -> dict[str, str]:
-    """sha256 of every file under `root` except the manifest, by POSIX relative path."""
-    out = {}
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        rel = path.relative_to(root).as_posix()
-        if rel == "manifest.json" or path.name.startswith("."):
-            continue
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        out[rel] = h.hexdigest()
-    return out
-
-
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -496,7 +482,7 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
         raise
     finally:
         bar.close()
-    manifest["artifacts"] = sha256_artifacts(out)
+    manifest["artifacts"] = artifact_hashes(out)
     manifest["ended_at"] = _now()
     manifest["status"] = "complete"
     _write_json(out / "manifest.json", manifest)

@@ -6,6 +6,7 @@ artifacts -> build `Run`. Decisions and client records are read on demand from a
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,10 @@ DECISION_COLUMNS = (
     "max_cached_fraction", "min_free_fraction", "duration_ns", "warmup", "file",
 )
 
-__all__ = ["RunDirError", "RunEntry", "Run", "load_run", "DECISION_COLUMNS"]
+__all__ = ["RunDirError", "RunEntry", "Run", "Verification", "artifact_hashes", "load_run",
+           "verify_run", "DECISION_COLUMNS"]
+# derived files that may appear beside the evidence after it was recorded (never hashed)
+DERIVED_DIRS = ("residency.parquet.cache",)
 
 
 class RunDirError(ValueError):
@@ -102,13 +106,15 @@ class Run:
         return df
 
 
-def load_run(path: str | Path, *, allow_incomplete: bool = False) -> Run:
+def load_run(path: str | Path, *, allow_incomplete: bool = False, verify: bool = True) -> Run:
     """Load the run directory at `path`.
 
     Raises:
         RunDirError: missing directory, missing or invalid `manifest.json`, a missing or
             wrong field, a listed run directory that is absent, or `status` other than
-            `complete` (unless `allow_incomplete`; then runs never written are left out).
+            `complete` (unless `allow_incomplete`; then runs never written are left out),
+            or a complete run whose artifacts differ from their recorded sha256 (unless
+            `verify` is False).
     """
     root = Path(path)
     if not root.is_dir():
@@ -119,11 +125,33 @@ def load_run(path: str | Path, *, allow_incomplete: bool = False) -> Run:
         raise RunDirError(root / "manifest.json", f"status is {manifest['status']!r}, not "
                           "'complete' (pass allow_incomplete=True / --allow-incomplete to read "
                           "it anyway)", field="status")
-    _verify_artifacts(root, manifest)
+    if verify:
+        _verify_artifacts(root, manifest)
     complete = manifest["status"] == "complete"
     entries = (_entry(root, i, r, required=complete) for i, r in enumerate(manifest["runs"]))
     runs = tuple(sorted((e for e in entries if e is not None), key=lambda r: r.index))
     return Run(path=root.resolve(), manifest=MappingProxyType(manifest), runs=runs)
+
+
+def add_cli(subparsers: Any) -> None:
+    """Register `verify`."""
+    p = subparsers.add_parser("verify", help="check a run directory against its sha256 list",
+                              description="Recompute the sha256 of every artifact of RUN_DIR "
+                              "and report missing, extra and changed files (exit 1 if any).")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+
+
+def run_cli(args: Any) -> int:
+    """Run `verify`."""
+    import sys
+
+    try:
+        result = verify_run(args.run_dir)
+    except RunDirError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(result.lines()))
+    return 0 if result.ok else 1
 
 
 # ----------------------------------------------------------------------------- steps
@@ -156,8 +184,89 @@ def _check_manifest(path: Path, m: dict[str, Any]) -> None:
 
 
 def _verify_artifacts(root: Path, manifest: dict[str, Any]) -> None:
-    """Check listed artifacts against their sha256 (placeholder: another issue adds it)."""
-    return None
+    """Refuse a complete run whose files differ from the sha256 recorded in its manifest
+    (a run recorded without a sha256 list is read unverified; `residency verify` says so)."""
+    if manifest["status"] != "complete" or not manifest.get("artifacts"):
+        return
+    result = verify_run(root)
+    if not result.ok:
+        raise RunDirError(root / "manifest.json", "failed verification: " + result.summary()
+                          + " (run `residency verify` for the list; pass verify=False / "
+                          "--no-verify to read it anyway)", field="artifacts")
+
+
+@dataclass(frozen=True)
+class Verification:
+    """Outcome of checking a run directory against its manifest's sha256 list."""
+
+    path: Path
+    checked: int
+    missing: tuple[str, ...] = ()
+    extra: tuple[str, ...] = ()
+    changed: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing is missing, extra or changed."""
+        return not (self.missing or self.extra or self.changed)
+
+    def summary(self) -> str:
+        """One line: counts of each finding."""
+        if self.ok:
+            return f"{self.checked} artifacts verified"
+        return (f"{len(self.missing)} missing, {len(self.extra)} extra, {len(self.changed)} "
+                f"changed of {self.checked} recorded artifacts")
+
+    def lines(self) -> list[str]:
+        """The summary, then one line per finding."""
+        out = [f"{self.path}: {self.summary()}"]
+        for what, names in (("missing", self.missing), ("extra", self.extra),
+                            ("changed", self.changed)):
+            out += [f"  {what:<8} {name}" for name in names]
+        return out
+
+    def __repr__(self) -> str:
+        return f"Verification({self.path.name}: {self.summary()})"
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def artifact_hashes(root: str | Path) -> dict[str, str]:
+    """sha256 of every evidence file under `root` by POSIX relative path (the manifest,
+    hidden temporary files and derived caches excluded)."""
+    root = Path(root)
+    out = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = path.relative_to(root)
+        if rel.as_posix() == "manifest.json" or any(
+                part.startswith(".") or part in DERIVED_DIRS for part in rel.parts):
+            continue
+        out[rel.as_posix()] = sha256_file(path)
+    return out
+
+
+def verify_run(path: str | Path) -> Verification:
+    """Recompute the sha256 of every artifact and compare with `manifest.json`."""
+    root = Path(path)
+    manifest = _read_json(root / "manifest.json")
+    recorded = manifest.get("artifacts")
+    if not isinstance(recorded, dict) or not recorded:
+        raise RunDirError(root / "manifest.json", "no sha256 list recorded (the run never "
+                          "completed, or predates verification)", field="artifacts")
+    actual = artifact_hashes(root)
+    return Verification(
+        path=root, checked=len(recorded),
+        missing=tuple(sorted(set(recorded) - set(actual))),
+        extra=tuple(sorted(set(actual) - set(recorded))),
+        changed=tuple(sorted(k for k in set(recorded) & set(actual) if recorded[k] != actual[k])),
+    )
 
 
 def _entry(root: Path, i: int, r: Any, *, required: bool) -> RunEntry | None:
