@@ -18,7 +18,8 @@ is not a number or whose ``dur`` is missing or negative is rejected: counted in
 
 Kineto files are decoded by a typed fast path (float64 times, tagged by phase) that falls back
 to an any-type decoder keeping every number's decimal text when the fast path cannot be exact.
-Loading needs neither pandas nor pyarrow (pyarrow serves the cache and decimal text).
+Parsing needs neither pandas nor pyarrow; pyarrow serves the Parquet cache (and imports pandas
+when it writes one).
 """
 
 from __future__ import annotations
@@ -494,18 +495,52 @@ def _float_list_to_ns(values: list[float]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _decimal_text_to_ns(values: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    import pyarrow as pa
-    import pyarrow.compute as pc
+    """Decimal microsecond text to int64 ns, exactly: nearest ns, ties away from zero.
 
-    try:  # exact decimal arithmetic in Arrow; nearest ns, ties away from zero
-        us = pa.array(values, pa.string()).cast(pa.decimal128(30, 9))
-        ns = pc.multiply(us, pa.scalar(Decimal(1000), pa.decimal128(4, 0)))
-        ns = pc.round(ns, 0, round_mode="half_towards_infinity").cast(pa.int64())
-        return ns.to_numpy(), np.ones(len(values), bool)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        parsed = [_decimal_us_to_ns(v) for v in values]  # some value is not a plain decimal
-        return (np.array([0 if v is None else v for v in parsed], np.int64),
-                np.array([v is not None for v in parsed], bool))
+    Text of one fixed layout (as torch-npu writes epoch microseconds, ``%.3f``) is parsed from
+    its digits on a code matrix, with no float; anything else (other layouts, exponents,
+    spaces, junk) goes through `Decimal` one value at a time."""
+    n = len(values)
+    ns, ok = np.zeros(n, np.int64), np.zeros(n, bool)
+    widths, text = set(map(len, values)), "".join(values)
+    if len(widths) == 1 and (width := widths.pop()) and text.isascii():
+        c = np.frombuffer(text.encode(), np.uint8).reshape(n, width)
+        point = values[0].find(".")
+        point = width if point < 0 else point
+        if point == width or bool((c[:, point] == 46).all()):
+            ns, ok = _plain_decimal(c, point)
+    if not ok.all():
+        bad = np.flatnonzero(~ok)
+        ns[bad], ok[bad] = _decimal_one_by_one([values[i] for i in bad.tolist()])
+    return ns, ok
+
+
+def _plain_decimal(c: np.ndarray, point: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of ASCII codes ``-?d+(.d+)?``, all with the decimal point (or end) at `point`;
+    rows of another form are marked not ok. Works column by column (rows are short)."""
+    n, width = c.shape
+    u = c - np.uint8(48)  # a digit is 0..9; every other byte wraps above 9
+    neg = c[:, 0] == 45  # '-'
+    u[neg, 0] = 0
+    cols = [u[:, j] for j in range(width) if j != point]
+    top = np.maximum.reduce(cols) if cols else np.full(n, 255, np.uint8)
+    ok = (top <= 9) & (point - neg >= 1) & (point <= 18) & (width != point + 1)
+    us = np.zeros(n, np.int64)
+    for j in range(point):
+        us = us * 10 + u[:, j]
+    ns = us * 1000
+    for k, j in enumerate(range(point + 1, min(point + 4, width))):
+        ns += u[:, j].astype(np.int64) * 10 ** (2 - k)
+    if width > point + 4:
+        ns += u[:, point + 4] >= 5  # the 4th fraction digit decides: ties away from zero
+    ok &= us < 2**63 // 1000 - 1
+    return np.where(neg, -ns, ns), ok
+
+
+def _decimal_one_by_one(values: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    parsed = [_decimal_us_to_ns(v) for v in values]
+    return (np.array([0 if v is None else v for v in parsed], np.int64),
+            np.array([v is not None for v in parsed], bool))
 
 
 def _decimal_us_to_ns(text: str) -> int | None:
@@ -599,18 +634,28 @@ def _read_cache(source: Path, stat: os.stat_result) -> _Parsed | None:
         if {k: meta.get(k) for k in _cache_key(stat)} != _cache_key(stat):
             return None
         table = file.read().unify_dictionaries().combine_chunks()
-        rows = np.column_stack((table["start_ns"].to_numpy(), table["end_ns"].to_numpy()))
+        rows = np.column_stack([_ints(table[c].chunk(0)) if table[c].num_chunks else
+                                np.empty(0, np.int64) for c in ("start_ns", "end_ns")])
         ndev = int(meta["device_rows"])
         names = np.empty(0, object)
         if len(rows) > ndev:  # range rows follow device rows and all have a name
             col = table["name"].chunk(0)
-            names = _object_array(col.dictionary.to_pylist())[col.indices[ndev:].to_numpy()]
+            names = _object_array(col.dictionary.to_pylist())[_ints(col.indices[ndev:])]
         rank = meta.get("rank")
         return _Parsed(rank if type(rank) is int else None, rows[:ndev], rows[ndev:], names,
                        int(meta["rejected"]))
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError,
             pa.ArrowException):
         return None  # an unusable cache is parsed anew and overwritten
+
+
+def _ints(arr: Any) -> np.ndarray:
+    """A null-free Arrow integer array as a numpy view (pyarrow's to_numpy imports pandas)."""
+    if arr.null_count:
+        raise ValueError("unexpected nulls in a cached column")
+    width = arr.type.bit_width // 8
+    return np.frombuffer(arr.buffers()[1], dtype=f"<i{width}", count=len(arr),
+                         offset=arr.offset * width)
 
 
 def _write_cache(source: Path, stat: os.stat_result, p: _Parsed) -> None:
@@ -624,7 +669,7 @@ def _write_cache(source: Path, stat: os.stat_result, p: _Parsed) -> None:
     try:
         encoded = pa.array(p.names.tolist(), pa.string()).dictionary_encode()
         codes = np.concatenate((np.full(len(p.device), -1, np.int32),
-                                encoded.indices.to_numpy(zero_copy_only=False)))
+                                _ints(encoded.indices)))
         names = pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0),
                                                encoded.dictionary)
         rows = np.concatenate((p.device, p.ranges)).reshape(-1, 2)
