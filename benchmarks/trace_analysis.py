@@ -256,8 +256,9 @@ def main() -> None:
     c = med(cold, "seconds")
     for label, runs_ in ((f"workers={args.workers}", cold), ("workers=1", one)):
         ratios = [o["seconds"] / b["seconds"] for o, b in zip(runs_, bare, strict=True)]
-        print(f"ours cold ({label}) / bare decode, same round: median {statistics.median(ratios):.2f}x"
-              f" ({min(ratios):.2f}-{max(ratios):.2f}x over {len(ratios)} rounds); target <= 1.5x")
+        print(f"ours cold ({label}) / bare decode, same round: median "
+              f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}x over "
+              f"{len(ratios)} rounds); target <= 1.5x")
     print(f"peak memory, ours cold: PSS {med(cold, 'peak_pss_mb'):.0f} MB / RSS "
           f"{med(cold, 'peak_rss_mb'):.0f} MB vs {mb:.0f} MB of JSON; target below the JSON size")
     if hta is None:
