@@ -448,9 +448,16 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
                          f"but {requests!r} was passed.")
     order = plan(design, pairs)
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExperimentError(f"{out}: run directory exists and is not empty; choose a new one")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ExperimentError(f"{out}: cannot write the run directory: "
+                              f"{exc.strerror or exc}") from None
     manifest: dict[str, Any] = {
         "schema": "residency.run/1", "status": "incomplete", "design": design,
         "device_kind": spec.device_kind, "service": "builtin" if spec.builtin else "external",
@@ -462,7 +469,11 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
         "ended_at": None, "order": [arm for arm, _ in order], "runs": [], "artifacts": {},
         "error": None,
     }
-    _write_json(out / "manifest.json", manifest)
+    try:
+        _write_json(out / "manifest.json", manifest)
+    except OSError as exc:
+        raise ExperimentError(f"{out}: cannot write manifest.json: {exc.strerror or exc}"
+                              ) from None
     bar = _progress(progress, len(order), f"{design} ({spec.device_kind})")
     try:
         for index, (arm, profiled) in enumerate(order):
@@ -474,11 +485,18 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
     except BaseException as exc:
         manifest["error"] = f"{type(exc).__name__}: {exc}"
         manifest["ended_at"] = _now()
-        _write_json(out / "manifest.json", manifest)
+        unsaved = ""
+        try:  # best effort: the directory may be what failed
+            _write_json(out / "manifest.json", manifest)
+        except OSError as werr:
+            unsaved = f" (manifest.json could not be updated either: {werr.strerror or werr})"
         if isinstance(exc, ExperimentError):
-            raise
+            raise ExperimentError(f"{exc}{unsaved}") from exc
+        if isinstance(exc, OSError):
+            raise ExperimentError(f"{out}: run incomplete: {exc.strerror or exc}: "
+                                  f"{exc.filename or ''}{unsaved}") from exc
         if isinstance(exc, Exception):
-            raise ExperimentError(f"{out}: run incomplete: {exc}") from exc
+            raise ExperimentError(f"{out}: run incomplete: {exc}{unsaved}") from exc
         raise
     finally:
         bar.close()

@@ -186,6 +186,7 @@ class Service:
                       for r in range(cfg.ranks)]
         self.ready = False
         self.ready_ranks: set[int] = set()
+        self.rank_errors: dict[int, str] = {}
         self.failure: str | None = None
         self.stopping = False
         self.busy = threading.Lock()
@@ -210,10 +211,14 @@ class Service:
         self.ready = True
 
     def check_ranks(self) -> str | None:
-        """Set and return `failure` when a rank died while it should be serving."""
+        """Set and return `failure` when a rank died or failed while it should be serving.
+
+        A rank that exited without reporting an error (killed) is named first: the errors
+        that other ranks then report (a broken collective) are consequences.
+        """
         if self.failure or self.stopping:
             return self.failure
-        while self.failure is None:  # events from ranks: ready, or an error before exiting
+        while True:  # events from ranks: ready, or an error before exiting
             try:
                 event = self.status.get_nowait()
             except queue.Empty:
@@ -221,14 +226,15 @@ class Service:
             if event["event"] == "ready":
                 self.ready_ranks.add(event["rank"])
             elif event["event"] == "error":
-                self.failure = f"rank {event['rank']} failed: {event['error']}"
+                self.rank_errors[event["rank"]] = event["error"]
                 sys.stderr.write(event.get("traceback", ""))
-                self.ready = False
-        for rank, p in enumerate(self.procs):
-            if self.failure is None and p.exitcode is not None:
-                self.failure = f"rank {rank} exited with code {p.exitcode}"
-                self.ready = False
-                break
+        exited = [(r, p.exitcode) for r, p in enumerate(self.procs) if p.exitcode is not None]
+        silent = [(r, code) for r, code in exited if r not in self.rank_errors]
+        causes = [f"rank {r} exited with code {code}" for r, code in silent]
+        causes += [f"rank {r} failed: {err}" for r, err in sorted(self.rank_errors.items())]
+        if causes:
+            self.failure = "; ".join(causes)
+            self.ready = False
         return self.failure
 
     def stop(self, grace_s: float = 20.0) -> None:

@@ -1,0 +1,151 @@
+"""Fault injection across service and orchestration: each fault ends with a clear message,
+no orphan process, and the run marked `incomplete`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from residency.experiments import ExperimentError, run_pair
+from tests.servicekit import SMALL, alive, http, service
+
+pytestmark = pytest.mark.slow
+HANGING_SERVER = r"""
+import http.server, sys, time
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers()
+        self.wfile.write(b"ok")
+    def do_POST(self):
+        time.sleep(600)          # answers /health, never finishes a request
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def _manifest(out: Path) -> dict:
+    return json.loads((out / "manifest.json").read_text())
+
+
+def _pids_with(text: str) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if text.encode() in (proc / "cmdline").read_bytes():
+                    pids.append(int(proc.name))
+            except OSError:
+                pass
+    return [p for p in pids if alive(p)]
+
+
+def test_rank_killed_mid_request(tmp_path) -> None:
+    with service(tmp_path, "--arm", "candidate", "--ranks", "2", *SMALL) as (proc, url, _):
+        pids = http("GET", url + "/health")[1]["rank_pids"]
+        result = {}
+        t = threading.Thread(target=lambda: result.setdefault(
+            "r", http("POST", url + "/v1/generate", {"steps": 2000, "seed": 1})))
+        t.start()
+        time.sleep(3.0)
+        os.kill(pids[1], signal.SIGKILL)
+        t.join(timeout=60)
+        code, body = result["r"]
+        assert code == 503 and "rank 1" in body["error"]
+        assert proc.wait(timeout=60) != 0
+        assert not any(alive(p) for p in pids)
+
+
+def test_port_already_taken(tmp_path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "residency.cli", "serve", "--arm",
+                               "candidate", "--device", "emulated-npu", "--ranks", "1",
+                               "--port", str(port), "--markers", str(tmp_path / "m")],
+                              capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_unwritable_output_directory(tmp_path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("a file, not a directory")
+    with pytest.raises(ExperimentError, match="cannot write the run directory"):
+        run_pair("profiled-pair", out=blocker / "run", device="emulated-npu", progress=False)
+    proc = subprocess.run([sys.executable, "-m", "residency.cli", "pair", "--device",
+                           "emulated-npu", "--out", str(blocker / "run"), "--no-progress"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "cannot write the run directory" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_full_output_directory(tmp_path) -> None:
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tiny tmpfs here (needs root and mount rights)")
+    try:
+        free = os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize
+        (mnt / "filler").write_bytes(b"\0" * (free - 8192))  # leave room for the manifest
+        with pytest.raises(ExperimentError, match="No space left on device"):
+            run_pair("profiled-pair", out=mnt / "run", device="emulated-npu", ranks=1,
+                     steps=2, progress=False, **{"scale": 0.02, "resident_mib": 256})
+        assert _manifest(mnt / "run")["status"] == "incomplete"
+        assert not _pids_with(str(mnt / "run"))
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_service_that_never_finishes_a_request(tmp_path) -> None:
+    server = tmp_path / "hang.py"
+    server.write_text(HANGING_SERVER)
+    spec = tmp_path / "hang.toml"
+    spec.write_text(f"""
+device_kind = "emulated-npu"
+ranks = 1
+[serve]
+command = ["{sys.executable}", "{server}", "{{port}}"]
+[health]
+url = "http://127.0.0.1:{{port}}/health"
+timeout_s = 30
+[request]
+url = "http://127.0.0.1:{{port}}/v1/generate"
+json = {{ steps = 1 }}
+timeout_s = 2
+""")
+    with pytest.raises(ExperimentError, match="timed out"):
+        run_pair("profiled-pair", out=tmp_path / "run", service_file=spec, progress=False)
+    assert _manifest(tmp_path / "run")["status"] == "incomplete"
+    assert not _pids_with(str(server))
+
+
+def test_sigterm_during_profiling(tmp_path) -> None:
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "residency.cli", "pair", "--design", "profiled-pair",
+         "--device", "emulated-npu", "--ranks", "2", "--steps", "3000", "--scale", "0.02",
+         "--resident-mib", "256", "--out", str(out), "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not (out / "runs" / "00-baseline" / "trace-raw").is_dir():
+        time.sleep(0.2)
+    time.sleep(8.0)  # past warm-up: the measured, profiled request is running
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "interrupted" in err
+    m = _manifest(out)
+    assert m["status"] == "incomplete" and "KeyboardInterrupt" in m["error"]
+    assert not _pids_with(str(out))
