@@ -36,7 +36,7 @@ class WorkloadConfig:
 
     scale: float = 1.0
     hidden: int = 512
-    tokens: int = 1024
+    tokens: int = 512
     dit_layers: int = 8
     text_encoder_mib: float = 768
     reference_encoder_mib: float = 512
