@@ -204,6 +204,10 @@ def format_summary(s: IdleSummary) -> list[str]:
     return lines
 
 
+_DESCRIPTION = ("All-rank no-device-task time within a window, and host markers intersected "
+                "with it, from Kineto or torch-npu traces (times in ms; --json in ns).")
+
+
 def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", metavar="PATH",
                    help="directory of one format's rank traces, or a run directory with trace/")
@@ -220,8 +224,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     """Register ``idle``."""
     p = subparsers.add_parser(
         "idle", help="all-rank no-device-task time and marker attribution from traces",
-        description="All-rank no-device-task time within a window, and host markers "
-        "intersected with it, from Kineto or torch-npu traces (times in ms; --json in ns).")
+        description=_DESCRIPTION)
     _configure(p)
 
 
@@ -247,7 +250,7 @@ def run_cli(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m residency.idle PATH ...``, the same as ``residency idle PATH ...``."""
-    parser = argparse.ArgumentParser(prog="residency idle", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="residency idle", description=_DESCRIPTION)
     _configure(parser)
     return run_cli(parser.parse_args(argv))
 

@@ -36,6 +36,7 @@ import re
 import threading
 import warnings
 import zlib
+from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
@@ -336,7 +337,8 @@ class _XEvent(msgspec.Struct, tag_field="ph", tag="X", gc=False):
 
 # every other phase of the Trace Event Format decodes to an empty struct (fields skipped)
 _OTHER_PHASES = [msgspec.defstruct(f"_Phase{i}", [], tag_field="ph", tag=ph, gc=False,
-                                   namespace={"cat": ""}, module=__name__)
+                                   namespace={"cat": "", "ts": math.nan, "dur": math.nan},
+                                   module=__name__)
                  for i, ph in enumerate("BEiICbnesftPNODMVvRc()")]
 _FastEvent = functools.reduce(operator.or_, _OTHER_PHASES, _XEvent)
 
@@ -370,27 +372,33 @@ def _parse_kineto(source: Path, data: bytes) -> _Parsed:
     try:  # fast path: every field of the expected type, times small enough for float64
         doc = _decode(source, data, _KTrace | list[_FastEvent], exact=False)
         events = _events_of(source, doc)
-        kinds = _category_kinds(list(map(_GET_CAT, events)))
-        sel = _take(events, np.flatnonzero(kinds))
-        ts = np.fromiter(map(_GET_TS, sel), np.float64, len(sel))
-        dur = np.fromiter(map(_GET_DUR, sel), np.float64, len(sel))
+        kinds = _category_kinds(map(_GET_CAT, events), len(events))
+        idx = np.flatnonzero(kinds)
+        ts, dur = _floats_at(events, idx, _GET_TS), _floats_at(events, idx, _GET_DUR)
         if np.nanmax(np.abs(ts), initial=0.0) < _EXACT_FLOAT_US:
             ts_ns, ts_ok = _floats_to_ns(ts)
             dur_ns, dur_ok = _floats_to_ns(dur)
-            return _finish(source, doc, kinds[kinds > 0], sel, ts_ns, dur_ns, ts_ok & dur_ok,
-                           _raw_names)
+            return _finish(source, doc, kinds[idx], ts_ns, dur_ns, ts_ok & dur_ok,
+                           lambda h: _raw_names([events[i] for i in idx[h].tolist()]))
     except msgspec.ValidationError:
         pass
     # exact path: any field types; every float literal kept as its decimal text
     doc = _decode(source, data, _AnyTrace | list[_AnyEvent], exact=True)
     events = _events_of(source, doc)
-    kinds = _category_kinds([e.cat if type(e.cat) is str and e.ph == "X" else ""
-                             for e in events])
+    kinds = _category_kinds((e.cat if type(e.cat) is str and e.ph == "X" else ""
+                             for e in events), len(events))
     sel = _take(events, np.flatnonzero(kinds))
     ts_ns, ts_ok = _us_to_ns([e.ts for e in sel])
     dur_ns, dur_ok = _us_to_ns([e.dur for e in sel])
-    return _finish(source, doc, kinds[kinds > 0], sel, ts_ns, dur_ns, ts_ok & dur_ok,
-                   _any_names)
+    return _finish(source, doc, kinds[kinds > 0], ts_ns, dur_ns, ts_ok & dur_ok,
+                   lambda h: _any_names([sel[i] for i in h.tolist()]))
+
+
+def _floats_at(events: list[Any], idx: np.ndarray, get: Callable[[Any], float]) -> np.ndarray:
+    """A float attribute of ``events[idx]``; one pass over every event when most are wanted."""
+    if 2 * len(idx) > len(events):
+        return np.fromiter(map(get, events), np.float64, len(events))[idx]
+    return np.fromiter(map(get, [events[i] for i in idx.tolist()]), np.float64, len(idx))
 
 
 def _raw_names(events: list[Any]) -> list[str]:
@@ -423,16 +431,24 @@ def _take(events: list[Any], idx: np.ndarray) -> list[Any]:
     return events if len(idx) == len(events) else [events[i] for i in idx.tolist()]
 
 
-def _category_kinds(cats: list[str]) -> np.ndarray:
-    """1 for a device-task category, 2 for a host-range category, else 0."""
-    lut = {c: 1 if c.lower() in DEVICE_CATEGORIES else 2 if c.lower() in HOST_CATEGORIES else 0
-           for c in set(cats)}
-    return np.fromiter(map(lut.__getitem__, cats), np.int8, len(cats))
+class _CategoryKinds(dict):  # type: ignore[type-arg]
+    """category -> 1 (device task), 2 (host range) or 0, worked out once per distinct name."""
+
+    def __missing__(self, cat: str) -> int:
+        low = cat.lower()
+        self[cat] = kind = 1 if low in DEVICE_CATEGORIES else 2 if low in HOST_CATEGORIES else 0
+        return kind
 
 
-def _finish(source: Path, doc: Any, kinds: np.ndarray, sel: list[Any], ts_ns: np.ndarray,
-            dur_ns: np.ndarray, ok: np.ndarray, names_of: Any) -> _Parsed:
-    """Timeline of the selected events (`kinds` 1 device, 2 host) of a decoded document."""
+def _category_kinds(cats: Iterable[str], n: int) -> np.ndarray:
+    """The kind of each of `n` categories: 1 device task, 2 host range, else 0."""
+    return np.fromiter(map(_CategoryKinds().__getitem__, cats), np.int8, n)
+
+
+def _finish(source: Path, doc: Any, kinds: np.ndarray, ts_ns: np.ndarray, dur_ns: np.ndarray,
+            ok: np.ndarray, names_of: Callable[[np.ndarray], list[str]]) -> _Parsed:
+    """Timeline of the selected events (`kinds` 1 device, 2 host) of a decoded document;
+    `names_of` gives the names of selected events at some positions."""
     base = getattr(doc, "baseTimeNanoseconds", None)
     info = getattr(doc, "distributedInfo", None)
     rank = info.get("rank") if isinstance(info, dict) else None
@@ -453,7 +469,7 @@ def _finish(source: Path, doc: Any, kinds: np.ndarray, sel: list[Any], ts_ns: np
     hidx = hidx[np.argsort(ts_ns[hidx], kind="stable")]
     ranges = np.column_stack((ts_ns[hidx], ts_ns[hidx] + dur_ns[hidx]))
     distinct: dict[str, str] = {}  # one str object per distinct name
-    names = [distinct.setdefault(n, n) for n in names_of([sel[i] for i in hidx.tolist()])]
+    names = [distinct.setdefault(n, n) for n in names_of(hidx)]
     return _Parsed(rank, device, ranges, _object_array(names), int((~ok).sum()))
 
 
@@ -607,7 +623,8 @@ def _parse_ascend(source: Path, data: bytes) -> _Parsed:
     sel = _take(events, np.flatnonzero(kinds))
     ts_ns, ts_ok = _us_to_ns([e.ts for e in sel])
     dur_ns, dur_ok = _us_to_ns([e.dur for e in sel])
-    return _finish(source, doc, kinds[kinds > 0], sel, ts_ns, dur_ns, ts_ok & dur_ok, names_of)
+    return _finish(source, doc, kinds[kinds > 0], ts_ns, dur_ns, ts_ok & dur_ok,
+                   lambda h: names_of([sel[i] for i in h.tolist()]))
 
 
 # -- Parquet cache -----------------------------------------------------------------------------
