@@ -271,7 +271,8 @@ def _parse_all(fmt: str, sources: list[Path], *, cache: bool,
     found = [_read_cache(s, st) if cache else None for s, st in zip(sources, stats, strict=True)]
     todo = [i for i, f in enumerate(found) if f is None]
     jobs = ([fmt] * len(todo), [sources[i] for i in todo])
-    n = workers if workers is not None else min(len(todo), os.cpu_count() or 1)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    n = workers if workers is not None else min(len(todo), cpus or 1)
     small = sum(stats[i].st_size for i in todo) < _PARALLEL_MIN_BYTES
     if n <= 1 or len(todo) <= 1 or (workers is None and small):
         parsed = list(map(_parse_file, *jobs))
@@ -323,6 +324,8 @@ def _decode(source: Path, data: bytes, typ: Any, *, exact: bool) -> Any:
             raise TraceError(source, "truncated JSON (the file ends early)", len(data)) from None
         m = re.search(r"\(byte (\d+)\)", text)
         msg = text.replace(m.group(0), "").strip() if m else text
+        if m and source.name.endswith(".gz"):
+            msg += " (the byte counts the decompressed JSON)"
         raise TraceError(source, f"invalid JSON: {msg}", int(m.group(1)) if m else None) from None
 
 
