@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "pair": "residency.experiments",
     "idle": "residency.idle",
     "tables": "residency.tables",
+    "report": "residency.reports",
     "verify": "residency.rundir",
     "whatif": "residency.whatif",
 }

@@ -1,0 +1,261 @@
+"""Write the three evidence notebooks (run: python notebooks/build.py).
+
+api_reproduction.ipynb, consecutive_requests.ipynb and paired_profile.ipynb are generated
+from the cell lists below, outputs cleared and cell ids fixed, so a regenerated notebook
+differs from the committed one only where this file changed. Every computation is a call into
+`residency.notebook`; the notebooks hold parameters, prose and display calls.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+HERE = Path(__file__).resolve().parent
+
+PARAMETERS_HELP = (
+    "Parameters (papermill `-p NAME VALUE`; pass paths with `-r`): `device` is `auto` (a real "
+    "NPU, else CUDA, else the emulated NPU), `npu`, `cuda` or `emulated-npu`; `output_dir` is "
+    "where `results.json`, tables and figures go (None: a new "
+    "`reports/<notebook>/<UTC timestamp>/` under the working directory); `source` is `\"run\"` "
+    "to record a fresh run into `output_dir/run`, or a recorded run directory (e.g. "
+    "`data/runs/<id>`) to analyse without re-running.")
+
+IMPORTS = ("from IPython.display import Markdown, display\n\n"
+           "from residency import notebook as nb\n")
+
+
+def _params(**values: object) -> str:
+    return "\n".join(f"{k} = {v!r}" for k, v in values.items())
+
+
+def _check(name: str, names: list[str], designs: tuple[str, ...] | None = None) -> str:
+    args = ", ".join(f"{n}={n}" for n in names)
+    designs_arg = f"designs={designs!r}, " if designs else ""
+    return (f"{IMPORTS}\n"
+            f"params = nb.check_parameters({designs_arg}{args})\n"
+            f'out = nb.prepare_output_dir(output_dir, "{name}")')
+
+
+API_REPRODUCTION = [
+    new_markdown_cell(
+        "# API reproduction: which allocator-telemetry query answers on this device\n\n"
+        "The retention policy needs allocated and reserved bytes. Before the fix it read them "
+        "through `torch.accelerator.memory_allocated/memory_reserved` (the *generic* path) on "
+        "every device; on Ascend with torch-npu up to the 2.12 line that raises `Allocator for "
+        "npu is not a DeviceAllocator`, so every normal call released the cache. The fix reads "
+        "the *registered* device module (`torch.get_device_module(device)`) on NPU.\n\n"
+        "This notebook calls both paths (and `mem_get_info`) on the device, in a separate "
+        "process, and reports each outcome: the value, or the exception type and message. It "
+        "shows the versions, which telemetry each arm reads, and a verdict that the bug is "
+        "present or absent, **detected, never assumed**. With `device=\"auto\"` it also probes "
+        "`cpu` for comparison. With a recorded run as `source`, the outcomes are read from "
+        "that run's recorded decisions instead.\n\n" + PARAMETERS_HELP),
+    new_code_cell(_params(device="auto", output_dir=None, source="run"),
+                  metadata={"tags": ["parameters"]}),
+    new_code_cell(_check("api_reproduction", ["device", "output_dir", "source"])),
+    new_markdown_cell("## Versions"),
+    new_code_cell('probes = nb.api_reproduction(params["source"], params["device"])\n'
+                  "versions = nb.versions_table(probes)\n"
+                  'nb.write_tables(out, {"versions": versions})\n'
+                  "display(Markdown(nb.markdown_table(versions)))"),
+    new_markdown_cell(
+        "## Query outcomes\n\n"
+        "One row per device kind, path and query: `ok` with the value in bytes, or `error` "
+        "with the exception type and message exactly as raised."),
+    new_code_cell("outcomes = nb.probe_table(probes)\n"
+                  'nb.write_tables(out, {"query_outcomes": outcomes})\n'
+                  "display(Markdown(nb.markdown_table(outcomes)))"),
+    new_markdown_cell(
+        "## What each arm reads\n\n"
+        "`baseline` reads the generic path on every device (the pre-fix code), `candidate` "
+        "the registered module on NPU and the generic path elsewhere (the fix), "
+        "`always-release` reads nothing and releases on every call (pre-retention). When an "
+        "arm's telemetry is unavailable, each of its normal calls releases."),
+    new_code_cell("arms = nb.arms_table(probes)\n"
+                  'nb.write_tables(out, {"arms": arms})\n'
+                  "display(Markdown(nb.markdown_table(arms)))"),
+    new_markdown_cell("## Verdict"),
+    new_code_cell("display(Markdown(nb.verdict_markdown(probes)))\n"
+                  'results = nb.finish(out, nb.api_results(probes, source=params["source"], '
+                  'notebook="api_reproduction", parameters=params))'),
+]
+
+CONSECUTIVE_REQUESTS = [
+    new_markdown_cell(
+        "# Consecutive requests: the candidate keeps the cache across requests\n\n"
+        "One candidate service (the fix) answers `requests` consecutive requests after a "
+        "warm-up. For every rank and request the table counts the normal checks "
+        "(retained / released) and the forced releases. A plot shows each normal check's "
+        "memory state against the two bounds: cached-but-unallocated at most 25 % and free at "
+        "least 5 % of device capacity.\n\n"
+        "**Gates** fail this notebook: any telemetry error or out-of-memory error with the "
+        "candidate, or any recorded decision that disagrees with the policy re-evaluated on "
+        "its own recorded snapshot (`residency.policy.replay`).\n\n" + PARAMETERS_HELP
+        + " `ranks`, `requests`, `steps` and `scale` (workload size) set up a fresh run; a "
+        "recorded run keeps its own."),
+    new_code_cell(_params(device="auto", output_dir=None, source="run", ranks=2, requests=3,
+                          steps=2, scale=1.0), metadata={"tags": ["parameters"]}),
+    new_code_cell(_check("consecutive_requests",
+                         ["device", "output_dir", "source", "ranks", "requests", "steps",
+                          "scale"], designs=("consecutive",))),
+    new_markdown_cell("## The run"),
+    new_code_cell('run = nb.open_source(params["source"], output_dir=out, design="consecutive", '
+                  'device=params["device"],\n'
+                  '                     ranks=params["ranks"], steps=params["steps"], '
+                  'requests=params["requests"],\n'
+                  '                     scale=params["scale"])\n'
+                  "display(Markdown(nb.describe_run(run)))"),
+    new_markdown_cell(
+        "## Normal checks and forced releases per rank and request\n\n"
+        "Counts from the per-rank decision logs (warm-up excluded); `oom` from the service's "
+        "response (empty when the service does not report it)."),
+    new_code_cell("table = nb.consecutive_table(run)\n"
+                  'nb.write_tables(out, {"consecutive_requests": table})\n'
+                  "summary = nb.consecutive_summary(run, table)\n"
+                  "display(table)\n"
+                  "for key, note in nb.consecutive_notes(summary).items():\n"
+                  "    display(Markdown(nb.statistical_note(note, what=nb.ATTRIBUTIONS[key])))"),
+    new_markdown_cell(
+        "## Memory state at each normal check against the bounds\n\n"
+        "Left: cached-but-unallocated bytes (reserved - allocated) over capacity; a normal "
+        "check retains while this stays at or under the dashed line. Right: free bytes over "
+        "capacity; it retains while this stays at or over the dashed line. Circles retained, "
+        "crosses released."),
+    new_code_cell("frame = nb.fractions(run)\n"
+                  "fig = nb.plot_fractions(frame)\n"
+                  'nb.save_figure(fig, out, "fractions")\n'
+                  'nb.write_tables(out, {"fractions": frame})\n'
+                  "display(fig)"),
+    new_markdown_cell("## Gates"),
+    new_code_cell("failures = nb.gate_failures(run)\n"
+                  'results = nb.finish(out, {**summary, "gate_failures": failures, '
+                  '"source": params["source"],\n'
+                  '                "run_dir": str(run.path), '
+                  '"notebook": "consecutive_requests", "parameters": params})\n'
+                  "nb.check_gates(failures)"),
+]
+
+PAIRED_PROFILE = [
+    new_markdown_cell(
+        "# Paired profile: what the fix changes in one profiled pair and in alternating pairs\n"
+        "\n"
+        "One profiled baseline/candidate pair (each arm in its own fresh service, warmed with "
+        "the same request, then measured), followed by `pairs` unprofiled pairs in ABBA "
+        "order. It shows, per attribution, the measured values and a **statistical note** "
+        "saying what they support:\n\n"
+        "* per-rank normal-call duration of both arms (profiled pair);\n"
+        "* normal calls that released and forced releases that released (all runs);\n"
+        "* normal-release markers intersected with all-rank no-device-task time, all-rank "
+        "no-device-task time and the preparation window (profiled pair, from traces);\n"
+        "* client E2E of the profiled pair and of the unprofiled pairs (never pooled);\n"
+        "* the evidence table beside the published NPU figures.\n\n" + PARAMETERS_HELP
+        + " `ranks`, `steps`, `seed`, `scale` and `pairs` set up a fresh run; a recorded run "
+        "keeps its own."),
+    new_code_cell(_params(device="auto", output_dir=None, source="run", ranks=2, steps=50,
+                          seed=2101, scale=1.0, pairs=3), metadata={"tags": ["parameters"]}),
+    new_code_cell(_check("paired_profile",
+                         ["device", "output_dir", "source", "ranks", "steps", "seed", "scale",
+                          "pairs"], designs=("paired-profile", "profiled-pair", "alternating"))),
+    new_markdown_cell("## The run"),
+    new_code_cell('run = nb.open_source(params["source"], output_dir=out, '
+                  'design="paired-profile", device=params["device"],\n'
+                  '                     ranks=params["ranks"], steps=params["steps"], '
+                  'seed=params["seed"],\n'
+                  '                     scale=params["scale"], pairs=params["pairs"])\n'
+                  "display(Markdown(nb.describe_run(run)))\n"
+                  "pp = nb.paired_profile(run)"),
+    new_markdown_cell(
+        "## Normal-call duration per rank\n\n"
+        "Summed duration of each rank's normal policy calls in the measured request of the "
+        "profiled pair (warm-up excluded). The baseline's generic telemetry fails on NPU, so "
+        "its normal calls release the cache; the candidate's only read telemetry."),
+    new_code_cell("table = nb.normal_call_frame(pp)\n"
+                  "fig = nb.plot_normal_calls(pp)\n"
+                  'nb.write_tables(out, {"normal_calls": table})\n'
+                  'nb.save_figure(fig, out, "normal_calls")\n'
+                  "display(table, fig)\n"
+                  'display(Markdown(pp.note("normal_call_duration")))'),
+    new_markdown_cell(
+        "## Releases\n\n"
+        "Normal calls that released the cache, and forced releases (failure paths, VAE "
+        "release points) that released, over every measured run of each arm: forced calls "
+        "must still release with the candidate."),
+    new_code_cell("table = nb.releases_frame(pp)\n"
+                  'nb.write_tables(out, {"releases": table})\n'
+                  "display(table)\n"
+                  'display(Markdown(pp.note("normal_released")))\n'
+                  'display(Markdown(pp.note("forced_released")))'),
+    new_markdown_cell(
+        "## Idle attribution\n\n"
+        "From the profiled pair's traces: the normal-release markers of all ranks (union) "
+        "intersected with all-rank no-device-task time, the all-rank no-device-task time of "
+        "the whole trace, and the preparation window (request arrival to the first "
+        "denoising step)."),
+    new_code_cell("table = nb.idle_frame(pp)\n"
+                  "fig = nb.plot_idle(pp)\n"
+                  'nb.write_tables(out, {"idle": table})\n'
+                  'nb.save_figure(fig, out, "idle")\n'
+                  "display(table, fig)\n"
+                  'for key in ("idle_intersection", "all_rank_idle", "preparation_window"):\n'
+                  "    display(Markdown(pp.note(key)))"),
+    new_markdown_cell(
+        "## Client end-to-end time\n\n"
+        "Per pair, baseline and candidate. Profiling slows a run down, so the profiled pair "
+        "and the unprofiled pairs are compared separately."),
+    new_code_cell("table = nb.e2e_frame(pp)\n"
+                  "fig = nb.plot_e2e(pp)\n"
+                  'nb.write_tables(out, {"e2e": table})\n'
+                  'nb.save_figure(fig, out, "e2e")\n'
+                  "display(table, fig)\n"
+                  'display(Markdown(pp.note("e2e_profiled")))\n'
+                  'display(Markdown(pp.note("e2e_unprofiled")))'),
+    new_markdown_cell(
+        "## Evidence table beside the published NPU figures\n\n"
+        "This run's evidence table, then the published figures (8 x Ascend 910B1) in the "
+        "same columns. An emulated-NPU run shows the mechanism on host memory: its numbers "
+        "are not NPU measurements and are not comparable in size."),
+    new_code_cell("from residency.tables import to_markdown\n\n"
+                  "evidence, published = nb.evidence_tables(run, pp)\n"
+                  'nb.write_tables(out, {"evidence": evidence, "published": published})\n'
+                  'display(Markdown(to_markdown(evidence) + "\\n" + to_markdown(published)))\n'
+                  'results = nb.finish(out, nb.paired_results(pp, source=params["source"], '
+                  'notebook="paired_profile",\n'
+                  "                                             parameters=params))"),
+]
+
+NOTEBOOKS = {
+    "api_reproduction": API_REPRODUCTION,
+    "consecutive_requests": CONSECUTIVE_REQUESTS,
+    "paired_profile": PAIRED_PROFILE,
+}
+
+
+def build(name: str, cells: list) -> nbformat.NotebookNode:
+    """The notebook `name`: cells with fixed ids, no outputs, the python3 kernel."""
+    for i, cell in enumerate(cells):
+        cell["id"] = f"{name}-{i:02d}"[-64:]
+    nb = new_notebook(cells=cells, metadata={
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+        "language_info": {"name": "python"},
+        "title": name.replace("_", " "),
+    })
+    nbformat.validate(nb)
+    return nb
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write every notebook beside this file, or into the folder given as the argument."""
+    out = Path(argv[0]) if argv else HERE
+    for name, cells in NOTEBOOKS.items():
+        path = out / f"{name}.ipynb"
+        nbformat.write(build(name, cells), path)
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

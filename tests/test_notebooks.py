@@ -1,0 +1,544 @@
+"""Notebook support (`residency.notebook`), reports (`residency.reports`) and the three
+notebooks executed with papermill at small parameters (slow)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+
+from residency import notebook as nb
+from residency import reports
+from residency.rundir import load_run
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data" / "notebooks"
+PAIRED = DATA / "paired-profile"  # paired-profile, 2 ranks, 2 steps, scale 0.02, pairs=1
+CONSECUTIVE = DATA / "consecutive"  # consecutive, 2 ranks, 3 requests of 2 steps, scale 0.02
+NOTEBOOKS = ROOT / "notebooks"
+SENTENCE_END = (".", ")")
+
+
+def one_sentence(text: str) -> bool:
+    return "\n" not in text and "Traceback" not in text and text.endswith(SENTENCE_END)
+
+
+# ----------------------------------------------------------------------------- parameters
+@dataclass(frozen=True)
+class Bad:
+    params: dict[str, Any]
+    words: str  # must appear in the message
+
+
+def _incomplete(tmp: Path) -> Path:
+    run = tmp / "incomplete"
+    shutil.copytree(CONSECUTIVE, run)
+    m = json.loads((run / "manifest.json").read_text())
+    m.update(status="incomplete", error="ExperimentError: service exited with code 1")
+    (run / "manifest.json").write_text(json.dumps(m))
+    return run
+
+
+BAD = [
+    Bad({"device": "gpu"}, "`device` must be one of ['auto', 'npu', 'cuda', 'emulated-npu']"),
+    Bad({"device": 1}, "`device` must be one of"),
+    Bad({"steps": "2"}, "`steps` must be an integer >= 1, but '2' (str) was passed"),
+    Bad({"steps": 0}, "`steps` must be an integer >= 1, but 0 was passed"),
+    Bad({"ranks": True}, "`ranks` must be an integer >= 1"),
+    Bad({"ranks": 2.0}, "`ranks` must be an integer >= 1"),
+    Bad({"pairs": -1}, "`pairs` must be an integer >= 0"),
+    Bad({"seed": "x"}, "`seed` must be an integer >= 0"),
+    Bad({"scale": "big"}, "`scale` must be a number > 0, but 'big' (str) was passed"),
+    Bad({"scale": 0}, "`scale` must be a number > 0"),
+    Bad({"scale": math.nan}, "`scale` must be a number > 0"),
+    Bad({"source": "/nonexistent/run"}, "'/nonexistent/run' does not exist"),
+    Bad({"source": ""}, "`source` must be \"run\" or a recorded run directory"),
+    Bad({"source": 3}, "`source` must be \"run\" or a recorded run directory"),
+    Bad({"source": "@incomplete"}, "is marked 'incomplete' in its manifest.json"),
+    Bad({"source": "@empty"}, "`source` must be a readable run directory"),
+    Bad({"source": str(CONSECUTIVE), "designs": ("paired-profile",)},
+        "has design 'consecutive'"),
+    Bad({"source": str(CONSECUTIVE), "device": "cuda"},
+        "the recorded run's device kind 'emulated-npu', but 'cuda' was passed"),
+    Bad({"output_dir": str(CONSECUTIVE / "manifest.json")}, "is a file"),
+    Bad({"colour": "red"}, "The parameter `colour` is not one this notebook knows"),
+]
+
+
+@pytest.mark.parametrize("case", BAD, ids=lambda c: c.words[:40])
+def test_check_parameters_refuses_with_one_sentence(case: Bad, tmp_path: Path) -> None:
+    params = dict(case.params)
+    if params.get("source") == "@incomplete":
+        params["source"] = str(_incomplete(tmp_path))
+    elif params.get("source") == "@empty":
+        params["source"] = str(tmp_path)
+    with pytest.raises(nb.ParameterError) as err:
+        nb.check_parameters(**params)
+    message = str(err.value)
+    assert case.words in message
+    assert one_sentence(message), message
+    assert err.value._render_traceback_() == [f"ParameterError: {message}"]
+
+
+def test_check_parameters_returns_checked_values() -> None:
+    got = nb.check_parameters(device="auto", output_dir=None, source=str(PAIRED), ranks=2,
+                              steps=50, seed=2101, scale=1, pairs=0,
+                              designs=("paired-profile",))
+    assert got == {"device": "auto", "output_dir": None, "source": str(PAIRED.resolve()),
+                   "ranks": 2, "steps": 50, "seed": 2101, "scale": 1.0, "pairs": 0}
+    assert nb.check_parameters(source="run", device="emulated-npu")["source"] == "run"
+    assert nb.check_parameters(source=str(PAIRED), device="emulated-npu")["device"] == \
+        "emulated-npu"
+
+
+def test_parameter_error_shows_one_line_in_ipython() -> None:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        result = shell.run_cell("from residency.notebook import check_parameters\n"
+                                "check_parameters(device='gpu')")
+    assert isinstance(result.error_in_exec, nb.ParameterError)
+    assert out.getvalue() == ("ParameterError: The value for `device` must be one of ['auto', "
+                              "'npu', 'cuda', 'emulated-npu'], but 'gpu' was passed.\n")
+
+
+def test_gate_error_lists_each_failure() -> None:
+    err = nb.GateError(["First failed.", "Second failed."])
+    assert err._render_traceback_() == ["GateError: 2 gates failed:", "  - First failed.",
+                                        "  - Second failed."]
+    with pytest.raises(nb.GateError):
+        nb.check_gates(["x."])
+
+
+def test_module_imports_neither_torch_nor_the_workload() -> None:
+    code = ("import sys, residency.notebook, residency.reports; "
+            "print(sorted(m for m in ('torch', 'residency.workload', 'residency.emulated') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT).stdout.strip()
+    assert out == "[]"
+
+
+# ----------------------------------------------------------------------------- outputs
+def test_prepare_output_dir_default_is_a_new_timestamped_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.chdir(tmp_path)
+    first = nb.prepare_output_dir(None, "paired_profile")
+    second = nb.prepare_output_dir(None, "paired_profile")
+    assert first.parent == second.parent == tmp_path / "reports" / "paired_profile"
+    assert first != second and first.is_dir() and second.is_dir()
+    assert first.name.endswith("Z") and second.name.startswith(first.name)
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == [f"paired_profile: results.json, tables and figures go to {p}"
+                       for p in (first, second)]
+    given = nb.prepare_output_dir(str(tmp_path / "a" / "b"), "x")
+    assert given == (tmp_path / "a" / "b").resolve() and given.is_dir()
+
+
+def test_write_results_is_atomic_plain_json(tmp_path: Path) -> None:
+    import numpy as np
+
+    path = nb.write_results(tmp_path, {"a": np.int64(3), "b": math.nan, "c": (1.5, Path("/x")),
+                                       "d": {"e": np.float32(0.5)}})
+    assert path == tmp_path / "results.json"
+    assert json.loads(path.read_text()) == {"a": 3, "b": None, "c": [1.5, "/x"],
+                                            "d": {"e": 0.5}}
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
+
+
+# ----------------------------------------------------------------------------- consecutive
+def test_consecutive_table_counts_per_rank_and_request() -> None:
+    run = load_run(CONSECUTIVE)
+    table = nb.consecutive_table(run)
+    assert len(table) == 6  # 2 ranks x 3 requests
+    assert table[["request", "rank"]].values.tolist() == [[1, 0], [2, 0], [3, 0], [1, 1],
+                                                          [2, 1], [3, 1]]
+    assert (table["normal_checks"] == 1).all() and (table["normal_retained"] == 1).all()
+    assert (table["forced"] == 2).all() and (table["forced_released"] == 2).all()
+    summary = nb.consecutive_summary(run, table)
+    assert summary == {"device_kind": "emulated-npu", "ranks": 2, "requests": 3,
+                       "normal_total": 6, "normal_retained": 6, "forced_total": 12,
+                       "forced_released": 12, "telemetry_errors": 0, "oom": 0}
+    notes = nb.consecutive_notes(summary)
+    assert notes["normal_retained"].startswith("6 of 6 (100.0%); Clopper-Pearson 95 %")
+
+
+def _tampered(tmp: Path, edit_decision: Any = None, edit_client: Any = None) -> Any:
+    run_dir = tmp / "run"
+    shutil.copytree(CONSECUTIVE, run_dir)
+    dec = run_dir / "runs" / "00-candidate" / "decisions-rank1.jsonl"
+    if edit_decision:
+        lines = [json.loads(line) for line in dec.read_text().splitlines()]
+        lines = [edit_decision(d) if d["request_id"] == "r0003" and d["kind"] == "normal"
+                 else d for d in lines]
+        dec.write_text("".join(json.dumps(d) + "\n" for d in lines))
+    if edit_client:
+        client = run_dir / "runs" / "00-candidate" / "client.json"
+        data = json.loads(client.read_text())
+        edit_client(data)
+        client.write_text(json.dumps(data))
+    return load_run(run_dir, verify=False)
+
+
+def _crossed(d: dict) -> dict:  # recorded as retained, but cached > 25 % of total
+    d["snapshot"] = {**d["snapshot"], "reserved": d["snapshot"]["total"] // 2,
+                     "allocated": 0}
+    return d
+
+
+def _telemetry_error(d: dict) -> dict:
+    d.update(outcome="released", reason="telemetry-unavailable", snapshot=None,
+             error="registered telemetry unavailable: RuntimeError: boom")
+    return d
+
+
+def _oom(data: dict) -> None:
+    data["requests"][2]["response"]["per_rank"][0]["oom"] = 1
+
+
+@pytest.mark.parametrize(("edit_decision", "edit_client", "words"), [
+    (_crossed, None, "re-evaluated on its snapshot released (cached-bound)"),
+    (_telemetry_error, None, "1 telemetry error(s) (first: registered telemetry unavailable"),
+    (None, _oom, "reported 1 out-of-memory error(s)"),
+], ids=["replay-mismatch", "telemetry-error", "oom"])
+def test_gates_fail_on_each_kind_of_problem(tmp_path: Path, edit_decision: Any,
+                                            edit_client: Any, words: str) -> None:
+    run = _tampered(tmp_path, edit_decision, edit_client)
+    failures = nb.gate_failures(run)
+    assert len(failures) == 1 and words in failures[0], failures
+    assert all(one_sentence(f) for f in failures)
+
+
+def test_gates_pass_on_the_recorded_runs() -> None:
+    assert nb.gate_failures(load_run(CONSECUTIVE)) == []
+    assert nb.gate_failures(load_run(PAIRED)) == []  # replay also checks the baseline arm
+
+
+def test_fractions_are_of_total_and_plot_names_device_bounds_and_n() -> None:
+    run = load_run(CONSECUTIVE)
+    frame = nb.fractions(run)
+    assert len(frame) == 6
+    first = json.loads((CONSECUTIVE / "runs/00-candidate/decisions-rank0.jsonl")
+                       .read_text().splitlines()[6])  # r0002's normal check on rank 0
+    snap = first["snapshot"]
+    row = frame[(frame["rank"] == 0) & (frame["request_id"] == "r0002")].iloc[0]
+    assert row["cached_fraction"] == (snap["reserved"] - snap["allocated"]) / snap["total"]
+    assert row["free_fraction"] == snap["free"] / snap["total"]
+    fig = nb.plot_fractions(frame)
+    title = fig._suptitle.get_text()
+    assert "emulated NPU — not an NPU measurement" in title and "n = 6 normal checks" in title
+    labels = [t.get_text() for ax in fig.axes for t in ax.get_legend().get_texts()]
+    assert "bound: retain while <= 0.25" in labels and "bound: retain while >= 0.05" in labels
+
+
+# ----------------------------------------------------------------------------- paired profile
+def test_paired_profile_attributions_and_results_keys() -> None:
+    run = load_run(PAIRED)
+    pp = nb.paired_profile(run)
+    assert pp.pair == ("00-baseline", "01-candidate")
+    rows = [json.loads(line) for f in sorted((PAIRED / "runs/00-baseline").glob("*.jsonl"))
+            for line in f.read_text().splitlines()]
+    expected = {r: sum(d["end_ns"] - d["start_ns"] for d in rows if d["rank"] == r
+                       and d["kind"] == "normal" and d["request_id"] == "r0002") / 1e6
+                for r in (0, 1)}
+    assert pp.normal_call_ms["baseline"] == expected
+    assert pp.normal_calls == {"baseline": {"total": 4, "released": 4},
+                               "candidate": {"total": 4, "released": 0}}
+    assert pp.forced_calls["candidate"] == {"total": 8, "released": 8}
+    assert pp.idle is not None and pp.idle_error is None
+    assert pp.prepare_source == "trace window marker residency.phase[prepare]"
+    assert [len(pp.e2e_s[k]["baseline"]) for k in ("profiled", "unprofiled")] == [1, 1]
+    results = nb.paired_results(pp)
+    for key in ("device_kind", "normal_call_ms", "idle_intersection_ms", "e2e_s", "notes"):
+        assert key in results
+    assert set(results["normal_call_ms"]) == set(results["idle_intersection_ms"]) == \
+        set(results["e2e_s"]) == {"baseline", "candidate"}
+    assert results["e2e_s"] == pp.e2e_s["unprofiled"]
+    assert set(results["notes"]) == {"normal_call_duration", "normal_released",
+                                     "forced_released", "idle_intersection", "all_rank_idle",
+                                     "preparation_window", "e2e_profiled", "e2e_unprofiled"}
+    assert "p < 0.05 is unreachable with 2 vs 2 values" in results["notes"][
+        "normal_call_duration"]
+    assert pp.note("e2e_profiled").startswith("**Statistical note (client E2E, profiled "
+                                              "pair).** Single observation")
+    assert json.loads(json.dumps(results))  # plain JSON
+
+
+def test_paired_profile_frames_and_plots() -> None:
+    pp = nb.paired_profile(load_run(PAIRED))
+    assert nb.normal_call_frame(pp).index.tolist() == [0, 1]
+    assert nb.releases_frame(pp).loc["candidate", "normal calls released"] == "0/4"
+    assert nb.idle_frame(pp).notna().all().all()
+    assert nb.e2e_frame(pp).index.tolist() == [("profiled", 1), ("unprofiled", 1)]
+    for fig, n in ((nb.plot_normal_calls(pp), "n = 2 vs 2 ranks"),
+                   (nb.plot_idle(pp), "n = 1 profiled run per arm"),
+                   (nb.plot_e2e(pp), "n = 2 pairs in all")):
+        title = (fig._suptitle or fig.axes[0].title).get_text()
+        assert "emulated-npu (emulated NPU — not an NPU measurement)" in title and n in title
+    evidence, published = nb.evidence_tables(load_run(PAIRED), pp)
+    assert evidence.attrs["device_kind"] == "emulated-npu"
+    assert published.attrs["device_kind"] == "npu"
+
+
+def test_write_tables_and_finish(tmp_path: Path) -> None:
+    pp = nb.paired_profile(load_run(PAIRED))
+    paths = nb.write_tables(tmp_path, {"normal_calls": nb.normal_call_frame(pp)})
+    assert [p.name for p in paths] == ["normal_calls.md", "normal_calls.csv"]
+    assert (tmp_path / "normal_calls.csv").read_text().splitlines()[0] == \
+        "rank,baseline (ms),candidate (ms),baseline / candidate"
+    nb.save_figure(nb.plot_e2e(pp), tmp_path, "e2e")
+    path = nb.finish(tmp_path, {"device_kind": "emulated-npu"})
+    got = json.loads(path.read_text())
+    assert got["files"] == ["e2e.png", "normal_calls.csv", "normal_calls.md"]
+    assert got["output_dir"] == str(tmp_path.resolve())
+
+
+# ----------------------------------------------------------------------------- API reproduction
+def test_api_from_a_recorded_run_detects_the_bug() -> None:
+    probes = nb.api_reproduction(str(PAIRED))
+    assert list(probes) == ["emulated-npu"]
+    results = nb.api_results(probes)
+    assert results["bug_present"] is True and results["recorded"] is True
+    assert results["generic"]["allocated"]["ok"] is False
+    assert "Allocator for npu is not a DeviceAllocator" in results["generic"]["reserved"]["error"]
+    assert results["registered"]["allocated"] == {"ok": True, "value": 14684160}
+    table = nb.probe_table(probes)
+    assert table["outcome"].tolist() == ["error", "error", "ok", "ok"]
+    assert "never assumed" in nb.verdict_markdown(probes)
+
+
+def test_probe_refuses_an_unknown_device_before_starting_anything() -> None:
+    with pytest.raises(nb.ParameterError, match="`device` must be one of"):
+        nb.probe("tpu")
+
+
+# ----------------------------------------------------------------------------- build.py
+def test_committed_notebooks_are_what_build_py_writes(tmp_path: Path) -> None:
+    subprocess.run([sys.executable, str(NOTEBOOKS / "build.py"), str(tmp_path)], check=True,
+                   capture_output=True, cwd=ROOT)
+    for name in nb.NOTEBOOKS:
+        assert (tmp_path / f"{name}.ipynb").read_bytes() == \
+            (NOTEBOOKS / f"{name}.ipynb").read_bytes(), f"run python notebooks/build.py ({name})"
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    ("api_reproduction", {"device": "auto", "output_dir": None, "source": "run"}),
+    ("consecutive_requests", {"device": "auto", "output_dir": None, "source": "run",
+                              "ranks": 2, "requests": 3, "steps": 2, "scale": 1.0}),
+    ("paired_profile", {"device": "auto", "output_dir": None, "source": "run", "ranks": 2,
+                        "steps": 50, "seed": 2101, "scale": 1.0, "pairs": 3}),
+])
+def test_notebook_parameters_cell(name: str, expected: dict) -> None:
+    book = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    assert book.cells[0].cell_type == "markdown" and book.cells[0].source.startswith("# ")
+    params = [c for c in book.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(params) == 1 and book.cells[1] is params[0]
+    values: dict = {}
+    exec(params[0].source, {}, values)
+    assert values == expected
+    assert "nb.check_parameters(" in book.cells[2].source
+    assert "nb.prepare_output_dir(" in book.cells[2].source
+    assert all(not c.get("outputs") and c.get("execution_count") is None
+               for c in book.cells if c.cell_type == "code")
+
+
+# ----------------------------------------------------------------------------- reports
+def _executed_notebook(path: Path) -> Path:
+    book = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# A report"),
+        nbformat.v4.new_code_cell("secret_source_code = 41 + 1\nprint(secret_source_code)",
+                                  execution_count=1, outputs=[nbformat.v4.new_output(
+                                      "stream", name="stdout", text="42\n")]),
+    ])
+    nbformat.write(book, path)
+    return path
+
+
+def test_report_hides_inputs(tmp_path: Path) -> None:
+    src = _executed_notebook(tmp_path / "demo.ipynb")
+    html = reports.render_html(src, tmp_path / "out")
+    assert html == (tmp_path / "out" / "demo.html").resolve()
+    text = html.read_text()
+    assert "42" in text and "A report" in text
+    assert "secret_source_code" not in text and "In&nbsp;[" not in text
+
+
+def test_report_cli(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from residency.cli import main
+
+    (tmp_path / "nbs").mkdir()
+    _executed_notebook(tmp_path / "nbs" / "a.ipynb")
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")]),
+                   tmp_path / "nbs" / "never_run.ipynb")
+    code = main(["report", str(tmp_path / "nbs"), "--out", str(tmp_path / "out")])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert captured.out.splitlines() == [str((tmp_path / "out" / "a.html").resolve())]
+    assert "never_run.ipynb: has no outputs: execute it first" in captured.err
+    assert main(["report", str(tmp_path / "missing")]) == 2
+
+
+# ----------------------------------------------------------------------------- slow: papermill
+class Papermill:
+    """`papermill notebooks/<notebook>.ipynb [OUT] -k python3 ARGS` started as a user would
+    (stdout and stderr to files, not a terminal; no pytest variables in the environment)."""
+
+    def __init__(self, notebook: str, out: Path | None, *args: str, cwd: Path) -> None:
+        cmd = [sys.executable, "-m", "papermill", str(NOTEBOOKS / f"{notebook}.ipynb")]
+        cmd += [str(out)] if out is not None else []
+        cmd += ["-k", "python3", *args]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+        self.out, self.cwd = out, cwd
+        self._stdout, self._stderr = cwd / ".papermill.stdout", cwd / ".papermill.stderr"
+        with open(self._stdout, "w") as o, open(self._stderr, "w") as e:
+            self.proc = subprocess.Popen(cmd, stdout=o, stderr=e, stdin=subprocess.DEVNULL,
+                                         cwd=cwd, env=env)
+
+    def wait(self, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        return subprocess.CompletedProcess(self.proc.args, code, self._stdout.read_text(),
+                                           self._stderr.read_text())
+
+    def ok(self) -> subprocess.CompletedProcess[str]:
+        done = self.wait()
+        assert done.returncode == 0, done.stderr[-4000:]
+        return done
+
+
+SMALL = ("-p", "ranks", "2", "-p", "steps", "2", "-p", "scale", "0.02")
+
+
+@pytest.fixture(scope="module")
+def executions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Papermill]]:
+    """Every notebook execution of the slow tests, started at once (each mostly waits on
+    service start-up, so together they take about as long as the longest)."""
+    def folder(name: str) -> Path:
+        return tmp_path_factory.mktemp(name)
+
+    paired, consecutive, api, bad, bare = (folder(n) for n in (
+        "paired", "consecutive", "api", "bad", "bare"))
+    runs = {
+        "paired": Papermill("paired_profile", paired / "paired_profile.ipynb", *SMALL, "-p",
+                            "pairs", "1", "-r", "output_dir", str(paired), cwd=paired),
+        "consecutive": Papermill("consecutive_requests", consecutive / "c.ipynb", *SMALL, "-p",
+                                 "requests", "3", "-r", "output_dir", str(consecutive),
+                                 cwd=consecutive),
+        "api": Papermill("api_reproduction", api / "a.ipynb", "-r", "output_dir", str(api),
+                         cwd=api),
+        "bad": Papermill("paired_profile", bad / "bad.ipynb", "-r", "source",
+                         str(bad / "missing"), cwd=bad),
+        "bare": Papermill("paired_profile", None, "-r", "source", str(PAIRED), cwd=bare),
+    }
+    yield runs
+    for run in runs.values():
+        if run.proc.poll() is None:
+            run.proc.kill()
+            run.proc.wait()
+
+
+@pytest.mark.slow
+def test_paired_profile_notebook_on_a_fresh_run(executions: dict[str, Papermill]) -> None:
+    run = executions["paired"]
+    run.ok()
+    results = json.loads((run.cwd / "results.json").read_text())
+    assert results["device_kind"] == "emulated-npu" and results["source"] == "run"
+    assert [len(results["normal_call_ms"][a]) for a in ("baseline", "candidate")] == [2, 2]
+    assert [len(results["e2e_s"][a]) for a in ("baseline", "candidate")] == [1, 1]
+    assert all(v is not None for v in results["idle_intersection_ms"].values())
+    assert results["normal_calls"]["candidate"]["released"] == 0
+    assert results["normal_calls"]["baseline"]["released"] == \
+        results["normal_calls"]["baseline"]["total"] > 0
+    for arm in ("baseline", "candidate"):
+        forced = results["forced_calls"][arm]
+        assert forced["released"] == forced["total"] > 0
+    for name in ("evidence.md", "evidence.csv", "published.md", "normal_calls.png", "idle.png",
+                 "e2e.png"):
+        assert name in results["files"] and (run.cwd / name).is_file()
+    assert load_run(run.cwd / "run").design == "paired-profile"
+
+
+@pytest.mark.slow
+def test_consecutive_requests_notebook_on_a_fresh_run(executions: dict[str, Papermill]) -> None:
+    run = executions["consecutive"]
+    run.ok()
+    r = json.loads((run.cwd / "results.json").read_text())
+    assert (r["device_kind"], r["ranks"], r["requests"]) == ("emulated-npu", 2, 3)
+    assert r["normal_retained"] == r["normal_total"] == 6
+    assert r["forced_released"] == r["forced_total"] > 0
+    assert (r["telemetry_errors"], r["oom"], r["gate_failures"]) == (0, 0, [])
+    assert (run.cwd / "fractions.png").is_file()
+
+
+@pytest.mark.slow
+def test_api_reproduction_notebook_detects_the_bug(executions: dict[str, Papermill]) -> None:
+    run = executions["api"]
+    run.ok()
+    r = json.loads((run.cwd / "results.json").read_text())
+    assert (r["device_kind"], r["bug_present"]) == ("emulated-npu", True)
+    assert r["generic"]["allocated"]["ok"] is False and r["registered"]["allocated"]["ok"]
+    assert list(r["comparison"]) == ["cpu"] and r["comparison"]["cpu"]["bug_present"] is False
+
+
+@pytest.mark.slow
+def test_bad_source_fails_the_first_cell_with_one_sentence(
+        executions: dict[str, Papermill]) -> None:
+    run = executions["bad"]
+    done = run.wait()
+    sentence = (f"ParameterError: The value for `source` must be \"run\" or a recorded run "
+                f"directory, but '{run.cwd / 'missing'}' does not exist.")
+    assert done.returncode != 0 and sentence in done.stderr
+    assert run.out is not None
+    errors = [o for c in nbformat.read(run.out, as_version=4).cells
+              for o in c.get("outputs", []) if o.output_type == "error"]
+    assert [e.traceback for e in errors] == [[sentence]]
+    assert not (run.cwd / "reports").exists()  # nothing ran before the check
+
+
+@pytest.mark.slow
+def test_papermill_without_output_path_writes_to_a_new_reports_folder(
+        executions: dict[str, Papermill]) -> None:
+    """Stdout not a terminal: papermill writes the executed notebook to stdout; the notebook
+    puts its outputs under ./reports/paired_profile/<UTC timestamp>/ and says so on stderr."""
+    run = executions["bare"]
+    done = run.ok()
+    (folder,) = (run.cwd / "reports" / "paired_profile").iterdir()
+    assert f"residency: paired_profile: results.json, tables and figures go to {folder}" \
+        in done.stderr
+    assert f"residency: done: results.json, 6 table(s) (.md/.csv) and 3 figure(s) (.png) in " \
+        f"{folder}" in done.stderr
+    assert nbformat.reads(done.stdout, as_version=4).metadata.papermill["output_path"] == "-"
+    assert json.loads((folder / "results.json").read_text())["run_dir"] == str(PAIRED.resolve())
+
+
+@pytest.mark.slow
+def test_report_of_an_executed_notebook_and_its_screenshot(
+        executions: dict[str, Papermill]) -> None:
+    run = executions["paired"]
+    run.ok()
+    assert run.out is not None
+    html = reports.render_html(run.out, run.cwd / "r")
+    text = html.read_text()
+    assert "check_parameters" not in text and "Statistical note" in text
+    assert "emulated NPU — not an NPU measurement" in text
+    if reports.find_chromium() is None:
+        pytest.skip("no Chromium installed (apt-get install chromium): screenshot not taken")
+    png = reports.screenshot(html, run.cwd / "r" / "paired_profile.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 50_000
