@@ -9,6 +9,7 @@ differs from the committed one only where this file changed. Every computation i
 from __future__ import annotations
 
 import sys
+import textwrap
 from pathlib import Path
 
 import nbformat
@@ -33,10 +34,12 @@ def _params(**values: object) -> str:
 
 
 def _check(name: str, names: list[str], designs: tuple[str, ...] | None = None) -> str:
-    args = ", ".join(f"{n}={n}" for n in names)
-    designs_arg = f"designs={designs!r}, " if designs else ""
+    args = [f"designs={designs!r}"] if designs else []
+    args += [f"{n}={n}" for n in names]
+    call = textwrap.fill(", ".join(args) + ")", width=96, initial_indent="    ",
+                         subsequent_indent="    ", break_long_words=False)
     return (f"{IMPORTS}\n"
-            f"params = nb.check_parameters({designs_arg}{args})\n"
+            f"params = nb.check_parameters(\n{call}\n"
             f'out = nb.prepare_output_dir(output_dir, "{name}")')
 
 
@@ -80,8 +83,9 @@ API_REPRODUCTION = [
                   "display(Markdown(nb.markdown_table(arms)))"),
     new_markdown_cell("## Verdict"),
     new_code_cell("display(Markdown(nb.verdict_markdown(probes)))\n"
-                  'results = nb.finish(out, nb.api_results(probes, source=params["source"], '
-                  'notebook="api_reproduction", parameters=params))'),
+                  'results = nb.finish(out, nb.api_results(probes, source=params["source"],\n'
+                  '                                         notebook="api_reproduction", '
+                  "parameters=params))"),
 ]
 
 CONSECUTIVE_REQUESTS = [
@@ -103,11 +107,10 @@ CONSECUTIVE_REQUESTS = [
                          ["device", "output_dir", "source", "ranks", "requests", "steps",
                           "scale"], designs=("consecutive",))),
     new_markdown_cell("## The run"),
-    new_code_cell('run = nb.open_source(params["source"], output_dir=out, design="consecutive", '
-                  'device=params["device"],\n'
-                  '                     ranks=params["ranks"], steps=params["steps"], '
-                  'requests=params["requests"],\n'
-                  '                     scale=params["scale"])\n'
+    new_code_cell('run = nb.open_source(params["source"], output_dir=out, design="consecutive",\n'
+                  '                     device=params["device"], ranks=params["ranks"], '
+                  'steps=params["steps"],\n'
+                  '                     requests=params["requests"], scale=params["scale"])\n'
                   "display(Markdown(nb.describe_run(run)))"),
     new_markdown_cell(
         "## Normal checks and forced releases per rank and request\n\n"
@@ -162,10 +165,11 @@ PAIRED_PROFILE = [
                           "pairs"], designs=("paired-profile", "profiled-pair", "alternating"))),
     new_markdown_cell("## The run"),
     new_code_cell('run = nb.open_source(params["source"], output_dir=out, '
-                  'design="paired-profile", device=params["device"],\n'
-                  '                     ranks=params["ranks"], steps=params["steps"], '
-                  'seed=params["seed"],\n'
-                  '                     scale=params["scale"], pairs=params["pairs"])\n'
+                  'design="paired-profile",\n'
+                  '                     device=params["device"], ranks=params["ranks"], '
+                  'steps=params["steps"],\n'
+                  '                     seed=params["seed"], scale=params["scale"], '
+                  'pairs=params["pairs"])\n'
                   "display(Markdown(nb.describe_run(run)))\n"
                   "pp = nb.paired_profile(run)"),
     new_markdown_cell(

@@ -79,7 +79,11 @@ def render_html(notebook: str | os.PathLike[str], out_dir: str | os.PathLike[str
     if not _executed(nb):
         raise ReportError(f"{src}: has no outputs: execute it first "
                           f"(papermill {src} OUT.ipynb)")
-    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True,
+    from traitlets.config import Config
+
+    # merged streams keep only what a terminal would show last (progress bars redraw with \r)
+    config = Config({"CoalesceStreamsPreprocessor": {"enabled": True}})
+    exporter = HTMLExporter(config=config, exclude_input=True, exclude_input_prompt=True,
                             exclude_output_prompt=True)
     title = nb.metadata.get("title") or src.stem.replace("_", " ")
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})

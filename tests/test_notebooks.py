@@ -363,6 +363,9 @@ def _executed_notebook(path: Path) -> Path:
         nbformat.v4.new_code_cell("secret_source_code = 41 + 1\nprint(secret_source_code)",
                                   execution_count=1, outputs=[nbformat.v4.new_output(
                                       "stream", name="stdout", text="42\n")]),
+        nbformat.v4.new_code_cell("progress()", execution_count=2, outputs=[
+            nbformat.v4.new_output("stream", name="stderr", text=f"\rbar {i}/3")
+            for i in (1, 2, 3)]),
     ])
     nbformat.write(book, path)
     return path
@@ -375,6 +378,7 @@ def test_report_hides_inputs(tmp_path: Path) -> None:
     text = html.read_text()
     assert "42" in text and "A report" in text
     assert "secret_source_code" not in text and "In&nbsp;[" not in text
+    assert "bar 3/3" in text and "bar 1/3" not in text  # a redrawn progress bar: last state
 
 
 def test_report_cli(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
