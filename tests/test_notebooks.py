@@ -3,8 +3,6 @@ notebooks executed with papermill at small parameters (slow)."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 import os
@@ -103,17 +101,20 @@ def test_check_parameters_returns_checked_values() -> None:
         "emulated-npu"
 
 
-def test_parameter_error_shows_one_line_in_ipython() -> None:
-    from IPython.core.interactiveshell import InteractiveShell
-
-    shell = InteractiveShell.instance()
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        result = shell.run_cell("from residency.notebook import check_parameters\n"
-                                "check_parameters(device='gpu')")
-    assert isinstance(result.error_in_exec, nb.ParameterError)
-    assert out.getvalue() == ("ParameterError: The value for `device` must be one of ['auto', "
-                              "'npu', 'cuda', 'emulated-npu'], but 'gpu' was passed.\n")
+def test_parameter_error_shows_one_line_in_ipython(tmp_path: Path) -> None:
+    code = ("from traitlets.config import Config\n"
+            "from IPython.core.interactiveshell import InteractiveShell\n"
+            "config = Config({'HistoryManager': {'enabled': False}})\n"
+            "shell = InteractiveShell.instance(config=config)\n"
+            "result = shell.run_cell('from residency.notebook import check_parameters\\n'\n"
+            "                        'check_parameters(device=\"gpu\")')\n"
+            "assert type(result.error_in_exec).__name__ == 'ParameterError'\n")
+    env = {**os.environ, "IPYTHONDIR": str(tmp_path)}  # IPython's own files stay in tmp
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, env=env, check=True)
+    assert out.stdout + out.stderr == (
+        "ParameterError: The value for `device` must be one of ['auto', 'npu', 'cuda', "
+        "'emulated-npu'], but 'gpu' was passed.\n")
 
 
 def test_gate_error_lists_each_failure() -> None:
