@@ -103,8 +103,13 @@ def _per_rank_normal_ms(run: Run, entry: RunEntry) -> list[float]:
     if not normal.empty:
         return (normal.groupby("rank")["duration_ns"].sum() / 1e6).tolist()
     per_rank = (run.client(entry).get("response") or {}).get("per_rank") or []
-    return [pr["normal"]["duration_ns"] / 1e6 for pr in per_rank
+    # the service reports each rank's normal-call durations as a list (one per call)
+    return [sum(_as_list(pr["normal"]["duration_ns"])) / 1e6 for pr in per_rank
             if (pr.get("normal") or {}).get("count")]
+
+
+def _as_list(value: Any) -> list[float]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 def _max_prepare_ns(run: Run, entry: RunEntry) -> int | None:

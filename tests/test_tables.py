@@ -207,3 +207,17 @@ def test_decisions_frame_excludes_warmup_unless_asked() -> None:
     full = run.decisions(run.runs[0], warmup=True)
     assert len(full) == 10 and full["warmup"].sum() == 4
     assert full.loc[full["kind"] == "normal", "duration_ns"].tolist()[1] == 99_123_456
+
+
+def test_normal_durations_fall_back_to_service_lists(run_copy: Path) -> None:
+    """Without decision logs the per-rank durations come from the service response, which
+    reports each rank's normal-call durations as a list (one entry per call)."""
+    for client in run_copy.glob("runs/*/client.json"):
+        data = json.loads(client.read_text())
+        for pr in data["response"]["per_rank"]:
+            pr["normal"]["duration_ns"] = [pr["normal"]["duration_ns"]]
+        client.write_text(json.dumps(data))
+    for log in run_copy.glob("runs/*/decisions-rank*.jsonl"):
+        log.unlink()
+    run = load_run(run_copy)
+    assert tables._per_rank_normal_ms(run, run.arm("baseline")[0]) == [99.123456, 102.1]
