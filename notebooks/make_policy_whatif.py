@@ -1,6 +1,7 @@
 """Write notebooks/policy_whatif.ipynb (run: python notebooks/make_policy_whatif.py).
 
-The notebook stays thin: every computation is a call into `residency.whatif`.
+The notebook stays thin: every computation is a call into `residency.whatif`; parameters,
+output folder and source go through `residency.notebook` like the other notebooks.
 """
 
 from __future__ import annotations
@@ -42,12 +43,15 @@ CELLS = [
     new_code_cell(
         "import json\n\n"
         "from IPython.display import Markdown, display\n\n"
+        "from residency import notebook as nb\n"
         "from residency import whatif\n\n"
-        "out = whatif.output_directory(output_dir)\n"
+        "params = nb.check_parameters(device=device, output_dir=output_dir, source=source)\n"
+        'out = nb.prepare_output_dir(output_dir, "policy_whatif")\n'
         "whatif.parse_range(cached_range, name=\"cached_range\")  # bad input fails here\n"
         "whatif.parse_range(free_range, name=\"free_range\")\n"
         "grid_args = dict(cached=cached_range, free=free_range)\n"
-        "run = whatif.open_source(source, device=device, output_dir=out)\n"
+        'run = nb.open_source(params["source"], output_dir=out, design="profiled-pair",\n'
+        '                     device=params["device"], steps=2, scale=0.05, resident_mib=64)\n'
         'print(f"run {run.path} (device kind {run.device_kind}); outputs in {out}")'),
     new_markdown_cell(
         "## Device kind\n\n"

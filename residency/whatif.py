@@ -50,7 +50,6 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
@@ -81,8 +80,8 @@ MISMATCH_COLUMNS = (
 __all__ = [
     "DEFAULT_CACHED", "DEFAULT_FREE", "POLICIES", "EffectEstimate", "WhatIfError", "add_cli",
     "consistency",
-    "device_note", "effect_lines", "estimated_effect", "figure", "gate_lines", "open_source",
-    "output_directory", "parse_range", "replay_decisions", "replay_run", "replayable",
+    "device_note", "effect_lines", "estimated_effect", "figure", "gate_lines",
+    "parse_range", "replay_decisions", "replay_run", "replayable",
     "results", "run_cli", "totals", "totals_lines",
 ]
 
@@ -538,47 +537,6 @@ def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 # ----------------------------------------------------------------------------- notebook
-def open_source(source: str | os.PathLike[str], *, device: str = "auto",
-                output_dir: str | os.PathLike[str] | None = None, ranks: int = 2,
-                steps: int = 2, scale: float = 0.05, allow_incomplete: bool = False) -> Run:
-    """The run to analyse: a recorded run directory, or `"run"` for a fresh small profiled
-    pair (`residency.experiments.run_pair`, written under `output_dir/run`).
-
-    Raises:
-        WhatIfError: `source` is not "run" and not a readable, complete run directory.
-    """
-    if str(source) == "run":
-        from residency.experiments import run_pair  # starts services as subprocesses
-
-        out = Path(output_directory(output_dir)) / "run"
-        source = run_pair("profiled-pair", out=out, device=device, ranks=ranks, steps=steps,
-                          scale=scale, resident_mib=64, progress=False)
-    try:
-        return load_run(Path(source), allow_incomplete=allow_incomplete)
-    except RunDirError as exc:
-        raise WhatIfError(f"The value for `source` must be \"run\" or a recorded run "
-                          f"directory, but it cannot be read: {exc}") from None
-
-
-def output_directory(output_dir: str | os.PathLike[str] | None = None) -> Path:
-    """`output_dir` (created), or a new `reports/policy_whatif/<UTC timestamp>/` under the
-    working directory (a suffix `-1`, `-2`, ... when that name is taken)."""
-    if output_dir is not None:
-        path = Path(output_dir)
-        path.mkdir(parents=True, exist_ok=True)
-        return path.resolve()
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    base = Path.cwd() / "reports" / "policy_whatif"
-    for i in range(1000):
-        path = base / (stamp if i == 0 else f"{stamp}-{i}")
-        try:
-            path.mkdir(parents=True)
-            return path.resolve()
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"{base}: no free directory name for {stamp}")
-
-
 def _own(grid: pd.DataFrame) -> list[dict[str, float]]:
     return [{"max_cached_fraction": c, "min_free_fraction": f}
             for c, f in grid.attrs.get("own_settings", [])]

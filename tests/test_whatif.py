@@ -479,15 +479,6 @@ def test_results_document_is_json_ready() -> None:
     assert back["consistency"]["passed"] and back["files"] == {"figure": "x.png"}
 
 
-def test_default_output_directory_is_new_per_call(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    first, second = whatif.output_directory(), whatif.output_directory()
-    assert first != second and first.parent == (tmp_path / "reports" / "policy_whatif")
-    assert first.is_dir() and second.is_dir()
-    assert whatif.output_directory(tmp_path / "given") == tmp_path / "given"
-
-
-
 @pytest.mark.slow
 def test_notebook_executes_against_the_fixture(tmp_path: Path) -> None:
     pytest.importorskip("papermill")
