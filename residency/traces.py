@@ -12,9 +12,10 @@ One entry point, `load_traces`, for both formats the brief names:
 
 Timestamps are parsed exactly: decimal text goes to int64 ns without passing through float64,
 and float64 values are used only where they still resolve one nanosecond. An event whose ``ts``
-is not a number or whose ``dur`` is missing or negative is rejected: counted in
-`RankTimeline.rejected_events` and never used. Parsed files are cached as Parquet in a
-`CACHE_DIR` folder beside each trace, keyed on the trace's size and mtime.
+is not a number, whose ``dur`` is missing or negative, or whose times lie 2**62 ns (146 years)
+or more from the epoch is rejected: counted in `RankTimeline.rejected_events` and never used.
+Parsed files are cached as Parquet in a `CACHE_DIR` folder beside each trace, keyed on the
+trace's size and mtime.
 
 Kineto files are decoded by a typed fast path (float64 times, tagged by phase) that falls back
 to an any-type decoder keeping every number's decimal text when the fast path cannot be exact.
@@ -33,13 +34,14 @@ import multiprocessing
 import operator
 import os
 import re
+import reprlib
 import threading
 import warnings
 import zlib
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -60,6 +62,7 @@ CACHE_DIR = "residency.parquet.cache"
 _CACHE_VERSION = 1
 _PARALLEL_MIN_BYTES = 16 << 20  # below this, starting worker processes costs more than it saves
 _EXACT_FLOAT_US = 2.0**52 / 1000  # float64 microseconds below this still resolve 1 ns
+_LIMIT_NS = 2**62  # |times|, durations and bases must stay below: sums of two never overflow
 _RANK_RE = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 
 
@@ -257,7 +260,8 @@ def _check_overlap(root: Path, ranks: dict[int, RankTimeline]) -> None:
         if lo:
             spans[r] = (min(lo), max(hi))
     if len(spans) > 1 and max(s for s, _ in spans.values()) >= min(e for _, e in spans.values()):
-        listed = "; ".join(f"rank {r} [{s}, {e}) ns" for r, (s, e) in sorted(spans.items()))
+        listed = "; ".join(f"rank {r} ({ranks[r].source}) [{s}, {e}) ns"
+                           for r, (s, e) in sorted(spans.items()))
         raise TraceError(root, "the ranks' time ranges do not overlap, so they cannot be one "
                          f"run on one clock: {listed}")
 
@@ -298,7 +302,12 @@ def _stat(source: Path) -> os.stat_result:
 
 def _parse_file(fmt: str, source: Path) -> _Parsed:
     data = _read_bytes(source)
-    return _parse_kineto(source, data) if fmt == "kineto" else _parse_ascend(source, data)
+    try:
+        return _parse_kineto(source, data) if fmt == "kineto" else _parse_ascend(source, data)
+    except RecursionError:  # msgspec's nesting limit
+        raise TraceError(source, "invalid JSON: nested too deeply to decode") from None
+    except msgspec.DecodeError as exc:  # a raw field decoded late (names, metadata args)
+        raise TraceError(source, f"invalid JSON: {exc}") from None
 
 
 def _read_bytes(source: Path) -> bytes:
@@ -378,7 +387,7 @@ def _parse_kineto(source: Path, data: bytes) -> _Parsed:
         kinds = _category_kinds(map(_GET_CAT, events), len(events))
         idx = np.flatnonzero(kinds)
         ts, dur = _floats_at(events, idx, _GET_TS), _floats_at(events, idx, _GET_DUR)
-        if np.nanmax(np.abs(ts), initial=0.0) < _EXACT_FLOAT_US:
+        if np.nanmax(np.abs(np.concatenate((ts, dur))), initial=0.0) < _EXACT_FLOAT_US:
             ts_ns, ts_ok = _floats_to_ns(ts)
             dur_ns, dur_ok = _floats_to_ns(dur)
             return _finish(source, doc, kinds[idx], ts_ns, dur_ns, ts_ok & dur_ok,
@@ -456,15 +465,18 @@ def _finish(source: Path, doc: Any, kinds: np.ndarray, ts_ns: np.ndarray, dur_ns
     info = getattr(doc, "distributedInfo", None)
     rank = info.get("rank") if isinstance(info, dict) else None
     if base is not None:
-        if isinstance(base, str) and base.isdigit():
+        if isinstance(base, str) and base.isascii() and base.isdigit() and len(base) < 20:
             base = int(base)
-        if type(base) is not int:
-            raise TraceError(source, f"baseTimeNanoseconds must be an integer, not {base!r}")
-        ts_ns = ts_ns + base
+        if type(base) is not int or not -_LIMIT_NS < base < _LIMIT_NS:
+            raise TraceError(source, "baseTimeNanoseconds must be an integer of magnitude "
+                             f"below 2**62, not {reprlib.repr(base)}")
     if rank is not None and (type(rank) is not int or rank < 0):
         raise TraceError(source, f"distributedInfo.rank must be a non-negative integer, "
-                         f"not {rank!r}")
-    ok &= dur_ns >= 0
+                         f"not {reprlib.repr(rank)}")
+    # times out of range are rejected, before any sum could wrap around int64
+    ok &= (np.abs(ts_ns) < _LIMIT_NS) & (dur_ns >= 0) & (dur_ns < _LIMIT_NS)
+    ts_ns, dur_ns = np.where(ok, ts_ns, 0) + (base or 0), np.where(ok, dur_ns, 0)
+    ok &= np.abs(ts_ns) < _LIMIT_NS
     dev, host = ok & (kinds == 1), ok & (kinds == 2)
     device = np.column_stack((ts_ns[dev], ts_ns[dev] + dur_ns[dev]))
     device = device[np.argsort(device[:, 0], kind="stable")]
@@ -483,7 +495,7 @@ def _object_array(items: list[Any]) -> np.ndarray:
 
 
 def _floats_to_ns(us: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    ok = np.isfinite(us)
+    ok = np.abs(us) < _LIMIT_NS / 1000  # NaN, inf or out of range: no int64 to cast to
     return np.rint(np.where(ok, us, 0.0) * 1000).astype(np.int64), ok
 
 
@@ -567,9 +579,12 @@ def _decimal_us_to_ns(text: str) -> int | None:
         us = Decimal(text)
     except InvalidOperation:
         return None
-    if not us.is_finite():
+    if not us.is_finite() or us.adjusted() > 18:  # |us| >= 1e19: out of range anyway
         return None
-    ns = int((us * 1000).to_integral_value(rounding=ROUND_HALF_UP))
+    # us * 1000 must not round before the rounding to ns: 28 digits (the default context)
+    # hold 24 characters' worth; longer text gets a context with room for every digit
+    scaled = us * 1000 if len(text) <= 24 else Context(prec=len(text) + 4).multiply(us, 1000)
+    ns = int(scaled.to_integral_value(rounding=ROUND_HALF_UP))
     return ns if abs(ns) < 2**63 else None
 
 
@@ -616,17 +631,18 @@ def _parse_ascend(source: Path, data: bytes) -> _Parsed:
         names_of = _any_names
     process: dict[Any, Any] = {}
     for pid, raw in metas:
-        with contextlib.suppress(msgspec.DecodeError):
-            args = msgspec.json.decode(raw) if len(raw) else None
-            if isinstance(args, dict) and type(pid) in (int, str):
-                process[pid] = args.get("name")
+        args = msgspec.json.decode(raw) if len(raw) else None  # invalid UTF-8: TraceError
+        if isinstance(args, dict) and type(pid) in (int, str):
+            name = args.get("name")
+            process[pid] = name if type(name) is str else None  # a list or dict: no name
     lut = {p: 0 if p is None else 1 if process.get(p) == ASCEND_DEVICE_PROCESS else
            0 if process.get(p) in ASCEND_DERIVED_PROCESSES else 2 for p in set(pids)}
     kinds = np.fromiter(map(lut.__getitem__, pids), np.int8, len(pids))
     sel = _take(events, np.flatnonzero(kinds))
     ts_ns, ts_ok = _us_to_ns([e.ts for e in sel])
     dur_ns, dur_ok = _us_to_ns([e.dur for e in sel])
-    return _finish(source, doc, kinds[kinds > 0], ts_ns, dur_ns, ts_ok & dur_ok,
+    # times are absolute: no Kineto baseTimeNanoseconds (or distributedInfo) applies
+    return _finish(source, None, kinds[kinds > 0], ts_ns, dur_ns, ts_ok & dur_ok,
                    lambda h: names_of([sel[i] for i in h.tolist()]))
 
 
