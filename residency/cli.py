@@ -88,8 +88,9 @@ def _fmt(outcome: dict) -> str:
     return f"ERR {outcome['error_type']}: {outcome['error']}"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every available subcommand registered."""
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser with every available subcommand registered (or only `only`, so
+    that one subcommand does not import the others' dependencies)."""
     parser = argparse.ArgumentParser(
         prog="residency",
         description="Produce, regenerate and judge evidence for allocator cache retention.")
@@ -97,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"residency {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module_name in SUBCOMMANDS.values():
+    for name, module_name in SUBCOMMANDS.items():
+        if only is not None and name != only:
+            continue
         module = sys.modules[__name__] if module_name == __name__ else _import(module_name)
         if module is not None:
             module.add_cli(sub)
@@ -115,7 +118,9 @@ def _import(module_name: str):  # noqa: ANN202 - a module or None
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `residency` console script."""
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    first = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(first if first in SUBCOMMANDS else None)
     args = parser.parse_args(argv)
     module_name = SUBCOMMANDS[args.command]
     module = sys.modules[__name__] if module_name == __name__ else _import(module_name)
