@@ -141,7 +141,9 @@ def _check_fraction(name: str, value: float) -> float:
     return float(value)
 
 
-def _default_rank() -> int:
+def default_rank() -> int:
+    """This process's rank: torch.distributed when initialised, else `RANK`, else
+    `LOCAL_RANK`, else 0."""
     try:
         import torch.distributed as dist
 
@@ -149,7 +151,10 @@ def _default_rank() -> int:
             return int(dist.get_rank())
     except Exception:  # noqa: BLE001 - a rank is a label; fall back to the environment
         pass
-    return int(os.environ.get("RANK", "0"))
+    for name in ("RANK", "LOCAL_RANK"):
+        if os.environ.get(name, "").strip():
+            return int(os.environ[name])
+    return 0
 
 
 class BoundedAllocatorCache:
@@ -178,7 +183,7 @@ class BoundedAllocatorCache:
         self.telemetry = telemetry if telemetry is not None else telemetry_for(self.device)
         self._release = release
         self.recorder = recorder
-        self.rank = _default_rank() if rank is None else rank
+        self.rank = default_rank() if rank is None else rank
         self.arm = arm
         self.always_release = always_release
         self.last_decision: Decision | None = None

@@ -70,7 +70,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from residency.policy import ARMS, BoundedAllocatorCache, JsonlRecorder, policy_for
+from residency.policy import (
+    ARMS,
+    BoundedAllocatorCache,
+    JsonlRecorder,
+    default_rank,
+    policy_for,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -163,20 +169,6 @@ def check_upstream(module: ModuleType) -> type:
     return cls
 
 
-def _rank() -> int:
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return int(dist.get_rank())
-    except Exception:  # noqa: BLE001 - a rank is a label; fall back to the environment
-        pass
-    for name in ("RANK", "LOCAL_RANK"):
-        if os.environ.get(name, "").strip():
-            return int(os.environ[name])
-    return 0
-
-
 class _Session:
     """Per-process adapter state: the arm, the decisions file, and the upstream release."""
 
@@ -195,7 +187,7 @@ class _Session:
         self.module.current_omni_platform.empty_cache()
 
     def _start(self, device: Any) -> None:
-        self.rank = _rank()
+        self.rank = default_rank()
         if self.decisions_dir is None:
             return
         device_type = getattr(device, "type", None) or str(device).split(":")[0]
