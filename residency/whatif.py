@@ -587,8 +587,10 @@ def figure(bounded: pd.DataFrame, learned: pd.DataFrame, *, heatmap: Policy = "b
     ax.set_xlabel("min_free_fraction (free floor, fraction of total)")
     ax.set_ylabel("max_cached_fraction (cached bound, fraction of total)")
     kind = bounded.attrs.get("device_kind", "?")
-    ax.set_title(f"{heatmap} policy on recorded snapshots (device kind {kind});\n"
-                 "red outline: the run's own bounds")
+    label = " (emulated NPU, not an NPU measurement)" if kind == "emulated-npu" else ""
+    n_calls = int(th["calls"].iloc[0]) if len(th) else 0
+    ax.set_title(f"{heatmap} policy on recorded snapshots, n = {n_calls} normal calls\n"
+                 f"device kind {kind}{label}; red outline: the run's own bounds")
     own = bounded.attrs.get("own_settings", [])
     rows, cols = list(heat.index), list(heat.columns)
     for c, f in own:
