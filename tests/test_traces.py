@@ -44,7 +44,9 @@ def kernel(ts, dur, cat="kernel", name="k", ph="X") -> dict:
 
 
 def copy_fixture(name: str, dest: Path) -> Path:
-    return Path(shutil.copytree(DATA / name, dest / name))
+    """A copy of a fixture without any Parquet cache an earlier in-place load left there."""
+    return Path(shutil.copytree(DATA / name, dest / name,
+                                ignore=shutil.ignore_patterns(CACHE_DIR)))
 
 
 def test_kineto_fixture_device_tasks_and_ranges():
