@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import platform
 import shutil
@@ -28,6 +29,7 @@ from typing import Any
 
 import tomllib
 
+from residency.lifecycle import PARENT_PID_ENV, pdeathsig_preexec
 from residency.rundir import artifact_hashes
 
 DESIGNS = ("profiled-pair", "alternating", "paired-profile", "consecutive")
@@ -85,51 +87,116 @@ def builtin_service(*, device_kind: str, ranks: int, scale: float = 1.0,
         health_timeout_s=health_timeout_s, builtin=True)
 
 
+class ServiceFileError(ExperimentError):
+    """A service TOML file is unreadable or invalid (bad input: `residency pair` exits 2)."""
+
+
 def load_service_file(path: str | os.PathLike[str]) -> ServiceSpec:
     """A `ServiceSpec` from a TOML service file; errors name the file and the field."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ExperimentError(f"{path}: service file not found") from None
+        raise ServiceFileError(f"{path}: service file not found") from None
+    except IsADirectoryError:
+        raise ServiceFileError(f"{path}: is a directory, not a service file") from None
+    except OSError as exc:
+        raise ServiceFileError(f"{path}: cannot read the service file: "
+                               f"{exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ServiceFileError(f"{path}: not UTF-8 text: {exc.reason}") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ExperimentError(f"{path}: invalid TOML: {exc}") from None
+        raise ServiceFileError(f"{path}: invalid TOML: {exc}") from None
 
     def need(table: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
         if key not in table:
-            raise ExperimentError(f"{path}: missing field `{where}{key}`")
-        if not isinstance(table[key], kind):
-            raise ExperimentError(f"{path}: field `{where}{key}` has the wrong type "
-                                  f"({type(table[key]).__name__})")
-        return table[key]
+            raise ServiceFileError(f"{path}: missing field `{where}{key}`")
+        return check(table, key, kind, where)
+
+    def check(table: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str,
+              default: Any = None) -> Any:
+        value = table.get(key, default)
+        if value is None:
+            return None
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            names = kind if isinstance(kind, tuple) else (kind,)
+            raise ServiceFileError(f"{path}: field `{where}{key}` must be "
+                                   f"{' or '.join(_TOML_TYPES[k] for k in names)}, "
+                                   f"not {_TOML_TYPES.get(type(value), type(value).__name__)}")
+        return value
+
+    def seconds(table: dict[str, Any], key: str, where: str, default: float) -> float:
+        value = float(check(table, key, (int, float), where, default))
+        if not math.isfinite(value) or value <= 0:
+            raise ServiceFileError(f"{path}: field `{where}{key}` must be a positive finite "
+                                   f"number of seconds, not {value}")
+        return value
+
+    def strings(table: dict[str, Any], key: str, where: str) -> dict[str, Any] | None:
+        value = check(table, key, dict, where)
+        for k, v in (value or {}).items():
+            if not isinstance(v, (str, int, float)) or isinstance(v, bool):
+                raise ServiceFileError(f"{path}: field `{where}{key}.{k}` must be a string "
+                                       "or a number")
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ServiceFileError(f"{path}: field `{where}{key}.{k}` must be finite, "
+                                       f"not {v}")
+        return value
 
     serve = need(data, "serve", dict, "")
     health = need(data, "health", dict, "")
     request = need(data, "request", dict, "")
-    profile = data.get("profile", {})
+    profile = check(data, "profile", dict, "", {})
     kind = need(data, "device_kind", str, "")
     if kind not in ("npu", "cuda", "emulated-npu"):
-        raise ExperimentError(f"{path}: field `device_kind` must be npu, cuda or emulated-npu, "
-                              f"not {kind!r}")
+        raise ServiceFileError(f"{path}: field `device_kind` must be npu, cuda or "
+                               f"emulated-npu, not {kind!r}")
+    ranks = need(data, "ranks", int, "")
+    if ranks < 1:
+        raise ServiceFileError(f"{path}: field `ranks` must be >= 1, not {ranks}")
     command = need(serve, "command", list, "serve.")
+    if not command or not all(isinstance(c, (str, int)) for c in command):
+        raise ServiceFileError(f"{path}: field `serve.command` must be a non-empty list of "
+                               "strings")
+    json_body = check(request, "json", dict, "request.")
+    if json_body is not None:
+        _check_finite(json_body, f"{path}: field `request.json")
     base = path.parent
-    files = {k: str((base / v).resolve()) for k, v in request.get("files", {}).items()}
+    files = {k: str((base / v).resolve())
+             for k, v in (strings(request, "files", "request.") or {}).items()}
     return ServiceSpec(
-        name=str(data.get("name", path.stem)), device_kind=kind,
-        ranks=int(need(data, "ranks", int, "")), command=tuple(str(c) for c in command),
-        env={str(k): str(v) for k, v in serve.get("env", {}).items()},
-        cwd=str((base / serve.get("cwd", ".")).resolve()),
+        name=str(check(data, "name", str, "", path.stem)), device_kind=kind, ranks=ranks,
+        command=tuple(str(c) for c in command),
+        env={str(k): str(v) for k, v in (strings(serve, "env", "serve.") or {}).items()},
+        cwd=str((base / check(serve, "cwd", str, "serve.", ".")).resolve()),
         health_url=need(health, "url", str, "health."),
-        health_timeout_s=float(health.get("timeout_s", 600)),
-        method=str(request.get("method", "POST")).upper(), url=need(request, "url", str,
-                                                                      "request."),
-        json_body=request.get("json"), form=request.get("form"), files=files or None,
-        request_timeout_s=float(request.get("timeout_s", 3600)),
-        profile_start_url=profile.get("start_url"), profile_stop_url=profile.get("stop_url"),
-        profile_stop_timeout_s=float(profile.get("stop_timeout_s", 1800)),
-        traces=str(profile.get("traces", "{profile_dir}")),
-        decisions=str(profile.get("decisions", "{decisions_dir}")),
+        health_timeout_s=seconds(health, "timeout_s", "health.", 600),
+        method=str(check(request, "method", str, "request.", "POST")).upper(),
+        url=need(request, "url", str, "request."),
+        json_body=json_body, form=strings(request, "form", "request."), files=files or None,
+        request_timeout_s=seconds(request, "timeout_s", "request.", 3600),
+        profile_start_url=check(profile, "start_url", str, "profile."),
+        profile_stop_url=check(profile, "stop_url", str, "profile."),
+        profile_stop_timeout_s=seconds(profile, "stop_timeout_s", "profile.", 1800),
+        traces=str(check(profile, "traces", str, "profile.", "{profile_dir}")),
+        decisions=str(check(profile, "decisions", str, "profile.", "{decisions_dir}")),
     )
+
+
+_TOML_TYPES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean",
+               list: "an array", dict: "a table"}
+
+
+def _check_finite(value: Any, where: str) -> None:
+    """Non-finite floats (nan, inf) anywhere in a TOML value are refused, naming the field."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ServiceFileError(f"{where}` must be finite, not {value}")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_finite(v, f"{where}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_finite(v, f"{where}[{i}]")
 
 
 # --- template filling and HTTP ----------------------------------------------------------------
@@ -234,11 +301,15 @@ def start_service(spec: ServiceSpec, arm: str, run_dir: Path, *, profiled: bool
         command = [c for c in command if c != "{profile_flag}"]
         if profiled:
             command += ["--profile", str(profile_dir)]
-    env = {**os.environ, **{k: str(v) for k, v in _fill(spec.env, values).items()}}
+    env = {**os.environ, **{k: str(v) for k, v in _fill(spec.env, values).items()},
+           PARENT_PID_ENV: str(os.getpid())}
     log_path = run_dir / "service.log"
     with open(log_path, "wb") as log:
+        # the service dies with us (SIGTERM from the kernel when this process is killed,
+        # even by SIGKILL), and the built-in one also watches our pid: no orphans
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                cwd=spec.cwd, start_new_session=True)
+                                cwd=spec.cwd, start_new_session=True,
+                                preexec_fn=pdeathsig_preexec(signal.SIGTERM))
     service = RunningService(proc, values, log_path)
     try:
         _wait_healthy(spec, service)
@@ -574,6 +645,9 @@ def run_cli(args: Any) -> int:
                        requests=args.requests, scale=args.scale,
                        capacity_bytes=args.capacity, resident_mib=args.resident_mib,
                        service_file=args.service, progress=not args.no_progress)
+    except ServiceFileError as exc:  # bad input
+        print(f"residency pair: error: {exc}", file=sys.stderr)
+        return 2
     except (ExperimentError, ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -581,5 +655,5 @@ def run_cli(args: Any) -> int:
     return 0
 
 
-__all__ = ["ExperimentError", "ServiceSpec", "builtin_service", "load_service_file", "plan",
-           "run_design", "run_pair"]
+__all__ = ["ExperimentError", "ServiceFileError", "ServiceSpec", "builtin_service",
+           "load_service_file", "plan", "run_design", "run_pair"]
