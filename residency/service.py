@@ -703,8 +703,6 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
 
 def run_cli(args: argparse.Namespace) -> int:
     """Run `serve`."""
-    from residency.emulated import resolve_device
-
     def bad(message: str) -> int:
         print(f"residency serve: error: {message}", file=sys.stderr)
         return 2
@@ -719,6 +717,8 @@ def run_cli(args: argparse.Namespace) -> int:
         return bad(f"--capacity must be positive, got {args.capacity}")
     if not 0 <= args.port <= 65535:
         return bad(f"--port must be in [0, 65535], got {args.port}")
+    from residency.emulated import resolve_device
+
     try:
         kind = resolve_device(args.device)
     except (ValueError, RuntimeError) as exc:

@@ -50,17 +50,24 @@ def _pids_with(text: str) -> list[int]:
 
 
 def test_rank_killed_mid_request(tmp_path) -> None:
-    with service(tmp_path, "--arm", "candidate", "--ranks", "2", *SMALL) as (proc, url, _):
+    with service(tmp_path, "--arm", "candidate", "--ranks", "2", *SMALL) as (proc, url,
+                                                                          markers):
         pids = http("GET", url + "/health")[1]["rank_pids"]
         result = {}
         t = threading.Thread(target=lambda: result.setdefault(
             "r", http("POST", url + "/v1/generate", {"steps": 2000, "seed": 1})))
         t.start()
-        time.sleep(3.0)
+        # mid-request: both ranks have recorded a decision of r0001 (no sleep to hope for it)
+        deadline = time.monotonic() + 120
+        while not all('"request_id":"r0001"' in (p.read_text() if p.exists() else "")
+                      for p in (markers / f"decisions-rank{r}.jsonl" for r in (0, 1))):
+            assert time.monotonic() < deadline, "r0001 never started"
+            time.sleep(0.05)
         os.kill(pids[1], signal.SIGKILL)
         t.join(timeout=60)
         code, body = result["r"]
-        assert code == 503 and "rank 1" in body["error"]
+        # the dead rank is the cause named first, whatever error the survivor reported
+        assert code == 503 and body["error"].startswith("rank 1 was killed by SIGKILL"), body
         assert proc.wait(timeout=60) != 0
         assert not any(alive(p) for p in pids)
 
