@@ -597,9 +597,20 @@ def run_pair(design: str = "profiled-pair", *, out: str | os.PathLike[str], devi
         params: dict[str, Any] = {"service_file": str(service_file)}
     else:
         from residency.emulated import resolve_device
+        from residency.service import MAX_SEED, MAX_STEPS
 
         if ranks < 1:
             raise ValueError(f"The value for `ranks` must be >= 1, but {ranks!r} was passed.")
+        # the built-in service's documented bounds, checked before any service starts
+        for name, value, low, high in (("steps", steps, 1, MAX_STEPS),
+                                       ("seed", seed, 0, MAX_SEED)):
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ValueError(f"The value for `{name}` must be an integer in [{low}, {high}],"
+                                 f" but {value!r} was passed.")
+        for name, number in (("scale", scale), ("resident_mib", resident_mib)):
+            if not math.isfinite(number) or number <= 0:
+                raise ValueError(f"The value for `{name}` must be a positive finite number, "
+                                 f"but {number!r} was passed.")
         kind = resolve_device(device)
         spec = builtin_service(device_kind=kind, ranks=ranks, scale=scale,
                                capacity_bytes=capacity_bytes, resident_mib=resident_mib)

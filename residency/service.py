@@ -428,10 +428,14 @@ class Service:
                     if result is None:
                         self._results_cond.wait(0.2)
                         result = self._arrived.pop(request_id, None)
+                    given_up = request_id not in self._waiting  # abandoned by the service
                 if result is not None:
                     break
                 if self.check_ranks():
                     return 503, {"error": self.failure, "request_id": request_id}
+                if given_up:  # cancelled by the service itself (stopping)
+                    return 503, {"error": f"request {request_id} cancelled: the service "
+                                          "is stopping", "request_id": request_id}
                 if client_gone is not None and client_gone():
                     self._abandon(seq, request_id, "client disconnected")
                     return 499, {"error": "client disconnected", "request_id": request_id}

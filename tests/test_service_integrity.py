@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 from residency.experiments import ServiceFileError, load_service_file
@@ -42,7 +43,6 @@ def _running(markers: Path, request_id: str, ranks: int = 2) -> bool:
 
 
 def _tree(pid: int) -> list[int]:
-    psutil = pytest.importorskip("psutil")
     try:
         root = psutil.Process(pid)
         return [root.pid] + [c.pid for c in root.children(recursive=True)]
@@ -74,7 +74,6 @@ def test_timeout_cancel_idle_and_own_results(tmp_path) -> None:
         code, body = http("POST", url + "/v1/generate", {"steps": 2, "seed": 8})
         assert code == 200 and {r["request_id"] for r in body["per_rank"]} == {"r0003"}
         # every listener of the service and its ranks is on loopback (no TCPStore on *:PORT)
-        psutil = pytest.importorskip("psutil")
         listeners = []
         for pid in _tree(proc.pid):
             for conn in psutil.Process(pid).net_connections(kind="inet"):
@@ -127,14 +126,24 @@ def test_socket_limits_and_disconnect_cancels(tmp_path) -> None:
         assert "discarded the late result of request r0001" in log.read_text()
 
 
+KERNEL = """
+import sys
+from residency.experiments import run_pair
+run_pair("profiled-pair", out=sys.argv[1], device="emulated-npu", ranks=2, steps=3000,
+         scale=0.02, resident_mib=256, progress=False)
+"""
+
+
 @pytest.mark.slow
-def test_kill_9_of_pair_leaves_no_process(tmp_path) -> None:
+@pytest.mark.parametrize("launcher", ["cli", "kernel"])
+def test_kill_9_of_pair_leaves_no_process(tmp_path, launcher) -> None:
+    """`residency pair`, or a Python process running a design as a notebook kernel would."""
     out = tmp_path / "run"
-    pair = subprocess.Popen(
-        [sys.executable, "-m", "residency.cli", "pair", "--design", "profiled-pair",
-         "--device", "emulated-npu", "--ranks", "2", "--steps", "3000", "--scale", "0.02",
-         "--resident-mib", "256", "--out", str(out), "--no-progress"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    argv = ([sys.executable, "-m", "residency.cli", "pair", "--design", "profiled-pair",
+             "--device", "emulated-npu", "--ranks", "2", "--steps", "3000", "--scale", "0.02",
+             "--resident-mib", "256", "--out", str(out), "--no-progress"]
+            if launcher == "cli" else [sys.executable, "-c", KERNEL, str(out)])
+    pair = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     pids: list[int] = []
     try:
         run = out / "runs" / "00-baseline"
@@ -262,6 +271,18 @@ def test_service_file_fields_are_checked(tmp_path, where, line, field) -> None:
     with pytest.raises(ServiceFileError, match=f"`{field}`") as info:
         load_service_file(path)
     assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize(("kwargs", "name"), [
+    ({"steps": MAX_STEPS + 1}, "steps"), ({"seed": 2**64}, "seed"), ({"seed": -1}, "seed"),
+    ({"scale": float("nan")}, "scale"), ({"resident_mib": float("inf")}, "resident_mib"),
+])
+def test_pair_checks_builtin_bounds_before_starting(tmp_path, kwargs, name) -> None:
+    from residency.experiments import run_pair
+
+    with pytest.raises(ValueError, match=f"`{name}`"):
+        run_pair(out=tmp_path / "run", device="emulated-npu", progress=False, **kwargs)
+    assert not (tmp_path / "run").exists()
 
 
 def test_pair_with_a_directory_as_service_file_is_exit_2(tmp_path) -> None:
