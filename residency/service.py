@@ -367,10 +367,13 @@ class Service:
                     self._results_cond.notify_all()
                     continue
                 why = self._abandoned.pop(rid, "nobody waits for it")
-            steps = [r.get("cancelled") for r in result.get("per_rank", [])
-                     if isinstance(r, dict) and r.get("cancelled")]
-            _log(f"discarded the late result of request {rid} ({why})"
-                 + (f"; {steps[0]} on every rank" if steps else ""))
+            per_rank = [r for r in result.get("per_rank", []) if isinstance(r, dict)]
+            stops = {r.get("cancelled") for r in per_rank}
+            where = (f"; {stops.pop()} on every rank" if len(stops) == 1 and None not in stops
+                     else "; ranks: " + ", ".join(
+                         f"{r.get('rank')}: {r.get('cancelled') or r.get('error') or 'finished'}"
+                         for r in per_rank))
+            _log(f"discarded the late result of request {rid} ({why}){where}")
 
     def cancel_current(self, why: str) -> None:
         """Cancel the running request (if any) on every rank at its next step boundary."""
@@ -630,7 +633,8 @@ def _serve(cfg: ServeConfig, *, port: int, failure_grace_s: float) -> int:
     try:
         httpd = _BoundedHTTPServer(("127.0.0.1", port), _handler(service))
     except OSError as exc:
-        print(f"error: cannot listen on 127.0.0.1:{port}: {exc.strerror}", file=sys.stderr)
+        print(f"residency serve: error: cannot listen on 127.0.0.1:{port}: {exc.strerror}",
+              file=sys.stderr)
         return 2
     stop_event = threading.Event()
     exit_code = [0]
