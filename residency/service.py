@@ -117,6 +117,7 @@ def _rank_loop(rank: int, cfg: ServeConfig, commands: Any, results: Any, status:
     # every listener on loopback: the rendezvous is a file, gloo/nccl sockets bind to `lo`
     os.environ["GLOO_SOCKET_IFNAME"] = _loopback_ifname()
     os.environ["NCCL_SOCKET_IFNAME"] = _loopback_ifname()
+    os.environ["HCCL_IF_IP"] = "127.0.0.1"  # HCCL's host NIC for its root info (CANN docs)
     dist.init_process_group(backend, init_method=cfg.rendezvous, rank=rank,
                             world_size=cfg.ranks,
                             timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
