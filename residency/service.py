@@ -577,6 +577,7 @@ class _BoundedHTTPServer(ThreadingHTTPServer):
     """A thread per connection, at most `max_handlers` at once; the rest get 503 and close."""
 
     daemon_threads = True
+    request_queue_size = 64  # listen backlog: bursts wait in the kernel, not in SYN retries
     BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
             b"Connection: close\r\nContent-Length: 34\r\n\r\n"
             b'{"error": "too many connections"}\n')
