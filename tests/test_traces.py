@@ -312,8 +312,7 @@ def test_parquet_cache_is_used_and_invalidated(tmp_path, monkeypatch, fixture):
     caches = sorted(d.rglob(f"{CACHE_DIR}/*.parquet"))
     assert len(caches) == 2
     # a second load reads the cache: parsing would now fail
-    monkeypatch.setattr(traces, "_parse_kineto", None)
-    monkeypatch.setattr(traces, "_parse_ascend", None)
+    monkeypatch.setattr(traces, "parse_trace", None)
     _same(load_traces(d), fresh)
     monkeypatch.undo()
     # a changed trace (size and mtime) is parsed again
@@ -335,8 +334,9 @@ def test_cache_is_invalidated_by_mtime_alone(tmp_path, monkeypatch):
     d = copy_fixture("kineto_basic", tmp_path)
     load_traces(d)
     calls = []
-    parse = traces._parse_kineto
-    monkeypatch.setattr(traces, "_parse_kineto", lambda *a: calls.append(a[0]) or parse(*a))
+    parse = traces.parse_trace
+    monkeypatch.setattr(traces, "parse_trace",
+                        lambda *a, **k: calls.append(a[1]) or parse(*a, **k))
     load_traces(d)
     assert calls == []
     src = d / "rank0.trace.json"

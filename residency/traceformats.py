@@ -1,0 +1,669 @@
+"""Decoding one trace file, streamed, into int64-nanosecond columns: Kineto and torch-npu.
+
+`parse_trace` reads the file in chunks (`residency.tracefiles`), has `residency.tracejson` split
+the events into runs, decodes each run with msgspec into the few columns analysis needs, and
+settles the document-level fields (Kineto ``baseTimeNanoseconds``, ``distributedInfo.rank``;
+torch-npu ``process_name`` metadata) at the end. Memory: about two chunks plus the kept columns
+(about 27 bytes per kept event), whatever the file size. `parse_whole` decodes a document held
+in memory the same way (the reference the streamed parse is tested against; also the path of
+irregular documents).
+
+Per event, a run is decoded by a typed fast path (float64 times) when every value of the run
+has the expected type and resolves the nanosecond; else by an any-type path that keeps every
+number's decimal text. Both give the same int64 ns for every event: the fast path refuses (for
+the run) any time that is not safely away from a half-nanosecond tie.
+
+torch-npu columns keep, for issue 17's busy definitions, each task's ``args["Task Type"]`` and
+each host range's lane (its process name) as int16 codes into name tables.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+import reprlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any, ClassVar
+
+import msgspec
+import numpy as np
+
+from residency.tracefiles import CHUNK_BYTES, MAX_TRACE_BYTES, TraceError, TraceStream
+from residency.tracejson import PLACEHOLDER_VALUE, Skeleton, decode_error, read_whole, split_events
+
+__all__ = ["ASCEND_DERIVED_PROCESSES", "ASCEND_DEVICE_PROCESS", "DEVICE_CATEGORIES",
+           "HOST_CATEGORIES", "Parsed", "parse_trace", "parse_whole"]
+
+DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"})
+HOST_CATEGORIES = frozenset({"user_annotation", "cpu_op", "python_function", "operator"})
+ASCEND_DEVICE_PROCESS = "Ascend Hardware"
+ASCEND_DERIVED_PROCESSES = frozenset({"Overlap Analysis"})
+_EXACT_FLOAT_US = 2.0**49 / 1000  # float64 us below this: ns within 0.1 of the decimal's
+_LIMIT_NS = 2**62  # |times|, durations and bases must stay below: sums of two never overflow
+_NO_CODE = -1
+
+
+@dataclass
+class Parsed:
+    """What one trace file yields before its rank is settled (arrays as in `RankTimeline`)."""
+
+    rank: int | None  # from the file's content (Kineto distributedInfo)
+    device: np.ndarray
+    ranges: np.ndarray
+    names: np.ndarray
+    rejected: int
+    device_task_type: np.ndarray  # int16 codes into task_types, -1: none
+    range_task_type: np.ndarray
+    range_lane: np.ndarray  # int16 codes into lanes, -1: none
+    task_types: tuple[str, ...] = ()
+    lanes: tuple[str, ...] = ()
+    sha256: str | None = None  # of the trace file as stored, when asked for
+
+
+# -- event types ------------------------------------------------------------------------------
+
+class _XEvent(msgspec.Struct, tag_field="ph", tag="X", gc=False):
+    """A complete event; its name stays raw JSON until it is known to be a host range."""
+
+    cat: str = ""
+    name: msgspec.Raw = msgspec.Raw()
+    ts: float = math.nan
+    dur: float = math.nan
+
+
+# every other phase of the Trace Event Format decodes to an empty struct (fields skipped)
+_OTHER_PHASES = [msgspec.defstruct(f"_Phase{i}", [], tag_field="ph", tag=ph, gc=False,
+                                   namespace={"cat": "", "ts": math.nan, "dur": math.nan},
+                                   module=__name__)
+                 for i, ph in enumerate("BEiICbnesftPNODMVvRc()")]
+_FastEvent = functools.reduce(operator.or_, _OTHER_PHASES, _XEvent)
+
+
+class _KTrace(msgspec.Struct, gc=False):
+    traceEvents: list[_FastEvent] | None = None  # type: ignore[valid-type]
+    baseTimeNanoseconds: Any = None
+    distributedInfo: Any = None
+
+
+class _AnyEvent(msgspec.Struct, gc=False):
+    ph: Any = None
+    cat: Any = None
+    name: Any = None
+    pid: Any = None
+    ts: Any = None
+    dur: Any = None
+    args: msgspec.Raw = msgspec.Raw()
+
+
+class _AnyTrace(msgspec.Struct, gc=False):
+    traceEvents: list[_AnyEvent] | None = None
+    baseTimeNanoseconds: Any = None
+    distributedInfo: Any = None
+
+
+class _TaskArgs(msgspec.Struct, gc=False):
+    task_type: str | None = msgspec.field(default=None, name="Task Type")
+
+
+class _AscendX(msgspec.Struct, tag_field="ph", tag="X", gc=False):
+    name: msgspec.Raw = msgspec.Raw()
+    pid: int | str | None = None
+    ts: str | int | None = None  # torch-npu writes decimal text; a float goes the exact path
+    dur: float = math.nan
+    args: _TaskArgs | None = None
+
+
+class _AscendMeta(msgspec.Struct, tag_field="ph", tag="M", gc=False):
+    pid: ClassVar[None] = None  # a metadata event belongs to no process's tasks
+    name: str = ""
+    process: int | str | None = msgspec.field(default=None, name="pid")
+    args: msgspec.Raw = msgspec.Raw()
+
+
+_AscendEvent = functools.reduce(operator.or_, [
+    msgspec.defstruct(f"_AscendPhase{i}", [], tag_field="ph", tag=ph, gc=False,
+                      namespace={"pid": None}, module=__name__)
+    for i, ph in enumerate("BEiICbnesftPNODVvRc()")], _AscendX | _AscendMeta)
+
+
+class _AscendTrace(msgspec.Struct, gc=False):
+    traceEvents: list[_AscendEvent] | None = None  # type: ignore[valid-type]
+
+
+class _Skeleton(msgspec.Struct, gc=False):
+    traceEvents: Any = None
+    baseTimeNanoseconds: Any = None
+    distributedInfo: Any = None
+
+
+_K_FAST = msgspec.json.Decoder(list[_FastEvent])
+_K_EXACT = msgspec.json.Decoder(list[_AnyEvent], float_hook=str)
+_A_FAST = msgspec.json.Decoder(list[_AscendEvent])
+_A_EXACT = _K_EXACT
+_GET_CAT, _GET_TS, _GET_DUR = (operator.attrgetter(a) for a in ("cat", "ts", "dur"))
+
+
+# -- one file ---------------------------------------------------------------------------------
+
+def parse_trace(fmt: str, source: Path, *, root: Path | None = None,
+                chunk_bytes: int = CHUNK_BYTES, max_bytes: int = MAX_TRACE_BYTES,
+                digest: bool = False) -> Parsed:
+    """Stream `source` (format `fmt`: "kineto" or "ascend") into columns.
+
+    Raises:
+        TraceError: the file cannot be read (module `residency.tracefiles`), is not valid JSON
+            (with the byte position in the decompressed stream), or not a trace.
+    """
+    try:
+        with TraceStream(source, root=root, chunk_bytes=chunk_bytes, max_bytes=max_bytes,
+                         digest=digest) as stream:
+            cols = _Kineto() if fmt == "kineto" else _Ascend()
+            got = split_events(stream, cols.add, source)
+            if isinstance(got, Skeleton):
+                doc = _skeleton(source, got)
+                if doc is not None:
+                    parsed = cols.finish(source, doc if got.in_object else None)
+                    parsed.sha256 = _drain(stream)
+                    return parsed
+                prefix, offset = b"", 0  # a repeated traceEvents: read it all again, whole
+                stream = TraceStream(source, root=root, chunk_bytes=chunk_bytes,
+                                     max_bytes=max_bytes, digest=digest)
+            else:
+                prefix, offset = got
+            with stream:
+                data, offset = read_whole(stream, prefix, offset, source)
+                parsed = parse_whole(fmt, source, data, offset=offset, total=stream.offset)
+                parsed.sha256 = _drain(stream)
+                return parsed
+    except RecursionError:  # msgspec's nesting limit
+        raise TraceError(source, "invalid JSON: nested too deeply to decode") from None
+    except msgspec.DecodeError as exc:  # a raw field decoded late (metadata args)
+        raise TraceError(source, f"invalid JSON: {exc}") from None
+
+
+def _drain(stream: TraceStream) -> str | None:
+    """Read what is left (for the file's digest) and return the digest."""
+    if stream.sha256 is None:
+        return None
+    while stream.read():
+        pass
+    return stream.sha256
+
+
+def _skeleton(source: Path, sk: Skeleton) -> Any:
+    """The document-level fields; None when the document repeats ``traceEvents``."""
+    try:
+        doc = msgspec.json.decode(sk.text)
+    except msgspec.DecodeError as exc:
+        raise decode_error(source, exc, sk.position, sk.total,
+                           gz=source.name.endswith(".gz")) from None
+    if not sk.in_object:
+        return doc if doc == PLACEHOLDER_VALUE else None
+    if not isinstance(doc, dict) or doc.get("traceEvents") != PLACEHOLDER_VALUE:
+        return None
+    return _Skeleton(doc.get("traceEvents"), doc.get("baseTimeNanoseconds"),
+                     doc.get("distributedInfo"))
+
+
+def parse_whole(fmt: str, source: Path, data: bytes, *, offset: int = 0,
+                total: int | None = None) -> Parsed:
+    """Decode a whole document held in memory (`data` begins at stream byte `offset`)."""
+    gz = source.name.endswith(".gz")
+    end = offset + len(data) if total is None else total
+
+    def decode(typ: Any, exact: bool) -> Any:
+        try:
+            return msgspec.json.Decoder(typ, float_hook=str if exact else None).decode(data)
+        except msgspec.ValidationError as exc:
+            if not exact:
+                raise
+            raise TraceError(source, f"not a trace of the expected shape: {exc}") from None
+        except msgspec.DecodeError as exc:
+            raise decode_error(source, exc, lambda k: offset + k, end, gz=gz) from None
+
+    fast = (_KTrace | list[_FastEvent]) if fmt == "kineto" else (  # type: ignore[operator]
+        _AscendTrace | list[_AscendEvent])  # type: ignore[operator]
+    try:
+        doc = decode(fast, False)
+        cols = _Kineto() if fmt == "kineto" else _Ascend()
+        if cols.add_fast(_events_of(source, doc)):
+            return cols.finish(source, doc if fmt == "kineto" else None)
+    except msgspec.ValidationError:
+        pass
+    doc = decode(_AnyTrace | list[_AnyEvent], True)  # type: ignore[operator]
+    cols = _Kineto() if fmt == "kineto" else _Ascend()
+    cols.add_exact(_events_of(source, doc))
+    return cols.finish(source, doc if fmt == "kineto" else None)
+
+
+def _events_of(source: Path, doc: Any) -> list[Any]:
+    """The event list of a JSON Object Format document, or the document if it is an array."""
+    if isinstance(doc, list):
+        return doc
+    if doc.traceEvents is None:
+        raise TraceError(source, "no traceEvents: not a trace")
+    return doc.traceEvents
+
+
+# -- columns ----------------------------------------------------------------------------------
+
+def _cat(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.empty(0, dtype)
+
+
+class _Names:
+    """Distinct names, each one str object; names that could not be decoded are marked."""
+
+    def __init__(self) -> None:
+        self.codes: dict[str, int] = {}
+
+    def code(self, names: list[str]) -> np.ndarray:
+        codes = self.codes
+        return np.fromiter((codes.setdefault(n, len(codes)) for n in names), np.int32,
+                           len(names))
+
+    def table(self) -> np.ndarray:
+        return _object_array(list(self.codes))
+
+
+def _decoded_names(events: list[Any]) -> tuple[list[str], np.ndarray | None, str | None]:
+    """Names of fast-path events (raw JSON), which could not be decoded, and the first
+    decode error (raised only if such an event is used)."""
+    try:
+        return _raw_names(events), None, None
+    except msgspec.DecodeError:
+        pass
+    names, bad, first = [], np.zeros(len(events), bool), None
+    for i, e in enumerate(events):
+        try:
+            names.extend(_raw_names([e]))
+        except msgspec.DecodeError as exc:
+            names.append("")
+            bad[i], first = True, first or str(exc)
+    return names, bad, first
+
+
+class _Kineto:
+    """Kept columns of a Kineto trace: device tasks and host ranges, times relative to the
+    (not yet known) ``baseTimeNanoseconds``."""
+
+    def __init__(self) -> None:
+        self.dev_ts: list[np.ndarray] = []
+        self.dev_dur: list[np.ndarray] = []
+        self.host_ts: list[np.ndarray] = []
+        self.host_dur: list[np.ndarray] = []
+        self.host_name: list[np.ndarray] = []
+        self.host_bad: list[np.ndarray] = []
+        self.names = _Names()
+        self.name_error: str | None = None
+        self.rejected = 0
+
+    def add(self, data: bytes, index: int = 0) -> int:
+        """Decode one run of events (a JSON array) and keep its columns."""
+        try:
+            events = _K_FAST.decode(data)
+            if self.add_fast(events):
+                return len(events)
+        except msgspec.ValidationError:
+            pass
+        events = _K_EXACT.decode(data)
+        self.add_exact(events)
+        return len(events)
+
+    def add_fast(self, events: list[Any]) -> bool:
+        """Keep the columns of fast-path events; False (nothing kept) when a time is not
+        exact as float64."""
+        kinds = _category_kinds(map(_GET_CAT, events), len(events))
+        idx = np.flatnonzero(kinds)
+        ts, dur = _floats_at(events, idx, _GET_TS), _floats_at(events, idx, _GET_DUR)
+        if not (_exact_floats(ts) and _exact_floats(dur)):
+            return False
+        ts_ns, ts_ok = _floats_to_ns(ts)
+        dur_ns, dur_ok = _floats_to_ns(dur)
+        self._keep(kinds[idx], ts_ns, dur_ns, ts_ok & dur_ok,
+                   lambda h: _decoded_names([events[i] for i in idx[h].tolist()]))
+        return True
+
+    def add_exact(self, events: list[Any]) -> None:
+        """Keep the columns of any-type events (numbers as decimal text)."""
+        kinds = _category_kinds((e.cat if type(e.cat) is str and e.ph == "X" else ""
+                                 for e in events), len(events))
+        sel = _take(events, np.flatnonzero(kinds))
+        ts_ns, ts_ok = _us_to_ns([e.ts for e in sel])
+        dur_ns, dur_ok = _us_to_ns([e.dur for e in sel])
+        self._keep(kinds[kinds > 0], ts_ns, dur_ns, ts_ok & dur_ok,
+                   lambda h: (_any_names([sel[i] for i in h.tolist()]), None, None))
+
+    def _keep(self, kinds: np.ndarray, ts_ns: np.ndarray, dur_ns: np.ndarray, ok: np.ndarray,
+              names_of: Callable[[np.ndarray], tuple[list[str], np.ndarray | None, str | None]],
+              ) -> None:
+        # times out of range are rejected, before any sum could wrap around int64
+        ok &= (np.abs(ts_ns) < _LIMIT_NS) & (dur_ns >= 0) & (dur_ns < _LIMIT_NS)
+        self.rejected += int((~ok).sum())
+        dev, host = ok & (kinds == 1), np.flatnonzero(ok & (kinds == 2))
+        self.dev_ts.append(ts_ns[dev])
+        self.dev_dur.append(dur_ns[dev])
+        self.host_ts.append(ts_ns[host])
+        self.host_dur.append(dur_ns[host])
+        names, bad, error = names_of(host)
+        self.host_name.append(self.names.code(names))
+        self.host_bad.append(np.zeros(len(host), bool) if bad is None else bad)
+        self.name_error = self.name_error or error
+
+    def finish(self, source: Path, doc: Any) -> Parsed:
+        """The timeline, once the document-level fields are known."""
+        base = getattr(doc, "baseTimeNanoseconds", None)
+        info = getattr(doc, "distributedInfo", None)
+        rank = info.get("rank") if isinstance(info, dict) else None
+        if base is not None:
+            if isinstance(base, str) and base.isascii() and base.isdigit() and len(base) < 20:
+                base = int(base)
+            if type(base) is not int or not -_LIMIT_NS < base < _LIMIT_NS:
+                raise TraceError(source, "baseTimeNanoseconds must be an integer of magnitude "
+                                 f"below 2**62, not {reprlib.repr(base)}")
+        if rank is not None and (type(rank) is not int or rank < 0):
+            raise TraceError(source, f"distributedInfo.rank must be a non-negative integer, "
+                             f"not {reprlib.repr(rank)}")
+        base = base or 0
+        device, _, rejected = _intervals(_cat(self.dev_ts, np.int64), _cat(self.dev_dur, np.int64),
+                                         base)
+        ranges, order, host_rejected = _intervals(_cat(self.host_ts, np.int64),
+                                                  _cat(self.host_dur, np.int64), base)
+        codes = _cat(self.host_name, np.int32)[order]
+        if _cat(self.host_bad, bool)[order].any():
+            raise TraceError(source, f"invalid JSON: {self.name_error}")
+        none = np.full(len(ranges), _NO_CODE, np.int16)
+        return Parsed(rank, device, ranges, self.names.table()[codes],
+                      self.rejected + rejected + host_rejected,
+                      np.full(len(device), _NO_CODE, np.int16), none, none.copy())
+
+
+def _intervals(ts: np.ndarray, dur: np.ndarray, base: int
+               ) -> tuple[np.ndarray, np.ndarray, int]:
+    """``(n, 2)`` [start, end) of the rows whose start with `base` stays in range, sorted by
+    start (stable); the kept rows' indices in that order; how many were rejected."""
+    start = ts + base
+    keep = np.flatnonzero(np.abs(start) < _LIMIT_NS)
+    start = start[keep]
+    order = np.argsort(start, kind="stable")
+    if not np.all(order[1:] > order[:-1]):
+        keep = keep[order]
+        start = start[order]
+    out = np.empty((len(keep), 2), np.int64)
+    out[:, 0] = start
+    out[:, 1] = start + dur[keep]
+    return out, keep, len(ts) - len(keep)
+
+
+class _Ascend:
+    """Kept columns of a torch-npu ``trace_view.json``: every ``X`` event of a process (which
+    are device tasks is known only once every ``process_name`` is read)."""
+
+    def __init__(self) -> None:
+        self.pids: dict[Any, int] = {}
+        self.pid: list[np.ndarray] = []
+        self.ts: list[np.ndarray] = []
+        self.dur: list[np.ndarray] = []
+        self.ok: list[np.ndarray] = []
+        self.name: list[np.ndarray] = []
+        self.bad: list[np.ndarray] = []
+        self.task: list[np.ndarray] = []
+        self.names = _Names()
+        self.tasks: dict[str | None, int] = {None: _NO_CODE}
+        self.name_error: str | None = None
+        self.metas: list[tuple[Any, bytes]] = []
+
+    def add(self, data: bytes, index: int = 0) -> int:
+        """Decode one run of events (a JSON array) and keep its columns."""
+        try:
+            events = _A_FAST.decode(data)
+            if self.add_fast(events):
+                return len(events)
+        except msgspec.ValidationError:
+            pass
+        events = _A_EXACT.decode(data)
+        self.add_exact(events)
+        return len(events)
+
+    def add_fast(self, events: list[Any]) -> bool:
+        """Keep the columns of fast-path events; False (nothing kept) when a duration is not
+        exact as float64."""
+        xs = [e for e in events if type(e) is _AscendX and e.pid is not None]
+        dur = np.fromiter(map(_GET_DUR, xs), np.float64, len(xs))
+        if not _exact_floats(dur):
+            return False
+        self.metas += [(e.process, bytes(e.args)) for e in events
+                       if type(e) is _AscendMeta and e.name == "process_name"]
+        names, bad, error = _decoded_names(xs)
+        self._keep(xs, names, bad, error,
+                   [None if e.args is None else e.args.task_type for e in xs], _floats_to_ns(dur))
+        return True
+
+    def add_exact(self, events: list[Any]) -> None:
+        """Keep the columns of any-type events."""
+        self.metas += [(e.pid, bytes(e.args)) for e in events
+                       if e.ph == "M" and e.name == "process_name"]
+        xs = [e for e in events if e.ph == "X" and type(e.pid) in (int, str)]
+        self._keep(xs, _any_names(xs), None, None, [_task_type(e.args) for e in xs],
+                   _us_to_ns([e.dur for e in xs]))
+
+    def _keep(self, xs: list[Any], names: list[str], bad: np.ndarray | None,
+              error: str | None, tasks: list[str | None],
+              durations: tuple[np.ndarray, np.ndarray]) -> None:
+        pids, codes = self.pids, self.tasks
+        self.pid.append(np.fromiter((pids.setdefault(e.pid, len(pids)) for e in xs), np.int32,
+                                    len(xs)))
+        ts_ns, ts_ok = _us_to_ns([e.ts for e in xs])
+        dur_ns, dur_ok = durations
+        ok = ts_ok & dur_ok & (np.abs(ts_ns) < _LIMIT_NS) & (dur_ns >= 0) & (dur_ns < _LIMIT_NS)
+        self.ts.append(ts_ns)
+        self.dur.append(dur_ns)
+        self.ok.append(ok)
+        self.name.append(self.names.code(names))
+        self.bad.append(np.zeros(len(xs), bool) if bad is None else bad)
+        self.name_error = self.name_error or error
+        self.task.append(np.fromiter((codes.setdefault(t, len(codes) - 1) for t in tasks),
+                                     np.int16, len(tasks)))
+
+    def finish(self, source: Path, doc: Any) -> Parsed:
+        """The timeline, once every process's name is known. torch-npu times are absolute: no
+        Kineto ``baseTimeNanoseconds`` (or ``distributedInfo``) applies."""
+        process: dict[Any, Any] = {}
+        for pid, raw in self.metas:
+            args = msgspec.json.decode(raw) if len(raw) else None  # invalid UTF-8: TraceError
+            if isinstance(args, dict) and type(pid) in (int, str):
+                name = args.get("name")
+                process[pid] = name if type(name) is str else None  # a list or dict: no name
+        lanes: dict[str, int] = {}
+        kind_of = np.zeros(len(self.pids), np.int8)
+        lane_of = np.full(len(self.pids), _NO_CODE, np.int16)
+        for p, code in self.pids.items():
+            name = process.get(p)
+            kind_of[code] = (1 if name == ASCEND_DEVICE_PROCESS else
+                             0 if name in ASCEND_DERIVED_PROCESSES else 2)
+            if name is not None:
+                lane_of[code] = lanes.setdefault(name, len(lanes))
+        pid = _cat(self.pid, np.int32)
+        kinds, ok = kind_of[pid], _cat(self.ok, bool)
+        ts, dur = _cat(self.ts, np.int64), _cat(self.dur, np.int64)
+        task = _cat(self.task, np.int16)
+        rejected = int(((kinds > 0) & ~ok).sum())
+        dev = np.flatnonzero(ok & (kinds == 1))
+        device, order, _ = _intervals(ts[dev], dur[dev], 0)
+        host = np.flatnonzero(ok & (kinds == 2))
+        ranges, horder, _ = _intervals(ts[host], dur[host], 0)
+        host = host[horder]
+        if _cat(self.bad, bool)[host].any():
+            raise TraceError(source, f"invalid JSON: {self.name_error}")
+        return Parsed(None, device, ranges, self.names.table()[_cat(self.name, np.int32)[host]],
+                      rejected, task[dev[order]], task[host], lane_of[pid[host]],
+                      tuple(t for t in self.tasks if t is not None), tuple(lanes))
+
+
+def _task_type(raw: msgspec.Raw) -> str | None:
+    try:
+        args = msgspec.json.decode(raw) if len(raw) else None
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    task = args.get("Task Type") if isinstance(args, dict) else None
+    return task if type(task) is str else None
+
+
+# -- fields -----------------------------------------------------------------------------------
+
+def _floats_at(events: list[Any], idx: np.ndarray, get: Callable[[Any], float]) -> np.ndarray:
+    """A float attribute of ``events[idx]``; one pass over every event when most are wanted."""
+    if 2 * len(idx) > len(events):
+        return np.fromiter(map(get, events), np.float64, len(events))[idx]
+    return np.fromiter(map(get, [events[i] for i in idx.tolist()]), np.float64, len(idx))
+
+
+def _exact_floats(us: np.ndarray) -> bool:
+    """Whether float64 microseconds give, rounded, the ns their decimal text gives: small
+    enough (the parse is within 0.1 ns) and not near a half-nanosecond tie. NaN (missing) is
+    fine: it is rejected on both paths."""
+    if not len(us):
+        return True
+    if not np.nanmax(np.abs(us), initial=0.0) < _EXACT_FLOAT_US:
+        return False
+    ns = us * 1000
+    return not bool((np.abs(ns - np.floor(ns) - 0.5) < 0.125).any())
+
+
+def _raw_names(events: list[Any]) -> list[str]:
+    """Names of fast-path events: their raw JSON decoded in one call."""
+    text = b"[" + b",".join(e.name if len(e.name) else b'""' for e in events) + b"]"
+    try:
+        return msgspec.json.decode(text, type=list[str])
+    except msgspec.ValidationError:
+        return _any_names([_Named(v) for v in msgspec.json.decode(text)])
+
+
+class _Named(msgspec.Struct):
+    name: Any
+
+
+def _any_names(events: list[Any]) -> list[str]:
+    return [n if type(n) is str else "" if n is None else str(n) for n in (e.name for e in events)]
+
+
+def _take(events: list[Any], idx: np.ndarray) -> list[Any]:
+    return events if len(idx) == len(events) else [events[i] for i in idx.tolist()]
+
+
+class _CategoryKinds(dict):  # type: ignore[type-arg]
+    """category -> 1 (device task), 2 (host range) or 0, worked out once per distinct name."""
+
+    def __missing__(self, cat: str) -> int:
+        low = cat.lower()
+        self[cat] = kind = 1 if low in DEVICE_CATEGORIES else 2 if low in HOST_CATEGORIES else 0
+        return kind
+
+
+def _category_kinds(cats: Iterable[str], n: int) -> np.ndarray:
+    """The kind of each of `n` categories: 1 device task, 2 host range, else 0."""
+    return np.fromiter(map(_CategoryKinds().__getitem__, cats), np.int8, n)
+
+
+def _object_array(items: list[Any]) -> np.ndarray:
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out
+
+
+def _floats_to_ns(us: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    ok = np.abs(us) < _LIMIT_NS / 1000  # NaN, inf or out of range: no int64 to cast to
+    return np.rint(np.where(ok, us, 0.0) * 1000).astype(np.int64), ok
+
+
+def _us_to_ns(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Microsecond values (int, float or decimal text) to int64 ns, and which were numbers."""
+    convert = {int: _ints_to_ns, float: _float_list_to_ns, str: _decimal_text_to_ns}
+    n = len(values)
+    ns, ok = np.zeros(n, np.int64), np.zeros(n, bool)
+    types = set(map(type, values))
+    if len(types) == 1 and (only := types.pop()) in convert:
+        return convert[only](values)
+    code = {t: i for i, t in enumerate(convert, 1)}
+    codes = np.fromiter((code.get(t, 0) for t in map(type, values)), np.int8, n)
+    for i, fn in enumerate(convert.values(), 1):
+        idx = np.flatnonzero(codes == i)
+        if len(idx):
+            ns[idx], ok[idx] = fn([values[k] for k in idx.tolist()])
+    return ns, ok
+
+
+def _ints_to_ns(values: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    ok = np.array([abs(v) < 2**63 // 1000 for v in values], dtype=bool)
+    return np.array([v if k else 0 for v, k in zip(values, ok, strict=True)], np.int64) * 1000, ok
+
+
+def _float_list_to_ns(values: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    return _floats_to_ns(np.array(values, np.float64))
+
+
+def _decimal_text_to_ns(values: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Decimal microsecond text to int64 ns, exactly: nearest ns, ties away from zero.
+
+    Text of one fixed layout (as torch-npu writes epoch microseconds, ``%.3f``) is parsed from
+    its digits on a code matrix, with no float; anything else (other layouts, exponents,
+    spaces, junk) goes through `Decimal` one value at a time."""
+    n = len(values)
+    ns, ok = np.zeros(n, np.int64), np.zeros(n, bool)
+    widths, text = set(map(len, values)), "".join(values)
+    if len(widths) == 1 and (width := widths.pop()) and text.isascii():
+        c = np.frombuffer(text.encode(), np.uint8).reshape(n, width)
+        point = values[0].find(".")
+        point = width if point < 0 else point
+        if point == width or bool((c[:, point] == 46).all()):
+            ns, ok = _plain_decimal(c, point)
+    if not ok.all():
+        bad = np.flatnonzero(~ok)
+        ns[bad], ok[bad] = _decimal_one_by_one([values[i] for i in bad.tolist()])
+    return ns, ok
+
+
+def _plain_decimal(c: np.ndarray, point: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of ASCII codes ``-?d+(.d+)?``, all with the decimal point (or end) at `point`;
+    rows of another form are marked not ok. Works column by column (rows are short)."""
+    n, width = c.shape
+    u = c - np.uint8(48)  # a digit is 0..9; every other byte wraps above 9
+    neg = c[:, 0] == 45  # '-'
+    u[neg, 0] = 0
+    cols = [u[:, j] for j in range(width) if j != point]
+    top = np.maximum.reduce(cols) if cols else np.full(n, 255, np.uint8)
+    ok = (top <= 9) & (point - neg >= 1) & (point <= 18) & (width != point + 1)
+    us = np.zeros(n, np.int64)
+    for j in range(point):
+        us = us * 10 + u[:, j]
+    ns = us * 1000
+    for k, j in enumerate(range(point + 1, min(point + 4, width))):
+        ns += u[:, j].astype(np.int64) * 10 ** (2 - k)
+    if width > point + 4:
+        ns += u[:, point + 4] >= 5  # the 4th fraction digit decides: ties away from zero
+    ok &= us < 2**63 // 1000 - 1
+    return np.where(neg, -ns, ns), ok
+
+
+def _decimal_one_by_one(values: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    parsed = [_decimal_us_to_ns(v) for v in values]
+    return (np.array([0 if v is None else v for v in parsed], np.int64),
+            np.array([v is not None for v in parsed], bool))
+
+
+def _decimal_us_to_ns(text: str) -> int | None:
+    try:
+        us = Decimal(text)
+    except InvalidOperation:
+        return None
+    if not us.is_finite() or us.adjusted() > 18:  # |us| >= 1e19: out of range anyway
+        return None
+    # us * 1000 must not round before the rounding to ns: 28 digits (the default context)
+    # hold 24 characters' worth; longer text gets a context with room for every digit
+    scaled = us * 1000 if len(text) <= 24 else Context(prec=len(text) + 4).multiply(us, 1000)
+    ns = int(scaled.to_integral_value(rounding=ROUND_HALF_UP))
+    return ns if abs(ns) < 2**63 else None
