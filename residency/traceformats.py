@@ -19,11 +19,12 @@ each host range's lane (its process name) as int16 codes into name tables.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import operator
 import reprlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
 from pathlib import Path
@@ -158,27 +159,32 @@ def parse_trace(fmt: str, source: Path, *, root: Path | None = None,
         TraceError: the file cannot be read (module `residency.tracefiles`), is not valid JSON
             (with the byte position in the decompressed stream), or not a trace.
     """
-    try:
-        with TraceStream(source, root=root, chunk_bytes=chunk_bytes, max_bytes=max_bytes,
-                         digest=digest) as stream:
-            cols = _Kineto() if fmt == "kineto" else _Ascend()
-            got = split_events(stream, cols.add, source)
-            if isinstance(got, Skeleton):
-                doc = _skeleton(source, got)
-                if doc is not None:
-                    parsed = cols.finish(source, doc if got.in_object else None)
-                    parsed.sha256 = _drain(stream)
-                    return parsed
-                prefix, offset = b"", 0  # a repeated traceEvents: read it all again, whole
-                stream = TraceStream(source, root=root, chunk_bytes=chunk_bytes,
-                                     max_bytes=max_bytes, digest=digest)
-            else:
-                prefix, offset = got
-            with stream:
-                data, offset = read_whole(stream, prefix, offset, source)
-                parsed = parse_whole(fmt, source, data, offset=offset, total=stream.offset)
+    with _trace_errors(source), TraceStream(source, root=root, chunk_bytes=chunk_bytes,
+                                            max_bytes=max_bytes, digest=digest) as stream:
+        cols = _Kineto() if fmt == "kineto" else _Ascend()
+        got = split_events(stream, cols.add, source)
+        if isinstance(got, Skeleton):
+            doc = _skeleton(source, got)
+            if doc is not None:
+                parsed = cols.finish(source, doc if got.in_object else None)
                 parsed.sha256 = _drain(stream)
                 return parsed
+            prefix, offset = b"", 0  # a repeated traceEvents: read it all again, whole
+            stream = TraceStream(source, root=root, chunk_bytes=chunk_bytes,
+                                 max_bytes=max_bytes, digest=digest)
+        else:
+            prefix, offset = got
+        with stream:
+            data, offset = read_whole(stream, prefix, offset, source)
+            parsed = parse_whole(fmt, source, data, offset=offset, total=stream.offset)
+            parsed.sha256 = _drain(stream)
+            return parsed
+
+
+@contextlib.contextmanager
+def _trace_errors(source: Path) -> Iterator[None]:
+    try:
+        yield
     except RecursionError:  # msgspec's nesting limit
         raise TraceError(source, "invalid JSON: nested too deeply to decode") from None
     except msgspec.DecodeError as exc:  # a raw field decoded late (metadata args)
@@ -211,7 +217,16 @@ def _skeleton(source: Path, sk: Skeleton) -> Any:
 
 def parse_whole(fmt: str, source: Path, data: bytes, *, offset: int = 0,
                 total: int | None = None) -> Parsed:
-    """Decode a whole document held in memory (`data` begins at stream byte `offset`)."""
+    """Decode a whole document held in memory (`data` begins at stream byte `offset`).
+
+    Raises:
+        TraceError: as `parse_trace`.
+    """
+    with _trace_errors(source):
+        return _parse_whole(fmt, source, data, offset, total)
+
+
+def _parse_whole(fmt: str, source: Path, data: bytes, offset: int, total: int | None) -> Parsed:
     gz = source.name.endswith(".gz")
     end = offset + len(data) if total is None else total
 

@@ -91,9 +91,11 @@ def _value_end(buf: bytearray, i: int) -> int | None:
             msgspec.json.decode(mv[i:])
         except msgspec.DecodeError as exc:
             text = str(exc)
-            if "trailing characters" in text and (m := _BYTE.search(text)):
+            m = _BYTE.search(text)
+            if "trailing characters" in text and m:
                 return i + int(m.group(1)) - 1  # msgspec counts the byte after it
-            return None if "truncated" in text else -1
+            # at the end of the buffer (a number cut short reads as invalid): more bytes
+            return None if "truncated" in text or not m or i + int(m.group(1)) >= len(buf) else -1
         except RecursionError:
             return -1
     return None
@@ -247,7 +249,10 @@ class _Splitter:
                     raise self.error(exc) from None
                 return _AMBIGUOUS
             m = _BYTE.search(text)
-            if m and (int(m.group(1)) < end or not replaced):
+            p = int(m.group(1)) if m else len(data)
+            # a byte the stream has too (not our `]`); at the end of data, a number cut short
+            # reads as invalid: real only at the end of the stream
+            if p < end or (not replaced and (p < len(data) or (whole and self.eof))):
                 raise self.error(exc) from None
             return _AMBIGUOUS
         return n
