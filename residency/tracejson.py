@@ -29,9 +29,10 @@ import numpy as np
 
 from residency.tracefiles import TraceError, TraceStream
 
-__all__ = ["PLACEHOLDER", "WHOLE_CAP", "Skeleton", "decode_error", "read_whole", "split_events"]
+__all__ = ["EVENT_CAP", "PLACEHOLDER", "WHOLE_CAP", "Skeleton", "decode_error", "read_whole",
+           "split_events"]
 
-WHOLE_CAP = 64 << 20  # an irregular document, a single event, and what lies outside the events
+WHOLE_CAP = 64 << 20  # an irregular document; what lies outside the events array
 PLACEHOLDER = b'"\\u0000residency:streamed-events"'
 PLACEHOLDER_VALUE = "\x00residency:streamed-events"
 _NON_WS = re.compile(rb"[^ \t\r\n]")
@@ -39,6 +40,9 @@ _BOUNDARY = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")
 _BYTE = re.compile(r"\s*\(byte (\d+)\)")
 _INDEX = re.compile(r"`\$\[(\d+)\]")
 _OPEN, _CLOSE, _COMMA = 0x5B, 0x5D, 0x2C
+_STRUCTURAL = np.zeros(256, bool)
+_STRUCTURAL[[_OPEN, _CLOSE, _COMMA, 0x7B, 0x7D]] = True
+EVENT_CAP = 16 << 20  # the longest single event
 
 
 @dataclass
@@ -153,7 +157,7 @@ def _likely_cut(buf: bytearray) -> int | None:
 def _boundaries(buf: bytearray) -> tuple[int | None, int | None]:
     """(last comma between two events, first bracket closing the events array) in `buf`,
     whose byte 0 separates two events (outside strings, at the array's level)."""
-    a = np.frombuffer(bytes(buf), np.uint8)
+    a = np.frombuffer(buf, np.uint8)  # a view: released before `buf` is resized
     quotes = np.flatnonzero(a == 0x22)
     quotes = quotes[quotes > 0]
     escaped = quotes[a[quotes - 1] == 0x5C]
@@ -166,8 +170,7 @@ def _boundaries(buf: bytearray) -> tuple[int | None, int | None]:
             if (q - 1 - j) % 2:
                 drop.append(q)
         quotes = np.setdiff1d(quotes, np.array(drop, np.int64))
-    pos = np.flatnonzero((a == _COMMA) | (a == _OPEN) | (a == _CLOSE) | (a == 0x7B) |
-                         (a == 0x7D))
+    pos = np.flatnonzero(_STRUCTURAL[a])
     pos = pos[pos > 0]
     pos = pos[(np.searchsorted(quotes, pos) & 1) == 0]  # an even number of quotes before
     ch = a[pos]
@@ -178,6 +181,7 @@ def _boundaries(buf: bytearray) -> tuple[int | None, int | None]:
     commas = pos[(ch == _COMMA) & (depth == 0)]
     if close is not None:
         commas = commas[commas < close]
+    del a
     return (int(commas[-1]) if len(commas) else None), close
 
 
@@ -229,7 +233,7 @@ class _Splitter:
         buf[0] = _OPEN
         if replaced:
             buf[end] = _CLOSE
-        data = bytes(buf[:end + 1])
+        data = bytes(memoryview(buf)[:end + 1])  # one copy (the view is gone at once)
         buf[0], buf[end] = first, last
         try:
             n = self.on_events(data, self.index)
@@ -286,8 +290,8 @@ class _Splitter:
             if got is _AMBIGUOUS:
                 got = self.truth()
                 if got is None:  # no boundary and no error yet: one long event
-                    if len(self.buf) > WHOLE_CAP:
-                        raise TraceError(self.source, f"an event longer than {WHOLE_CAP} "  # type: ignore[arg-type]
+                    if len(self.buf) > EVENT_CAP:
+                        raise TraceError(self.source, f"an event longer than {EVENT_CAP} "  # type: ignore[arg-type]
                                          "bytes: not a trace", self.at(0))
                     self.fill()
                     continue
@@ -374,7 +378,7 @@ def split_events(stream: TraceStream, on_events: Callable[[bytes, int], int],
         chunk = stream.read()
         if not chunk:
             break
-        if _NON_WS.search(chunk) is None:
+        if len(chunk) >= 4096 and _NON_WS.search(chunk) is None:  # white space: not held
             gaps.append((len(tail), len(chunk)))
         else:
             tail += chunk
