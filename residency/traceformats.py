@@ -384,12 +384,12 @@ class _Kineto:
             raise TraceError(source, f"distributedInfo.rank must be a non-negative integer, "
                              f"not {reprlib.repr(rank)}")
         base = base or 0
-        device, _, rejected = _intervals(_cat(self.dev_ts, np.int64), _cat(self.dev_dur, np.int64),
-                                         base)
-        ranges, order, host_rejected = _intervals(_cat(self.host_ts, np.int64),
-                                                  _cat(self.host_dur, np.int64), base)
-        codes = _cat(self.host_name, np.int32)[order]
-        if _cat(self.host_bad, bool)[order].any():
+        device, _, rejected = _intervals(_drain_parts(self.dev_ts, np.int64),
+                                         _drain_parts(self.dev_dur, np.int64), base)
+        ranges, order, host_rejected = _intervals(_drain_parts(self.host_ts, np.int64),
+                                                  _drain_parts(self.host_dur, np.int64), base)
+        codes = _take_rows(_cat(self.host_name, np.int32), order)
+        if _take_rows(_cat(self.host_bad, bool), order).any():
             raise TraceError(source, f"invalid JSON: {self.name_error}")
         none = np.full(len(ranges), _NO_CODE, np.int16)
         return Parsed(rank, device, ranges, self.names.table()[codes],
@@ -398,20 +398,39 @@ class _Kineto:
 
 
 def _intervals(ts: np.ndarray, dur: np.ndarray, base: int
-               ) -> tuple[np.ndarray, np.ndarray, int]:
+               ) -> tuple[np.ndarray, np.ndarray | None, int]:
     """``(n, 2)`` [start, end) of the rows whose start with `base` stays in range, sorted by
-    start (stable); the kept rows' indices in that order; how many were rejected."""
-    start = ts + base
-    keep = np.flatnonzero(np.abs(start) < _LIMIT_NS)
-    start = start[keep]
-    order = np.argsort(start, kind="stable")
-    if not np.all(order[1:] > order[:-1]):
-        keep = keep[order]
+    start (stable); the kept rows' indices in that order (None: all, in order); how many were
+    rejected. Uses `ts` as scratch (it may be overwritten)."""
+    start = ts
+    if base:
+        start += base  # no wrap: |ts| and |base| are below 2**62
+    inside = np.abs(start) < _LIMIT_NS
+    keep = None if inside.all() else np.flatnonzero(inside)
+    del inside
+    if keep is not None:
+        start = start[keep]
+    if len(start) > 1 and not (start[1:] >= start[:-1]).all():  # sorted already: no argsort
+        order = np.argsort(start, kind="stable")
+        keep = order if keep is None else keep[order]
         start = start[order]
-    out = np.empty((len(keep), 2), np.int64)
+        del order
+    out = np.empty((len(start), 2), np.int64)
     out[:, 0] = start
-    out[:, 1] = start + dur[keep]
-    return out, keep, len(ts) - len(keep)
+    out[:, 1] = start
+    out[:, 1] += dur if keep is None else dur[keep]
+    return out, keep, len(ts) - len(start)
+
+
+def _take_rows(a: np.ndarray, keep: np.ndarray | None) -> np.ndarray:
+    return a if keep is None else a[keep]
+
+
+def _drain_parts(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
+    """The concatenation of `parts`, which is emptied (its arrays are freed)."""
+    out = _cat(parts, dtype)
+    parts.clear()
+    return out
 
 
 class _Ascend:
@@ -502,20 +521,21 @@ class _Ascend:
                              0 if name in ASCEND_DERIVED_PROCESSES else 2)
             if name is not None:
                 lane_of[code] = lanes.setdefault(name, len(lanes))
-        pid = _cat(self.pid, np.int32)
-        kinds, ok = kind_of[pid], _cat(self.ok, bool)
-        ts, dur = _cat(self.ts, np.int64), _cat(self.dur, np.int64)
-        task = _cat(self.task, np.int16)
+        pid = _drain_parts(self.pid, np.int32)
+        kinds, ok = kind_of[pid], _drain_parts(self.ok, bool)
+        ts, dur = _drain_parts(self.ts, np.int64), _drain_parts(self.dur, np.int64)
+        task = _drain_parts(self.task, np.int16)
         rejected = int(((kinds > 0) & ~ok).sum())
         dev = np.flatnonzero(ok & (kinds == 1))
         device, order, _ = _intervals(ts[dev], dur[dev], 0)
+        dev = _take_rows(dev, order)
         host = np.flatnonzero(ok & (kinds == 2))
         ranges, horder, _ = _intervals(ts[host], dur[host], 0)
-        host = host[horder]
+        host = _take_rows(host, horder)
         if _cat(self.bad, bool)[host].any():
             raise TraceError(source, f"invalid JSON: {self.name_error}")
         return Parsed(None, device, ranges, self.names.table()[_cat(self.name, np.int32)[host]],
-                      rejected, task[dev[order]], task[host], lane_of[pid[host]],
+                      rejected, task[dev], task[host], lane_of[pid[host]],
                       tuple(t for t in self.tasks if t is not None), tuple(lanes))
 
 
