@@ -7,8 +7,6 @@ without empty intervals. Inputs may be unsorted and overlapping.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import numpy as np
 import numpy.typing as npt
 
@@ -38,45 +36,65 @@ def as_intervals(x: npt.ArrayLike) -> Intervals:
 def merge(x: npt.ArrayLike) -> Intervals:
     """The normalised union of the rows of `x` (touching intervals join; empty ones vanish)."""
     a = as_intervals(x)
-    a = a[a[:, 1] > a[:, 0]]
-    if len(a) <= 1:
-        return a.copy()
-    if np.any(a[1:, 0] < a[:-1, 0]):
-        a = a[np.argsort(a[:, 0], kind="stable")]
-    ends = np.maximum.accumulate(a[:, 1])
-    # a new group starts where an interval begins strictly after everything before it ended
-    first = np.flatnonzero(np.r_[True, a[1:, 0] > ends[:-1]])
-    last = np.r_[first[1:] - 1, len(a) - 1]
-    return np.column_stack((a[first, 0], ends[last]))
+    return _merge_columns(a[:, 0], a[:, 1])
+
+
+def _merge_columns(starts: np.ndarray, ends: np.ndarray) -> Intervals:
+    """The union of the intervals ``[starts[i], ends[i])`` (ends >= starts).
+
+    Starts and ends are sorted apart (no pairs are moved: memory is the limit on big traces):
+    with S and E sorted, instant t is covered iff #{S <= t} > #{E <= t}, so the union's gaps
+    are exactly the (E[k-1], S[k]) with S[k] > E[k-1]; groups left empty (from empty
+    intervals) are dropped."""
+    if not len(starts):
+        return np.empty((0, 2), np.int64)
+    starts, ends = np.sort(starts), np.sort(ends)
+    first = np.flatnonzero(starts[1:] > ends[:-1]) + 1  # where a new group begins
+    out = np.empty((len(first) + 1, 2), np.int64)
+    out[0, 0], out[-1, 1] = starts[0], ends[-1]
+    out[1:, 0] = starts[first]
+    out[:-1, 1] = ends[first - 1]
+    nonempty = out[:, 1] > out[:, 0]
+    return out if nonempty.all() else out[nonempty]
 
 
 def union(*sets: npt.ArrayLike) -> Intervals:
     """The normalised union of several interval sets."""
     parts = [as_intervals(s) for s in sets]
-    return merge(np.concatenate(parts) if parts else np.empty((0, 2), np.int64))
-
-
-def _coverage(sets: Iterable[Intervals], depth: int) -> Intervals:
-    """Where at least `depth` of the normalised `sets` overlap."""
-    sets = list(sets)
-    if not sets:
+    if not parts:
         return np.empty((0, 2), np.int64)
-    ends = np.concatenate([s[:, 1] for s in sets])
-    pos = np.concatenate([ends] + [s[:, 0] for s in sets])
-    step = np.ones(len(pos), np.int64)
-    step[: len(ends)] = -1
-    # a stable sort keeps ends (listed first) before starts at equal positions:
-    # [a, b) and [b, c) do not overlap; sorted runs make it nearly linear
-    order = np.argsort(pos, kind="stable")
-    pos, level = pos[order], np.cumsum(step[order])
-    keep = np.flatnonzero((level[:-1] >= depth) & (pos[1:] > pos[:-1]))
-    return merge(np.column_stack((pos[keep], pos[keep + 1])))
+    return _merge_columns(np.concatenate([p[:, 0] for p in parts]),
+                          np.concatenate([p[:, 1] for p in parts]))
+
+
+def _intersect2(a: Intervals, b: Intervals) -> Intervals:
+    """The intersection of two normalised sets, in memory proportional to the result: each
+    row of the shorter set clips the rows of the other that overlap it."""
+    if len(a) < len(b):
+        a, b = b, a
+    lo = np.searchsorted(a[:, 1], b[:, 0], side="right")  # first row of `a` ending after
+    hi = np.searchsorted(a[:, 0], b[:, 1], side="left")  # first row of `a` starting at/after
+    counts = np.maximum(hi - lo, 0)
+    total = int(counts.sum())
+    if not total:
+        return np.empty((0, 2), np.int64)
+    owner = np.repeat(np.arange(len(b)), counts)
+    rows = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts) + lo[owner]
+    out = np.empty((total, 2), np.int64)
+    out[:, 0] = np.maximum(a[rows, 0], b[owner, 0])
+    out[:, 1] = np.minimum(a[rows, 1], b[owner, 1])
+    return out  # disjoint, sorted, non-empty and non-adjacent, as both inputs are
 
 
 def intersection(*sets: npt.ArrayLike) -> Intervals:
     """The normalised set of instants covered by every one of `sets`."""
     merged = [merge(s) for s in sets]
-    return _coverage(merged, len(merged)) if merged else np.empty((0, 2), np.int64)
+    if not merged:
+        return np.empty((0, 2), np.int64)
+    out = merged[0]
+    for other in merged[1:]:
+        out = _intersect2(out, other)
+    return out
 
 
 def complement(x: npt.ArrayLike, window: npt.ArrayLike) -> Intervals:

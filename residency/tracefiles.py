@@ -22,7 +22,7 @@ from typing import Any
 __all__ = ["CHUNK_BYTES", "MAX_TRACE_BYTES", "TraceError", "TraceStream", "file_sha256",
            "open_regular"]
 
-CHUNK_BYTES = 8 << 20  # decompressed bytes handed out per read
+CHUNK_BYTES = 2 << 20  # decompressed bytes handed out per read (smaller decodes faster)
 MAX_TRACE_BYTES = 64 << 30  # per trace file: on disk and decompressed
 _RAW_READ_BYTES = 4 << 20
 _KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device",

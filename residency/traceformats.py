@@ -307,8 +307,7 @@ class _Kineto:
     (not yet known) ``baseTimeNanoseconds``."""
 
     def __init__(self) -> None:
-        self.dev_ts: list[np.ndarray] = []
-        self.dev_dur: list[np.ndarray] = []
+        self.dev = _Rows()  # [start, end) relative to the base, grown in place
         self.host_ts: list[np.ndarray] = []
         self.host_dur: list[np.ndarray] = []
         self.host_name: list[np.ndarray] = []
@@ -360,8 +359,8 @@ class _Kineto:
         ok &= (np.abs(ts_ns) < _LIMIT_NS) & (dur_ns >= 0) & (dur_ns < _LIMIT_NS)
         self.rejected += int((~ok).sum())
         dev, host = ok & (kinds == 1), np.flatnonzero(ok & (kinds == 2))
-        self.dev_ts.append(ts_ns[dev])
-        self.dev_dur.append(dur_ns[dev])
+        start = ts_ns[dev]
+        self.dev.add(start, start + dur_ns[dev])
         self.host_ts.append(ts_ns[host])
         self.host_dur.append(dur_ns[host])
         names, bad, error = names_of(host)
@@ -384,8 +383,7 @@ class _Kineto:
             raise TraceError(source, f"distributedInfo.rank must be a non-negative integer, "
                              f"not {reprlib.repr(rank)}")
         base = base or 0
-        device, _, rejected = _intervals(_drain_parts(self.dev_ts, np.int64),
-                                         _drain_parts(self.dev_dur, np.int64), base)
+        device, rejected = _finish_rows(self.dev.take(), base)
         ranges, order, host_rejected = _intervals(_drain_parts(self.host_ts, np.int64),
                                                   _drain_parts(self.host_dur, np.int64), base)
         codes = _take_rows(_cat(self.host_name, np.int32), order)
@@ -420,6 +418,41 @@ def _intervals(ts: np.ndarray, dur: np.ndarray, base: int
     out[:, 1] = start
     out[:, 1] += dur if keep is None else dur[keep]
     return out, keep, len(ts) - len(start)
+
+
+class _Rows:
+    """An ``(n, 2)`` int64 array grown in place (realloc: no copy of what is held)."""
+
+    def __init__(self) -> None:
+        self.rows = np.empty((0, 2), np.int64)
+        self.n = 0
+
+    def add(self, start: np.ndarray, end: np.ndarray) -> None:
+        k = len(start)
+        if self.n + k > len(self.rows):
+            self.rows.resize((max(self.n + k, len(self.rows) * 3 // 2 + 4096), 2),
+                             refcheck=False)
+        self.rows[self.n:self.n + k, 0] = start
+        self.rows[self.n:self.n + k, 1] = end
+        self.n += k
+
+    def take(self) -> np.ndarray:
+        rows, self.rows = self.rows, np.empty((0, 2), np.int64)
+        rows.resize((self.n, 2), refcheck=False)
+        return rows
+
+
+def _finish_rows(rows: np.ndarray, base: int) -> tuple[np.ndarray, int]:
+    """`rows` ([start, end) relative to `base`, in place) made absolute, rows whose start
+    leaves the range dropped, sorted by start (stable); and how many were dropped."""
+    n = len(rows)
+    if base:
+        rows += base  # a row whose start stays in range cannot wrap (|dur| < 2**62)
+    if n and not (rows[:, 0].min() > -_LIMIT_NS and rows[:, 0].max() < _LIMIT_NS):
+        rows = rows[np.abs(rows[:, 0]) < _LIMIT_NS]
+    if len(rows) > 1 and not (rows[1:, 0] >= rows[:-1, 0]).all():
+        rows = rows[np.argsort(rows[:, 0], kind="stable")]
+    return rows, n - len(rows)
 
 
 def _take_rows(a: np.ndarray, keep: np.ndarray | None) -> np.ndarray:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import re
+import tempfile
 import threading
 import warnings
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -300,10 +301,12 @@ def _parse_all(fmt: str, sources: list[Path], *, cache: bool, workers: int | Non
                             multiprocessing.get_all_start_methods()) else "spawn"
         # largest first: the last file to finish is a small one
         order = sorted(todo, key=lambda i: -stats[i].st_size)
-        with ProcessPoolExecutor(min(n, len(todo)),
-                                 mp_context=multiprocessing.get_context(method)) as pool:
-            futures = {i: pool.submit(parse_trace, fmt, sources[i], **job) for i in order}
-            parsed = [futures[i].result() for i in todo]
+        with tempfile.TemporaryDirectory(prefix="residency-traces-") as folder, \
+                ProcessPoolExecutor(min(n, len(todo)),
+                                    mp_context=multiprocessing.get_context(method)) as pool:
+            futures = {i: pool.submit(_parse_to_disk, fmt, sources[i], job, folder)
+                       for i in order}
+            parsed = [_from_disk(*futures[i].result()) for i in todo]
     for i, p in zip(todo, parsed, strict=True):
         found[i] = p
         if cache:
@@ -311,6 +314,29 @@ def _parse_all(fmt: str, sources: list[Path], *, cache: bool, workers: int | Non
 
             write_cache(sources[i], stats[i], p)
     return found  # type: ignore[return-value]
+
+
+_COLUMNS = ("device", "ranges", "device_task_type", "range_task_type", "range_lane")
+
+
+def _parse_to_disk(fmt: str, source: Path, job: dict, folder: str) -> tuple[Parsed, str]:
+    """`parse_trace` in a worker: the columns go back through a file in `folder` (read by
+    `_from_disk`), not a pickle, so neither side holds them twice."""
+    p = parse_trace(fmt, source, **job)
+    path = os.path.join(folder, f"{os.getpid()}-{source.name}-{id(p)}.npy")
+    with open(path, "wb") as f:
+        for name in _COLUMNS:
+            np.save(f, getattr(p, name), allow_pickle=False)
+            setattr(p, name, None)
+    return p, path
+
+
+def _from_disk(p: Parsed, path: str) -> Parsed:
+    with open(path, "rb") as f:
+        for name in _COLUMNS:
+            setattr(p, name, np.load(f, allow_pickle=False))
+    os.unlink(path)
+    return p
 
 
 def open_stat(source: Path, root: Path | None, max_bytes: int) -> os.stat_result:
