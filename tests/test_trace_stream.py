@@ -70,9 +70,19 @@ def whole(fmt: str, path: Path, raw: bytes) -> tuple:
     return outcome(lambda: parse_whole(fmt, path, raw))
 
 
+MALFORMED = "invalid JSON: JSON is malformed: "
+
+
 def same(streamed: tuple, reference: tuple) -> bool:
-    if reference[:2] == ("error", "cannot read"):  # the gzip layer's wording differs
+    """Equal outcomes. Two wordings may differ: the gzip layer's (`gzip` vs `zlib`), and
+    msgspec's reason for malformed JSON where it depends on bytes after the error (a tagged
+    event whose ``ph`` comes after a broken value: msgspec skips ahead looking for the tag),
+    which a stream has not read yet; the error's position is the same."""
+    if reference[:2] == ("error", "cannot read"):
         return streamed[0] == "error" and streamed[1].startswith("cannot read")
+    if reference[0] == streamed[0] == "error" and all(
+            o[1].startswith(MALFORMED) for o in (reference, streamed)):
+        return streamed[2] == reference[2]
     return streamed == reference
 
 
