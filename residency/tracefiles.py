@@ -105,15 +105,19 @@ class TraceStream:
 
     def __init__(self, path: Path, *, root: Path | None = None,
                  chunk_bytes: int = CHUNK_BYTES, max_bytes: int = MAX_TRACE_BYTES,
-                 digest: bool = False) -> None:
+                 digest: bool = False, start: int = 0, stop: int | None = None) -> None:
         self.path, self.chunk_bytes, self.max_bytes = path, max(1, chunk_bytes), max_bytes
         self._fd, self.stat = open_regular(path, root=root, max_bytes=max_bytes)
         self._gz = path.name.endswith(".gz")
+        # a byte range [start, stop) of a plain file (one part of a file parsed in parallel)
+        self._left = None if stop is None else stop - start
+        if start:
+            os.lseek(self._fd, start, os.SEEK_SET)
         self._z = zlib.decompressobj(31) if self._gz else None
         self._pending = b""  # compressed input not yet given to the decompressor
         self._raw_eof = False
         self._digest = hashlib.sha256() if digest else None
-        self.offset = 0
+        self.offset = start
 
     def __enter__(self) -> TraceStream:
         return self
@@ -133,12 +137,16 @@ class TraceStream:
         return self._digest.hexdigest() if self._digest is not None else None
 
     def _raw(self, n: int) -> bytes:
+        if self._left is not None:
+            n = min(n, self._left)
         try:
-            block = os.read(self._fd, n)
+            block = os.read(self._fd, n) if n else b""
         except OSError as exc:
             raise TraceError(self.path, f"cannot read: {exc.strerror or exc}") from None
         if self._digest is not None:
             self._digest.update(block)
+        if self._left is not None:
+            self._left -= len(block)
         return block
 
     def read(self) -> bytes:

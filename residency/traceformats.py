@@ -34,10 +34,22 @@ import msgspec
 import numpy as np
 
 from residency.tracefiles import CHUNK_BYTES, MAX_TRACE_BYTES, TraceError, TraceStream
-from residency.tracejson import PLACEHOLDER_VALUE, Skeleton, decode_error, read_whole, split_events
+from residency.tracejson import (
+    PLACEHOLDER,
+    PLACEHOLDER_VALUE,
+    NotAligned,
+    Part,
+    Skeleton,
+    decode_error,
+    likely_boundary,
+    read_whole,
+    split_events,
+    split_part,
+)
 
 __all__ = ["ASCEND_DERIVED_PROCESSES", "ASCEND_DEVICE_PROCESS", "DEVICE_CATEGORIES",
-           "HOST_CATEGORIES", "Parsed", "parse_trace", "parse_whole"]
+           "HOST_CATEGORIES", "NotAligned", "Parsed", "join_parts", "parse_part", "parse_trace",
+           "parse_whole", "part_bounds"]
 
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"})
 HOST_CATEGORIES = frozenset({"user_annotation", "cpu_op", "python_function", "operator"})
@@ -181,6 +193,60 @@ def parse_trace(fmt: str, source: Path, *, root: Path | None = None,
             return parsed
 
 
+# -- one file in parts, in parallel -----------------------------------------------------------
+
+def part_bounds(source: Path, size: int, parts: int) -> list[tuple[int, int]]:
+    """Byte ranges ``[start, stop)`` splitting a plain file into about `parts` parts at likely
+    event boundaries (each range but the last ends with the comma the next one begins with)."""
+    cuts = []
+    with open(source, "rb") as f:
+        for j in range(1, parts):
+            f.seek(size * j // parts)
+            at = likely_boundary(f.read(1 << 20))
+            if at is not None:
+                cuts.append(size * j // parts + at)
+    cuts = sorted(set(cuts))
+    starts = [0, *cuts]
+    return [(a, b + 1) for a, b in zip(starts, cuts, strict=False)] + [(starts[-1], size)]
+
+
+def parse_part(fmt: str, source: Path, start: int, stop: int, *, first: bool, last: bool,
+               root: Path | None = None, chunk_bytes: int = CHUNK_BYTES,
+               max_bytes: int = MAX_TRACE_BYTES) -> tuple[Any, Part]:
+    """The columns of one part of a plain trace file (`part_bounds`), not yet finished.
+
+    Raises:
+        NotAligned, TraceError: the caller parses the whole file with `parse_trace` instead.
+    """
+    with _trace_errors(source), TraceStream(source, root=root, chunk_bytes=chunk_bytes,
+                                            max_bytes=max_bytes, start=start,
+                                            stop=stop) as stream:
+        cols = _Kineto() if fmt == "kineto" else _Ascend()
+        part = split_part(stream, cols.add, source, first=first, last=last)
+        cols.compact()
+        return cols, part
+
+
+def join_parts(source: Path, parts: list[tuple[Any, Part]]) -> Parsed:
+    """The timeline of a file from its parts' columns, in file order.
+
+    Raises:
+        NotAligned: the document repeats ``traceEvents``; TraceError: as `parse_trace`.
+    """
+    cols = parts[0][0]
+    for other, _ in parts[1:]:
+        cols.extend(other)
+    head, tail = parts[0][1], parts[-1][1]
+    assert head.head is not None and tail.tail is not None
+    sk = Skeleton(head.head + PLACEHOLDER + tail.tail, len(head.head), head.h0,
+                  tail.tail_offset, tail.total, head.layout == "object", tail.gaps)
+    with _trace_errors(source):
+        doc = _skeleton(source, sk)
+        if doc is None:
+            raise NotAligned("traceEvents repeated")
+        return cols.finish(source, doc if sk.in_object else None)
+
+
 @contextlib.contextmanager
 def _trace_errors(source: Path) -> Iterator[None]:
     try:
@@ -284,6 +350,10 @@ class _Names:
     def table(self) -> np.ndarray:
         return _object_array(list(self.codes))
 
+    def absorb(self, other: _Names) -> np.ndarray:
+        """Add `other`'s names; their codes here, indexed by their codes there."""
+        return self.code(list(other.codes))
+
 
 def _decoded_names(events: list[Any]) -> tuple[list[str], np.ndarray | None, str | None]:
     """Names of fast-path events (raw JSON), which could not be decoded, and the first
@@ -315,6 +385,23 @@ class _Kineto:
         self.names = _Names()
         self.name_error: str | None = None
         self.rejected = 0
+
+    def compact(self) -> None:
+        """Trim the grown arrays (before pickling)."""
+        self.dev.rows = self.dev.take()
+        self.dev.n = len(self.dev.rows)
+
+    def extend(self, other: _Kineto) -> None:
+        """Append the columns of the events after ours (another part of the file)."""
+        rows = other.dev.take()
+        self.dev.add(rows[:, 0], rows[:, 1])
+        names = self.names.absorb(other.names)
+        self.host_ts += other.host_ts
+        self.host_dur += other.host_dur
+        self.host_name += [names[c] for c in other.host_name]
+        self.host_bad += other.host_bad
+        self.name_error = self.name_error or other.name_error
+        self.rejected += other.rejected
 
     def add(self, data: bytes, index: int = 0) -> int:
         """Decode one run of events (a JSON array) and keep its columns."""
@@ -430,6 +517,8 @@ class _Rows:
     def add(self, start: np.ndarray, end: np.ndarray) -> None:
         k = len(start)
         if self.n + k > len(self.rows):
+            if not self.rows.flags.owndata:  # unpickled: a view of the pickle's buffer
+                self.rows = self.rows.copy()
             self.rows.resize((max(self.n + k, len(self.rows) * 3 // 2 + 4096), 2),
                              refcheck=False)
         self.rows[self.n:self.n + k, 0] = start
@@ -483,6 +572,26 @@ class _Ascend:
         self.tasks: dict[str | None, int] = {None: _NO_CODE}
         self.name_error: str | None = None
         self.metas: list[tuple[Any, bytes]] = []
+
+    def compact(self) -> None:
+        """Nothing to trim."""
+
+    def extend(self, other: _Ascend) -> None:
+        """Append the columns of the events after ours (another part of the file)."""
+        pids = np.array([self.pids.setdefault(p, len(self.pids)) for p in other.pids],
+                        np.int32)
+        names = self.names.absorb(other.names)
+        tasks = np.array([self.tasks.setdefault(t, len(self.tasks) - 1)
+                          for t in list(other.tasks)[1:]] + [_NO_CODE], np.int16)
+        self.pid += [pids[c] for c in other.pid]
+        self.name += [names[c] for c in other.name]
+        self.task += [tasks[c] for c in other.task]  # code -1 reads the last entry: -1
+        self.ts += other.ts
+        self.dur += other.dur
+        self.ok += other.ok
+        self.bad += other.bad
+        self.metas += other.metas
+        self.name_error = self.name_error or other.name_error
 
     def add(self, data: bytes, index: int = 0) -> int:
         """Decode one run of events (a JSON array) and keep its columns."""

@@ -29,8 +29,8 @@ import numpy as np
 
 from residency.tracefiles import TraceError, TraceStream
 
-__all__ = ["EVENT_CAP", "PLACEHOLDER", "WHOLE_CAP", "Skeleton", "decode_error", "read_whole",
-           "split_events"]
+__all__ = ["EVENT_CAP", "PLACEHOLDER", "WHOLE_CAP", "NotAligned", "Part", "Skeleton",
+           "decode_error", "likely_boundary", "read_whole", "split_events", "split_part"]
 
 WHOLE_CAP = 64 << 20  # an irregular document; what lies outside the events array
 PLACEHOLDER = b'"\\u0000residency:streamed-events"'
@@ -138,6 +138,13 @@ def _scan_head(buf: bytearray) -> tuple[str, int]:
         if buf[end] != _COMMA:
             return "irregular", 0
         i = end + 1
+
+
+def likely_boundary(text: bytes) -> int | None:
+    """Index of the comma of the first ``}, {`` in `text`: probably between two events (a
+    part of a file parsed on its own starts there; `split_part` proves it)."""
+    m = _BOUNDARY.search(text)
+    return text.index(b",", m.start()) if m else None
 
 
 def _likely_cut(buf: bytearray) -> int | None:
@@ -268,14 +275,15 @@ class _Splitter:
         del self.buf[:end]
 
     # -- the events array ---------------------------------------------------------------------
-    def events(self) -> int:
+    def events(self, *, part_end: bool = False) -> int:
         """Deliver every event; return the index in buf of the array's closing bracket (the
-        buffer then holds the rest of the stream read so far)."""
+        buffer then holds the rest of the stream read so far). With `part_end`, the stream is
+        one part of the array, ending with the comma after an event (returns -1)."""
         while True:
             while not self.eof and len(self.buf) <= self.stream.chunk_bytes:
                 self.fill()
             if self.eof:
-                return self.last()
+                return self.part_end() if part_end else self.last()
             cut = _likely_cut(self.buf)
             got = self.attempt(cut, replaced=True) if cut is not None else _AMBIGUOUS
             if got is _AMBIGUOUS:
@@ -296,6 +304,8 @@ class _Splitter:
                     self.fill()
                     continue
             if isinstance(got, tuple):
+                if part_end:
+                    raise NotAligned("the events array ends inside a part")
                 return got[1] if got[0] == "delivered" else self.close(got[1])
             self.consume(cut, got)  # type: ignore[arg-type]
 
@@ -319,6 +329,17 @@ class _Splitter:
         # the buffer is exactly the array's rest: its last byte closes it
         self.index += got  # type: ignore[operator]
         return "delivered", len(self.buf.rstrip(b" \t\r\n")) - 1
+
+    def part_end(self) -> int:
+        """At the end of a part: its last byte must be the comma after an event."""
+        buf = self.buf
+        if len(buf) < 2 or buf[-1] != _COMMA or _skip(buf, 1) == len(buf) - 1:
+            raise NotAligned("the part does not end with a comma after an event")
+        got = self.attempt(len(buf) - 1, replaced=True)
+        if not isinstance(got, int):
+            raise NotAligned("the part does not end between two events")
+        self.index += got
+        return -1
 
     def last(self) -> int:
         """At the end of the stream: find the array's end, deliver the last run."""
@@ -351,7 +372,69 @@ def split_events(stream: TraceStream, on_events: Callable[[bytes, int], int],
             `WHOLE_CAP`, or the stream's own errors.
     """
     sp = _Splitter(stream, on_events, source)
-    buf, h0 = sp.buf, 0
+    found = _head(sp)
+    if len(found) == 2:
+        return found  # type: ignore[return-value]  # irregular
+    head, h0, layout = found  # type: ignore[misc]
+    end = sp.events()
+    tail, tail_offset, gaps = _tail(sp, end, len(head))
+    return Skeleton(head + PLACEHOLDER + tail, len(head), h0, tail_offset, stream.offset,
+                    layout == "object", gaps)
+
+
+class NotAligned(Exception):
+    """A part of a file read on its own does not begin and end between two events."""
+
+
+@dataclass
+class Part:
+    """What one part of a file yields besides its events: the first part, the document before
+    the events array (`head` from stream offset `h0`, `layout`); the last, what follows it."""
+
+    head: bytes | None = None
+    h0: int = 0
+    layout: str = ""
+    tail: bytes | None = None
+    tail_offset: int = 0
+    total: int = 0
+    gaps: list[tuple[int, int]] = field(default_factory=list)
+
+
+def split_part(stream: TraceStream, on_events: Callable[[bytes, int], int], source: object,
+               *, first: bool, last: bool) -> Part:
+    """`split_events` on one part of a document: `stream` covers a byte range that (unless
+    `first`) begins with the comma before an event and (unless `last`) ends with the comma
+    after one. The part's runs decoding proves both (a run of whole events cannot decode
+    otherwise), given that the part before it is proved the same way.
+
+    Raises:
+        NotAligned: the range does not begin or end between two events, or the document is
+            irregular; TraceError: as `split_events` (the caller parses the file whole then).
+    """
+    sp = _Splitter(stream, on_events, source)
+    part = Part()
+    if first:
+        found = _head(sp)
+        if len(found) == 2:
+            raise NotAligned("irregular document")
+        part.head, part.h0, part.layout = found  # type: ignore[misc]
+    else:
+        sp.off = stream.offset
+        sp.fill()
+        if not sp.buf.startswith(b","):
+            raise NotAligned("the part does not begin with a comma")
+        sp.index = 1  # not the first event: a `,]` is an error
+    end = sp.events(part_end=not last)
+    if last:
+        tail, part.tail_offset, part.gaps = _tail(sp, end, 0)
+        part.tail, part.total = tail, stream.offset
+    return part
+
+
+def _head(sp: _Splitter) -> tuple[bytes, int, str] | tuple[bytes, int]:
+    """Read up to the events array: (head, its stream offset, layout), the splitter's buffer
+    then starting with the array's ``[``; or (bytes read, offset) for an irregular document."""
+    stream, buf, h0 = sp.stream, sp.buf, 0
     while True:
         layout, i = _scan_head(buf)
         if layout in ("array", "object"):
@@ -369,24 +452,27 @@ def split_events(stream: TraceStream, on_events: Callable[[bytes, int], int],
     del buf[:i]
     sp.off = h0 + i
     sp.prefix = "$.traceEvents" if layout == "object" else "$"
-    end = sp.events()
+    return head, h0, layout
+
+
+def _tail(sp: _Splitter, end: int, head_len: int) -> tuple[bytes, int, list[tuple[int, int]]]:
+    """The rest of the stream after the array's closing bracket at buf[end]."""
     tail_offset = sp.at(end) + 1
     tail = bytearray(sp.buf[end + 1:])
     del sp.buf[:]
     gaps: list[tuple[int, int]] = []
     while True:
-        chunk = stream.read()
+        chunk = sp.stream.read()
         if not chunk:
             break
         if len(chunk) >= 4096 and _NON_WS.search(chunk) is None:  # white space: not held
             gaps.append((len(tail), len(chunk)))
         else:
             tail += chunk
-        if len(tail) + len(head) > WHOLE_CAP:
-            raise TraceError(source, f"more than {WHOLE_CAP} bytes outside the events array: "  # type: ignore[arg-type]
-                             "not a trace")
-    return Skeleton(head + PLACEHOLDER + bytes(tail), len(head), h0, tail_offset,
-                    stream.offset, layout == "object", gaps)
+        if len(tail) + head_len > WHOLE_CAP:
+            raise TraceError(sp.source, f"more than {WHOLE_CAP} bytes outside the events "  # type: ignore[arg-type]
+                             "array: not a trace")
+    return bytes(tail), tail_offset, gaps
 
 
 def read_whole(stream: TraceStream, prefix: bytes, offset: int,

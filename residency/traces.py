@@ -27,29 +27,30 @@ Parsing needs neither pandas nor pyarrow; pyarrow serves the cache.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import re
-import tempfile
 import threading
 import warnings
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from residency.tracefiles import CHUNK_BYTES, MAX_TRACE_BYTES, TraceError, open_regular
+from residency.tracefiles import CHUNK_BYTES, MAX_TRACE_BYTES, TraceError, file_sha256, open_regular
 from residency.traceformats import (  # noqa: F401
     ASCEND_DERIVED_PROCESSES,
     ASCEND_DEVICE_PROCESS,
     DEVICE_CATEGORIES,
     HOST_CATEGORIES,
+    NotAligned,
     Parsed,
     _decimal_text_to_ns,
     _decimal_us_to_ns,
+    join_parts,
+    parse_part,
     parse_trace,
+    part_bounds,
 )
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ __all__ = ["ASCEND_DERIVED_PROCESSES", "ASCEND_DEVICE_PROCESS", "CACHE_DIR", "CH
 
 CACHE_DIR = "residency.parquet.cache"  # as residency.tracecache.CACHE_DIR (not imported: lean)
 _PARALLEL_MIN_BYTES = 16 << 20  # below this, starting worker processes costs more than it saves
+_PART_MIN_BYTES = 32 << 20  # a file is split into parts of at least this much
 _RANK_RE = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 _EMPTY_CODES = np.empty(0, np.int16)
 
@@ -281,6 +283,8 @@ def _parse_all(fmt: str, sources: list[Path], *, cache: bool, workers: int | Non
     stats = [open_stat(s, root, max_bytes) for s in sources]
     found: list[Parsed | None] = [None] * len(sources)
     if cache:
+        from concurrent.futures import ThreadPoolExecutor
+
         from residency.tracecache import read_cache
 
         # hashing each trace (to check its cache) runs in threads: hashlib releases the GIL
@@ -291,22 +295,15 @@ def _parse_all(fmt: str, sources: list[Path], *, cache: bool, workers: int | Non
     todo = [i for i, f in enumerate(found) if f is None]
     job = dict(root=root, chunk_bytes=chunk_bytes, max_bytes=max_bytes, digest=cache)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    n = workers if workers is not None else min(len(todo), cpus or 1)
+    n = workers if workers is not None else cpus or 1
     small = sum(stats[i].st_size for i in todo) < _PARALLEL_MIN_BYTES
-    if n <= 1 or len(todo) <= 1 or (workers is None and small):
+    parts = {} if n <= 1 or (workers is None and small) else _plan_parts(
+        sources, [stats[i].st_size for i in range(len(sources))], todo, n)
+    jobs = len(todo) + sum(len(b) - 1 for b in parts.values())
+    if n <= 1 or jobs <= 1 or (workers is None and small):
         parsed = [parse_trace(fmt, sources[i], **job) for i in todo]  # type: ignore[arg-type]
     else:
-        # fork is cheapest but unsafe in a process with threads (a notebook kernel has some)
-        method = "fork" if (threading.active_count() == 1 and "fork" in
-                            multiprocessing.get_all_start_methods()) else "spawn"
-        # largest first: the last file to finish is a small one
-        order = sorted(todo, key=lambda i: -stats[i].st_size)
-        with tempfile.TemporaryDirectory(prefix="residency-traces-") as folder, \
-                ProcessPoolExecutor(min(n, len(todo)),
-                                    mp_context=multiprocessing.get_context(method)) as pool:
-            futures = {i: pool.submit(_parse_to_disk, fmt, sources[i], job, folder)
-                       for i in order}
-            parsed = [_from_disk(*futures[i].result()) for i in todo]
+        parsed = _parse_pool(fmt, sources, stats, todo, parts, min(n, jobs), job)
     for i, p in zip(todo, parsed, strict=True):
         found[i] = p
         if cache:
@@ -314,6 +311,58 @@ def _parse_all(fmt: str, sources: list[Path], *, cache: bool, workers: int | Non
 
             write_cache(sources[i], stats[i], p)
     return found  # type: ignore[return-value]
+
+
+def _plan_parts(sources: list[Path], sizes: list[int], todo: list[int],
+                n: int) -> dict[int, list[tuple[int, int]]]:
+    """Byte ranges for the plain files worth parsing in parts: when there are fewer files
+    than workers, each large one is split so that every worker has work."""
+    if len(todo) >= n:
+        return {}
+    out = {}
+    for i in todo:
+        k = min(n // len(todo), sizes[i] // _PART_MIN_BYTES)
+        if k > 1 and not sources[i].name.endswith(".gz"):
+            bounds = part_bounds(sources[i], sizes[i], k)
+            if len(bounds) > 1:
+                out[i] = bounds
+    return out
+
+
+def _parse_pool(fmt: str, sources: list[Path], stats: list[os.stat_result], todo: list[int],
+                parts: dict[int, list[tuple[int, int]]], n: int, job: dict) -> list[Parsed]:
+    """Parse files (and parts of files) in `n` worker processes."""
+    import multiprocessing  # (imported here: `residency idle` on small traces starts faster)
+    import tempfile
+    from concurrent.futures import ProcessPoolExecutor
+
+    part_job = {k: v for k, v in job.items() if k != "digest"}
+    # fork is cheapest but unsafe in a process with threads (a notebook kernel has some)
+    method = "fork" if (threading.active_count() == 1 and "fork" in
+                        multiprocessing.get_all_start_methods()) else "spawn"
+    # largest first: the last job to finish is a small one
+    order = sorted(todo, key=lambda i: -stats[i].st_size)
+    with tempfile.TemporaryDirectory(prefix="residency-traces-") as folder, \
+            ProcessPoolExecutor(n, mp_context=multiprocessing.get_context(method)) as pool:
+        futures = {i: [pool.submit(parse_part, fmt, sources[i], a, b, first=k == 0,
+                                   last=k == len(parts[i]) - 1, **part_job)
+                       for k, (a, b) in enumerate(parts[i])] if i in parts else
+                   pool.submit(_parse_to_disk, fmt, sources[i], job, folder) for i in order}
+        out = []
+        for i in todo:
+            if i not in parts:
+                out.append(_from_disk(*futures[i].result()))  # type: ignore[union-attr]
+                continue
+            try:
+                p = join_parts(sources[i], [f.result() for f in futures[i]])  # type: ignore[union-attr]
+            except (NotAligned, TraceError):  # parse it whole: the exact error, if any
+                p = parse_trace(fmt, sources[i], **job)
+            else:
+                if job["digest"]:
+                    p.sha256 = file_sha256(sources[i], root=job["root"],
+                                           max_bytes=job["max_bytes"])
+            out.append(p)
+    return out
 
 
 _COLUMNS = ("device", "ranges", "device_task_type", "range_task_type", "range_lane")

@@ -26,8 +26,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from residency import traces
 from residency.tracefiles import TraceError
-from residency.traceformats import parse_trace, parse_whole
+from residency.traceformats import (
+    NotAligned,
+    join_parts,
+    parse_part,
+    parse_trace,
+    parse_whole,
+    part_bounds,
+)
 from residency.traces import CACHE_DIR, load_traces
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -419,3 +427,65 @@ def test_kineto_timelines_have_no_task_types():
     t = load_traces(DATA / "traces" / "kineto_basic", cache=False).ranks[0]
     assert t.task_types == () and t.lanes == ()
     assert t.device_task_type.tolist() == [-1] * t.device_tasks
+
+
+# -- one file in parts, in parallel ------------------------------------------------------------
+
+def parts_outcome(fmt: str, path: Path, k: int, chunk: int) -> tuple | None:
+    """The parse of `path` in about `k` parts (in-process), or None when the parts do not
+    align (the loader then parses the file whole)."""
+    bounds = part_bounds(path, path.stat().st_size, k)
+    try:
+        got = [parse_part(fmt, path, a, b, first=i == 0, last=i == len(bounds) - 1,
+                          chunk_bytes=chunk) for i, (a, b) in enumerate(bounds)]
+        return outcome(lambda: join_parts(path, got))
+    except (NotAligned, TraceError):
+        return None
+
+
+def test_parts_equal_the_whole_parse_on_every_fixture():
+    used = 0
+    for fmt, path in trace_files():
+        if path.name.endswith(".gz"):
+            continue
+        reference = outcome(lambda f=fmt, p=path: parse_trace(f, p))
+        for k in (2, 3, 7):
+            for chunk in (5, 1 << 20):
+                got = parts_outcome(fmt, path, k, chunk)
+                if got is not None:
+                    assert got == reference, (path, k, chunk)
+                    used += len(part_bounds(path, path.stat().st_size, k)) > 1
+    assert used > 20  # parts really ran (most fixtures split at a `}, {`)
+
+
+@FUZZ
+@given(events_st, st.booleans(), st.integers(2, 6), st.sampled_from(["kineto", "ascend"]))
+def test_parts_equal_the_whole_parse_on_generated_documents(tmp_path_factory, events, wrapped,
+                                                          k, fmt):
+    body = "[" + ", ".join(json.dumps(e) for e in events) + "]"
+    text = (f'{{"traceEvents": {body}, "baseTimeNanoseconds": 1000}}' if wrapped else body)
+    path = tmp_path_factory.mktemp("p") / "rank0.json"
+    path.write_text(text)
+    got = parts_outcome(fmt, path, k, 3)
+    assert got is None or got == outcome(lambda: parse_trace(fmt, path))
+
+
+@pytest.mark.parametrize("name", ["k{}", "k}}, {{{}"], ids=["plain", "boundary-in-names"])
+def test_load_traces_splits_a_large_file_across_workers(tmp_path, monkeypatch, name):
+    events = [{"ph": "X", "cat": "kernel" if i % 7 else "cpu_op", "name": name.format(i % 5),
+               "ts": i * 3.5, "dur": 2.25} for i in range(20_000)]
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps({"traceEvents": events, "baseTimeNanoseconds": 7}))
+    monkeypatch.setattr(traces, "_PART_MIN_BYTES", 100_000)
+    joined = []  # parts that were joined (not refused as misaligned)
+    real = traces.join_parts
+    monkeypatch.setattr(traces, "join_parts", lambda *a: (real(*a), joined.append(1))[0])
+    one = load_traces(path, cache=False, workers=1).ranks[0]
+    two = load_traces(path, cache=True, workers=2).ranks[0]
+    # with `}, {` in every name, a part may begin inside a string: refused, parsed whole
+    assert joined == [1] or "}" in name
+    assert two.device.tolist() == one.device.tolist() and len(one.device) > 17_000
+    assert two.range_names.tolist() == one.range_names.tolist()
+    assert two.ranges.tolist() == one.ranges.tolist()
+    again = load_traces(path, cache=True, workers=2).ranks[0]  # the cache: no parse at all
+    assert again.device.tolist() == one.device.tolist() and len(joined) <= 1
