@@ -231,11 +231,14 @@ class _Splitter:
         `replaced`). Returns the number of events, ("closed", index of the array's real end) or
         _AMBIGUOUS; raises TraceError for an error that the whole file has too."""
         buf = self.buf
-        if self.index and buf[0] == _COMMA:  # `,]`: a trailing comma (`[` accepts `]`)
-            k = _skip(buf, 1)
-            if k < len(buf) and buf[k] == _CLOSE:
-                raise TraceError(self.source, "invalid JSON: JSON is malformed: trailing comma "  # type: ignore[arg-type]
-                                 "in array", self.at(k))
+        k = _skip(buf, 1)
+        if k == end and (replaced or (buf[k] == _CLOSE and buf[0] == _COMMA)):
+            # no event between the separator and the comma (replaced) or bracket ending the
+            # run: `,,`, `[,` or `,]` in the stream (decoded alone, `[]` would pass); in
+            # msgspec's words
+            what = "trailing comma in array" if buf[k] == _CLOSE else "invalid character"
+            raise TraceError(self.source, f"invalid JSON: JSON is malformed: {what}",  # type: ignore[arg-type]
+                             self.at(k))
         first, last = buf[0], buf[end]
         buf[0] = _OPEN
         if replaced:

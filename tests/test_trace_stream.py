@@ -197,6 +197,21 @@ def test_streamed_errors_keep_positions_with_tiny_chunks(tmp_path):
         assert err.value.position == len(good) - 40
 
 
+@pytest.mark.parametrize("text", [
+    b'[{"ph": "X"},,{}]', b'[{"ph": "X"} , ]', b'[ ,{}]', b'[]', b'[ ]', b'[{"ph": "X"},\n {}]',
+    b'[{"ph": "X"}]]', b'{"traceEvents": [{"ph": "X"}]]}', b'[{"ph": "X"},\n,\n "tid": 0}]'],
+    ids=["comma-comma", "trailing-comma", "leading-comma", "empty", "empty-spaced", "two",
+         "extra-bracket", "extra-bracket-in-object", "duplicated-comma-then-key"])
+def test_empty_runs_between_separators_are_errors_as_whole(tmp_path, text):
+    """Found by the mutation test: a run with no event (``,,``) decodes alone as ``[]``."""
+    path = tmp_path / "rank0.json"
+    path.write_bytes(text)
+    reference = whole("kineto", path, text)
+    for chunk in (1, 2, 3, 5, 100):
+        assert same(outcome(lambda c=chunk: parse_trace("kineto", path, chunk_bytes=c)),
+                    reference), chunk
+
+
 # -- bombs, limits and odd files --------------------------------------------------------------
 
 # peak RSS of the child: VmHWM of its own address space (getrusage's ru_maxrss would keep the
