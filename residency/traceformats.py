@@ -4,9 +4,10 @@
 the events into runs, decodes each run with msgspec into the few columns analysis needs, and
 settles the document-level fields (Kineto ``baseTimeNanoseconds``, ``distributedInfo.rank``;
 torch-npu ``process_name`` metadata) at the end. Memory: about two chunks plus the kept columns
-(about 27 bytes per kept event), whatever the file size. `parse_whole` decodes a document held
-in memory the same way (the reference the streamed parse is tested against; also the path of
-irregular documents).
+(16 bytes per Kineto device task, 27 per torch-npu event), whatever the file size.
+`parse_whole` decodes a document held in memory the same way (the reference the streamed parse
+is tested against; also the path of irregular documents). A large plain file can be parsed in
+parts by several processes (`part_bounds`, `parse_part`, `join_parts`).
 
 Per event, a run is decoded by a typed fast path (float64 times) when every value of the run
 has the expected type and resolves the nanosecond; else by an any-type path that keeps every

@@ -196,6 +196,9 @@ _AMBIGUOUS = object()
 
 
 class _Splitter:
+    """The state of one split: a buffer that begins with the separator before the next event
+    (``[`` or ``,``), and where it lies in the stream."""
+
     def __init__(self, stream: TraceStream, on_events: Callable[[bytes, int], int],
                  source: object) -> None:
         self.stream, self.on_events, self.source = stream, on_events, source

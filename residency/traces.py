@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from residency.tracecache import CACHE_DIR
 from residency.tracefiles import CHUNK_BYTES, MAX_TRACE_BYTES, TraceError, file_sha256, open_regular
 from residency.traceformats import (  # noqa: F401
     ASCEND_DERIVED_PROCESSES,
@@ -60,7 +61,6 @@ __all__ = ["ASCEND_DERIVED_PROCESSES", "ASCEND_DEVICE_PROCESS", "CACHE_DIR", "CH
            "DEVICE_CATEGORIES", "HOST_CATEGORIES", "MAX_TRACE_BYTES", "RankTimeline",
            "TraceError", "TraceSet", "load_traces"]
 
-CACHE_DIR = "residency.parquet.cache"  # as residency.tracecache.CACHE_DIR (not imported: lean)
 _PARALLEL_MIN_BYTES = 16 << 20  # below this, starting worker processes costs more than it saves
 _PART_MIN_BYTES = 32 << 20  # a file is split into parts of at least this much
 _RANK_RE = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)

@@ -264,7 +264,7 @@ def test_gzip_bomb_of_1_gb_is_one_error_with_bounded_memory(tmp_path, head, fill
     assert message.startswith("error:") and expect in message and "rank0.json.gz" in message
     # the whole 1 GiB would need 1024 MB and more; the stream holds a few chunks of 8 MiB
     # (one long string: up to the 16 MiB cap on one event, twice while it is decoded)
-    assert peak_mb < 160, peak_mb
+    assert peak_mb < 128, peak_mb  # measured here: 45-87 MB
 
 
 def test_decompressed_size_limit(tmp_path):
