@@ -339,6 +339,8 @@ class _Splitter:
     def part_end(self) -> int:
         """At the end of a part: its last byte must be the comma after an event."""
         buf = self.buf
+        if len(buf) == 1 and buf[0] == _COMMA and self.gap == 0 and self.index:
+            return -1  # the last run already ended at the part's final comma
         if len(buf) < 2 or buf[-1] != _COMMA or _skip(buf, 1) == len(buf) - 1:
             raise NotAligned("the part does not end with a comma after an event")
         got = self.attempt(len(buf) - 1, replaced=True)

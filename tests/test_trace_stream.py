@@ -49,7 +49,8 @@ CHUNKS = [1, 2, 3, 7, 64, 4096, 8 << 20]
 
 def trace_files() -> list[tuple[str, Path]]:
     out = []
-    for base in (DATA / "traces", DATA / "fuzz"):
+    # the fixtures, the fuzz corpus and the torch.profiler traces of the committed run
+    for base in (DATA / "traces", DATA / "fuzz", ROOT / "data" / "runs"):
         for p in sorted(base.rglob("*.json*")):
             if CACHE_DIR in p.parts or p.name.startswith("profiler_info") or (
                     p.name == "expected.json"):
@@ -95,7 +96,7 @@ def same(streamed: tuple, reference: tuple) -> bool:
 
 
 @pytest.mark.parametrize("fmt,path", trace_files(),
-                         ids=[str(p.relative_to(DATA)) for _, p in trace_files()])
+                         ids=[str(p.relative_to(ROOT)) for _, p in trace_files()])
 def test_streamed_equals_whole_on_every_fixture(fmt, path):
     reference = whole(fmt, path, path.read_bytes())
     for chunk in CHUNKS:
@@ -465,8 +466,10 @@ def test_parts_equal_the_whole_parse_on_every_fixture():
             continue
         reference = outcome(lambda f=fmt, p=path: parse_trace(f, p))
         for k in (2, 3, 7):
-            for chunk in (5, 1 << 20):
+            for chunk in (1, 5, 1 << 20):
                 got = parts_outcome(fmt, path, k, chunk)
+                # real torch.profiler output has no `}, {` in strings: its parts always align
+                assert got is not None or "runs" not in path.parts, (path, k, chunk)
                 if got is not None:
                     assert got == reference, (path, k, chunk)
                     used += len(part_bounds(path, path.stat().st_size, k)) > 1
