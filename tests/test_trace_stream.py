@@ -53,7 +53,8 @@ def trace_files() -> list[tuple[str, Path]]:
     for base in (DATA / "traces", DATA / "fuzz", ROOT / "data" / "runs"):
         for p in sorted(base.rglob("*.json*")):
             if CACHE_DIR in p.parts or p.name.startswith("profiler_info") or (
-                    p.name == "expected.json"):
+                    p.name == "expected.json") or (base.name == "runs" and
+                                                   p.parent.name != "trace"):
                 continue
             out.append(("ascend" if p.name == "trace_view.json" else "kineto", p))
     return out
