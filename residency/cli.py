@@ -35,9 +35,10 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
 def _probe_device(spec: str) -> tuple[str, str]:
     if spec == "cpu":
         return "cpu", "cpu"
-    from residency.emulated import install_emulated_npu, resolve_device
+    from residency.devices import resolve
+    from residency.emulated import install_emulated_npu
 
-    kind = resolve_device(spec)
+    kind = resolve(spec)
     if kind == "emulated-npu":
         install_emulated_npu()
         return kind, "npu:0"

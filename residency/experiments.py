@@ -29,6 +29,7 @@ from typing import Any
 
 import tomllib
 
+from residency.devices import KINDS
 from residency.lifecycle import PARENT_PID_ENV, pdeathsig_preexec
 from residency.rundir import artifact_hashes
 
@@ -148,7 +149,7 @@ def load_service_file(path: str | os.PathLike[str]) -> ServiceSpec:
     request = need(data, "request", dict, "")
     profile = check(data, "profile", dict, "", {})
     kind = need(data, "device_kind", str, "")
-    if kind not in ("npu", "cuda", "emulated-npu"):
+    if kind not in KINDS:
         raise ServiceFileError(f"{path}: field `device_kind` must be npu, cuda or "
                                f"emulated-npu, not {kind!r}")
     ranks = need(data, "ranks", int, "")
@@ -596,7 +597,7 @@ def run_pair(design: str = "profiled-pair", *, out: str | os.PathLike[str], devi
         spec = load_service_file(service_file)
         params: dict[str, Any] = {"service_file": str(service_file)}
     else:
-        from residency.emulated import resolve_device
+        from residency import devices
         from residency.service import MAX_SEED, MAX_STEPS
 
         if ranks < 1:
@@ -611,7 +612,7 @@ def run_pair(design: str = "profiled-pair", *, out: str | os.PathLike[str], devi
             if not math.isfinite(number) or number <= 0:
                 raise ValueError(f"The value for `{name}` must be a positive finite number, "
                                  f"but {number!r} was passed.")
-        kind = resolve_device(device)
+        kind = devices.resolve(device)
         spec = builtin_service(device_kind=kind, ranks=ranks, scale=scale,
                                capacity_bytes=capacity_bytes, resident_mib=resident_mib)
         params = {"scale": scale, "capacity_bytes": capacity_bytes,

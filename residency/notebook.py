@@ -31,16 +31,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from residency import stats
+from residency import devices, stats
 from residency.rundir import Run, RunDirError, RunEntry, load_run
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 ARMS = ("baseline", "candidate")
-DEVICE_SPECS = ("auto", "npu", "cuda", "emulated-npu")
+DEVICE_SPECS = devices.SPECS
 NOTEBOOKS = ("api_reproduction", "consecutive_requests", "paired_profile")
-EMULATED_LABEL = "emulated NPU — not an NPU measurement"
+EMULATED_LABEL = devices.EMULATED_LABEL
 MAX_CACHED_FRACTION = 0.25
 MIN_FREE_FRACTION = 0.05
 RESULTS_FILE = "results.json"
@@ -201,10 +201,10 @@ def check_parameters(*, designs: Sequence[str] | None = None, **params: Any) -> 
                                  f"{', '.join([*_INT_MINIMUM, *_POSITIVE])}).")
     device, source = out.get("device", "auto"), out.get("source")
     if source == "run" and device in ("npu", "cuda"):
-        from residency.emulated import resolve_device  # imports torch; installs nothing
+        from residency.devices import resolve  # imports torch; installs nothing
 
         try:
-            resolve_device(device)
+            resolve(device)
         except RuntimeError as exc:
             raise ParameterError(f"The value for `device` must be usable here, but {exc}."
                                  ) from None
@@ -363,8 +363,7 @@ def open_source(source: str | os.PathLike[str], *, output_dir: str | os.PathLike
 def device_label(device_kind: str) -> str:
     """How figures and tables name a device kind (emulated runs say they are not NPU
     measurements)."""
-    return {"emulated-npu": EMULATED_LABEL, "npu": "Ascend NPU", "cuda": "CUDA GPU",
-            "cpu": "CPU"}.get(device_kind, device_kind)
+    return devices.label(device_kind)
 
 
 def describe_run(run: Run) -> str:

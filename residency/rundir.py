@@ -15,8 +15,9 @@ from typing import Any
 
 import pandas as pd
 
+from residency.devices import RECORDED_KINDS
+
 SCHEMA = "residency.run/1"
-DEVICE_KINDS = ("npu", "cuda", "emulated-npu", "cpu")
 STATUSES = ("complete", "incomplete")
 DECISION_COLUMNS = (
     "rank", "request_id", "arm", "device_kind", "kind", "outcome", "reason", "start_ns",
@@ -176,8 +177,8 @@ def _check_manifest(path: Path, m: dict[str, Any]) -> None:
     if m["status"] not in STATUSES:
         raise RunDirError(path, f"must be one of {list(STATUSES)}, got {m['status']!r}",
                           field="status")
-    if m["device_kind"] not in DEVICE_KINDS:
-        raise RunDirError(path, f"must be one of {list(DEVICE_KINDS)}, got "
+    if m["device_kind"] not in RECORDED_KINDS:
+        raise RunDirError(path, f"must be one of {list(RECORDED_KINDS)}, got "
                           f"{m['device_kind']!r}", field="device_kind")
     if not isinstance(m["runs"], list):
         raise RunDirError(path, "must be a list", field="runs")

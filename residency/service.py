@@ -106,14 +106,14 @@ def _rank_loop(rank: int, cfg: ServeConfig, commands: Any, results: Any, status:
     import torch
     import torch.distributed as dist
 
+    from residency import devices
     from residency.policy import JsonlRecorder, policy_for
-    from residency.profiling import RequestProfiler
     from residency.workload import Pipeline, WorkloadConfig, open_device
 
     torch.set_num_threads(1)
     ops = open_device(cfg.device_kind, rank, devices=cfg.ranks,
                       capacity_bytes=cfg.capacity_bytes)
-    backend = {"npu": "hccl", "cuda": "nccl"}.get(cfg.device_kind, "gloo")
+    backend = devices.backend(cfg.device_kind)
     # every listener on loopback: the rendezvous is a file, gloo/nccl sockets bind to `lo`
     os.environ["GLOO_SOCKET_IFNAME"] = _loopback_ifname()
     os.environ["NCCL_SOCKET_IFNAME"] = _loopback_ifname()
@@ -129,8 +129,8 @@ def _rank_loop(rank: int, cfg: ServeConfig, commands: Any, results: Any, status:
                         release=None if release is None else release.empty_cache)
     pipeline = Pipeline(ops, policy, WorkloadConfig(scale=cfg.scale, resident_mib=cfg.resident_mib),
                         rank=rank, world_size=cfg.ranks)
-    profiler = RequestProfiler(cfg.device_kind, rank=rank, world_size=cfg.ranks,
-                               module=getattr(ops, "module", None))
+    profiler = devices.profiler(cfg.device_kind, rank=rank, world_size=cfg.ranks,
+                                module=getattr(ops, "module", None))
     exchange_device = ops.device if backend != "gloo" else None
     current = {"seq": 0, "cancel": False}
 
@@ -716,6 +716,7 @@ def run_cli(args: argparse.Namespace) -> int:
     def bad(message: str) -> int:
         print(f"residency serve: error: {message}", file=sys.stderr)
         return 2
+    from residency import devices
 
     if args.ranks <= 0:
         return bad(f"--ranks must be positive, got {args.ranks}")
@@ -727,10 +728,8 @@ def run_cli(args: argparse.Namespace) -> int:
         return bad(f"--capacity must be positive, got {args.capacity}")
     if not 0 <= args.port <= 65535:
         return bad(f"--port must be in [0, 65535], got {args.port}")
-    from residency.emulated import resolve_device
-
     try:
-        kind = resolve_device(args.device)
+        kind = devices.resolve(args.device)
     except (ValueError, RuntimeError) as exc:
         return bad(str(exc))
     if args.capacity is not None and kind != "emulated-npu":

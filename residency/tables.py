@@ -216,7 +216,9 @@ def _idle_rows(run: Run, pair: tuple[RunEntry, RunEntry] | None, idle: Mapping |
 
 
 def _title(name: str, device_kind: str) -> str:
-    label = ": emulated NPU — not an NPU measurement" if device_kind == "emulated-npu" else ""
+    from residency import devices
+
+    label = f": {devices.label(device_kind)}" if device_kind == "emulated-npu" else ""
     return f"Evidence: {name} (device kind {device_kind}{label})"
 
 

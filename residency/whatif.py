@@ -526,10 +526,9 @@ def estimated_effect(run: Run | str | os.PathLike[str], grid: pd.DataFrame) -> E
 
 def device_note(kind: str) -> str:
     """One sentence naming the device kind; for `emulated-npu`, that these are not NPU figures."""
-    if kind == "emulated-npu":
-        return ("Device kind emulated-npu: host memory standing in for an NPU; these are not "
-                "NPU figures.")
-    return f"Device kind {kind}."
+    from residency import devices
+
+    return devices.note(kind)
 
 
 def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
@@ -587,7 +586,9 @@ def figure(bounded: pd.DataFrame, learned: pd.DataFrame, *, heatmap: Policy = "b
     ax.set_xlabel("min_free_fraction (free floor, fraction of total)")
     ax.set_ylabel("max_cached_fraction (cached bound, fraction of total)")
     kind = bounded.attrs.get("device_kind", "?")
-    label = " (emulated NPU, not an NPU measurement)" if kind == "emulated-npu" else ""
+    from residency import devices
+
+    label = f" ({devices.label(kind)})"
     n_calls = int(th["calls"].iloc[0]) if len(th) else 0
     ax.set_title(f"{heatmap} policy on recorded snapshots, n = {n_calls} normal calls\n"
                  f"device kind {kind}{label}; red outline: the run's own bounds")

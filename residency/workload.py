@@ -21,7 +21,6 @@ from residency.policy import BoundedAllocatorCache, Decision
 
 MiB = 1 << 20
 BLOCK_BYTES = 128 * MiB
-DEVICE_KINDS = ("npu", "cuda", "emulated-npu")
 
 
 @dataclass(frozen=True)
@@ -386,5 +385,7 @@ def open_device(kind: str, index: int, *, devices: int = 1,
     if kind == "cuda":
         torch.cuda.set_device(index)
         return TorchOps(kind, torch.device("cuda", index))
-    raise ValueError(f"The value for `device_kind` must be one of {list(DEVICE_KINDS)}, but "
-                     f"{kind!r} was passed.")
+    from residency.devices import check_kind
+
+    check_kind(kind)
+    raise AssertionError(f"no device operations for registered kind {kind!r}")

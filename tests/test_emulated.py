@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from residency import markers
+from residency.devices import resolve, torch_device
 from residency.emulated import (
     DEVICE_NAME,
     DEVICE_PID_BASE,
@@ -30,9 +31,7 @@ from residency.emulated import (
     CachingHostAllocator,
     DeviceTaskError,
     EmulatedNPU,
-    resolve_device,
     round_size,
-    torch_device,
 )
 
 MiB = 1024**2
@@ -388,16 +387,16 @@ def test_bad_task_and_tensor_arguments() -> None:
         npu.to_device([1, 2])  # type: ignore[arg-type]
 
 
-def test_resolve_device_on_a_cpu_only_host() -> None:
+def test_resolve_on_a_cpu_only_host() -> None:
     assert sys.modules.get("torch_npu") is None and not torch.cuda.is_available()
-    assert resolve_device() == resolve_device("auto") == "emulated-npu"
-    assert resolve_device("emulated-npu") == "emulated-npu"
+    assert resolve() == resolve("auto") == "emulated-npu"
+    assert resolve("emulated-npu") == "emulated-npu"
     with pytest.raises(RuntimeError, match="emulated-npu"):
-        resolve_device("npu")
+        resolve("npu")
     with pytest.raises(RuntimeError, match="cuda"):
-        resolve_device("cuda")
+        resolve("cuda")
     with pytest.raises(ValueError, match=r"\['auto', 'npu', 'cuda', 'emulated-npu'\], but 'tpu'"):
-        resolve_device("tpu")
+        resolve("tpu")
     assert torch_device("cuda", 1) == torch.device("cuda", 1)
     with pytest.raises(ValueError, match="'cpu'"):
         torch_device("cpu", 0)
@@ -412,7 +411,8 @@ def test_registered_backend_reproduces_the_generic_failure_and_the_fix(
         subprocess_python: Callable[..., dict]) -> None:
     result = subprocess_python("""
         import json, torch
-        from residency.emulated import install_emulated_npu, resolve_device, torch_device
+        from residency.devices import resolve, torch_device
+        from residency.emulated import install_emulated_npu
         from residency.policy import ListRecorder, policy_for
         from residency.telemetry import GenericTelemetry, RegisteredModuleTelemetry
         from residency.telemetry import TelemetryUnavailable
@@ -454,7 +454,7 @@ def test_registered_backend_reproduces_the_generic_failure_and_the_fix(
             npu.memory_allocated("npu:1")
         except ValueError as exc:
             out["bad_index"] = str(exc)
-        out["auto"] = resolve_device("auto")
+        out["auto"] = resolve("auto")
 
         npu.start_trace()
         recorder = ListRecorder()
@@ -507,15 +507,16 @@ def test_real_torch_npu_or_another_backend_blocks_the_emulation(
         [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])}
     result = subprocess_python("""
         import json, os, torch
-        from residency.emulated import install_emulated_npu, resolve_device
+        from residency.devices import resolve
+        from residency.emulated import install_emulated_npu
         out = {}
         os.environ["FAKE_NPU"] = "1"
-        out["auto_available"] = resolve_device("auto")
-        out["npu_available"] = resolve_device("npu")
+        out["auto_available"] = resolve("auto")
+        out["npu_available"] = resolve("npu")
         os.environ["FAKE_NPU"] = "0"
-        out["auto_unavailable"] = resolve_device("auto")
+        out["auto_unavailable"] = resolve("auto")
         try:
-            resolve_device("npu")
+            resolve("npu")
         except RuntimeError as exc:
             out["npu_unavailable"] = str(exc)
         try:

@@ -16,7 +16,9 @@ Each emulated device has
 
 The rename is process-global and irreversible: install only in processes made for it.
 Everything except `install_emulated_npu` works without the rename (`EmulatedNPU(...)` builds a
-module that is simply not registered), which is how the tests exercise it in-process.
+module that is simply not registered), which is how the tests exercise it in-process. Device
+kinds, their resolution and labels live in `residency.devices`; this package is only the
+emulator.
 """
 
 from __future__ import annotations
@@ -46,9 +48,6 @@ from residency.emulated.device import (
 )
 from residency.emulated.streams import TASK_CATEGORIES, DeviceTaskError, Event, Stream, Task
 from residency.emulated.trace import DEVICE_PID_BASE, HOST_RANGE_CATEGORY, TraceRecord
-
-DEVICE_KINDS = ("npu", "cuda", "emulated-npu")
-DEVICE_SPECS = ("auto", *DEVICE_KINDS)
 
 _INSTALL_LOCK = threading.Lock()
 _INSTALLED: EmulatedNPU | None = None
@@ -97,68 +96,10 @@ def install_emulated_npu(devices: int = 1,
         return module
 
 
-def installed_module() -> EmulatedNPU | None:
-    """The module `install_emulated_npu` registered in this process, if any."""
-    return _INSTALLED
-
-
-def _real_npu_status() -> tuple[bool, str]:
-    if importlib.util.find_spec("torch_npu") is None:
-        return False, "torch_npu is not installed"
-    try:
-        import torch_npu  # noqa: F401  (registers torch.npu)
-
-        available = bool(torch.npu.is_available())  # type: ignore[attr-defined]
-    except Exception as exc:  # noqa: BLE001 - any failure means "no usable NPU", with its text
-        return False, f"importing torch_npu failed: {type(exc).__name__}: {exc}"
-    return available, "" if available else "torch.npu.is_available() is False"
-
-
-def resolve_device(spec: str = "auto") -> str:
-    """The device kind for `spec`: `npu`, `cuda` or `emulated-npu`; installs nothing.
-
-    `auto` picks a real NPU (torch_npu importable and available), else CUDA, else the
-    emulated NPU. An explicit `npu` or `cuda` that is not available raises RuntimeError.
-    """
-    if spec not in DEVICE_SPECS:
-        raise ValueError(f"The device spec must be one of {list(DEVICE_SPECS)}, but "
-                         f"{spec!r} was passed.")
-    if spec == "emulated-npu":
-        return spec
-    if spec in ("auto", "npu"):
-        available, why = _real_npu_status()
-        if available:
-            return "npu"
-        if spec == "npu":
-            raise RuntimeError(f"device 'npu' requested but no real NPU is usable ({why}); "
-                               "use 'emulated-npu' to run on the host-backed emulation")
-    if torch.cuda.is_available():
-        return "cuda"
-    if spec == "cuda":
-        raise RuntimeError("device 'cuda' requested but torch.cuda.is_available() is False; "
-                           "use 'emulated-npu' or 'auto'")
-    return "emulated-npu"
-
-
-def torch_device(kind: str, index: int) -> torch.device:
-    """The torch.device of device `index` of a kind (`npu:i` for npu and emulated-npu).
-
-    For `emulated-npu` call it after `install_emulated_npu` (before, torch knows no `npu`).
-    """
-    if kind not in DEVICE_KINDS:
-        raise ValueError(f"The value for `kind` must be one of {list(DEVICE_KINDS)}, but "
-                         f"{kind!r} was passed.")
-    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-        raise ValueError(f"The value for `index` must be a non-negative integer, but {index!r} "
-                         "was passed.")
-    return torch.device(f"{'cuda' if kind == 'cuda' else BACKEND_NAME}:{index}")
-
-
 __all__ = [
-    "BACKEND_NAME", "DEFAULT_CAPACITY_BYTES", "DEVICE_KINDS", "DEVICE_NAME", "DEVICE_PID_BASE",
-    "DEVICE_SPECS", "HOST_RANGE_CATEGORY", "LARGE_ROUND_BYTES", "MIN_BLOCK_BYTES",
+    "BACKEND_NAME", "DEFAULT_CAPACITY_BYTES", "DEVICE_NAME", "DEVICE_PID_BASE",
+    "HOST_RANGE_CATEGORY", "LARGE_ROUND_BYTES", "MIN_BLOCK_BYTES",
     "OVERSIZE_SLACK_BYTES", "SMALL_SIZE_BYTES", "TASK_CATEGORIES", "Block",
     "CachingHostAllocator", "DeviceTaskError", "DeviceTensor", "EmulatedNPU", "Event", "Stream",
-    "Task", "TraceRecord", "install_emulated_npu", "installed_module", "resolve_device",
-    "round_size", "torch_device",
+    "Task", "TraceRecord", "install_emulated_npu", "round_size",
 ]
