@@ -124,14 +124,43 @@ class JsonlRecorder:
                 self._file.close()
 
 
+def limit_bytes(total: Any, fraction: Any) -> Any:
+    """int(total * fraction): a byte limit as the policy compares it. Works on Python numbers
+    and elementwise on numpy arrays (truncated toward zero, int64) alike."""
+    product = total * fraction
+    return product.astype("int64") if hasattr(product, "astype") else int(product)
+
+
+def crossed_bounds(cached: Any, free: Any, total: Any, max_cached_fraction: Any,
+                   min_free_fraction: Any, *, cached_limit: Any = None) -> tuple[Any, Any]:
+    """The bounds rule, the only copy: (cached over its limit, free under its floor).
+
+    Scalars or numpy arrays (broadcast). `cached_limit` replaces int(total *
+    max_cached_fraction) when a variant (the learned budget) tightens it.
+    """
+    limit = limit_bytes(total, max_cached_fraction) if cached_limit is None else cached_limit
+    return cached > limit, free < limit_bytes(total, min_free_fraction)
+
+
 def retains(snapshot: MemorySnapshot, max_cached_fraction: float, min_free_fraction: float
             ) -> Reason:
-    """The bounded decision on one snapshot: within-bounds, cached-bound or free-bound."""
-    if snapshot.cached > int(snapshot.total * max_cached_fraction):
+    """The bounded decision on one snapshot: within-bounds, cached-bound or free-bound (the
+    cached bound is checked first)."""
+    over, under = crossed_bounds(snapshot.cached, snapshot.free, snapshot.total,
+                                 max_cached_fraction, min_free_fraction)
+    if over:
         return "cached-bound"
-    if snapshot.free < int(snapshot.total * min_free_fraction):
+    if under:
         return "free-bound"
     return "within-bounds"
+
+
+def _telemetry_error(telemetry: Any, exc: Exception) -> str:
+    """The recorded error: `<source> telemetry unavailable: <type>: <message>`."""
+    if isinstance(exc, TelemetryUnavailable):
+        return str(exc)
+    source = getattr(telemetry, "name", None) or type(telemetry).__name__
+    return str(TelemetryUnavailable.wrap(str(source), exc))
 
 
 def _check_fraction(name: str, value: float) -> float:
@@ -214,8 +243,10 @@ class BoundedAllocatorCache:
                 try:
                     snapshot = self.telemetry.snapshot(self.device)
                     reason = retains(snapshot, self.max_cached_fraction, self.min_free_fraction)
-                except TelemetryUnavailable as exc:
-                    reason, error = "telemetry-unavailable", str(exc)
+                except Exception as exc:  # noqa: BLE001 - the contract: any telemetry failure
+                    # releases; a third-party telemetry may raise anything
+                    snapshot = None
+                    reason, error = "telemetry-unavailable", _telemetry_error(self.telemetry, exc)
             released = reason != "within-bounds"
             if released:
                 self.release()
@@ -267,6 +298,6 @@ def replay(decision: dict[str, Any]) -> dict[str, Any]:
 
 
 __all__ = [
-    "ARMS", "BoundedAllocatorCache", "Decision", "JsonlRecorder", "ListRecorder", "policy_for",
-    "replay", "retains",
+    "ARMS", "BoundedAllocatorCache", "Decision", "JsonlRecorder", "ListRecorder",
+    "crossed_bounds", "limit_bytes", "policy_for", "replay", "retains",
 ]

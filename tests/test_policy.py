@@ -99,6 +99,49 @@ def test_telemetry_unavailable_releases_and_records_error() -> None:
     assert "RuntimeError: device lost" in decision.error
 
 
+class ForeignTelemetry:
+    """A third-party telemetry that raises its own exceptions, not TelemetryUnavailable."""
+
+    name = "third-party"
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def snapshot(self, device):
+        raise self.exc
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("driver reset"), KeyError("reserved"),
+                                 ZeroDivisionError("total is 0")])
+def test_any_telemetry_exception_releases_and_records_type_and_message(exc) -> None:
+    # the contract says any telemetry failure releases: narrowing the catch back to
+    # TelemetryUnavailable lets these escape release_if_needed (and crash an offload path)
+    policy, released, recorder = make(ForeignTelemetry(exc))
+    assert policy.release_if_needed() is True
+    assert released == [1]
+    (decision,) = recorder.decisions
+    assert (decision.outcome, decision.reason, decision.snapshot) == (
+        "released", "telemetry-unavailable", None)
+    assert decision.error == (f"third-party telemetry unavailable: {type(exc).__name__}: "
+                              f"{exc}")
+
+
+def test_bounds_rule_is_one_function_for_scalars_and_arrays() -> None:
+    import numpy as np
+
+    from residency.policy import crossed_bounds
+
+    total = np.array([100, 100, 100, 1000], dtype=np.int64)
+    cached = np.array([25, 26, 0, 250])
+    free = np.array([50, 50, 4, 50])
+    over, under = crossed_bounds(cached, free, total, 0.25, 0.05)
+    assert over.tolist() == [False, True, False, False]  # equality retains
+    assert under.tolist() == [False, False, True, False]
+    for i in range(4):
+        assert crossed_bounds(int(cached[i]), int(free[i]), int(total[i]), 0.25, 0.05) == (
+            over[i], under[i])
+
+
 def test_forced_release_bypasses_telemetry() -> None:
     telemetry = FixedTelemetry(snap(cached=0, free=30 * GiB))
     policy, released, recorder = make(telemetry)
