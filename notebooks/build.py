@@ -1,6 +1,7 @@
-"""Write the three evidence notebooks (run: python notebooks/build.py).
+"""Write the four notebooks (run: python notebooks/build.py).
 
-api_reproduction.ipynb, consecutive_requests.ipynb and paired_profile.ipynb are generated
+api_reproduction.ipynb, consecutive_requests.ipynb, paired_profile.ipynb and
+policy_whatif.ipynb are generated
 from the cell lists below, outputs cleared and cell ids fixed, so a regenerated notebook
 differs from the committed one only where this file changed. Every computation is a call into
 `residency.notebook`; the notebooks hold parameters, prose and display calls.
@@ -150,7 +151,8 @@ PAIRED_PROFILE = [
         "the same request, then measured), followed by `pairs` unprofiled pairs in ABBA "
         "order. It shows, per attribution, the measured values and a **statistical note** "
         "saying what they support:\n\n"
-        "* per-rank normal-call duration of both arms (profiled pair);\n"
+        "* per-rank normal-call duration of both arms (profiled pair: every rank, in this run "
+        "pair) and per-run normal-call duration of every measured run (the run as the unit);\n"
         "* normal calls that released and forced releases that released (all runs);\n"
         "* normal-release markers intersected with all-rank no-device-task time, all-rank "
         "no-device-task time and the preparation window (profiled pair, from traces);\n"
@@ -171,70 +173,142 @@ PAIRED_PROFILE = [
                   '                     seed=params["seed"], scale=params["scale"], '
                   'pairs=params["pairs"])\n'
                   "display(Markdown(nb.describe_run(run)))\n"
-                  "pp = nb.paired_profile(run)"),
+                  "ev = nb.paired_profile(run)"),
     new_markdown_cell(
         "## Normal-call duration per rank\n\n"
         "Summed duration of each rank's normal policy calls in the measured request of the "
-        "profiled pair (warm-up excluded). The baseline's generic telemetry fails on NPU, so "
-        "its normal calls release the cache; the candidate's only read telemetry."),
-    new_code_cell("table = nb.normal_call_frame(pp)\n"
-                  "fig = nb.plot_normal_calls(pp)\n"
+        "profiled pair (warm-up excluded): every rank, in this run pair, a description with "
+        "no test (ranks of one run are not independent replicates). The baseline's generic "
+        "telemetry fails on NPU, so its normal calls release the cache; the candidate's only "
+        "read telemetry."),
+    new_code_cell("table = nb.normal_call_frame(ev)\n"
+                  "fig = nb.plot_normal_calls(ev)\n"
                   'nb.write_tables(out, {"normal_calls": table})\n'
                   'nb.save_figure(fig, out, "normal_calls")\n'
                   "display(table, fig)\n"
-                  'display(Markdown(pp.note("normal_call_duration")))'),
+                  'display(Markdown(nb.note(ev, "normal_call_per_rank")))'),
+    new_markdown_cell(
+        "## Normal-call duration per run\n\n"
+        "Every measured run of the design recorded its normal calls, the unprofiled "
+        "alternating runs too: one value per run (its median over ranks), profiled and "
+        "unprofiled runs marked. The cross-run comparison takes the run as the unit."),
+    new_code_cell("table = nb.per_run_frame(ev)\n"
+                  'nb.write_tables(out, {"normal_calls_per_run": table})\n'
+                  "display(table)\n"
+                  'display(Markdown(nb.note(ev, "normal_call_per_run")))'),
     new_markdown_cell(
         "## Releases\n\n"
         "Normal calls that released the cache, and forced releases (failure paths, VAE "
         "release points) that released, over every measured run of each arm: forced calls "
         "must still release with the candidate."),
-    new_code_cell("table = nb.releases_frame(pp)\n"
+    new_code_cell("table = nb.releases_frame(ev)\n"
                   'nb.write_tables(out, {"releases": table})\n'
                   "display(table)\n"
-                  'display(Markdown(pp.note("normal_released")))\n'
-                  'display(Markdown(pp.note("forced_released")))'),
+                  'display(Markdown(nb.note(ev, "normal_released")))\n'
+                  'display(Markdown(nb.note(ev, "forced_released")))'),
     new_markdown_cell(
         "## Idle attribution\n\n"
         "From the profiled pair's traces: the normal-release markers of all ranks (union) "
         "intersected with all-rank no-device-task time, the all-rank no-device-task time of "
         "the whole trace, and the preparation window (request arrival to the first "
         "denoising step)."),
-    new_code_cell("table = nb.idle_frame(pp)\n"
-                  "fig = nb.plot_idle(pp)\n"
+    new_code_cell("table = nb.idle_frame(ev)\n"
+                  "fig = nb.plot_idle(ev)\n"
                   'nb.write_tables(out, {"idle": table})\n'
                   'nb.save_figure(fig, out, "idle")\n'
                   "display(table, fig)\n"
                   'for key in ("idle_intersection", "all_rank_idle", "preparation_window"):\n'
-                  "    display(Markdown(pp.note(key)))"),
+                  "    display(Markdown(nb.note(ev, key)))"),
     new_markdown_cell(
         "## Client end-to-end time\n\n"
         "Per pair, baseline and candidate. Profiling slows a run down, so the profiled pair "
         "and the unprofiled pairs are compared separately."),
-    new_code_cell("table = nb.e2e_frame(pp)\n"
-                  "fig = nb.plot_e2e(pp)\n"
+    new_code_cell("table = nb.e2e_frame(ev)\n"
+                  "fig = nb.plot_e2e(ev)\n"
                   'nb.write_tables(out, {"e2e": table})\n'
                   'nb.save_figure(fig, out, "e2e")\n'
                   "display(table, fig)\n"
-                  'display(Markdown(pp.note("e2e_profiled")))\n'
-                  'display(Markdown(pp.note("e2e_unprofiled")))'),
+                  'display(Markdown(nb.note(ev, "e2e_profiled")))\n'
+                  'display(Markdown(nb.note(ev, "e2e_unprofiled")))'),
     new_markdown_cell(
         "## Evidence table beside the published NPU figures\n\n"
         "This run's evidence table, then the published figures (8 x Ascend 910B1) in the "
         "same columns. An emulated-NPU run shows the mechanism on host memory: its numbers "
         "are not NPU measurements and are not comparable in size."),
     new_code_cell("from residency.tables import to_markdown\n\n"
-                  "evidence, published = nb.evidence_tables(run, pp)\n"
+                  "evidence, published = nb.evidence_tables(ev)\n"
                   'nb.write_tables(out, {"evidence": evidence, "published": published})\n'
                   'display(Markdown(to_markdown(evidence) + "\\n" + to_markdown(published)))\n'
-                  'results = nb.finish(out, nb.paired_results(pp, source=params["source"], '
+                  'results = nb.finish(out, nb.paired_results(ev, source=params["source"], '
                   'notebook="paired_profile",\n'
                   "                                             parameters=params))"),
+]
+
+POLICY_WHATIF = [
+    new_markdown_cell(
+        "# Policy what-if: other bounds and the learned budget on recorded snapshots\n\n"
+        "Every normal policy call of a candidate run recorded the memory snapshot it saw. This "
+        "notebook replays those snapshots through the bounded policy over a grid of the two "
+        "bounds (cached-but-unallocated at most `max_cached_fraction` of capacity, free at "
+        "least `min_free_fraction`) and through the learned-budget variant (cached budget = "
+        "min(observed cached peak x 1.25, `max_cached_fraction` x total), vLLM-Omni PR #6629), "
+        "after a gate that the run's own bounds reproduce every recorded decision. The counts "
+        "are those of the measured requests' recorded memory states (warm-up excluded, as in "
+        "every other view; warm-up decisions are replayed first only to carry the learned "
+        "budget's peak), not of a re-run: a different decision would have changed later "
+        "snapshots.\n\n" + PARAMETERS_HELP
+        + " With `source=\"run\"` a small profiled pair is recorded first. "
+        "`cached_range`/`free_range` are inclusive `start:stop:step` grids; `policy` is the "
+        "policy of the heatmap and of the estimated effect."),
+    new_code_cell(_params(device="auto", output_dir=None, source="run",
+                          cached_range="0.05:0.5:0.05", free_range="0.01:0.2:0.01",
+                          policy="bounded"), metadata={"tags": ["parameters"]}),
+    new_code_cell(_check("policy_whatif", ["device", "output_dir", "source"]).replace(
+        "as nb\n", "as nb\nfrom residency import whatif\n")
+        + "\nnb.check_ranges(cached_range, free_range, policy)"),
+    new_markdown_cell("## The run"),
+    new_code_cell('run = nb.open_source(params["source"], output_dir=out, design="profiled-pair",\n'
+                  '                     device=params["device"], steps=2, scale=0.05, '
+                  "resident_mib=64)\n"
+                  "display(Markdown(nb.describe_run(run)))"),
+    new_markdown_cell(
+        "## Consistency gate\n\n"
+        "Replaying each recorded normal decision with its own recorded bounds must reproduce "
+        "its outcome and reason (the policy's own bounds rule, `residency.policy`); otherwise "
+        "the what-if counts below would not be trustworthy, and the notebook stops."),
+    new_code_cell("w = nb.policy_whatif(run, cached_range=cached_range, free_range=free_range, "
+                  "policy=policy)\n"
+                  'print("\\n".join(whatif.gate_lines(w.gate)))\n'
+                  "if not w.gate.empty:\n"
+                  '    raise nb.GateError(["The replay does not reproduce the recorded "\n'
+                  '                        "decisions: see the mismatches above."])'),
+    new_markdown_cell(
+        "## Retention over the two bounds, and the learned budget\n\n"
+        "Left: retention rate (retained / replayed normal calls of the measured requests) of "
+        "the chosen policy over the grid; the run's own bounds are outlined in red. Right: "
+        "retention rate against the cached bound (for the learned budget: its cap) at the "
+        "run's own free floor, bounded and learned-budget side by side."),
+    new_code_cell("fig = nb.whatif_figure(w.bounded, w.learned, heatmap=policy)\n"
+                  'figure = nb.save_figure(fig, out, "retention")\n'
+                  'display(Markdown("\\n".join(whatif.totals_lines(w.grid))))'),
+    new_markdown_cell(
+        "## Estimated effect (a model, not a measurement)\n\n"
+        "Predicted releases and retained checks of the measured requests, priced with the "
+        "per-call costs this run measured (baseline-arm releases, candidate-arm retained "
+        "checks: the evidence's per-call durations). The note under the table says what the "
+        "model leaves out."),
+    new_code_cell('display(Markdown("\\n".join(whatif.effect_lines(w.effect))))\n'
+                  'results = nb.finish(out, nb.whatif_results(w, files={"figure": figure}, '
+                  'source=params["source"],\n'
+                  '                                           notebook="policy_whatif", '
+                  "parameters=params))"),
 ]
 
 NOTEBOOKS = {
     "api_reproduction": API_REPRODUCTION,
     "consecutive_requests": CONSECUTIVE_REQUESTS,
     "paired_profile": PAIRED_PROFILE,
+    "policy_whatif": POLICY_WHATIF,
 }
 
 

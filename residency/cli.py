@@ -1,62 +1,169 @@
-"""`residency` command line: one subcommand per concern, each imported lazily."""
+"""`residency` command line: the one wiring point.
+
+`create_parser()` builds every subcommand's parser (argparse only: nothing else is imported
+to start), each `cmd_*` handler imports its concern lazily, `COMMANDS` dispatches, and every
+error leaves the same way (`main`):
+
+* bad input (a `ValueError` such as `RunDirError`, `TraceError`, `WhatIfError`, or an
+  `OSError`): one line `residency <cmd>: error: ...` on stderr, exit 2, no traceback;
+* a failed gate or verification, or a run that could not finish: exit 1;
+* interrupted (Ctrl-C, SIGTERM to `pair`): exit 130.
+"""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
 
-# subcommand -> module providing `add_cli(subparsers)` and `run_cli(args) -> int`
-SUBCOMMANDS = {
-    "probe": "residency.cli",
-    "serve": "residency.service",
-    "pair": "residency.experiments",
-    "idle": "residency.idle",
-    "tables": "residency.tables",
-    "report": "residency.reports",
-    "verify": "residency.rundir",
-    "whatif": "residency.whatif",
-}
+__all__ = ["COMMANDS", "CommandFailed", "create_parser", "main"]
 
 
-def add_cli(subparsers: argparse._SubParsersAction) -> None:
-    """Register `probe`."""
-    p = subparsers.add_parser(
-        "probe", help="outcome of every allocator-telemetry query path on a device",
-        description="Query allocated/reserved bytes through torch.accelerator and through the "
-        "registered device module, and mem_get_info; report value or exception per path.")
+class CommandFailed(Exception):
+    """A command that ran but failed (not bad input): exit 1 with its message."""
+
+
+class _Deprecated(argparse.Action):
+    """An option kept as a deprecated alias: stores like the new one and warns once."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        new = self.metavar_new  # type: ignore[attr-defined]
+        print(f"{parser.prog}: warning: {option_string} is deprecated; use {new}",
+              file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def _deprecated(new: str) -> type[argparse.Action]:
+    return type("Deprecated", (_Deprecated,), {"metavar_new": new})
+
+
+# ----------------------------------------------------------------------------- parsers
+def _probe(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto",
                    help="auto|cpu|cuda|npu|emulated-npu (default: auto)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def _probe_device(spec: str) -> tuple[str, str]:
-    if spec == "cpu":
-        return "cpu", "cpu"
-    from residency.devices import resolve
-    from residency.emulated import install_emulated_npu
+def _serve(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--arm", required=True, choices=["candidate", "baseline", "always-release"])
+    p.add_argument("--device", default="auto", help="auto|npu|cuda|emulated-npu")
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    p.add_argument("--decisions-dir", dest="decisions_dir", metavar="DIR",
+                   help="directory of the decisions JSONL files (one per rank)")
+    p.add_argument("--markers", dest="decisions_dir", metavar="DIR",
+                   action=_deprecated("--decisions-dir"),
+                   help="deprecated alias of --decisions-dir (removed in the next release)")
+    p.add_argument("--profile", metavar="DIR", help="write one trace per rank per request")
+    p.add_argument("--scale", type=float, default=1.0)
+    p.add_argument("--capacity", type=int, metavar="BYTES",
+                   help="emulated NPU capacity per device (default 4 GiB)")
+    p.add_argument("--resident-mib", type=float, default=1024,
+                   help="resident DiT footprint in MiB at scale 1 (default 1024)")
+    p.add_argument("--request-timeout", type=float, default=3600.0, metavar="S",
+                   help="answer 504 and cancel a request still running after S seconds "
+                        "(default 3600)")
 
-    kind = resolve(spec)
-    if kind == "emulated-npu":
-        install_emulated_npu()
-        return kind, "npu:0"
-    if kind == "npu":
-        import torch_npu  # noqa: F401  - registers torch.npu
-        return kind, "npu:0"
-    return kind, "cuda:0"
+
+def _pair(p: argparse.ArgumentParser) -> None:
+    from_designs = ("profiled-pair", "alternating", "paired-profile", "consecutive")
+    p.add_argument("--design", choices=from_designs, default="profiled-pair")
+    p.add_argument("--pairs", type=int, default=1, help="alternating pairs (ABBA order)")
+    p.add_argument("--requests", type=int, default=1,
+                   help="consecutive requests per service (design consecutive)")
+    p.add_argument("--device", default="auto", help="auto|npu|cuda|emulated-npu")
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--seed", type=int, default=2101)
+    p.add_argument("--scale", type=float, default=1.0)
+    p.add_argument("--capacity", type=int, metavar="BYTES")
+    p.add_argument("--resident-mib", type=float, default=1024)
+    p.add_argument("--service", metavar="FILE", help="external service TOML file")
+    p.add_argument("--out", required=True, metavar="RUN_DIR")
+    p.add_argument("--no-progress", action="store_true")
 
 
-def run_cli(args: argparse.Namespace) -> int:
-    """Run `probe`."""
+def _idle(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", metavar="PATH",
+                   help="directory of one format's rank traces, or a run directory with trace/")
+    p.add_argument("--marker", metavar="REGEX", help="host ranges to attribute, e.g. "
+                   r"'residency\.release\[normal\]'")
+    p.add_argument("--window-marker", metavar="REGEX",
+                   help="window = union of matching host ranges (default: device-task span)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--no-cache", action="store_true",
+                   help="neither read nor write the Parquet cache beside the traces")
+
+
+def _run_reading(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-incomplete", action="store_true",
+                   help="read a run whose manifest status is not 'complete'")
+    p.add_argument("--no-verify", action="store_true",
+                   help="read a run whose files differ from its recorded sha256")
+
+
+def _tables(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="run directory")
+    p.add_argument("--format", choices=("md", "csv", "json"), default="md")
+    p.add_argument("--published", action="store_true",
+                   help="also print the published NPU figures in the same format")
+    _run_reading(p)
+
+
+def _report(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="+", metavar="NOTEBOOK_OR_DIR")
+    p.add_argument("--out", default="reports", metavar="DIR",
+                   help="folder for the HTML files (default: reports/)")
+    p.add_argument("--screenshot", action="store_true",
+                   help="also save a PNG of each page (needs Chromium)")
+
+
+def _verify(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR")
+
+
+def _whatif(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="run directory")
+    p.add_argument("--cached", default="0.05:0.5:0.05", metavar="START:STOP:STEP",
+                   help="max_cached_fraction grid, inclusive (default: 0.05:0.5:0.05)")
+    p.add_argument("--free", default="0.01:0.2:0.01", metavar="START:STOP:STEP",
+                   help="min_free_fraction grid, inclusive (default: 0.01:0.2:0.01)")
+    p.add_argument("--policy", choices=("bounded", "learned-budget"), default="bounded")
+    p.add_argument("--arm", default="candidate", help="arm whose decisions are replayed")
+    p.add_argument("--format", choices=("md", "csv", "json"), default="md")
+    _run_reading(p)
+
+
+# ----------------------------------------------------------------------------- handlers
+def _resolve(spec: str) -> str:
+    from residency import devices
+
+    try:
+        return devices.resolve(spec)
+    except RuntimeError as exc:  # an explicit device that is not usable here: bad input
+        raise ValueError(str(exc)) from None
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    """`probe`: each query path's value or exception on the device."""
     import platform
 
+    kind = "cpu" if args.device == "cpu" else _resolve(args.device)
     import torch
 
     from residency.telemetry import probe_queries
 
-    kind, device = _probe_device(args.device)
+    if kind == "emulated-npu":
+        from residency.emulated import install_emulated_npu
+
+        install_emulated_npu()
+    elif kind == "npu":
+        import torch_npu  # noqa: F401  - registers torch.npu
+    device = {"cpu": "cpu", "cuda": "cuda:0"}.get(kind, "npu:0")
     result = {"device_kind": kind, "python": platform.python_version(),
               "torch": torch.__version__, **probe_queries(device)}
     try:
@@ -72,8 +179,8 @@ def run_cli(args: argparse.Namespace) -> int:
           f"torch-npu {result['torch_npu']}")
     for source in ("generic", "registered"):
         for query, out in result[source].items():
-            print(f"  {source:<10} {query:<10} {_fmt(out)}")
-    print(f"  {'registered':<10} {'mem_get_info':<10} {_fmt(result['mem_get_info'])}")
+            print(f"  {source:<10} {query:<10} {_fmt_outcome(out)}")
+    print(f"  {'registered':<10} {'mem_get_info':<10} {_fmt_outcome(result['mem_get_info'])}")
     for arm, info in result["arms"].items():
         src = info["telemetry"] or "none (releases on every call)"
         state = "n/a" if info["telemetry"] is None else (
@@ -83,53 +190,218 @@ def run_cli(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fmt(outcome: dict) -> str:
+def _fmt_outcome(outcome: dict) -> str:
     if outcome["ok"]:
         return f"ok  {outcome['value']}"
     return f"ERR {outcome['error_type']}: {outcome['error']}"
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The argument parser with every available subcommand registered (or only `only`, so
-    that one subcommand does not import the others' dependencies)."""
+def cmd_serve(args: argparse.Namespace) -> int:
+    """`serve`: the multi-rank workload service until SIGTERM."""
+    if args.decisions_dir is None:
+        raise ValueError("the following argument is required: --decisions-dir DIR")
+    import math
+
+    if args.ranks <= 0:
+        raise ValueError(f"--ranks must be positive, got {args.ranks}")
+    for option, value in (("--scale", args.scale), ("--resident-mib", args.resident_mib),
+                          ("--request-timeout", args.request_timeout)):
+        if not math.isfinite(value) or value <= 0:  # nan passes `<= 0`
+            raise ValueError(f"{option} must be a positive finite number, got {value}")
+    if args.capacity is not None and args.capacity <= 0:
+        raise ValueError(f"--capacity must be positive, got {args.capacity}")
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    kind = _resolve(args.device)
+    if args.capacity is not None and kind != "emulated-npu":
+        raise ValueError("--capacity applies to the emulated NPU only")
+    from residency.service import ServeConfig, serve
+
+    cfg = ServeConfig(arm=args.arm, device_kind=kind, ranks=args.ranks,
+                      decisions_dir=args.decisions_dir, profile_dir=args.profile,
+                      scale=args.scale, capacity_bytes=args.capacity,
+                      resident_mib=args.resident_mib, request_timeout_s=args.request_timeout)
+    return serve(cfg, port=args.port)
+
+
+def cmd_pair(args: argparse.Namespace) -> int:
+    """`pair`: a paired design into a new run directory."""
+    import signal
+
+    from residency.experiments import ExperimentError, run_pair
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        out = run_pair(args.design, out=args.out, device=args.device, ranks=args.ranks,
+                       steps=args.steps, seed=args.seed, pairs=args.pairs,
+                       requests=args.requests, scale=args.scale,
+                       capacity_bytes=args.capacity, resident_mib=args.resident_mib,
+                       service_file=args.service, progress=not args.no_progress)
+    except ExperimentError as exc:
+        if isinstance(exc, ValueError):  # the output directory or service file: bad input
+            raise
+        raise CommandFailed(str(exc)) from None
+    except RuntimeError as exc:  # an explicit device that is not usable here: bad input
+        raise ValueError(str(exc)) from None
+    print(f"run complete: {out}")
+    return 0
+
+
+def cmd_idle(args: argparse.Namespace) -> int:
+    """`idle`: all-rank idle and marker attribution of a trace directory."""
+    from residency.idle import format_summary, idle_summary
+    from residency.traces import load_traces
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            traces = load_traces(args.path, cache=not args.no_cache)
+            summary = idle_summary(traces, marker=args.marker, window_marker=args.window_marker)
+        finally:
+            for w in caught:
+                print(f"residency idle: warning: {w.message}", file=sys.stderr)
+    print(json.dumps(summary.to_dict()) if args.json else "\n".join(format_summary(summary)))
+    return 0
+
+
+def cmd_tables(args: argparse.Namespace) -> int:
+    """`tables`: the evidence table of a run and/or the published figures."""
+    from residency import tables
+    from residency.rundir import load_run
+
+    if args.run_dir is None and not args.published:
+        raise ValueError("give RUN_DIR, --published, or both")
+    out = []
+    if args.run_dir is not None:
+        run = load_run(args.run_dir, allow_incomplete=args.allow_incomplete,
+                       verify=not args.no_verify)
+        out.append(tables.evidence_table(run))
+    if args.published:
+        out.append(tables.published_table())
+    sys.stdout.write(tables.render(out, args.format).rstrip("\n") + "\n")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """`report`: executed notebooks to HTML (and PNG); exit 1 if any failed."""
+    from residency import reports
+
+    try:
+        notebooks = reports.find_notebooks(args.paths)
+    except reports.ReportError as exc:  # paths that hold no notebook: bad input
+        raise ValueError(str(exc)) from None
+    failed = 0
+    for nb, name in zip(notebooks, reports.output_names(notebooks), strict=True):
+        try:
+            html = reports.render_html(nb, args.out, name=name)
+            print(html)
+            if args.screenshot:
+                print(reports.screenshot(html, html.with_suffix(".png")))
+        except reports.ReportError as exc:
+            print(f"residency report: error: {exc}", file=sys.stderr)
+            failed += 1
+    return 1 if failed else 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """`verify`: missing, extra and changed artifacts; exit 1 if any."""
+    from residency.rundir import verify_run
+
+    result = verify_run(args.run_dir)
+    print("\n".join(result.lines()))
+    return 0 if result.ok else 1
+
+
+def cmd_whatif(args: argparse.Namespace) -> int:
+    """`whatif`: gate, totals, effect; exit 1 when the gate fails."""
+    from residency import whatif
+    from residency.rundir import load_run
+
+    run = load_run(args.run_dir, allow_incomplete=args.allow_incomplete,
+                   verify=not args.no_verify)
+    text, passed = whatif.report(run, cached=args.cached, free=args.free, policy=args.policy,
+                                 arm=args.arm, fmt=args.format)
+    sys.stdout.write(text.rstrip("\n") + "\n")
+    return 0 if passed else 1
+
+
+# ----------------------------------------------------------------------------- wiring
+# name -> (help, description, parser builder, handler)
+COMMANDS: dict[str, tuple[str, str, Callable[[argparse.ArgumentParser], None],
+                          Callable[[argparse.Namespace], int]]] = {
+    "probe": ("outcome of every allocator-telemetry query path on a device",
+              "Query allocated/reserved bytes through torch.accelerator and through the "
+              "registered device module, and mem_get_info; report value or exception per "
+              "path.", _probe, cmd_probe),
+    "serve": ("run the multi-rank workload service on loopback",
+              "The multi-rank workload service (HTTP on loopback, torch.distributed ranks).",
+              _serve, cmd_serve),
+    "pair": ("run an isolated baseline/candidate design",
+             "Each arm runs in a fresh service process group: started, health-checked, warmed "
+             "with the same request, measured, stopped before the other arm starts.",
+             _pair, cmd_pair),
+    "idle": ("all-rank no-device-task time and marker attribution from traces",
+             "All-rank no-device-task time within a window, and host markers intersected with "
+             "it, from Kineto or torch-npu traces (times in ms; --json in ns).",
+             _idle, cmd_idle),
+    "tables": ("evidence table of a run directory",
+               "Print the evidence table of RUN_DIR (one row per attribution, units on every "
+               "number) and/or the published NPU figures.", _tables, cmd_tables),
+    "report": ("render executed notebooks to HTML with the code hidden",
+               "Render each executed notebook (files, or folders searched recursively) to "
+               "OUT/<name>.html with inputs hidden, as `jupyter nbconvert --to html "
+               "--no-input`; with --screenshot also OUT/<name>.png from headless Chromium.",
+               _report, cmd_report),
+    "verify": ("check a run directory against its sha256 list",
+               "Recompute the sha256 of every artifact of RUN_DIR and report missing, extra "
+               "and changed files (exit 1 if any).", _verify, cmd_verify),
+    "whatif": ("replay a run's recorded snapshots under other bounds and policies",
+               "Replay every recorded normal decision's memory snapshot of RUN_DIR through the "
+               "policy with other bounds: a consistency gate (own bounds reproduce every "
+               "decision), retained/released totals per setting, and an estimated effect (a "
+               "model).", _whatif, cmd_whatif),
+}
+
+
+def create_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand (imports nothing but argparse)."""
+    from residency import __version__
+
     parser = argparse.ArgumentParser(
         prog="residency",
         description="Produce, regenerate and judge evidence for allocator cache retention.")
-    from residency import __version__
-
     parser.add_argument("--version", action="version", version=f"residency {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, module_name in SUBCOMMANDS.items():
-        if only is not None and name != only:
-            continue
-        module = sys.modules[__name__] if module_name == __name__ else _import(module_name)
-        if module is not None:
-            module.add_cli(sub)
+    for name, (help_, description, configure, _) in COMMANDS.items():
+        configure(sub.add_parser(name, help=help_, description=description))
     return parser
 
 
-def _import(module_name: str):  # noqa: ANN202 - a module or None
-    try:
-        return importlib.import_module(module_name)
-    except ImportError as exc:
-        if exc.name == module_name:  # the concern is not installed in this build
-            return None
-        raise
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `residency` console script."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    first = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(first if first in SUBCOMMANDS else None)
-    args = parser.parse_args(argv)
-    module_name = SUBCOMMANDS[args.command]
-    module = sys.modules[__name__] if module_name == __name__ else _import(module_name)
+    """Entry point of the `residency` console script (see the module docstring for the exit
+    codes)."""
+    args = create_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    handler = COMMANDS[args.command][3]
     try:
-        return int(module.run_cli(args) or 0)
+        return int(handler(args) or 0)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except CommandFailed as exc:
+        print(f"residency {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except (ValueError, OSError) as exc:  # every bad-input error of the suite
+        print(f"residency {args.command}: error: {_message(exc)}", file=sys.stderr)
+        return 2
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror}"
+    return str(exc)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,6 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +29,8 @@ import tomllib
 
 from residency.devices import KINDS
 from residency.lifecycle import PARENT_PID_ENV, pdeathsig_preexec
-from residency.rundir import artifact_hashes
+from residency.netutil import free_port
+from residency.rundir import Manifest, write_json_atomic
 
 DESIGNS = ("profiled-pair", "alternating", "paired-profile", "consecutive")
 ARMS = ("baseline", "candidate")
@@ -40,6 +39,11 @@ STOP_GRACE_S = 30.0
 
 class ExperimentError(RuntimeError):
     """A paired run could not finish; the run directory is left marked `incomplete`."""
+
+
+class ExperimentInputError(ExperimentError, ValueError):
+    """Bad input found before anything ran: an output directory that cannot be used, or a
+    service file that cannot be read (`ServiceFileError`); the CLI exits 2."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,7 @@ def builtin_service(*, device_kind: str, ranks: int, scale: float = 1.0,
                     health_timeout_s: float = 600.0) -> ServiceSpec:
     """The spec of `residency serve` for these parameters."""
     command = [sys.executable, "-m", "residency.cli", "serve", "--arm", "{arm}", "--device",
-               device_kind, "--ranks", str(ranks), "--port", "{port}", "--markers",
+               device_kind, "--ranks", str(ranks), "--port", "{port}", "--decisions-dir",
                "{decisions_dir}", "--scale", repr(scale), "--resident-mib", repr(resident_mib),
                "{profile_flag}"]
     if capacity_bytes is not None:
@@ -88,7 +92,7 @@ def builtin_service(*, device_kind: str, ranks: int, scale: float = 1.0,
         health_timeout_s=health_timeout_s, builtin=True)
 
 
-class ServiceFileError(ExperimentError):
+class ServiceFileError(ExperimentInputError):
     """A service TOML file is unreadable or invalid (bad input: `residency pair` exits 2)."""
 
 
@@ -243,13 +247,6 @@ def _http(method: str, url: str, *, body: bytes | None = None, content_type: str
             return resp.status, resp.read()
     except urllib.error.HTTPError as err:
         return err.code, err.read()
-
-
-def free_port() -> int:
-    """A TCP port free on loopback right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --- one arm ----------------------------------------------------------------------------------
@@ -417,7 +414,7 @@ def run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, s
               "response": first["response"]}
     if requests > 1:
         client["requests"] = measured
-    _write_json(run_dir / "client.json", client)
+    write_json_atomic(run_dir / "client.json", client)
     entry = {"arm": arm, "index": index, "dir": rel, "e2e_s": first["e2e_s"],
              "profiled": profiled, "request_id": first["request_id"]}
     if requests > 1:
@@ -489,21 +486,6 @@ def versions() -> dict[str, Any]:
             "git_commit": commit}
 
 
-def _write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically (temp file + rename)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
 def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, steps: int = 50,
                seed: int = 2101, pairs: int = 1, requests: int = 1,
                params: dict[str, Any] | None = None,
@@ -521,28 +503,25 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
     order = plan(design, pairs)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ExperimentError(f"{out}: run directory exists and is not empty; choose a new one")
+        raise ExperimentInputError(f"{out}: run directory exists and is not empty; choose a "
+                                   "new one")
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write-test"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
-        raise ExperimentError(f"{out}: cannot write the run directory: "
+        raise ExperimentInputError(f"{out}: cannot write the run directory: "
                               f"{exc.strerror or exc}") from None
-    manifest: dict[str, Any] = {
-        "schema": "residency.run/1", "status": "incomplete", "design": design,
-        "device_kind": spec.device_kind, "service": "builtin" if spec.builtin else "external",
-        "service_name": spec.name,
-        "params": {"ranks": spec.ranks, "steps": steps, "seed": seed,
-                   "pairs": pairs if design in ("alternating", "paired-profile") else 1,
-                   "requests": requests, **(params or {})},
-        "versions": versions(), "host": platform.node(), "started_at": _now(),
-        "ended_at": None, "order": [arm for arm, _ in order], "runs": [], "artifacts": {},
-        "error": None,
-    }
+    manifest = Manifest(
+        design=design, device_kind=spec.device_kind,
+        service="builtin" if spec.builtin else "external", service_name=spec.name,
+        params={"ranks": spec.ranks, "steps": steps, "seed": seed,
+                "pairs": pairs if design in ("alternating", "paired-profile") else 1,
+                "requests": requests, **(params or {})},
+        versions=versions(), order=[arm for arm, _ in order])
     try:
-        _write_json(out / "manifest.json", manifest)
+        manifest.write(out)
     except OSError as exc:
         raise ExperimentError(f"{out}: cannot write manifest.json: {exc.strerror or exc}"
                               ) from None
@@ -550,16 +529,14 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
     try:
         for index, (arm, profiled) in enumerate(order):
             bar.set_postfix_str(f"{arm} #{index}")
-            manifest["runs"].append(run_arm(spec, arm, index, out, steps=steps, seed=seed,
-                                            profiled=profiled, requests=requests))
-            _write_json(out / "manifest.json", manifest)
+            manifest.runs.append(run_arm(spec, arm, index, out, steps=steps, seed=seed,
+                                         profiled=profiled, requests=requests))
+            manifest.write(out)
             bar.update(1)
     except BaseException as exc:
-        manifest["error"] = f"{type(exc).__name__}: {exc}"
-        manifest["ended_at"] = _now()
         unsaved = ""
         try:  # best effort: the directory may be what failed
-            _write_json(out / "manifest.json", manifest)
+            manifest.fail(out, f"{type(exc).__name__}: {exc}")
         except OSError as werr:
             unsaved = f" (manifest.json could not be updated either: {werr.strerror or werr})"
         if isinstance(exc, ExperimentError):
@@ -572,10 +549,7 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
         raise
     finally:
         bar.close()
-    manifest["artifacts"] = artifact_hashes(out)
-    manifest["ended_at"] = _now()
-    manifest["status"] = "complete"
-    _write_json(out / "manifest.json", manifest)
+    manifest.complete(out)
     return out
 
 
@@ -621,51 +595,5 @@ def run_pair(design: str = "profiled-pair", *, out: str | os.PathLike[str], devi
                       requests=requests, params=params, progress=progress)
 
 
-# --- CLI --------------------------------------------------------------------------------------
-
-def add_cli(subparsers: Any) -> None:
-    """Register `pair`."""
-    p = subparsers.add_parser("pair", help="run an isolated baseline/candidate design",
-                              description="Each arm runs in a fresh service process group: "
-                              "started, health-checked, warmed with the same request, measured,"
-                              " stopped before the other arm starts.")
-    p.add_argument("--design", choices=DESIGNS, default="profiled-pair")
-    p.add_argument("--pairs", type=int, default=1, help="alternating pairs (ABBA order)")
-    p.add_argument("--requests", type=int, default=1,
-                   help="consecutive requests per service (design consecutive)")
-    p.add_argument("--device", default="auto", help="auto|npu|cuda|emulated-npu")
-    p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--seed", type=int, default=2101)
-    p.add_argument("--scale", type=float, default=1.0)
-    p.add_argument("--capacity", type=int, metavar="BYTES")
-    p.add_argument("--resident-mib", type=float, default=1024)
-    p.add_argument("--service", metavar="FILE", help="external service TOML file")
-    p.add_argument("--out", required=True, metavar="RUN_DIR")
-    p.add_argument("--no-progress", action="store_true")
-
-
-def run_cli(args: Any) -> int:
-    """Run `pair`."""
-    def on_term(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
-    try:
-        out = run_pair(args.design, out=args.out, device=args.device, ranks=args.ranks,
-                       steps=args.steps, seed=args.seed, pairs=args.pairs,
-                       requests=args.requests, scale=args.scale,
-                       capacity_bytes=args.capacity, resident_mib=args.resident_mib,
-                       service_file=args.service, progress=not args.no_progress)
-    except ServiceFileError as exc:  # bad input
-        print(f"residency pair: error: {exc}", file=sys.stderr)
-        return 2
-    except (ExperimentError, ValueError, RuntimeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(f"run complete: {out}")
-    return 0
-
-
-__all__ = ["ExperimentError", "ServiceFileError", "ServiceSpec", "builtin_service",
-           "load_service_file", "plan", "run_design", "run_pair"]
+__all__ = ["ExperimentError", "ExperimentInputError", "ServiceFileError", "ServiceSpec",
+           "builtin_service", "load_service_file", "plan", "run_design", "run_pair"]

@@ -13,17 +13,14 @@ Definitions (``shared/BRIEF.md``), all inside one *window*, intervals half-open,
   clipped to the window, so every figure of a summary lies inside the same window;
   ``marker_idle_intersection_ns`` is its measure intersected with all-rank idle.
 
-Analyses return values and never print; `run_cli` is the ``residency idle`` front end.
+Analyses return values and never print; `residency.cli` is the ``residency idle`` front end.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import re
 import sys
-import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -36,8 +33,8 @@ if TYPE_CHECKING:
 
     from residency.traces import RankTimeline, TraceSet
 
-__all__ = ["IdleSummary", "RankIdle", "add_cli", "format_summary", "idle_summary",
-           "marker_intervals", "per_rank_idle", "run_cli"]
+__all__ = ["IdleSummary", "RankIdle", "format_summary", "idle_summary",
+           "per_rank_idle"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,12 +92,6 @@ def _matching(t: RankTimeline, rx: re.Pattern[str]) -> iv.Intervals:
     names = t.range_names.tolist()
     hit = {n: rx.search(n) is not None for n in set(names)}  # each distinct name once
     return t.ranges[np.fromiter(map(hit.__getitem__, names), bool, len(names))]
-
-
-def marker_intervals(traces: TraceSet, pattern: str) -> iv.Intervals:
-    """The union over ranks of the host ranges whose name matches `pattern` (``re.search``)."""
-    rx = _compile(pattern, "marker")
-    return iv.union(*(_matching(t, rx) for t in traces.ranks.values()))
 
 
 def _overlapping(ranges: iv.Intervals, window: iv.Intervals) -> int:
@@ -204,55 +195,11 @@ def format_summary(s: IdleSummary) -> list[str]:
     return lines
 
 
-_DESCRIPTION = ("All-rank no-device-task time within a window, and host markers intersected "
-                "with it, from Kineto or torch-npu traces (times in ms; --json in ns).")
-
-
-def _configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", metavar="PATH",
-                   help="directory of one format's rank traces, or a run directory with trace/")
-    p.add_argument("--marker", metavar="REGEX", help="host ranges to attribute, e.g. "
-                   r"'residency\.release\[normal\]'")
-    p.add_argument("--window-marker", metavar="REGEX",
-                   help="window = union of matching host ranges (default: device-task span)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--no-cache", action="store_true",
-                   help="neither read nor write the Parquet cache beside the traces")
-
-
-def add_cli(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``idle``."""
-    p = subparsers.add_parser(
-        "idle", help="all-rank no-device-task time and marker attribution from traces",
-        description=_DESCRIPTION)
-    _configure(p)
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    """Run ``idle``: 0 on success, 2 on bad input (message on stderr, no traceback)."""
-    from residency.traces import load_traces
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            traces = load_traces(args.path, cache=not args.no_cache)
-            summary = idle_summary(traces, marker=args.marker, window_marker=args.window_marker)
-        except (ValueError, OSError) as exc:  # TraceError is a ValueError
-            summary = exc
-    for w in caught:
-        print(f"residency idle: warning: {w.message}", file=sys.stderr)
-    if isinstance(summary, Exception):
-        print(f"residency idle: error: {summary}", file=sys.stderr)
-        return 2
-    print(json.dumps(summary.to_dict()) if args.json else "\n".join(format_summary(summary)))
-    return 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m residency.idle PATH ...``, the same as ``residency idle PATH ...``."""
-    parser = argparse.ArgumentParser(prog="residency idle", description=_DESCRIPTION)
-    _configure(parser)
-    return run_cli(parser.parse_args(argv))
+    from residency.cli import main as cli_main
+
+    return cli_main(["idle", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

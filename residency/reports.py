@@ -8,11 +8,9 @@ write -> optionally screenshot. No torch here.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -22,8 +20,8 @@ CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--hide-scrollbars")
 
-__all__ = ["ReportError", "add_cli", "find_chromium", "find_notebooks", "render_html",
-           "run_cli", "screenshot"]
+__all__ = ["ReportError", "find_chromium", "find_notebooks", "output_names", "render_html",
+           "screenshot"]
 
 
 class ReportError(RuntimeError):
@@ -90,10 +88,9 @@ def render_html(notebook: str | os.PathLike[str], out_dir: str | os.PathLike[str
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out.resolve() / f"{name or src.stem}.html"
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(body, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    from residency.rundir import write_text_atomic
+
+    return write_text_atomic(path, body)
 
 
 def find_chromium() -> str | None:
@@ -139,43 +136,10 @@ def screenshot(html_path: str | os.PathLike[str], png_path: str | os.PathLike[st
     return png
 
 
-def _names(notebooks: Sequence[Path]) -> list[str]:
+def output_names(notebooks: Sequence[Path]) -> list[str]:
     """Output names: the stem, prefixed with the parent folder's name where stems repeat."""
     stems = [p.stem for p in notebooks]
     return [f"{p.parent.name}-{p.stem}" if stems.count(p.stem) > 1 else p.stem
             for p in notebooks]
 
 
-# ----------------------------------------------------------------------------- CLI
-def add_cli(subparsers: argparse._SubParsersAction) -> None:
-    """Register `report`."""
-    p = subparsers.add_parser(
-        "report", help="render executed notebooks to HTML with the code hidden",
-        description="Render each executed notebook (files, or folders searched recursively) "
-        "to OUT/<name>.html with inputs hidden, as `jupyter nbconvert --to html --no-input`; "
-        "with --screenshot also OUT/<name>.png from headless Chromium.")
-    p.add_argument("paths", nargs="+", metavar="NOTEBOOK_OR_DIR")
-    p.add_argument("--out", default="reports", metavar="DIR",
-                   help="folder for the HTML files (default: reports/)")
-    p.add_argument("--screenshot", action="store_true",
-                   help="also save a PNG of each page (needs Chromium)")
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    """Run `report`: one line per written file; errors on stderr, exit 1 if any failed."""
-    try:
-        notebooks = find_notebooks(args.paths)
-    except ReportError as exc:
-        print(f"residency report: error: {exc}", file=sys.stderr)
-        return 2
-    failed = 0
-    for nb, name in zip(notebooks, _names(notebooks), strict=True):
-        try:
-            html = render_html(nb, args.out, name=name)
-            print(html)
-            if args.screenshot:
-                print(screenshot(html, html.with_suffix(".png")))
-        except ReportError as exc:
-            print(f"residency report: error: {exc}", file=sys.stderr)
-            failed += 1
-    return 1 if failed else 0

@@ -1,14 +1,20 @@
-"""Read a run directory (see docs/contracts.md) without torch.
+"""The run-directory format (docs/contracts.md), both ways, without torch.
 
-One entry point, `load_run`, goes: read manifest -> check fields -> check status -> verify
-artifacts -> build `Run`. Decisions and client records are read on demand from a `Run`.
+Writing: `Manifest` is the one type of `manifest.json` (schema, fields, atomic write,
+sha256 list with its derived-file exclusions); `write_json_atomic` writes any JSON file of
+the suite. Reading: one entry point, `load_run`, goes: read manifest -> check fields
+(`Manifest.from_dict`) -> check status -> verify artifacts -> build `Run`. Decisions and
+client records are read on demand from a `Run`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import platform
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -25,10 +31,125 @@ DECISION_COLUMNS = (
     "max_cached_fraction", "min_free_fraction", "duration_ns", "warmup", "file",
 )
 
-__all__ = ["RunDirError", "RunEntry", "Run", "Verification", "artifact_hashes", "load_run",
-           "verify_run", "DECISION_COLUMNS"]
-# derived files that may appear beside the evidence after it was recorded (never hashed)
+__all__ = ["DECISION_COLUMNS", "DERIVED_DIRS", "MANIFEST", "SCHEMA", "Manifest", "Run",
+           "RunDirError", "RunEntry", "Verification", "artifact_hashes", "load_run",
+           "verify_run", "write_json_atomic", "write_text_atomic"]
+MANIFEST = "manifest.json"
+# derived files that may appear beside the evidence after it was recorded (never hashed):
+# the manifest itself, hidden (temporary) files, and these directories
 DERIVED_DIRS = ("residency.parquet.cache",)
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """The suite's one atomic write: `text` to a hidden temp file beside `path`, fsync, then
+    rename over `path` (readers see the old file or the new one, never a part); returns the
+    path."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any, *, allow_nan: bool = True
+                      ) -> Path:
+    """Write `data` as indented JSON to `path` atomically (`write_text_atomic`); returns the
+    path. With `allow_nan=False`, NaN or infinity raises ValueError before anything is
+    written."""
+    text = json.dumps(data, indent=2, ensure_ascii=False, allow_nan=allow_nan) + "\n"
+    return write_text_atomic(path, text)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class Manifest:
+    """`manifest.json`: written after every run (status `incomplete` until the very end) and
+    read back by `load_run`. Unknown fields of a recorded manifest are kept in `extra`."""
+
+    device_kind: str
+    design: str | None = None
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    status: str = "incomplete"
+    service: str | None = None
+    service_name: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, Any] = field(default_factory=dict)
+    host: str = field(default_factory=platform.node)
+    started_at: str | None = field(default_factory=_now)
+    ended_at: str | None = None
+    order: list[str] = field(default_factory=list)
+    artifacts: dict[str, str] = field(default_factory=dict)
+    error: str | None = None
+    schema: str = SCHEMA
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    _FIELDS = ("schema", "status", "design", "device_kind", "service", "service_name",
+               "params", "versions", "host", "started_at", "ended_at", "order", "runs",
+               "artifacts", "error")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object, fields in the documented order."""
+        return {**{k: getattr(self, k) for k in self._FIELDS}, **self.extra}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, path: str | os.PathLike[str] = MANIFEST
+                  ) -> Manifest:
+        """Check and read a manifest object.
+
+        Raises:
+            RunDirError: a required field is missing or has the wrong value (naming it).
+        """
+        path = Path(path)
+        for key in ("schema", "status", "device_kind", "runs"):
+            if key not in data:
+                raise RunDirError(path, "missing", field=key)
+        if data["schema"] != SCHEMA:
+            raise RunDirError(path, f"expected {SCHEMA!r}, got {data['schema']!r}",
+                              field="schema")
+        if data["status"] not in STATUSES:
+            raise RunDirError(path, f"must be one of {list(STATUSES)}, got "
+                              f"{data['status']!r}", field="status")
+        if data["device_kind"] not in RECORDED_KINDS:
+            raise RunDirError(path, f"must be one of {list(RECORDED_KINDS)}, got "
+                              f"{data['device_kind']!r}", field="device_kind")
+        if not isinstance(data["runs"], list):
+            raise RunDirError(path, "must be a list", field="runs")
+        known = {k: data[k] for k in cls._FIELDS if k in data}
+        extra = {k: v for k, v in data.items() if k not in cls._FIELDS}
+        return cls(**{k: v for k, v in known.items() if v is not None or k in (
+            "design", "service", "service_name", "started_at", "ended_at", "error")},
+            extra=extra)
+
+    @classmethod
+    def read(cls, root: str | os.PathLike[str]) -> Manifest:
+        """The manifest of the run directory `root`."""
+        path = Path(root) / MANIFEST
+        return cls.from_dict(_read_json(path), path=path)
+
+    def write(self, root: str | os.PathLike[str]) -> Path:
+        """Write `root/manifest.json` atomically."""
+        return write_json_atomic(Path(root) / MANIFEST, self.to_dict())
+
+    def fail(self, root: str | os.PathLike[str], error: str) -> None:
+        """Record `error` and the end time, status staying `incomplete`, and write."""
+        self.error, self.ended_at = error, _now()
+        self.write(root)
+
+    def complete(self, root: str | os.PathLike[str]) -> None:
+        """Hash every artifact, mark the run `complete` with its end time, and write."""
+        self.artifacts = artifact_hashes(root)
+        self.ended_at, self.status = _now(), "complete"
+        self.write(root)
 
 
 class RunDirError(ValueError):
@@ -120,8 +241,8 @@ def load_run(path: str | Path, *, allow_incomplete: bool = False, verify: bool =
     root = Path(path)
     if not root.is_dir():
         raise RunDirError(root, "run directory does not exist")
-    manifest = _read_json(root / "manifest.json")
-    _check_manifest(root / "manifest.json", manifest)
+    manifest = _read_json(root / MANIFEST)
+    Manifest.from_dict(manifest, path=root / MANIFEST)
     if manifest["status"] != "complete" and not allow_incomplete:
         raise RunDirError(root / "manifest.json", f"status is {manifest['status']!r}, not "
                           "'complete' (pass allow_incomplete=True / --allow-incomplete to read "
@@ -132,27 +253,6 @@ def load_run(path: str | Path, *, allow_incomplete: bool = False, verify: bool =
     entries = (_entry(root, i, r, required=complete) for i, r in enumerate(manifest["runs"]))
     runs = tuple(sorted((e for e in entries if e is not None), key=lambda r: r.index))
     return Run(path=root.resolve(), manifest=MappingProxyType(manifest), runs=runs)
-
-
-def add_cli(subparsers: Any) -> None:
-    """Register `verify`."""
-    p = subparsers.add_parser("verify", help="check a run directory against its sha256 list",
-                              description="Recompute the sha256 of every artifact of RUN_DIR "
-                              "and report missing, extra and changed files (exit 1 if any).")
-    p.add_argument("run_dir", metavar="RUN_DIR")
-
-
-def run_cli(args: Any) -> int:
-    """Run `verify`."""
-    import sys
-
-    try:
-        result = verify_run(args.run_dir)
-    except RunDirError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print("\n".join(result.lines()))
-    return 0 if result.ok else 1
 
 
 # ----------------------------------------------------------------------------- steps
@@ -166,22 +266,6 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise RunDirError(path, f"expected a JSON object, got {type(data).__name__}")
     return data
-
-
-def _check_manifest(path: Path, m: dict[str, Any]) -> None:
-    for key in ("schema", "status", "device_kind", "runs"):
-        if key not in m:
-            raise RunDirError(path, "missing", field=key)
-    if m["schema"] != SCHEMA:
-        raise RunDirError(path, f"expected {SCHEMA!r}, got {m['schema']!r}", field="schema")
-    if m["status"] not in STATUSES:
-        raise RunDirError(path, f"must be one of {list(STATUSES)}, got {m['status']!r}",
-                          field="status")
-    if m["device_kind"] not in RECORDED_KINDS:
-        raise RunDirError(path, f"must be one of {list(RECORDED_KINDS)}, got "
-                          f"{m['device_kind']!r}", field="device_kind")
-    if not isinstance(m["runs"], list):
-        raise RunDirError(path, "must be a list", field="runs")
 
 
 def _verify_artifacts(root: Path, manifest: dict[str, Any]) -> None:
@@ -246,7 +330,7 @@ def artifact_hashes(root: str | Path) -> dict[str, str]:
     out = {}
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         rel = path.relative_to(root)
-        if rel.as_posix() == "manifest.json" or any(
+        if rel.as_posix() == MANIFEST or any(
                 part.startswith(".") or part in DERIVED_DIRS for part in rel.parts):
             continue
         out[rel.as_posix()] = sha256_file(path)

@@ -7,11 +7,9 @@ per-rank summaries and hands them back.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime
 import json
-import math
 import multiprocessing as mp
 import os
 import queue
@@ -53,7 +51,7 @@ class ServeConfig:
     arm: str
     device_kind: str
     ranks: int
-    markers_dir: str
+    decisions_dir: str
     profile_dir: str | None = None
     scale: float = 1.0
     capacity_bytes: int | None = None
@@ -61,13 +59,6 @@ class ServeConfig:
     rendezvous: str = ""        # file:// init method; empty: serve() makes a private one
     warmup_steps: int = 1
     request_timeout_s: float = REQUEST_TIMEOUT_S
-
-
-def free_port() -> int:
-    """A TCP port free on loopback right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _log(message: str) -> None:
@@ -121,7 +112,7 @@ def _rank_loop(rank: int, cfg: ServeConfig, commands: Any, results: Any, status:
     dist.init_process_group(backend, init_method=cfg.rendezvous, rank=rank,
                             world_size=cfg.ranks,
                             timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-    jsonl = JsonlRecorder(Path(cfg.markers_dir) / f"decisions-rank{rank}.jsonl",
+    jsonl = JsonlRecorder(Path(cfg.decisions_dir) / f"decisions-rank{rank}.jsonl",
                           device_kind=cfg.device_kind)
     recorder = _Tee(jsonl)
     release = getattr(ops, "module", None)
@@ -610,7 +601,7 @@ class _BoundedHTTPServer(ThreadingHTTPServer):
 def serve(cfg: ServeConfig, *, port: int = 0, failure_grace_s: float = 3.0) -> int:
     """Run the service until SIGTERM/SIGINT (exit 0), a rank failure (exit 3) or the exit of
     the process named by `RESIDENCY_PARENT_PID` (exit 3, the running request cancelled)."""
-    Path(cfg.markers_dir).mkdir(parents=True, exist_ok=True)
+    Path(cfg.decisions_dir).mkdir(parents=True, exist_ok=True)
     if cfg.profile_dir:
         Path(cfg.profile_dir).mkdir(parents=True, exist_ok=True)
     rendezvous_dir = None
@@ -688,54 +679,3 @@ def _serve(cfg: ServeConfig, *, port: int, failure_grace_s: float) -> int:
     httpd.server_close()
     print("stopped", flush=True)
     return exit_code[0]
-
-
-# --- CLI --------------------------------------------------------------------------------------
-
-def add_cli(subparsers: argparse._SubParsersAction) -> None:
-    """Register `serve`."""
-    p = subparsers.add_parser("serve", help="run the multi-rank workload service on loopback")
-    p.add_argument("--arm", required=True, choices=["candidate", "baseline", "always-release"])
-    p.add_argument("--device", default="auto", help="auto|npu|cuda|emulated-npu")
-    p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--port", type=int, default=0, help="0 picks a free port")
-    p.add_argument("--markers", required=True, metavar="DIR", help="decisions JSONL directory")
-    p.add_argument("--profile", metavar="DIR", help="write one trace per rank per request")
-    p.add_argument("--scale", type=float, default=1.0)
-    p.add_argument("--capacity", type=int, metavar="BYTES",
-                   help="emulated NPU capacity per device (default 4 GiB)")
-    p.add_argument("--resident-mib", type=float, default=1024,
-                   help="resident DiT footprint in MiB at scale 1 (default 1024)")
-    p.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_S, metavar="S",
-                   help="answer 504 and cancel a request still running after S seconds "
-                        f"(default {REQUEST_TIMEOUT_S:g})")
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    """Run `serve`."""
-    def bad(message: str) -> int:
-        print(f"residency serve: error: {message}", file=sys.stderr)
-        return 2
-    from residency import devices
-
-    if args.ranks <= 0:
-        return bad(f"--ranks must be positive, got {args.ranks}")
-    for option, value in (("--scale", args.scale), ("--resident-mib", args.resident_mib),
-                          ("--request-timeout", args.request_timeout)):
-        if not math.isfinite(value) or value <= 0:  # nan passes `<= 0`
-            return bad(f"{option} must be a positive finite number, got {value}")
-    if args.capacity is not None and args.capacity <= 0:
-        return bad(f"--capacity must be positive, got {args.capacity}")
-    if not 0 <= args.port <= 65535:
-        return bad(f"--port must be in [0, 65535], got {args.port}")
-    try:
-        kind = devices.resolve(args.device)
-    except (ValueError, RuntimeError) as exc:
-        return bad(str(exc))
-    if args.capacity is not None and kind != "emulated-npu":
-        return bad("--capacity applies to the emulated NPU only")
-    cfg = ServeConfig(arm=args.arm, device_kind=kind, ranks=args.ranks,
-                      markers_dir=args.markers, profile_dir=args.profile, scale=args.scale,
-                      capacity_bytes=args.capacity, resident_mib=args.resident_mib,
-                      request_timeout_s=args.request_timeout)
-    return serve(cfg, port=args.port)

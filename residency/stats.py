@@ -33,7 +33,7 @@ _MAX_ENUMERATION = 200_000  # exact permutation enumeration limit for tied group
 __all__ = [
     "GroupComparison", "PairComparison", "Proportion", "Single",
     "compare_groups", "compare_pairs", "proportion", "single", "pairs_floor_note",
-    "fmt_num", "fmt_p", "fmt_speed",
+    "fmt_num", "fmt_p", "fmt_speed", "robust_spread",
 ]
 
 
@@ -175,17 +175,32 @@ def _mann_whitney_exact(b: np.ndarray, c: np.ndarray) -> tuple[float, str]:
     return float(min(1.0, p)), "exact permutation with ties"
 
 
-def compare_groups(
-    baseline: Sequence[float], candidate: Sequence[float], *, unit: str = "ms"
-) -> GroupComparison:
-    """Compare per-rank values of one baseline run with one candidate run.
+_REPLICATES = {
+    "rank": ("The ranks of one run are not independent replicates: the claim is \"every rank, "
+             "in this run pair\", not a cross-run generalisation; no interval."),
+    "run": ("Unit: the service run (one value per run, e.g. its median over ranks); separate "
+            "service starts of this design on this host, so the claim is across runs of this "
+            "design, not across hosts or workloads; no interval."),
+}
 
-    The ranks of one run are not independent replicates: a small p supports a claim about
-    every rank in this run pair, not a generalisation across runs.
+
+def compare_groups(
+    baseline: Sequence[float], candidate: Sequence[float], *, unit: str = "ms",
+    replicate: str = "rank",
+) -> GroupComparison:
+    """Compare two groups of values with an exact Mann-Whitney U test.
+
+    `replicate` names what one value is: `rank` (per-rank values of one run pair: the ranks
+    of one run are not independent replicates, a small p supports a claim about every rank
+    in this run pair only) or `run` (one value per service run: the unit of a cross-run
+    claim). The note says which.
 
     Raises:
         ValueError: an input is empty or holds NaN, infinite or negative values.
     """
+    if replicate not in _REPLICATES:
+        raise ValueError(f"The value for `replicate` must be one of {list(_REPLICATES)}, but "
+                         f"{replicate!r} was passed.")
     b, c = _values("baseline", baseline), _values("candidate", candidate)
     p, method = _mann_whitney_exact(b, c)
     test = f"Mann-Whitney U test ({method}, two-sided)"
@@ -197,9 +212,8 @@ def compare_groups(
                f"(smallest two-sided p = {fmt_p(floor)}); ")
     elif c.max() < b.min() or b.max() < c.min():
         sep = f"complete separation (p = 2/C({b.size + c.size},{b.size}), the smallest reachable); "
-    note = (f"{test}, repetitions {b.size} vs {c.size}: {sep}{_verdict(p)}. "
-            f"The ranks of one run are not independent replicates: the claim is "
-            f"\"every rank, in this run pair\", not a cross-run generalisation; no interval.")
+    note = (f"{test}, {b.size} vs {c.size} {replicate}s: {sep}{_verdict(p)}. "
+            f"{_REPLICATES[replicate]}")
     if min(b.size, c.size) < MIN_REPETITIONS:
         note += (f" Warning: results unreliable, {MIN_REPETITIONS}+ repetitions recommended "
                  f"(have {b.size} vs {c.size}).")
@@ -284,6 +298,13 @@ def _median_ci(d: np.ndarray) -> tuple[float, float] | None:
     return float(s[k - 1]), float(s[n - k])
 
 
+def robust_spread(values: Sequence[float] | np.ndarray) -> float:
+    """1.4826 x the median absolute deviation: a standard-deviation estimate that one
+    outlier cannot pull (equals the SD for normal data)."""
+    x = np.asarray(values, dtype=float)
+    return float(1.4826 * np.median(np.abs(x - np.median(x))))
+
+
 def _pairs_needed(effect: float, sd: float | None) -> int | None:
     """Pairs for 80 % power at the 5 % level, normal approximation; at least 6."""
     if effect == 0:
@@ -325,7 +346,8 @@ def compare_pairs(
         dropped = f" ({n - used} zero deltas dropped)" if used < n else ""
         parts.append(f"{test}, {n} pairs{dropped}: {_verdict(p)}.")
         ci = _median_ci(d) if n >= MIN_CI_PAIRS else None
-        parts.append(f"Median delta {md:+.6f} {unit}; " + (
+        parts.append(f"Median of the paired deltas {md:+.6f} {unit} (not the delta of the "
+                     f"medians, {cm - bm:+.6f} {unit}); " + (
             f"95 % distribution-free interval {fmt_num(ci[0])}..{fmt_num(ci[1])} {unit}."
             if ci else f"no interval below {MIN_CI_PAIRS} pairs."))
     if noise is not None:
@@ -333,14 +355,15 @@ def compare_pairs(
                    if abs(md) <= noise else f"{abs(md) / noise:.1f}x the noise")
         parts.append(f"A/A noise {fmt_num(noise)} {unit}: |median delta| {fmt_num(abs(md))} "
                      f"{unit} is {verdict}.")
-    sd = float(np.std(d, ddof=1)) if n >= 2 else noise
-    mean = float(np.mean(d))
-    needed = _pairs_needed(mean, sd)
-    if needed is not None and sd is not None:
-        src = "SD of the deltas" if n >= 2 else "A/A noise as the spread"
-        parts.append(f"Estimate: about {needed} pairs would resolve a mean delta of "
-                     f"{mean:+.6f} {unit} at {src} {fmt_num(sd)} {unit} (normal approximation, "
-                     f"80 % power, 5 % two-sided; at least 6 for the exact test).")
+    spread = robust_spread(d) if n >= 2 else noise
+    needed = _pairs_needed(md, spread)
+    if needed is not None and spread is not None:
+        src = ("spread 1.4826 x MAD of the deltas (robust to one outlier)" if n >= 2 else
+               "A/A noise as the spread")
+        parts.append(f"Estimate: about {needed} pairs would resolve a median delta of "
+                     f"{md:+.6f} {unit} at {src} {fmt_num(spread)} {unit} (normal "
+                     f"approximation, 80 % power, 5 % two-sided; at least 6 for the exact "
+                     f"test).")
     elif n == 1:
         parts.append("Spread unknown from one pair: at least 6 pairs needed.")
     return PairComparison(

@@ -11,7 +11,7 @@ re-running the workload:
 * `replay_run(run, cached=..., free=..., policy=...)`: retained/released counts per
   (setting, rank); `totals(grid)` sums them per setting;
 * `estimated_effect(run, grid)`: predicted releases x measured per-call costs: a model;
-* `add_cli`/`run_cli`: `residency whatif RUN_DIR`.
+* `report(run, ...)`: what `residency whatif RUN_DIR` prints.
 
 Which decisions are replayed: normal calls that carry a snapshot (a call whose telemetry
 failed saw no memory state; forced calls read none), of every run of the chosen arm
@@ -43,11 +43,9 @@ counts are those of the recorded memory states, not of a re-run. No torch here.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +55,7 @@ import numpy as np
 import pandas as pd
 
 from residency import stats
+from residency.policy import crossed_bounds, limit_bytes
 from residency.rundir import Run, RunDirError, load_run
 
 Policy = Literal["bounded", "learned-budget"]
@@ -69,7 +68,7 @@ _DECIMALS = 12  # grid values are rounded to this many decimals (float-safe)
 SNAPSHOT = ("reserved", "allocated", "free", "total")
 GRID_COLUMNS = (
     "policy", "max_cached_fraction", "min_free_fraction", "own", "rank", "calls", "retained",
-    "released", "retention_rate", "measured_calls", "measured_retained", "measured_released",
+    "released", "retention_rate", "warmup_calls", "warmup_released",
 )
 MISMATCH_COLUMNS = (
     "run", "arm", "rank", "request_id", "start_ns", "recorded_outcome", "recorded_reason",
@@ -78,11 +77,11 @@ MISMATCH_COLUMNS = (
 )
 
 __all__ = [
-    "DEFAULT_CACHED", "DEFAULT_FREE", "POLICIES", "EffectEstimate", "WhatIfError", "add_cli",
-    "consistency",
-    "device_note", "effect_lines", "estimated_effect", "figure", "gate_lines",
+    "DEFAULT_CACHED", "DEFAULT_FREE", "POLICIES", "EffectEstimate", "WhatIfError",
+    "consistency", "report",
+    "device_note", "effect_lines", "estimated_effect", "gate_lines",
     "parse_range", "replay_decisions", "replay_run", "replayable",
-    "results", "run_cli", "totals", "totals_lines",
+    "results", "totals", "totals_lines",
 ]
 
 
@@ -259,12 +258,6 @@ def _ordered(df: pd.DataFrame, run: Run, name: str) -> pd.DataFrame:
 
 
 # ----------------------------------------------------------------------------- engine
-def _limit(total: np.ndarray, fraction: Any) -> np.ndarray:
-    """int(total * fraction) elementwise, exactly as Python does it for these magnitudes."""
-    return np.trunc(total.astype(np.float64) * np.asarray(fraction, dtype=np.float64)
-                    ).astype(np.int64)
-
-
 def _flags(d: pd.DataFrame, max_cached: Any, min_free: Any, policy: str
            ) -> tuple[np.ndarray, np.ndarray]:
     """(cached over its limit, free under its floor); fractions broadcast against rows."""
@@ -272,13 +265,15 @@ def _flags(d: pd.DataFrame, max_cached: Any, min_free: Any, policy: str
         raise WhatIfError(f"The value for `policy` must be one of {list(POLICIES)}, but "
                          f"{policy!r} was passed.")
     total = d["total"].to_numpy(np.int64)
-    limit = _limit(total, max_cached)
-    if policy == "learned-budget":
+    max_cached = np.asarray(max_cached, dtype=np.float64)
+    min_free = np.asarray(min_free, dtype=np.float64)
+    budget = None
+    if policy == "learned-budget":  # upstream's variant tightens the cached limit only
         peak = d["prev_peak"].to_numpy(np.int64)
-        limit = np.minimum(_limit(peak, PEAK_MARGIN), limit)
-    over = d["cached"].to_numpy(np.int64) > limit
-    under = d["free"].to_numpy(np.int64) < _limit(total, min_free)
-    return over, under
+        budget = np.minimum(limit_bytes(peak.astype(np.float64), PEAK_MARGIN),
+                            limit_bytes(total.astype(np.float64), max_cached))
+    return crossed_bounds(d["cached"].to_numpy(np.int64), d["free"].to_numpy(np.int64),
+                          total.astype(np.float64), max_cached, min_free, cached_limit=budget)
 
 
 def replay_decisions(decisions: pd.DataFrame, *, max_cached_fraction: float | None = None,
@@ -326,10 +321,12 @@ def replay_run(run: Run | str | os.PathLike[str], *,
     """Retained/released counts of the replayed decisions, one row per (setting, rank).
 
     A setting is (`max_cached_fraction` from `cached`, `min_free_fraction` from `free`); both
-    are ranges as `parse_range` reads them. `calls`/`retained`/`released` count every
-    replayed call (warm-up included when `warmup`), `measured_*` only those of measured
-    requests; `own` marks the run's recorded bounds. `attrs` carry the run's path, device
-    kind, arm, policy, runs, skipped decisions and own settings.
+    are ranges as `parse_range` reads them. One scope rule with every other view:
+    `calls`/`retained`/`released`/`retention_rate` count the calls of measured requests only;
+    warm-up decisions are replayed first (when `warmup`) because the learned budget's peak
+    carries across them, and are counted apart in `warmup_calls`/`warmup_released`. `own`
+    marks the run's recorded bounds. `attrs` carry the run's path, device kind, arm, policy,
+    runs, skipped decisions and own settings.
 
     Raises:
         WhatIfError: a bad range or policy, or nothing can be replayed (see `replayable`).
@@ -346,19 +343,19 @@ def replay_run(run: Run | str | os.PathLike[str], *,
     onehot = (d["rank"].to_numpy()[:, None] == ranks[None, :]).astype(np.int64)  # (N, R)
     measured = (~d["warmup"].astype(bool).to_numpy()).astype(np.int64)
     flat = released.reshape(-1, len(d)).astype(np.int64)
-    rel = flat @ onehot  # (C*F, R)
-    mrel = flat @ (onehot * measured[:, None])
-    calls = onehot.sum(axis=0)
+    mrel = flat @ (onehot * measured[:, None])  # (C*F, R)
+    wrel = flat @ (onehot * (1 - measured)[:, None])
     mcalls = (onehot * measured[:, None]).sum(axis=0)
+    wcalls = (onehot * (1 - measured)[:, None]).sum(axis=0)
     cc, ff = np.meshgrid(cs, fs, indexing="ij")
     own = set(d.attrs["own_settings"])
     rows = []
     for i, (c, f) in enumerate(zip(cc.ravel(), ff.ravel(), strict=True)):
         for j, rank in enumerate(ranks):
+            rate = (mcalls[j] - mrel[i, j]) / mcalls[j] if mcalls[j] else math.nan
             rows.append((policy, float(c), float(f), (float(c), float(f)) in own, int(rank),
-                         int(calls[j]), int(calls[j] - rel[i, j]), int(rel[i, j]),
-                         float((calls[j] - rel[i, j]) / calls[j]), int(mcalls[j]),
-                         int(mcalls[j] - mrel[i, j]), int(mrel[i, j])))
+                         int(mcalls[j]), int(mcalls[j] - mrel[i, j]), int(mrel[i, j]),
+                         float(rate), int(wcalls[j]), int(wrel[i, j])))
     grid = pd.DataFrame(rows, columns=list(GRID_COLUMNS))
     grid.attrs.update({**d.attrs, "policy": policy})
     return grid
@@ -367,10 +364,10 @@ def replay_run(run: Run | str | os.PathLike[str], *,
 def totals(grid: pd.DataFrame) -> pd.DataFrame:
     """Per-setting sums over ranks of a `replay_run` frame (same columns but `rank`)."""
     keys = ["policy", "max_cached_fraction", "min_free_fraction", "own"]
-    counts = ["calls", "retained", "released", "measured_calls", "measured_retained",
-              "measured_released"]
+    counts = ["calls", "retained", "released", "warmup_calls", "warmup_released"]
     out = grid.groupby(keys, sort=False, as_index=False)[counts].sum()
-    out.insert(7, "retention_rate", out["retained"] / out["calls"])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out.insert(7, "retention_rate", out["retained"] / out["calls"].replace(0, np.nan))
     out["released_per_rank"] = grid.groupby(keys, sort=False)["released"].agg(list).to_list()
     out.attrs.update(grid.attrs)
     return out
@@ -421,13 +418,22 @@ class EffectEstimate:
                 f"retained check {ret} ms per call>\n  {self.note}")
 
 
-def _measured_normal(run: Run, arm: str) -> pd.DataFrame:
-    """Normal decisions of the measured requests (warm-up excluded) of every run of `arm`."""
-    frames = [run.decisions(entry) for entry in run.arm(arm)]
-    if not frames:
-        return pd.DataFrame(columns=["outcome", "duration_ns"])
-    df = pd.concat(frames, ignore_index=True)
-    return df[df["kind"] == "normal"]
+def _cost_samples(ev: Any, arm: str, outcome: str) -> tuple[list[float], list[str]]:
+    """Durations (ms) and run names of `arm`'s measured normal calls with `outcome`, from
+    the evidence's `normal_call_durations` attribution."""
+    a = ev.get("normal_call_durations")
+    if a is None or arm not in a.values:
+        return [], []
+    keep = [i for i, o in enumerate(a.detail["outcome"][arm]) if o == outcome]
+    return ([float(a.values[arm][i]) for i in keep],
+            [str(a.detail["run"][arm][i]) for i in keep])
+
+
+def _per_run_medians(values: list[float], runs: list[str]) -> list[float]:
+    by_run: dict[str, list[float]] = {}
+    for v, r in zip(values, runs, strict=True):
+        by_run.setdefault(r, []).append(v)
+    return [float(np.median(v)) for _, v in sorted(by_run.items())]
 
 
 def _ms(x: float | None) -> str:
@@ -443,36 +449,32 @@ def estimated_effect(run: Run | str | os.PathLike[str], grid: pd.DataFrame) -> E
     baseline has none); a retained check what candidate-arm normal calls that retained took;
     both from the measured requests of `run`. The note says what the model leaves out.
     """
+    from residency import evidence
+
     run = _as_run(run)
+    ev = evidence.build(run, traces=False, keys=("normal_call_durations",))
     tot = totals(grid)
     arm = grid.attrs.get("arm") or "candidate"
-    normal = {a: _measured_normal(run, a) for a in {"baseline", "candidate", arm}}
-
-    def durations_ms(a: str, outcome: str) -> list[float]:
-        df = normal[a]
-        return (df.loc[df["outcome"] == outcome, "duration_ns"] / 1e6).tolist()
-
-    release = durations_ms("baseline", "released")
+    release, release_runs = _cost_samples(ev, "baseline", "released")
     release_source = "baseline-arm normal calls that released"
-    own_releases = durations_ms("candidate", "released")
+    own_releases, own_release_runs = _cost_samples(ev, "candidate", "released")
     if not release:
-        release = own_releases
+        release, release_runs = own_releases, own_release_runs
         release_source = "candidate-arm normal calls that released (the baseline released none)"
-    retain = durations_ms("candidate", "retained")
+    retain, retain_runs = _cost_samples(ev, "candidate", "retained")
     retain_source = "candidate-arm normal calls that retained"
     rel_ms = float(np.median(release)) if release else None
     ret_ms = float(np.median(retain)) if retain else None
-    recorded = float(normal[arm]["duration_ns"].sum()) / 1e6
+    durations = ev.get("normal_call_durations")
+    recorded = float(sum(durations.values.get(arm, ()))) if durations is not None else 0.0
 
     def est(rel_cost: float | None, ret_cost: float | None) -> pd.Series:
         if rel_cost is None or ret_cost is None:
             return pd.Series(np.nan, index=tot.index)
-        return tot["measured_released"] * rel_cost + tot["measured_retained"] * ret_cost
+        return tot["released"] * rel_cost + tot["retained"] * ret_cost
 
     table = tot[["policy", "max_cached_fraction", "min_free_fraction", "own",
-                 "measured_calls", "measured_released", "measured_retained"]].rename(
-        columns={"measured_calls": "calls", "measured_released": "released",
-                 "measured_retained": "retained"})
+                 "calls", "released", "retained"]].copy()
     table["estimated_ms"] = est(rel_ms, ret_ms)
     table["estimated_low_ms"] = est(min(release, default=None), min(retain, default=None))
     table["estimated_high_ms"] = est(max(release, default=None), max(retain, default=None))
@@ -484,15 +486,19 @@ def estimated_effect(run: Run | str | os.PathLike[str], grid: pd.DataFrame) -> E
 
     test = p = None
     if release and retain:
-        cmp = stats.compare_groups(release, retain, unit="ms")
+        b_runs = _per_run_medians(release, release_runs)
+        c_runs = _per_run_medians(retain, retain_runs)
+        cmp = stats.compare_groups(b_runs, c_runs, unit="ms", replicate="run")
         test, p = cmp.test, cmp.p_value
         costs = (f"Per-call costs from this run's measured requests: a release "
                  f"{_ms(rel_ms)} median ({len(release)} {release_source}, "
                  f"{_ms(min(release))}-{_ms(max(release))}), a retained check {_ms(ret_ms)} "
                  f"median ({len(retain)} {retain_source}, {_ms(min(retain))}-"
-                 f"{_ms(max(retain))}); {cmp.test}: p={stats.fmt_p(cmp.p_value)} "
+                 f"{_ms(max(retain))}). Judged on the run as the unit (each run's median call, "
+                 f"{len(b_runs)} vs {len(c_runs)} runs; calls of one run are not independent "
+                 f"replicates): {cmp.test}, p={stats.fmt_p(cmp.p_value)} "
                  f"({'significant' if cmp.p_value < stats.ALPHA else 'Not significant'} at "
-                 f"the 5 % level; calls of one run are not independent replicates).")
+                 f"the 5 % level).")
     else:
         missing = [w for w, s in (("release", release), ("retained check", retain)) if not s]
         costs = (f"No estimate: this run's measured requests hold no {' and no '.join(missing)}"
@@ -562,67 +568,17 @@ def results(gate: pd.DataFrame, bounded: pd.DataFrame, learned: pd.DataFrame,
     }
 
 
-def figure(bounded: pd.DataFrame, learned: pd.DataFrame, *, heatmap: Policy = "bounded") -> Any:
-    """A matplotlib figure: the retention rate of `heatmap`'s grid over the two bounds (the
-    run's own bounds outlined) beside the retention rate against the cached bound at the run's
-    own free floor for both policies (frames from `replay_run`)."""
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-    from matplotlib.patches import Rectangle
-
-    if heatmap not in POLICIES:
-        raise WhatIfError(f"The value for `heatmap` must be one of {list(POLICIES)}, but "
-                         f"{heatmap!r} was passed.")
-    tb, tl = totals(bounded), totals(learned)
-    th = tb if heatmap == "bounded" else tl
-    heat = th.pivot(index="max_cached_fraction", columns="min_free_fraction",
-                    values="retention_rate").sort_index(ascending=False)
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(14, 5.5),
-                                  gridspec_kw={"width_ratios": [1.6, 1]})
-    sns.heatmap(heat, ax=ax, vmin=0, vmax=1, cmap="viridis",
-                cbar_kws={"label": "retention rate (retained / replayed normal calls)"},
-                xticklabels=[f"{v:g}" for v in heat.columns],
-                yticklabels=[f"{v:g}" for v in heat.index])
-    ax.set_xlabel("min_free_fraction (free floor, fraction of total)")
-    ax.set_ylabel("max_cached_fraction (cached bound, fraction of total)")
-    kind = bounded.attrs.get("device_kind", "?")
-    from residency import devices
-
-    label = f" ({devices.label(kind)})"
-    n_calls = int(th["calls"].iloc[0]) if len(th) else 0
-    ax.set_title(f"{heatmap} policy on recorded snapshots, n = {n_calls} normal calls\n"
-                 f"device kind {kind}{label}; red outline: the run's own bounds")
-    own = bounded.attrs.get("own_settings", [])
-    rows, cols = list(heat.index), list(heat.columns)
-    for c, f in own:
-        if c in rows and f in cols:
-            ax.add_patch(Rectangle((cols.index(f), rows.index(c)), 1, 1, fill=False,
-                                   edgecolor="red", lw=2.5))
-    floors = set(tb["min_free_fraction"])
-    floor = next((f for _, f in own if f in floors), float(tb["min_free_fraction"].iloc[0]))
-    for frame, label, style in ((tb, "bounded", "-o"), (tl, "learned-budget", "--s")):
-        sel = frame[frame["min_free_fraction"] == floor].sort_values("max_cached_fraction")
-        ax2.plot(sel["max_cached_fraction"], sel["retention_rate"], style, label=label)
-    for c in sorted({c for c, _ in own}):
-        ax2.axvline(c, color="red", lw=1, ls=":", label="run's own cached bound")
-    ax2.set_ylim(-0.05, 1.05)
-    ax2.set_xlabel("max_cached_fraction (learned budget: its cap)")
-    ax2.set_ylabel("retention rate")
-    ax2.set_title(f"both policies at min_free_fraction = {floor:g}")
-    ax2.legend(loc="lower right")
-    fig.tight_layout()
-    return fig
-
-
 # ----------------------------------------------------------------------------- formatters
 def _replay_note(grid: pd.DataFrame) -> str:
     a = grid.attrs
     skipped = a.get("skipped") or {}
     skip = ("; not replayable (no snapshot): " + ", ".join(
         f"{n} {r}" for r, n in sorted(skipped.items()))) if skipped else ""
-    warm = "warm-up requests included" if a.get("warmup", True) else "warm-up requests excluded"
-    return (f"calls: normal decisions with a memory snapshot of the {a.get('arm')} arm, runs "
-            f"{', '.join(a.get('runs', []))}, {warm} (measured_*: measured requests only)"
+    warm = ("warm-up requests excluded from the counts (replayed first only to carry the "
+            "learned budget's peak: warmup_* columns)" if a.get("warmup", True) else
+            "warm-up requests excluded (not replayed either)")
+    return (f"calls: normal decisions with a memory snapshot of the {a.get('arm')} arm's "
+            f"measured requests, runs {', '.join(a.get('runs', []))}; {warm}"
             f"{skip}. The replay re-evaluates the recorded snapshots; it does not model how a "
             f"different decision would have changed later memory states. "
             f"{device_note(str(a.get('device_kind')))}")
@@ -649,8 +605,9 @@ def gate_lines(gate: pd.DataFrame) -> list[str]:
 
 
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
-    return (["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-            + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+    from residency.tables import markdown_table
+
+    return markdown_table(header, rows).rstrip("\n").split("\n")
 
 
 def _pct(x: float) -> str:
@@ -665,10 +622,10 @@ def totals_lines(grid: pd.DataFrame) -> list[str]:
     rows = [(f"{r.max_cached_fraction:g}{' *' if r.own else ''}", f"{r.min_free_fraction:g}",
              r.calls, r.retained, r.released, _pct(r.retention_rate),
              ", ".join(f"r{k} {v}" for k, v in zip(ranks, r.released_per_rank, strict=True)),
-             f"{r.measured_released}/{r.measured_calls}")
+             f"{r.warmup_released}/{r.warmup_calls}")
             for r in t.itertuples(index=False)]
     head = ("max_cached_fraction", "min_free_fraction", "calls", "retained", "released",
-            "retention", "released per rank", "measured released/calls")
+            "retention", "released per rank", "warm-up released/calls (not counted)")
     return ([f"### What-if: {a.get('policy')} policy on {Path(str(a.get('path'))).name} "
              f"(device kind {a.get('device_kind')})", ""] + _md_table(head, rows)
             + ["", f"*`*` marks the run's own bounds. {_replay_note(grid)}*"])
@@ -690,54 +647,33 @@ def effect_lines(effect: EffectEstimate) -> list[str]:
             + _md_table(head, rows) + ["", f"*Units: ms, summed over ranks. {effect.note}*"])
 
 
-# ----------------------------------------------------------------------------- CLI
-def add_cli(subparsers: argparse._SubParsersAction) -> None:
-    """Register `whatif`."""
-    p = subparsers.add_parser(
-        "whatif", help="replay a run's recorded snapshots under other bounds and policies",
-        description="Replay every recorded normal decision's memory snapshot of RUN_DIR through "
-        "the policy with other bounds: a consistency gate (own bounds reproduce every decision)"
-        ", retained/released totals per setting, and an estimated effect (a model).")
-    p.add_argument("run_dir", metavar="RUN_DIR", help="run directory")
-    p.add_argument("--cached", default="0.05:0.5:0.05", metavar="START:STOP:STEP",
-                   help="max_cached_fraction grid, inclusive (default: 0.05:0.5:0.05)")
-    p.add_argument("--free", default="0.01:0.2:0.01", metavar="START:STOP:STEP",
-                   help="min_free_fraction grid, inclusive (default: 0.01:0.2:0.01)")
-    p.add_argument("--policy", choices=POLICIES, default="bounded")
-    p.add_argument("--arm", default="candidate", help="arm whose decisions are replayed")
-    p.add_argument("--format", choices=("md", "csv", "json"), default="md")
-    p.add_argument("--allow-incomplete", action="store_true",
-                   help="read a run whose manifest status is not 'complete'")
-    p.add_argument("--no-verify", action="store_true",
-                   help="read a run whose files differ from its recorded sha256")
+# ----------------------------------------------------------------------------- report
+def report(run: Run, *, cached: str = "0.05:0.5:0.05", free: str = "0.01:0.2:0.01",
+           policy: Policy = "bounded", arm: str = "candidate", fmt: str = "md"
+           ) -> tuple[str, bool]:
+    """What `residency whatif` prints: the gate, then (only when it passes) the totals and
+    the effect, as `fmt` (md, csv or json); returns (text, gate passed).
 
-
-def run_cli(args: argparse.Namespace) -> int:
-    """Run `whatif`: gate, totals, effect; exit 1 when the gate fails, 2 on error."""
-    try:
-        run = load_run(args.run_dir, allow_incomplete=args.allow_incomplete,
-                       verify=not args.no_verify)
-        gate = consistency(run)
-        grid = effect = None
-        if gate.empty:
-            grid = replay_run(run, cached=args.cached, free=args.free, policy=args.policy,
-                              arm=args.arm)
-            effect = estimated_effect(run, grid)
-    except (RunDirError, ValueError, OSError) as exc:
-        print(f"residency whatif: error: {exc}", file=sys.stderr)
-        return 2
-    if args.format == "json":
+    Raises:
+        WhatIfError: a bad range or policy, or nothing to replay.
+    """
+    gate = consistency(run)
+    grid = effect = None
+    if gate.empty:
+        grid = replay_run(run, cached=cached, free=free, policy=policy, arm=arm)
+        effect = estimated_effect(run, grid)
+    if fmt == "json":
         doc: dict[str, Any] = {"consistency": {
             "passed": gate.empty, "checked": gate.attrs["checked"],
             "mismatches": _records(gate)}}
         if grid is not None and effect is not None:
-            doc["whatif"] = {"policy": args.policy, "device_kind": run.device_kind,
+            doc["whatif"] = {"policy": policy, "device_kind": run.device_kind,
                              "own_settings": _own(grid),
                              "note": _replay_note(grid), "rows": _records(grid),
                              "totals": _records(totals(grid))}
             doc["estimated_effect"] = effect.to_dict()
         text = json.dumps(doc, indent=2, ensure_ascii=False)
-    elif args.format == "csv":
+    elif fmt == "csv":
         parts = ["# " + line for line in gate_lines(gate)]
         if not gate.empty:
             parts.append(gate.to_csv(index=False, lineterminator="\n").rstrip("\n"))
@@ -755,5 +691,4 @@ def run_cli(args: argparse.Namespace) -> int:
             lines.append("What-if not computed: the replay does not reproduce the recorded "
                          "decisions, so its counts for other bounds would not be trustworthy.")
         text = "\n".join(lines)
-    sys.stdout.write(text.rstrip("\n") + "\n")
-    return 0 if gate.empty else 1
+    return text, gate.empty

@@ -34,7 +34,7 @@ def service(tmp: Path, *args: str, ready_timeout: float = 240):
     """Yield (process, base_url, markers_dir); always stops the process group."""
     markers = tmp / "markers"
     cmd = [sys.executable, "-m", "residency.cli", "serve", "--device", "emulated-npu",
-           "--port", "0", "--markers", str(markers), *args]
+           "--port", "0", "--decisions-dir", str(markers), *args]
     log = open(tmp / "service.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
                             start_new_session=True)

@@ -94,7 +94,7 @@ ranks = 2
 [serve]
 command = ["{sys.executable}", "-m", "residency.cli", "serve", "--arm", "{{arm}}",
            "--device", "emulated-npu", "--ranks", "2", "--port", "{{port}}",
-           "--markers", "{{decisions_dir}}", "--scale", "0.02", "--resident-mib", "256"]
+           "--decisions-dir", "{{decisions_dir}}", "--scale", "0.02", "--resident-mib", "256"]
 env = {{ RESIDENCY_ARM = "{{arm}}" }}
 [health]
 url = "http://127.0.0.1:{{port}}/health"

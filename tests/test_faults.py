@@ -84,6 +84,8 @@ def test_port_already_taken(tmp_path) -> None:
     assert proc.returncode == 2
     assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr
     assert "Traceback" not in proc.stderr
+    # --markers is the deprecated alias of --decisions-dir for one release
+    assert "warning: --markers is deprecated; use --decisions-dir" in proc.stderr
 
 
 def test_unwritable_output_directory(tmp_path) -> None:
@@ -94,7 +96,9 @@ def test_unwritable_output_directory(tmp_path) -> None:
     proc = subprocess.run([sys.executable, "-m", "residency.cli", "pair", "--device",
                            "emulated-npu", "--out", str(blocker / "run"), "--no-progress"],
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1 and "cannot write the run directory" in proc.stderr
+    # bad input (README: an unusable output directory): exit 2, one line, no traceback
+    assert proc.returncode == 2 and "cannot write the run directory" in proc.stderr
+    assert proc.stderr.startswith("residency pair: error: ") and proc.stderr.count("\n") == 1
     assert "Traceback" not in proc.stderr
 
 

@@ -249,59 +249,66 @@ def test_fractions_are_of_total_and_plot_names_device_bounds_and_n() -> None:
 # ----------------------------------------------------------------------------- paired profile
 def test_paired_profile_attributions_and_results_keys() -> None:
     run = load_run(PAIRED)
-    pp = nb.paired_profile(run)
-    assert pp.pair == ("00-baseline", "01-candidate")
+    ev = nb.paired_profile(run)
+    assert ev.reference_pair == ("00-baseline", "01-candidate")
     rows = [json.loads(line) for f in sorted((PAIRED / "runs/00-baseline").glob("*.jsonl"))
             for line in f.read_text().splitlines()]
-    expected = {r: sum(d["end_ns"] - d["start_ns"] for d in rows if d["rank"] == r
-                       and d["kind"] == "normal" and d["request_id"] == "r0002") / 1e6
-                for r in (0, 1)}
-    assert pp.normal_call_ms["baseline"] == expected
-    assert pp.normal_calls == {"baseline": {"total": 4, "released": 4},
-                               "candidate": {"total": 4, "released": 0}}
-    assert pp.forced_calls["candidate"] == {"total": 8, "released": 8}
-    assert pp.idle is not None and pp.idle_error is None
-    assert pp.prepare_source == "trace window marker residency.phase[prepare]"
-    assert [len(pp.e2e_s[k]["baseline"]) for k in ("profiled", "unprofiled")] == [1, 1]
-    results = nb.paired_results(pp)
-    for key in ("device_kind", "normal_call_ms", "idle_intersection_ms", "e2e_s", "notes"):
+    expected = [sum(d["end_ns"] - d["start_ns"] for d in rows if d["rank"] == r
+                    and d["kind"] == "normal" and d["request_id"] == "r0002") / 1e6
+                for r in (0, 1)]
+    assert list(ev["normal_call_per_rank"].values["baseline"]) == expected
+    assert ev["normal_call_per_rank"].p_value is None  # ranks of one run: no test
+    results = nb.paired_results(ev)
+    assert results["normal_calls"] == {"baseline": {"total": 4, "released": 4},
+                                       "candidate": {"total": 4, "released": 0}}
+    assert results["forced_calls"]["candidate"] == {"total": 8, "released": 8}
+    assert ev.idle_error is None and "idle_intersection" in ev
+    assert ev["preparation_window"].source == "trace window marker residency.phase[prepare]"
+    assert [ev[k].n["baseline"] for k in ("e2e_profiled", "e2e_unprofiled")] == [1, 1]
+    for key in ("device_kind", "normal_call_ms", "idle_intersection_ms", "e2e_s", "notes",
+                "evidence"):
         assert key in results
     assert set(results["normal_call_ms"]) == set(results["idle_intersection_ms"]) == \
         set(results["e2e_s"]) == {"baseline", "candidate"}
-    assert results["e2e_s"] == pp.e2e_s["unprofiled"]
-    assert set(results["notes"]) == {"normal_call_duration", "normal_released",
-                                     "forced_released", "idle_intersection", "all_rank_idle",
+    assert results["e2e_s"] == results["e2e_s_unprofiled"]
+    assert set(results["notes"]) == {"normal_call_per_rank", "normal_call_per_run",
+                                     "normal_released", "forced_released",
+                                     "idle_intersection", "all_rank_idle",
                                      "preparation_window", "e2e_profiled", "e2e_unprofiled"}
-    assert "p < 0.05 is unreachable with 2 vs 2 values" in results["notes"][
-        "normal_call_duration"]
-    assert pp.note("e2e_profiled").startswith("**Statistical note (client E2E, profiled "
-                                              "pair).** Single observation")
+    assert "Every rank, in this run pair" in results["notes"]["normal_call_per_rank"]
+    assert "2 vs 2 runs" in results["notes"]["normal_call_per_run"]
+    assert nb.note(ev, "e2e_profiled").startswith("**Statistical note (client E2E, profiled "
+                                                  "pair).** Single observation")
+    assert "Judged on: pair" in nb.note(ev, "e2e_profiled")
     assert json.loads(json.dumps(results))  # plain JSON
 
 
 def test_paired_profile_frames_and_plots() -> None:
-    pp = nb.paired_profile(load_run(PAIRED))
-    assert nb.normal_call_frame(pp).index.tolist() == [0, 1]
-    assert nb.releases_frame(pp).loc["candidate", "normal calls released"] == "0/4"
-    assert nb.idle_frame(pp).notna().all().all()
-    assert nb.e2e_frame(pp).index.tolist() == [("profiled", 1), ("unprofiled", 1)]
-    for fig, n in ((nb.plot_normal_calls(pp), "n = 2 vs 2 ranks"),
-                   (nb.plot_idle(pp), "n = 1 profiled run per arm"),
-                   (nb.plot_e2e(pp), "n = 2 pairs in all")):
+    ev = nb.paired_profile(load_run(PAIRED))
+    assert nb.normal_call_frame(ev).index.tolist() == [0, 1]
+    per_run = nb.per_run_frame(ev)
+    assert per_run["profiled"].tolist() == ["profiled", "unprofiled", "profiled",
+                                            "unprofiled"]
+    assert nb.releases_frame(ev).loc["candidate", "normal calls released"] == "0/4"
+    assert nb.idle_frame(ev).notna().all().all()
+    assert nb.e2e_frame(ev).index.tolist() == [("profiled", 1), ("unprofiled", 1)]
+    for fig, n in ((nb.plot_normal_calls(ev), "n = 2 vs 2 ranks"),
+                   (nb.plot_idle(ev), "n = 1 profiled run per arm"),
+                   (nb.plot_e2e(ev), "n = 2 pairs in all")):
         title = (fig._suptitle or fig.axes[0].title).get_text()
         assert "emulated-npu (emulated NPU — not an NPU measurement)" in title and n in title
-    evidence, published = nb.evidence_tables(load_run(PAIRED), pp)
+    evidence, published = nb.evidence_tables(ev)
     assert evidence.attrs["device_kind"] == "emulated-npu"
     assert published.attrs["device_kind"] == "npu"
 
 
 def test_write_tables_and_finish(tmp_path: Path) -> None:
-    pp = nb.paired_profile(load_run(PAIRED))
-    paths = nb.write_tables(tmp_path, {"normal_calls": nb.normal_call_frame(pp)})
+    ev = nb.paired_profile(load_run(PAIRED))
+    paths = nb.write_tables(tmp_path, {"normal_calls": nb.normal_call_frame(ev)})
     assert [p.name for p in paths] == ["normal_calls.md", "normal_calls.csv"]
     assert (tmp_path / "normal_calls.csv").read_text().splitlines()[0] == \
         "rank,baseline (ms),candidate (ms),baseline / candidate"
-    nb.save_figure(nb.plot_e2e(pp), tmp_path, "e2e")
+    nb.save_figure(nb.plot_e2e(ev), tmp_path, "e2e")
     path = nb.finish(tmp_path, {"device_kind": "emulated-npu"})
     got = json.loads(path.read_text())
     assert got["files"] == ["e2e.png", "normal_calls.csv", "normal_calls.md"]

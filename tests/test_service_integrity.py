@@ -190,7 +190,7 @@ class _FakeProc:
 
 def test_killed_rank_is_named_even_when_the_survivor_reports_first(tmp_path) -> None:
     svc = Service(ServeConfig(arm="candidate", device_kind="emulated-npu", ranks=2,
-                              markers_dir=str(tmp_path)))
+                              decisions_dir=str(tmp_path)))
     svc.status = queue.Queue()
     svc.status.put({"rank": 0, "event": "error",
                     "error": "RuntimeError: [../gloo/transport/tcp/pair.cc] Read error"})
@@ -202,7 +202,7 @@ def test_killed_rank_is_named_even_when_the_survivor_reports_first(tmp_path) -> 
 
 def test_a_survivor_error_alone_is_reported_after_the_grace(tmp_path) -> None:
     svc = Service(ServeConfig(arm="candidate", device_kind="emulated-npu", ranks=2,
-                              markers_dir=str(tmp_path)))
+                              decisions_dir=str(tmp_path)))
     svc.status = queue.Queue()
     svc.status.put({"rank": 0, "event": "error", "error": "ValueError: boom"})
     svc.procs = [_FakeProc(1), _FakeProc(None)]
@@ -218,7 +218,7 @@ def test_a_survivor_error_alone_is_reported_after_the_grace(tmp_path) -> None:
 ])
 def test_request_bounds_are_400(tmp_path, body, field) -> None:
     svc = Service(ServeConfig(arm="candidate", device_kind="emulated-npu", ranks=1,
-                              markers_dir=str(tmp_path)))
+                              decisions_dir=str(tmp_path)))
     code, reply = svc.generate(body)
     assert code == 400 and f"`{field}`" in reply["error"]
 
@@ -229,7 +229,7 @@ def test_request_bounds_are_400(tmp_path, body, field) -> None:
 ])
 def test_serve_rejects_non_finite_options(tmp_path, option, value) -> None:
     proc = subprocess.run([*SERVE, "--arm", "candidate", "--device", "emulated-npu",
-                           "--markers", str(tmp_path / "m"), option, value],
+                           "--decisions-dir", str(tmp_path / "m"), option, value],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith(f"residency serve: error: {option}")

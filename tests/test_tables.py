@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import shutil
@@ -13,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from residency import tables
+from residency import cli, evidence, tables
 from residency.rundir import RunDirError, load_run
 
 DATA = Path(__file__).parent / "data" / "rundir"
@@ -28,11 +27,9 @@ IDLE = {
 
 
 def _cli(*argv: str) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser(prog="residency")
-    tables.add_cli(parser.add_subparsers(dest="command", required=True))
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
-        rc = tables.run_cli(parser.parse_args(["tables", *argv]))
+        rc = cli.main(["tables", *argv])
     return rc, out.getvalue(), err.getvalue()
 
 
@@ -60,8 +57,9 @@ def test_rows_units_and_emulated_label() -> None:
     assert list(table.columns) == list(tables.COLUMNS)
     assert "emulated NPU — not an NPU measurement" in table.attrs["title"]
     row = table.set_index("metric")
-    normal = row.loc["normal-call duration per rank, pair 00-baseline / 01-candidate"]
-    assert normal["baseline"].startswith("99.123456-102.1 ms") and normal["n"] == "2 vs 2 ranks"
+    normal = row.loc["normal-call duration per rank, profiled pair 00-baseline / 01-candidate"]
+    assert normal["baseline"].startswith("99.123456-102.1 ms")
+    assert normal["n"] == "2 vs 2 ranks (no test)" and "p=" not in normal["note"]
     assert row.loc["normal calls that released cache", "baseline"].startswith("2/2 released")
     assert row.loc["normal calls that released cache", "candidate"].startswith("0/2 released")
     assert row.loc["forced releases that released", "n"] == "4 vs 4 calls"  # warm-up excluded
@@ -109,8 +107,9 @@ def test_published_table_holds_every_brief_figure() -> None:
                    "2248.795837 s", "2244.482967 s", "24/24 normal checks retained",
                    "48/48 forced releases released", "0 telemetry errors", "0 OOM",
                    "2253.664743 s", "2239.304066 s", "-14.360677 s", "6.631556 s",
-                   "3.039535 s", "3.670694 s", "0.941927 s", "p = 2/C(16,8) = 0.000155"):
+                   "3.039535 s", "3.670694 s", "0.941927 s", "every rank, in this run pair"):
         assert figure in md, figure
+    assert "2/C(16,8)" not in md  # ranks of one run: a description, no p-value
 
 
 def test_cli_prints_table_with_empty_stderr() -> None:
@@ -219,5 +218,5 @@ def test_normal_durations_fall_back_to_service_lists(run_copy: Path) -> None:
         client.write_text(json.dumps(data))
     for log in run_copy.glob("runs/*/decisions-rank*.jsonl"):
         log.unlink()
-    run = load_run(run_copy)
-    assert tables._per_rank_normal_ms(run, run.arm("baseline")[0]) == [99.123456, 102.1]
+    ev = evidence.build(load_run(run_copy), traces=False)
+    assert list(ev["normal_call_per_rank"].values["baseline"]) == [99.123456, 102.1]

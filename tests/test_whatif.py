@@ -10,7 +10,6 @@ allocated (cached 0). All retained but the two rank-0 releases.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 import json
@@ -243,24 +242,26 @@ def test_grid_counts_per_rank_and_totals() -> None:
     assert list(grid.columns) == list(whatif.GRID_COLUMNS)
     assert len(grid) == 3 * 3 * 2
     own = grid[grid["own"]].set_index("rank")
+    # one scope rule: counts are of measured requests; warm-up calls are replayed (they carry
+    # the learned budget's peak) and counted apart
     assert own[["calls", "retained", "released"]].to_dict("index") == {
-        0: {"calls": 6, "retained": 4, "released": 2}, 1: {"calls": 4, "retained": 4,
+        0: {"calls": 4, "retained": 2, "released": 2}, 1: {"calls": 3, "retained": 3,
                                                             "released": 0}}
-    assert own.loc[0, "measured_calls"] == 4 and own.loc[0, "measured_released"] == 2
+    assert own["warmup_calls"].to_dict() == {0: 2, 1: 1}
     t = whatif.totals(grid).set_index(["max_cached_fraction", "min_free_fraction"])
     assert t.loc[(0.25, 0.05), "released"] == 2 and bool(t.loc[(0.25, 0.05), "own"])
     assert t.loc[(0.3, 0.04), "released"] == 0  # both rank-0 releases vanish
     assert t.loc[(0.2, 0.06), "released"] == 4
-    assert t["calls"].eq(10).all() and t["own"].sum() == 1
+    assert t["calls"].eq(7).all() and t["warmup_calls"].eq(3).all() and t["own"].sum() == 1
     assert grid.attrs["skipped"] == {} and grid.attrs["runs"] == ["01-candidate"]
 
 
 def test_warm_up_can_be_left_out() -> None:
     all_ = whatif.replay_run(FIXTURE, cached="0.25", free="0.05")
     measured = whatif.replay_run(FIXTURE, cached="0.25", free="0.05", warmup=False)
-    assert all_["calls"].sum() == 10 and measured["calls"].sum() == 7
-    assert (measured["calls"] == measured["measured_calls"]).all()
-    assert all_["measured_released"].tolist() == measured["released"].tolist()
+    assert all_["calls"].sum() == measured["calls"].sum() == 7
+    assert all_["warmup_calls"].sum() == 3 and measured["warmup_calls"].sum() == 0
+    assert all_["released"].tolist() == measured["released"].tolist()  # bounded: stateless
 
 
 # ----------------------------------------------------------------------------- learned budget
@@ -279,7 +280,9 @@ def test_learned_budget_on_the_fixture() -> None:
     # rank 1: its own peak from 0, not rank 0's: 1 GiB released, 1.2 <= 1.25, 3 > 1.5, 0
     assert by_rank[1] == ["rel", "ret", "rel", "ret"]
     grid = whatif.replay_run(FIXTURE, cached="0.25", free="0.05", policy="learned-budget")
-    assert grid.set_index("rank")["released"].to_dict() == {0: 5, 1: 2}
+    # counted: measured requests only (rank 0: calls 3-6, rank 1: calls 2-4)
+    assert grid.set_index("rank")["released"].to_dict() == {0: 3, 1: 1}
+    assert grid.set_index("rank")["warmup_released"].to_dict() == {0: 2, 1: 1}
 
 
 def test_learned_budget_decides_before_the_peak_learns_the_call(tmp_path: Path) -> None:
@@ -402,7 +405,7 @@ def test_cli_gate_then_totals_then_effect_with_empty_stderr() -> None:
     assert lines[0].startswith("Consistency gate: PASS: all 10 recorded normal decisions")
     text = out.stdout
     assert text.index("### What-if: bounded policy") < text.index("### Estimated effect")
-    assert "| 0.25 * | 0.05 | 10 | 8 | 2 | 80.0 % | r0 2, r1 0 | 2/7 |" in lines
+    assert "| 0.25 * | 0.05 | 7 | 5 | 2 | 71.4 % | r0 2, r1 0 | 0/3 |" in lines
     assert "not NPU figures" in text and "A model, not a measurement" in text
 
 
@@ -412,7 +415,7 @@ def test_cli_json_and_csv() -> None:
     assert out.returncode == 0 and out.stderr == ""
     doc = json.loads(out.stdout)
     assert doc["consistency"] == {"passed": True, "checked": 10, "mismatches": []}
-    assert {r["rank"]: r["released"] for r in doc["whatif"]["rows"]} == {0: 5, 1: 2}
+    assert {r["rank"]: r["released"] for r in doc["whatif"]["rows"]} == {0: 3, 1: 1}
     assert doc["estimated_effect"]["note"].startswith("A model, not a measurement")
     csv = _cli(str(FIXTURE), "--cached", "0.25", "--free", "0.05", "--format", "csv")
     assert csv.returncode == 0 and csv.stderr == ""
@@ -430,11 +433,11 @@ def test_cli_exit_1_when_the_gate_fails(run_copy: Path) -> None:
 
 
 def _cli_in_process(*argv: str) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser(prog="residency")
-    whatif.add_cli(parser.add_subparsers(dest="command", required=True))
+    from residency import cli
+
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
-        rc = whatif.run_cli(parser.parse_args(["whatif", *argv]))
+        rc = cli.main(["whatif", *argv])
     return rc, out.getvalue(), err.getvalue()
 
 
@@ -475,7 +478,7 @@ def test_results_document_is_json_ready() -> None:
     doc = whatif.results(whatif.consistency(run), bounded, learned,
                          whatif.estimated_effect(run, bounded), files={"figure": "x.png"})
     back = json.loads(json.dumps(doc))
-    assert back["bounded"][0]["released"] == 2 and back["learned_budget"][0]["released"] == 7
+    assert back["bounded"][0]["released"] == 2 and back["learned_budget"][0]["released"] == 4
     assert back["consistency"]["passed"] and back["files"] == {"figure": "x.png"}
 
 

@@ -1,0 +1,747 @@
+"""The evidence of a run directory: every attribution the suite makes, computed once.
+
+`build(run)` loads a run's decisions and client records once (`RunData`), then calls each
+registered attributor; the result is one immutable `Evidence` holding `Attribution`s, each
+with its values, unit, n, the statistical unit it was judged on, its scope (which runs,
+warm-up excluded or not), the statistics result and a note. `residency.tables`, every
+notebook, `results.json` and the what-if effect model only render it, so they agree by
+construction.
+
+Scope rule: warm-up requests are excluded from every attribution unless its `scope` says
+otherwise (the replay gate replays warm-up decisions too, and says so).
+
+Adding an attribution is one function:
+
+    @attributor("my_key")
+    def _my_key(data: RunData) -> Attribution | None: ...
+
+`load_decisions` is the one place where decisions are assigned to runs and requests (and
+marked warm-up or measured). No torch here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from residency import devices, stats
+from residency.rundir import DECISION_COLUMNS, Run, RunEntry
+
+ARMS = ("baseline", "candidate")
+NORMAL_MARKER = r"residency\.release\[normal\]"
+PREPARE_MARKER = r"residency\.phase\[prepare\]"
+TRACE_SOURCE = "trace window marker residency.phase[prepare]"
+RESPONSE_SOURCE = "service response, max over ranks of per_rank prepare_ns"
+
+__all__ = ["ARMS", "ATTRIBUTORS", "Attribution", "Evidence", "RunData", "Scope", "attributor",
+           "build", "idle_from_traces", "load_decisions", "measured_requests"]
+
+
+# ----------------------------------------------------------------------------- the model
+@dataclass(frozen=True)
+class Scope:
+    """Which data an attribution used: run names, and whether warm-up requests count."""
+
+    runs: tuple[str, ...]
+    warmup: bool = False
+    what: str = ""  # e.g. "profiled pair", "all measured runs"
+
+    def describe(self) -> str:
+        """e.g. `profiled pair 00-baseline, 01-candidate; measured requests (warm-up
+        excluded)`."""
+        req = ("warm-up and measured requests (warm-up included)" if self.warmup else
+               "measured requests (warm-up excluded)")
+        what = f"{self.what} " if self.what else ""
+        return f"{what}{', '.join(self.runs) or 'no runs'}; {req}"
+
+
+def _freeze(m: Mapping[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType({k: tuple(v) if isinstance(v, list) else v for k, v in m.items()})
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """One attribution: values per arm in `unit`, judged on `judged_on`, over `scope`.
+
+    `kind` says its shape: `description` (every rank of one run pair, no test), `groups`
+    (one value per run, Mann-Whitney), `pairs` (paired E2E, sign-flip), `counts` (k of n
+    calls, Clopper-Pearson), `tally` (plain counts), `single` (one value per arm), `samples`
+    (per-call values, no test), `gate` (pass/fail checks). `values[arm]` holds the numbers
+    (for `counts`: (k,) with `n[arm]` calls); `labels[arm]` names each value (rank, run or
+    pair). `result` is the `residency.stats` result, if a test or interval applies.
+    """
+
+    key: str
+    metric: str
+    kind: str
+    unit: str
+    values: Mapping[str, tuple[Any, ...]]
+    n: Mapping[str, int]
+    judged_on: str
+    scope: Scope
+    note: str
+    labels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    result: Any = None
+    source: str = ""
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("values", "n", "labels", "detail"):
+            object.__setattr__(self, name, _freeze(getattr(self, name)))
+
+    @property
+    def p_value(self) -> float | None:
+        """The test's two-sided p, when a test applies."""
+        return getattr(self.result, "p_value", None) if self.result is not None and \
+            not isinstance(self.result, Mapping) else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: every field, the stats result as its own `to_dict()`."""
+        res = self.result
+        if isinstance(res, Mapping):
+            res = {k: v.to_dict() for k, v in res.items()}
+        elif res is not None:
+            res = res.to_dict()
+        return {"key": self.key, "metric": self.metric, "kind": self.kind, "unit": self.unit,
+                "values": {a: list(v) for a, v in self.values.items()},
+                "labels": {a: list(v) for a, v in self.labels.items()},
+                "n": dict(self.n), "judged_on": self.judged_on,
+                "scope": {"runs": list(self.scope.runs), "warmup": self.scope.warmup,
+                          "what": self.scope.what, "text": self.scope.describe()},
+                "p_value": self.p_value, "result": res, "source": self.source,
+                "note": self.note, "detail": _plain(self.detail)}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Every attribution of one run directory (see the module docstring)."""
+
+    run_dir: Path
+    device_kind: str
+    design: str | None
+    status: str
+    reference_pair: tuple[str, str] | None  # run names of the profiled (reference) pair
+    attributions: tuple[Attribution, ...]
+    idle_error: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The run directory's name (", INCOMPLETE run" appended when not complete)."""
+        return self.run_dir.name + ("" if self.status == "complete" else ", INCOMPLETE run")
+
+    @property
+    def label(self) -> str:
+        """The device kind's label (`residency.devices.label`)."""
+        return devices.label(self.device_kind)
+
+    def keys(self) -> tuple[str, ...]:
+        """Keys of the attributions present, in order."""
+        return tuple(a.key for a in self.attributions)
+
+    def get(self, key: str) -> Attribution | None:
+        """The attribution `key`, or None when the run has no data for it."""
+        return next((a for a in self.attributions if a.key == key), None)
+
+    def __getitem__(self, key: str) -> Attribution:
+        found = self.get(key)
+        if found is None:
+            raise KeyError(f"no attribution {key!r} in {self.run_dir.name} (present: "
+                           f"{', '.join(self.keys()) or 'none'})")
+        return found
+
+    def __contains__(self, key: object) -> bool:
+        return any(a.key == key for a in self.attributions)
+
+    def __iter__(self) -> Iterator[Attribution]:
+        return iter(self.attributions)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: run, device kind, reference pair and every attribution by key."""
+        return {"run_dir": str(self.run_dir), "device_kind": self.device_kind,
+                "device_label": self.label, "design": self.design, "status": self.status,
+                "reference_pair": list(self.reference_pair) if self.reference_pair else None,
+                "idle_error": self.idle_error,
+                "attributions": {a.key: a.to_dict() for a in self.attributions}}
+
+    def __repr__(self) -> str:
+        return (f"<Evidence {self.run_dir.name} ({self.device_kind}): "
+                f"{', '.join(self.keys())}>")
+
+
+# ----------------------------------------------------------------------------- loading
+def measured_requests(run: Run, entry: RunEntry) -> list[dict[str, Any]]:
+    """The measured requests of one run entry, in order: `request_id` and `response`."""
+    client = run.client(entry)
+    if client.get("requests"):
+        return [{"request_id": r.get("request_id"), "response": r.get("response") or {}}
+                for r in client["requests"]]
+    return [{"request_id": client.get("request_id"), "response": client.get("response") or {}}]
+
+
+def load_decisions(run: Run) -> pd.DataFrame:
+    """Every decision of every run entry, warm-up included, one row per policy call.
+
+    The decisions columns plus `run` (entry name), `run_arm` (the entry's arm), `profiled`,
+    `run_index`, `warmup` (True for warm-up requests) and `request` (1-based order of the
+    measured request within its run; 0 for warm-up). This is the one place where a decision
+    is assigned to a request.
+    """
+    frames = []
+    for entry in run.runs:
+        df = run.decisions(entry, warmup=True)
+        order = {r["request_id"]: i for i, r in enumerate(measured_requests(run, entry), 1)}
+        frames.append(df.assign(run=entry.name, run_arm=entry.arm, profiled=entry.profiled,
+                                run_index=entry.index,
+                                request=[0 if w else order.get(r, 0) for r, w in
+                                         zip(df["request_id"], df["warmup"], strict=True)]))
+    cols = [*DECISION_COLUMNS, "run", "run_arm", "profiled", "run_index", "request"]
+    if not frames:
+        return pd.DataFrame(columns=cols)
+    return pd.concat(frames, ignore_index=True)[cols]
+
+
+def reference_pair(run: Run) -> tuple[RunEntry, RunEntry] | None:
+    """The profiled pair if any, else the first run of each arm (None without both arms)."""
+    first = {}
+    for arm in ARMS:
+        runs = run.arm(arm)
+        if not runs:
+            return None
+        first[arm] = next((r for r in runs if r.profiled), runs[0])
+    return first["baseline"], first["candidate"]
+
+
+def idle_from_traces(run: Run, pair: tuple[RunEntry, RunEntry] | None = None
+                     ) -> tuple[dict[str, dict[str, int]] | None, str | None]:
+    """Idle figures (ns) of the reference pair from its traces: arm ->
+    {marker_idle_intersection_ns, all_rank_idle_ns, prepare_ns}; (None, reason) when the
+    analysis failed, (None, None) when the pair has no traces."""
+    pair = reference_pair(run) if pair is None else pair
+    if pair is None or any(e.trace_dir is None for e in pair):
+        return None, None
+    try:
+        from residency.idle import idle_summary
+        from residency.traces import load_traces
+
+        out = {}
+        for arm, entry in zip(ARMS, pair, strict=True):
+            timelines = load_traces(entry.dir / "trace")
+            whole = idle_summary(timelines, marker=NORMAL_MARKER)
+            prep = idle_summary(timelines, marker=NORMAL_MARKER, window_marker=PREPARE_MARKER)
+            start, end = _get(prep, "window_ns")
+            out[arm] = {"marker_idle_intersection_ns": int(_get(whole,
+                                                                "marker_idle_intersection_ns")),
+                        "all_rank_idle_ns": int(_get(whole, "all_rank_idle_ns")),
+                        "prepare_ns": int(end) - int(start)}
+        return out, None
+    except (ImportError, AttributeError, TypeError, KeyError, ValueError, OSError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def _get(obj: Any, key: str) -> Any:
+    return obj[key] if isinstance(obj, Mapping) else getattr(obj, key)
+
+
+@dataclass
+class RunData:
+    """A loaded run, read once: decisions (all, warm-up marked), client records, the
+    reference pair and (lazily) the idle figures of its traces."""
+
+    run: Run
+    idle_override: Mapping[str, Mapping[str, int]] | None = None
+    idle_error_override: str | None = None
+    traces: bool = True
+
+    @cached_property
+    def decisions(self) -> pd.DataFrame:
+        """`load_decisions(run)`."""
+        return load_decisions(self.run)
+
+    @cached_property
+    def measured(self) -> pd.DataFrame:
+        """Decisions of measured requests only (the scope rule)."""
+        d = self.decisions
+        return d[~d["warmup"].astype(bool)].reset_index(drop=True)
+
+    @cached_property
+    def pair(self) -> tuple[RunEntry, RunEntry] | None:
+        """`reference_pair(run)`."""
+        return reference_pair(self.run)
+
+    @cached_property
+    def clients(self) -> dict[str, dict[str, Any]]:
+        """Run name -> client.json."""
+        return {e.name: self.run.client(e) for e in self.run.runs}
+
+    @cached_property
+    def _idle(self) -> tuple[dict[str, dict[str, int]] | None, str | None]:
+        if self.idle_override is not None or self.idle_error_override is not None:
+            idle = None if self.idle_override is None else {
+                a: dict(v) for a, v in self.idle_override.items()}
+            return idle, self.idle_error_override
+        if not self.traces:
+            return None, None
+        return idle_from_traces(self.run, self.pair)
+
+    @property
+    def idle(self) -> dict[str, dict[str, int]] | None:
+        """Arm -> idle figures (ns) of the reference pair, None without traces."""
+        return self._idle[0]
+
+    @property
+    def idle_error(self) -> str | None:
+        """Why the trace analysis failed, if it did."""
+        return self._idle[1]
+
+    def entries(self, arm: str, *, profiled: bool | None = None) -> tuple[RunEntry, ...]:
+        """Run entries of `arm` (only profiled or unprofiled ones when given), by index."""
+        return tuple(e for e in self.run.arm(arm) if profiled is None or e.profiled == profiled)
+
+    def responses(self, entry: RunEntry) -> list[dict[str, Any]]:
+        """Service responses of the entry's measured requests."""
+        client = self.clients[entry.name]
+        if client.get("requests"):
+            return [r.get("response") or {} for r in client["requests"]]
+        return [client.get("response") or {}]
+
+
+# ----------------------------------------------------------------------------- registry
+ATTRIBUTORS: dict[str, Callable[[RunData], Attribution | None]] = {}
+
+
+def attributor(key: str) -> Callable[[Callable[[RunData], Attribution | None]],
+                                     Callable[[RunData], Attribution | None]]:
+    """Register `fn(data) -> Attribution | None` as the attribution `key` (None: no data)."""
+    def register(fn: Callable[[RunData], Attribution | None]
+                 ) -> Callable[[RunData], Attribution | None]:
+        ATTRIBUTORS[key] = fn
+        return fn
+    return register
+
+
+def build(run: Run, *, idle: Mapping[str, Mapping[str, int]] | None = None,
+          idle_error: str | None = None, traces: bool = True,
+          keys: Sequence[str] | None = None) -> Evidence:
+    """The evidence of a loaded run: every registered attribution that has data.
+
+    `idle` (arm -> idle figures in ns) and `idle_error` replace the trace analysis of the
+    reference pair; `traces=False` skips it. `keys` limits the attributions computed.
+    """
+    data = RunData(run, idle_override=idle, idle_error_override=idle_error, traces=traces)
+    out = []
+    for key, fn in ATTRIBUTORS.items():
+        if keys is not None and key not in keys:
+            continue
+        a = fn(data)
+        if a is not None:
+            out.append(a)
+    pair = data.pair
+    needs_idle = keys is None or any(k in keys for k in ("idle_intersection", "all_rank_idle",
+                                                          "preparation_window"))
+    return Evidence(run_dir=run.path, device_kind=run.device_kind, design=run.design,
+                    status=run.status,
+                    reference_pair=(pair[0].name, pair[1].name) if pair else None,
+                    attributions=tuple(out), idle_error=data.idle_error if needs_idle else None)
+
+
+# ----------------------------------------------------------------------------- helpers
+def _normal_ms_by_rank(data: RunData, entry: RunEntry) -> dict[int, float]:
+    """Rank -> summed normal-call duration (ms) of the entry's measured requests; from the
+    decisions, else from the service response's per-rank durations."""
+    d = data.measured
+    normal = d[(d["run"] == entry.name) & (d["kind"] == "normal")]
+    if not normal.empty:
+        return {int(r): float(v) / 1e6
+                for r, v in normal.groupby("rank")["duration_ns"].sum().items()}
+    out: dict[int, float] = {}
+    for response in data.responses(entry):
+        for pr in response.get("per_rank") or []:
+            n = pr.get("normal") or {}
+            if n.get("count"):
+                dur = n["duration_ns"]
+                total = sum(dur) if isinstance(dur, (list, tuple)) else dur
+                out[int(pr["rank"])] = out.get(int(pr["rank"]), 0.0) + float(total) / 1e6
+    return out
+
+
+def _range(values: Sequence[float]) -> tuple[float, float]:
+    return float(min(values)), float(max(values))
+
+
+def _fmt_range(values: Sequence[float], unit: str) -> str:
+    lo, hi = _range(values)
+    return f"{stats.fmt_num(lo)}-{stats.fmt_num(hi)} {unit}"
+
+
+# ----------------------------------------------------------------------------- attributions
+@attributor("normal_call_per_rank")
+def _normal_call_per_rank(data: RunData) -> Attribution | None:
+    """Per-rank summed normal-call duration of the reference pair: a description of every
+    rank of one run pair, no test."""
+    if data.pair is None:
+        return None
+    by_rank = {a: _normal_ms_by_rank(data, e) for a, e in zip(ARMS, data.pair, strict=True)}
+    if not all(by_rank.values()):
+        return None
+    vals = {a: [by_rank[a][r] for r in sorted(by_rank[a])] for a in ARMS}
+    b, c = vals["baseline"], vals["candidate"]
+    bm, cm = float(np.median(b)), float(np.median(c))
+    if max(c) < min(b):
+        order = "every candidate rank below every baseline rank"
+    elif max(b) < min(c):
+        order = "every baseline rank below every candidate rank"
+    else:
+        order = "the two arms' ranks overlap"
+    names = f"{data.pair[0].name} / {data.pair[1].name}"
+    what = "profiled pair" if data.pair[0].profiled else "reference pair"
+    speed = stats.fmt_speed(cm / bm if bm else None)
+    note = (f"Every rank, in this run pair ({what} {names}): baseline {_fmt_range(b, 'ms')}, "
+            f"candidate {_fmt_range(c, 'ms')}, {order}; median over ranks "
+            f"{stats.fmt_num(bm)} -> {stats.fmt_num(cm)} ms ({speed}). A description of the "
+            f"ranks of one run each, not a test: ranks of one run are not independent "
+            f"replicates (the cross-run claim is the per-run attribution).")
+    return Attribution(
+        key="normal_call_per_rank", metric=f"normal-call duration per rank, {what} {names}",
+        kind="description", unit="ms", values=vals, n={a: len(vals[a]) for a in ARMS},
+        labels={a: [f"rank {r}" for r in sorted(by_rank[a])] for a in ARMS},
+        judged_on="rank (every rank, in this run pair; no test)",
+        scope=Scope(runs=(data.pair[0].name, data.pair[1].name), what=what), note=note,
+        detail={"ranks": {a: sorted(by_rank[a]) for a in ARMS}, "medians": {
+            "baseline": bm, "candidate": cm}})
+
+
+@attributor("normal_call_per_run")
+def _normal_call_per_run(data: RunData) -> Attribution | None:
+    """One value per measured run: the median over ranks of each rank's summed normal-call
+    duration; arms compared with an exact Mann-Whitney U test, the run as the unit (only
+    with at least 2 runs per arm: n = 1 allows no test)."""
+    per_run: dict[str, list[tuple[RunEntry, float, list[float]]]] = {a: [] for a in ARMS}
+    for a in ARMS:
+        for e in data.entries(a):
+            ranks = _normal_ms_by_rank(data, e)
+            if ranks:
+                v = [ranks[r] for r in sorted(ranks)]
+                per_run[a].append((e, float(np.median(v)), v))
+    if min(len(v) for v in per_run.values()) < 2:  # one run per arm: the per-rank view says it
+        return None
+    vals = {a: [v for _, v, _ in per_run[a]] for a in ARMS}
+    result = stats.compare_groups(vals["baseline"], vals["candidate"], unit="ms",
+                                  replicate="run")
+    prof = {a: sum(e.profiled for e, _, _ in per_run[a]) for a in ARMS}
+    mix = ", ".join(f"{a}: {prof[a]} profiled + {len(per_run[a]) - prof[a]} unprofiled"
+                    for a in ARMS)
+    note = (f"{result.note} Runs per arm ({mix}); each value is one run's median over its "
+            f"ranks of the summed normal-call duration; profiled runs also record trace "
+            f"markers (about 10 us per call).")
+    runs = tuple(e.name for a in ARMS for e, _, _ in per_run[a])
+    return Attribution(
+        key="normal_call_per_run", metric="normal-call duration per run (median over ranks)",
+        kind="groups", unit="ms", values=vals, n={a: len(vals[a]) for a in ARMS},
+        labels={a: [e.name for e, _, _ in per_run[a]] for a in ARMS},
+        judged_on="run (one value per service run)", result=result,
+        scope=Scope(runs=runs, what="all measured runs"), note=note,
+        detail={"profiled": {a: [e.profiled for e, _, _ in per_run[a]] for a in ARMS},
+                "per_rank_ms": {a: [v for _, _, v in per_run[a]] for a in ARMS}})
+
+
+@attributor("normal_call_durations")
+def _normal_call_durations(data: RunData) -> Attribution | None:
+    """Every measured normal call's duration (ms) per arm, with its outcome and run: the
+    samples the what-if effect model prices calls with. No test (calls are not the unit)."""
+    d = data.measured
+    normal = d[d["kind"] == "normal"].sort_values(["run_index", "rank", "start_ns"])
+    if normal.empty:
+        return None
+    vals, outcomes, runs = {}, {}, {}
+    for a in ARMS:
+        mine = normal[normal["run_arm"] == a]
+        vals[a] = [float(x) / 1e6 for x in mine["duration_ns"]]
+        outcomes[a] = [str(x) for x in mine["outcome"]]
+        runs[a] = [str(x) for x in mine["run"]]
+    return Attribution(
+        key="normal_call_durations", metric="normal-call duration per call", kind="samples",
+        unit="ms", values=vals, n={a: len(vals[a]) for a in ARMS},
+        labels={a: [f"{r} rank {k}" for r, k in zip(runs[a], normal[normal["run_arm"] == a][
+            "rank"], strict=True)] for a in ARMS},
+        judged_on="call (samples for the what-if cost model; no test: calls of one run are "
+                  "not independent replicates)",
+        scope=Scope(runs=tuple(sorted(set(normal["run"]))), what="all measured runs"),
+        note="Per-call durations of the measured requests, by arm, with each call's outcome "
+             "and run; the what-if model prices predicted calls with their medians.",
+        detail={"outcome": outcomes, "run": runs})
+
+
+def _counts(data: RunData, kind: str, key: str, metric: str) -> Attribution | None:
+    d = data.measured
+    calls = d[d["kind"] == kind]
+    if calls.empty:
+        return None
+    k = {a: int((calls[calls["run_arm"] == a]["outcome"] == "released").sum()) for a in ARMS}
+    n = {a: int((calls["run_arm"] == a).sum()) for a in ARMS}
+    runs = {a: sorted(set(calls[calls["run_arm"] == a]["run"])) for a in ARMS}
+    ranks = {a: int(calls[calls["run_arm"] == a]["rank"].nunique()) for a in ARMS}
+    result = {a: stats.proportion(k[a], n[a]) for a in ARMS if n[a]}
+    ci = ", ".join(f"{a} {p.ci[0]:.1%}-{p.ci[1]:.1%}" for a, p in result.items()
+                   ).replace("%", " %")
+    clusters = "; ".join(f"{a}: {n[a]} calls in {len(runs[a])} runs x {ranks[a]} ranks"
+                         for a in ARMS if n[a])
+    note = (f"Clopper-Pearson 95 %: {ci or 'no calls'}. The calls are outcomes of a "
+            f"deterministic rule (the policy on each call's memory state), clustered in runs "
+            f"and ranks ({clusters}): the interval describes these calls as if they were "
+            f"independent draws; it supports \"this many of these calls\", not a rate for "
+            f"other runs, workloads or devices.")
+    if not all(n.values()):
+        note = "No calls of this kind recorded in at least one arm: nothing to compare. " + note
+    return Attribution(
+        key=key, metric=metric, kind="counts", unit="calls",
+        values={a: [k[a]] for a in ARMS}, n=n, judged_on="call (k of n; clustered in runs "
+        "and ranks)", result=result or None,
+        scope=Scope(runs=tuple(sorted(set(calls["run"]))), what="all measured runs"),
+        note=note, detail={"runs": runs, "ranks": ranks})
+
+
+@attributor("normal_released")
+def _normal_released(data: RunData) -> Attribution | None:
+    return _counts(data, "normal", "normal_released", "normal calls that released cache")
+
+
+@attributor("forced_released")
+def _forced_released(data: RunData) -> Attribution | None:
+    return _counts(data, "forced", "forced_released", "forced releases that released")
+
+
+@attributor("telemetry_errors")
+def _telemetry_errors(data: RunData) -> Attribution | None:
+    d = data.measured
+    if d.empty:
+        return None
+    errors = {a: int((d[d["run_arm"] == a]["reason"] == "telemetry-unavailable").sum())
+              for a in ARMS}
+    first = {a: next((str(x) for x in d[(d["run_arm"] == a) & (
+        d["reason"] == "telemetry-unavailable")]["error"]), None) for a in ARMS}
+    return Attribution(
+        key="telemetry_errors", metric="telemetry errors", kind="tally", unit="calls",
+        values={a: [errors[a]] for a in ARMS}, n={a: int((d["run_arm"] == a).sum())
+                                                   for a in ARMS},
+        judged_on="call (plain counts)", scope=Scope(runs=tuple(sorted(set(d["run"]))),
+                                                     what="all measured runs"),
+        note="Counts over all measured runs. A telemetry error makes a normal call release "
+             "(the conservative path).", detail={"first_error": first})
+
+
+@attributor("oom")
+def _oom(data: RunData) -> Attribution | None:
+    vals: dict[str, list[int]] = {}
+    reported = True
+    for a in ARMS:
+        ooms = [pr.get("oom") for e in data.entries(a) for resp in data.responses(e)
+                for pr in resp.get("per_rank") or []]
+        if not ooms or None in ooms:
+            reported = False
+        vals[a] = [int(sum(o for o in ooms if o is not None))]
+    if not data.run.runs:
+        return None
+    return Attribution(
+        key="oom", metric="out-of-memory errors", kind="tally", unit="errors",
+        values=vals if reported else {a: [None] for a in ARMS},
+        n={a: len(data.entries(a)) for a in ARMS}, judged_on="run (plain counts)",
+        scope=Scope(runs=tuple(e.name for e in data.run.runs), what="all measured runs"),
+        note="Out-of-memory errors the service reported per rank, summed over measured "
+             "requests." + ("" if reported else " Not reported by this service: n/a."))
+
+
+def _single(key: str, metric: str, unit: str, scale: float, b: float, c: float,
+            data: RunData, source: str) -> Attribution:
+    result = stats.single(b / scale, c / scale, unit=unit)
+    pair = data.pair
+    runs = (pair[0].name, pair[1].name) if pair else ()
+    return Attribution(
+        key=key, metric=metric, kind="single", unit=unit,
+        values={"baseline": [result.baseline], "candidate": [result.candidate]},
+        n={a: 1 for a in ARMS}, judged_on="single observation per arm", result=result,
+        scope=Scope(runs=runs, what="profiled pair" if pair and pair[0].profiled else
+                    "reference pair"),
+        note=f"{result.note} Source: {source}.", source=source)
+
+
+@attributor("idle_intersection")
+def _idle_intersection(data: RunData) -> Attribution | None:
+    idle = data.idle or {}
+    if not all("marker_idle_intersection_ns" in (idle.get(a) or {}) for a in ARMS):
+        return None
+    return _single("idle_intersection", "normal-release markers ∩ all-rank no-device-task time",
+                   "ms", 1e6, idle["baseline"]["marker_idle_intersection_ns"],
+                   idle["candidate"]["marker_idle_intersection_ns"], data,
+                   "trace analysis of the profiled pair")
+
+
+@attributor("all_rank_idle")
+def _all_rank_idle(data: RunData) -> Attribution | None:
+    idle = data.idle or {}
+    if not all("all_rank_idle_ns" in (idle.get(a) or {}) for a in ARMS):
+        return None
+    return _single("all_rank_idle", "all-rank no-device-task time", "s", 1e9,
+                   idle["baseline"]["all_rank_idle_ns"], idle["candidate"]["all_rank_idle_ns"],
+                   data, "trace analysis of the profiled pair")
+
+
+@attributor("preparation_window")
+def _preparation_window(data: RunData) -> Attribution | None:
+    idle = data.idle or {}
+    prep = {a: (idle.get(a) or {}).get("prepare_ns") for a in ARMS}
+    source = TRACE_SOURCE
+    if None in prep.values() and data.pair is not None:
+        source = RESPONSE_SOURCE
+        prep = {}
+        for a, e in zip(ARMS, data.pair, strict=True):
+            per_rank = [pr for resp in data.responses(e) for pr in resp.get("per_rank") or []]
+            prep[a] = max((pr["prepare_ns"] for pr in per_rank if "prepare_ns" in pr),
+                          default=None)
+    if None in prep.values() or len(prep) < 2:
+        return None
+    return _single("preparation_window", "preparation window", "s", 1e9, prep["baseline"],
+                   prep["candidate"], data, source)
+
+
+def _e2e(data: RunData, entry: RunEntry) -> float | None:
+    if entry.e2e_s is not None:
+        return float(entry.e2e_s)
+    v = data.clients[entry.name].get("e2e_s")
+    return None if v is None else float(v)
+
+
+def _e2e_pairs(data: RunData, profiled: bool) -> Attribution | None:
+    runs = tuple(data.entries(a, profiled=profiled) for a in ARMS)
+    both = [(b, c, _e2e(data, b), _e2e(data, c)) for b, c in zip(*runs, strict=False)]
+    pairs = [(b, c, x, y) for b, c, x, y in both if x is not None and y is not None]
+    if not pairs:
+        return None
+    left = len(runs[0]) + len(runs[1]) - 2 * len(pairs)
+    extra = f" {left} run(s) without a complete pair left out." if left else ""
+    result = stats.compare_pairs([p[2] for p in pairs], [p[3] for p in pairs], unit="s")
+    present = {r.profiled for r in data.run.runs}
+    key = "e2e_profiled" if profiled else "e2e_unprofiled"
+    if len(present) > 1:
+        metric = "client E2E, profiled pair" if profiled else "client E2E per unprofiled pair"
+    else:
+        metric = "client E2E per pair"
+    return Attribution(
+        key=key, metric=metric, kind="pairs", unit="s",
+        values={"baseline": [p[2] for p in pairs], "candidate": [p[3] for p in pairs]},
+        n={a: len(pairs) for a in ARMS},
+        labels={a: [f"{p[0].name} / {p[1].name}" for p in pairs] for a in ARMS},
+        judged_on="pair (pair i: the i-th run of each arm; ABBA order)", result=result,
+        scope=Scope(runs=tuple(e.name for p in pairs for e in p[:2]),
+                    what="profiled runs" if profiled else "unprofiled runs"),
+        note=result.note + extra,
+        detail={"deltas_s": list(result.deltas), "delta_of_medians_s":
+                result.candidate_median - result.baseline_median,
+                "median_of_deltas_s": result.delta})
+
+
+@attributor("e2e_profiled")
+def _e2e_profiled(data: RunData) -> Attribution | None:
+    return _e2e_pairs(data, True)
+
+
+@attributor("e2e_unprofiled")
+def _e2e_unprofiled(data: RunData) -> Attribution | None:
+    return _e2e_pairs(data, False)
+
+
+REQUEST_COLUMNS = ["run", "request", "request_id", "rank", "normal_checks", "normal_retained",
+                   "normal_released", "forced", "forced_released", "telemetry_errors", "oom"]
+
+
+@attributor("requests")
+def _requests(data: RunData) -> Attribution | None:
+    """Per run x measured request x rank of the candidate arm: normal checks (retained /
+    released), forced releases, telemetry errors and OOM (None when not reported)."""
+    rows = []
+    d = data.measured
+    for entry in data.entries("candidate"):
+        for number, req in enumerate(measured_requests(data.run, entry), 1):
+            mine = d[(d["run"] == entry.name) & (d["request_id"] == req["request_id"])]
+            oom = {int(pr["rank"]): int(pr["oom"]) for pr in req["response"].get("per_rank")
+                   or [] if "rank" in pr and pr.get("oom") is not None}
+            for rank in sorted(set(mine["rank"].astype(int)) | set(oom)):
+                r = mine[mine["rank"] == rank]
+                normal, forced = r[r["kind"] == "normal"], r[r["kind"] == "forced"]
+                rows.append({
+                    "run": entry.name, "request": number, "request_id": req["request_id"],
+                    "rank": rank, "normal_checks": len(normal),
+                    "normal_retained": int((normal["outcome"] == "retained").sum()),
+                    "normal_released": int((normal["outcome"] == "released").sum()),
+                    "forced": len(forced),
+                    "forced_released": int((forced["outcome"] == "released").sum()),
+                    "telemetry_errors": int((r["reason"] == "telemetry-unavailable").sum()),
+                    "oom": oom.get(rank)})
+    if not rows:
+        return None
+    rows.sort(key=lambda x: (x["run"], x["rank"], x["request"]))
+    total = {k: sum(r[k] for r in rows) for k in ("normal_checks", "normal_retained",
+                                                   "forced", "forced_released",
+                                                   "telemetry_errors")}
+    ooms = [r["oom"] for r in rows]
+    total["oom"] = None if any(o is None for o in ooms) else sum(ooms)
+    return Attribution(
+        key="requests", metric="candidate calls per rank and measured request", kind="tally",
+        unit="calls", values={"candidate": [total[k] for k in total]},
+        labels={"candidate": list(total)}, n={"candidate": len(rows)},
+        judged_on="rank x measured request (plain counts)",
+        scope=Scope(runs=tuple(sorted({r["run"] for r in rows})), what="candidate runs"),
+        note="Counts from the per-rank decision logs (warm-up excluded); oom from the "
+             "service's response (None when the service does not report it).",
+        detail={"rows": rows, "totals": total,
+                "ranks": len({r["rank"] for r in rows}),
+                "requests": len({(r["run"], r["request"]) for r in rows})})
+
+
+@attributor("replay_gate")
+def _replay_gate(data: RunData) -> Attribution | None:
+    """The one replay gate: every recorded normal decision with a snapshot, of every arm,
+    warm-up included, replayed with its own bounds by `residency.policy`'s rule
+    (`residency.whatif.consistency`) must reproduce its outcome and reason."""
+    from residency import whatif
+
+    try:
+        gate = whatif.consistency(data.run, arm=None)
+    except whatif.WhatIfError as exc:
+        return Attribution(
+            key="replay_gate", metric="decisions reproduced by the policy on their snapshots",
+            kind="gate", unit="decisions", values={"all": [0, 0]}, n={"all": 0},
+            judged_on="decision (every one checked)",
+            scope=Scope(runs=tuple(e.name for e in data.run.runs), warmup=True,
+                        what="all runs"),
+            note=f"Nothing to replay: {exc}", detail={"mismatches": [], "passed": None})
+    mismatches = gate.to_dict(orient="records")
+    checked = int(gate.attrs.get("checked", 0))
+    return Attribution(
+        key="replay_gate", metric="decisions reproduced by the policy on their snapshots",
+        kind="gate", unit="decisions", values={"all": [checked - len(mismatches),
+                                                       len(mismatches)]},
+        labels={"all": ["reproduced", "mismatched"]}, n={"all": checked},
+        judged_on="decision (every one checked)",
+        scope=Scope(runs=tuple(gate.attrs.get("runs", [])), warmup=True,
+                    what="all runs, every arm"),
+        note=(f"{checked - len(mismatches)} of {checked} recorded normal decisions (warm-up "
+              f"included) reproduced by residency.policy's bounds rule on their own snapshots "
+              f"and bounds."),
+        detail={"mismatches": _plain(mismatches), "passed": not mismatches})

@@ -1,0 +1,87 @@
+"""Support for the four notebooks (`notebooks/`), split by notebook: `params` (parameter
+checks, the run to analyse), `outputs` (output folder, `results.json`, tables, figures),
+`api` (API reproduction), `consecutive` (consecutive requests and their gates), `paired`
+(paired profile) and `whatif` (policy what-if). Every figure lives in `residency.figures`;
+every attribution in `residency.evidence`. Notebooks use `from residency import notebook as
+nb`: every public name of the submodules is available here.
+
+No torch and no workload at import: a notebook kernel must stay free of the emulated NPU's
+process-global backend registration, so `probe` runs `residency probe` in a subprocess and
+fresh runs start their services as subprocesses.
+"""
+
+from __future__ import annotations
+
+from residency.evidence import ARMS
+from residency.figures import (
+    plot_e2e,
+    plot_fractions,
+    plot_idle,
+    plot_normal_calls,
+    whatif_figure,
+)
+from residency.notebook.api import (
+    api_from_run,
+    api_reproduction,
+    api_results,
+    arms_table,
+    probe,
+    probe_table,
+    verdict_markdown,
+    versions_table,
+)
+from residency.notebook.consecutive import (
+    check_gates,
+    consecutive_notes,
+    consecutive_summary,
+    consecutive_table,
+    fractions,
+    gate_failures,
+)
+from residency.notebook.outputs import (
+    EMULATED_LABEL,
+    RESULTS_FILE,
+    describe_run,
+    device_label,
+    finish,
+    markdown_table,
+    prepare_output_dir,
+    save_figure,
+    statistical_note,
+    write_results,
+    write_tables,
+)
+from residency.notebook.paired import (
+    ATTRIBUTIONS,
+    e2e_frame,
+    evidence_tables,
+    idle_frame,
+    normal_call_frame,
+    note,
+    paired_profile,
+    paired_results,
+    per_run_frame,
+    releases_frame,
+)
+from residency.notebook.params import (
+    DEVICE_SPECS,
+    NOTEBOOKS,
+    GateError,
+    ParameterError,
+    check_parameters,
+    open_source,
+)
+from residency.notebook.whatif import WhatIf, check_ranges, policy_whatif, whatif_results
+
+__all__ = [
+    "ARMS", "ATTRIBUTIONS", "DEVICE_SPECS", "EMULATED_LABEL", "NOTEBOOKS", "RESULTS_FILE",
+    "GateError", "ParameterError", "WhatIf", "api_from_run", "api_reproduction", "api_results",
+    "arms_table", "check_gates", "check_parameters", "check_ranges", "consecutive_notes",
+    "consecutive_summary", "consecutive_table", "describe_run", "device_label", "e2e_frame",
+    "evidence_tables", "finish", "fractions", "gate_failures", "idle_frame",
+    "markdown_table", "normal_call_frame", "note", "open_source", "paired_profile",
+    "paired_results", "per_run_frame", "plot_e2e", "plot_fractions", "plot_idle",
+    "plot_normal_calls", "policy_whatif", "prepare_output_dir", "probe", "probe_table",
+    "releases_frame", "save_figure", "statistical_note", "verdict_markdown",
+    "versions_table", "whatif_figure", "whatif_results", "write_results", "write_tables",
+]

@@ -1,0 +1,184 @@
+"""Where a notebook's results go: the output folder, `results.json`, tables, figures, and the
+Markdown a notebook prints about its run."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import os
+import sys
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from residency import devices
+from residency.notebook.params import ParameterError, check_output_dir
+from residency.rundir import Run, write_json_atomic
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+RESULTS_FILE = "results.json"
+EMULATED_LABEL = devices.EMULATED_LABEL
+
+__all__ = ["EMULATED_LABEL", "RESULTS_FILE", "describe_run", "device_label", "finish",
+           "markdown_table", "prepare_output_dir", "save_figure", "statistical_note",
+           "write_results", "write_tables"]
+
+
+def _announce(line: str) -> None:
+    """Print `line` in the notebook and, inside a Jupyter kernel, on the terminal that
+    started it (papermill's stderr), which sees nothing of the notebook's own output."""
+    print(line, flush=True)
+    err = sys.stderr
+    if not type(err).__module__.startswith("ipykernel"):
+        return
+    text = f"residency: {line}\n"
+    try:  # with fd capture on, fd 2 feeds the notebook; fileno() is the terminal's copy
+        os.write(err.fileno(), text.encode())
+    except (OSError, ValueError, io.UnsupportedOperation):  # no capture: fd 2 is the terminal
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            sys.__stderr__.write(text)  # type: ignore[union-attr]
+            sys.__stderr__.flush()  # type: ignore[union-attr]
+
+
+def prepare_output_dir(output_dir: str | os.PathLike[str] | None, name: str) -> Path:
+    """The folder for this notebook's results, tables and figures, created and announced.
+
+    `None` gives a new `reports/<name>/<UTC timestamp>/` under the current working directory
+    (a suffix `-1`, `-2`, ... when that name is taken).
+
+    Raises:
+        ParameterError: `output_dir` is a file or cannot be created.
+    """
+    check_output_dir(output_dir)
+    if output_dir is not None:
+        path = Path(output_dir).resolve()
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ParameterError(f"The value for `output_dir` must be a folder that can be "
+                                 f"created, but {exc}.") from None
+    else:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        base = Path.cwd() / "reports" / name
+        for i in range(1000):
+            path = base / (stamp if i == 0 else f"{stamp}-{i}")
+            try:
+                path.mkdir(parents=True)
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise ParameterError(f"The output folder {base} has no free name for {stamp}.")
+    _announce(f"{name}: results.json, tables and figures go to {path}")
+    return path
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_results(output_dir: str | os.PathLike[str], results: Mapping[str, Any]) -> Path:
+    """Write `results.json` into `output_dir` atomically; returns its path. NaN and
+    infinities become null; numpy values and paths become plain JSON."""
+    return write_json_atomic(Path(output_dir) / RESULTS_FILE, _jsonable(results),
+                             allow_nan=False)
+
+
+def write_tables(output_dir: str | os.PathLike[str], tables: Mapping[str, pd.DataFrame]
+                 ) -> list[Path]:
+    """Write each table as `<name>.md` and `<name>.csv` into `output_dir`; returns the paths.
+    Evidence tables (with a title in `attrs`) use `residency.tables` formatting."""
+    from residency import tables as tb
+
+    paths = []
+    for name, table in tables.items():
+        if any(n is not None for n in table.index.names):
+            table = table.reset_index()
+        md = Path(output_dir) / f"{name}.md"
+        csv = Path(output_dir) / f"{name}.csv"
+        if "title" in table.attrs:
+            md.write_text(tb.to_markdown(table), encoding="utf-8")
+            csv.write_text(tb.to_csv(table), encoding="utf-8")
+        else:
+            md.write_text(markdown_table(table), encoding="utf-8")
+            csv.write_text(table.to_csv(index=False, lineterminator="\n"), encoding="utf-8")
+        paths += [md, csv]
+    return paths
+
+
+def markdown_table(df: pd.DataFrame) -> str:
+    """`df` as a Markdown table with every cell in full (a named index becomes columns)."""
+    from residency.tables import markdown_table as md
+
+    if any(n is not None for n in df.index.names):
+        df = df.reset_index()
+    return md([str(c) for c in df.columns], list(df.itertuples(index=False)))
+
+
+def save_figure(fig: Figure, output_dir: str | os.PathLike[str], name: str) -> Path:
+    """Save `fig` as `<name>.png` (120 dpi) into `output_dir`; returns the path."""
+    path = Path(output_dir) / f"{name}.png"
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path
+
+
+def device_label(device_kind: str) -> str:
+    """How figures and tables name a device kind (emulated runs say they are not NPU
+    measurements)."""
+    return devices.label(device_kind)
+
+
+def describe_run(run: Run) -> str:
+    """A Markdown paragraph: which run is analysed, on what device kind, with which
+    parameters and runs."""
+    m = run.manifest
+    params = ", ".join(f"{k}={v}" for k, v in (m.get("params") or {}).items() if v is not None)
+    order = ", ".join(f"{r.name}{' (profiled)' if r.profiled else ''}" for r in run.runs)
+    text = (f"**Run** `{run.path}`: design `{run.design}`, device kind **{run.device_kind}** "
+            f"({device_label(run.device_kind)}), {m.get('service', '?')} service; parameters "
+            f"{params}; measured runs in order: {order}. Recorded {m.get('started_at')} to "
+            f"{m.get('ended_at')} on host `{m.get('host')}`.")
+    if run.device_kind == "emulated-npu":
+        text += (" The emulated NPU keeps real host buffers and does its own accounting: its "
+                 "durations describe this host, never an NPU.")
+    return text
+
+
+def statistical_note(text: str, *, what: str | None = None) -> str:
+    """`text` as the Markdown line a notebook prints under an attribution (`what`)."""
+    return f"**Statistical note{f' ({what})' if what else ''}.** {text}"
+
+
+def finish(output_dir: str | os.PathLike[str], results: Mapping[str, Any]) -> Path:
+    """Write `results.json` (with `files`: what `output_dir` holds besides it) and announce
+    where everything went; returns the results path."""
+    out = Path(output_dir)
+    files = sorted(p.name for p in out.iterdir() if p.is_file() and not p.name.startswith("."))
+    files = [f for f in files if f != RESULTS_FILE]
+    path = write_results(out, {**results, "output_dir": str(out.resolve()), "files": files,
+                               "written_at": datetime.now(timezone.utc).isoformat(
+                                   timespec="seconds")})
+    tables = sum(f.endswith(".md") for f in files)
+    figures = sum(f.endswith(".png") for f in files)
+    _announce(f"done: results.json, {tables} table(s) (.md/.csv) and {figures} figure(s) "
+              f"(.png) in {out.resolve()}")
+    return path
+
+

@@ -1,0 +1,191 @@
+"""Notebook parameters: checked once, one sentence per bad value (`ParameterError`), and
+the run a notebook analyses (`open_source`)."""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from residency import devices
+from residency.rundir import Run, RunDirError, load_run
+
+DEVICE_SPECS = devices.SPECS
+NOTEBOOKS = ("api_reproduction", "consecutive_requests", "paired_profile", "policy_whatif")
+
+__all__ = ["DEVICE_SPECS", "NOTEBOOKS", "GateError", "ParameterError", "check_parameters",
+           "check_output_dir", "check_device", "open_source"]
+
+
+# ----------------------------------------------------------------------------- errors
+class ParameterError(ValueError):
+    """A notebook parameter that cannot be used; IPython shows only its one-sentence message."""
+
+    def _render_traceback_(self) -> list[str]:
+        """What IPython prints instead of a traceback: the message alone."""
+        return [f"ParameterError: {self}"]
+
+
+class GateError(AssertionError):
+    """A gate of a notebook failed; `failures` holds one sentence per failed check."""
+
+    def __init__(self, failures: Sequence[str]) -> None:
+        self.failures = tuple(failures)
+        word = "gate" if len(self.failures) == 1 else "gates"
+        super().__init__(f"{len(self.failures)} {word} failed: " + " ".join(self.failures))
+
+    def _render_traceback_(self) -> list[str]:
+        """What IPython prints instead of a traceback: one line per failed gate."""
+        word = "gate" if len(self.failures) == 1 else "gates"
+        return [f"GateError: {len(self.failures)} {word} failed:",
+                *(f"  - {f}" for f in self.failures)]
+
+
+# ----------------------------------------------------------------------------- parameters
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (isinstance(value, (int, float, np.integer, np.floating))
+            and not isinstance(value, bool))
+
+
+def _passed(value: Any) -> str:
+    kind = type(value).__name__
+    return f"{value!r} ({kind})" if isinstance(value, str) else f"{value!r}"
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if not _is_int(value) or value < minimum:
+        raise ParameterError(f"The value for `{name}` must be an integer >= {minimum}, but "
+                             f"{_passed(value)} was passed.")
+    return int(value)
+
+
+def _check_positive(name: str, value: Any) -> float:
+    if not _is_number(value) or not math.isfinite(float(value)) or float(value) <= 0:
+        raise ParameterError(f"The value for `{name}` must be a number > 0, but "
+                             f"{_passed(value)} was passed.")
+    return float(value)
+
+
+def check_device(value: Any) -> str:
+    if not isinstance(value, str) or value not in DEVICE_SPECS:
+        raise ParameterError(f"The value for `device` must be one of {list(DEVICE_SPECS)}, "
+                             f"but {value!r} was passed.")
+    return value
+
+
+def check_output_dir(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+        raise ParameterError(f"The value for `output_dir` must be None or a folder path, but "
+                             f"{value!r} was passed.")
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        raise ParameterError(f"The value for `output_dir` must be a folder, but {str(path)!r} "
+                             "is a file.")
+    return str(path)
+
+
+def _check_source(value: Any, *, designs: Sequence[str] | None) -> str:
+    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+        raise ParameterError(f"The value for `source` must be \"run\" or a recorded run "
+                             f"directory, but {value!r} was passed.")
+    if str(value) == "run":
+        return "run"
+    path = Path(value)
+    if not path.is_dir():
+        raise ParameterError(f"The value for `source` must be \"run\" or a recorded run "
+                             f"directory, but {str(path)!r} does not exist.")
+    try:
+        run = load_run(path, allow_incomplete=True)
+    except RunDirError as exc:
+        raise ParameterError(f"The value for `source` must be a readable run directory, but "
+                             f"{exc}.") from None
+    if run.status != "complete":
+        raise ParameterError(f"The value for `source` must be a complete run directory, but "
+                             f"{str(path)!r} is marked {run.status!r} in its manifest.json "
+                             f"(error: {run.manifest.get('error') or 'none recorded'}).")
+    if designs is not None and run.design not in designs:
+        raise ParameterError(f"The value for `source` must be a run of design "
+                             f"{' or '.join(repr(d) for d in designs)}, but {str(path)!r} "
+                             f"has design {run.design!r}.")
+    return str(path.resolve())
+
+
+_INT_MINIMUM = {"ranks": 1, "steps": 1, "requests": 1, "pairs": 0, "seed": 0}
+_POSITIVE = ("scale", "resident_mib")
+
+
+def check_parameters(*, designs: Sequence[str] | None = None, **params: Any) -> dict[str, Any]:
+    """The notebook's parameters, checked; raises `ParameterError` (one sentence) on the
+    first value that cannot be used.
+
+    Known names: `device` (auto|npu|cuda|emulated-npu), `output_dir` (None or a folder),
+    `source` ("run" or a complete recorded run directory, of one of `designs` when given),
+    `ranks`, `steps`, `requests` (integers >= 1), `pairs`, `seed` (integers >= 0), `scale`,
+    `resident_mib` (numbers > 0). With `source="run"`, an explicit `npu` or `cuda` must be
+    usable here. A recorded run must match an explicit `device`. Returns the values, with
+    `source` as "run" or an absolute path.
+    """
+    out: dict[str, Any] = {}
+    for name, value in params.items():
+        if name == "device":
+            out[name] = check_device(value)
+        elif name == "output_dir":
+            out[name] = check_output_dir(value)
+        elif name == "source":
+            out[name] = _check_source(value, designs=designs)
+        elif name in _INT_MINIMUM:
+            out[name] = _check_int(name, value, _INT_MINIMUM[name])
+        elif name in _POSITIVE:
+            out[name] = _check_positive(name, value)
+        else:
+            raise ParameterError(f"The parameter `{name}` is not one this notebook knows "
+                                 f"(known: device, output_dir, source, "
+                                 f"{', '.join([*_INT_MINIMUM, *_POSITIVE])}).")
+    device, source = out.get("device", "auto"), out.get("source")
+    if source == "run" and device in ("npu", "cuda"):
+        from residency.devices import resolve  # imports torch; installs nothing
+
+        try:
+            resolve(device)
+        except RuntimeError as exc:
+            raise ParameterError(f"The value for `device` must be usable here, but {exc}."
+                                 ) from None
+    elif source not in (None, "run") and device != "auto":
+        kind = load_run(source).device_kind
+        if kind != device:
+            raise ParameterError(f"The value for `device` must be 'auto' or the recorded run's "
+                                 f"device kind {kind!r}, but {device!r} was passed.")
+    return out
+
+
+
+def open_source(source: str | os.PathLike[str], *, output_dir: str | os.PathLike[str],
+                design: str, device: str = "auto", ranks: int = 2, steps: int = 50,
+                seed: int = 2101, scale: float = 1.0, pairs: int = 1, requests: int = 1,
+                resident_mib: float = 1024) -> Run:
+    """The run to analyse: the recorded run directory `source`, or with `source="run"` a new
+    run of `design` recorded into `output_dir/run` by `residency.experiments.run_pair`
+    (services start as subprocesses)."""
+    if str(source) != "run":
+        return load_run(source)
+    from residency.experiments import run_pair
+
+    with warnings.catch_warnings():  # tqdm.auto in a kernel without ipywidgets: text bars
+        warnings.filterwarnings("ignore", message=".*IProgress not found.*")
+        path = run_pair(design, out=Path(output_dir) / "run", device=device, ranks=ranks,
+                        steps=steps, seed=seed, pairs=pairs, requests=requests, scale=scale,
+                        resident_mib=resident_mib, progress=True)
+    return load_run(path)
+
+
