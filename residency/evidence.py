@@ -62,8 +62,13 @@ class Scope:
         return f"{what}{', '.join(self.runs) or 'no runs'}; {req}"
 
 
-def _freeze(m: Mapping[str, Any]) -> Mapping[str, Any]:
-    return MappingProxyType({k: tuple(v) if isinstance(v, list) else v for k, v in m.items()})
+def _freeze(value: Any) -> Any:
+    """A read-only deep copy: mappings become MappingProxyType, lists and tuples tuples."""
+    if isinstance(value, Mapping):
+        return MappingProxyType({k: _freeze(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    return value
 
 
 @dataclass(frozen=True)

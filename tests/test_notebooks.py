@@ -125,15 +125,6 @@ def test_gate_error_lists_each_failure() -> None:
         nb.check_gates(["x."])
 
 
-def test_module_imports_neither_torch_nor_the_workload() -> None:
-    code = ("import sys, residency.notebook, residency.reports; "
-            "print(sorted(m for m in ('torch', 'residency.workload', 'residency.emulated') "
-            "if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd=ROOT).stdout.strip()
-    assert out == "[]"
-
-
 # ----------------------------------------------------------------------------- outputs
 def test_prepare_output_dir_default_is_a_new_timestamped_folder(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:

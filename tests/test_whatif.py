@@ -107,15 +107,6 @@ def run_copy(tmp_path: Path) -> Path:
     return dst
 
 
-# ----------------------------------------------------------------------------- layering
-def test_analysis_module_imports_no_torch() -> None:
-    code = "import sys, residency.whatif; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=ROOT, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "False"
-
-
 # ----------------------------------------------------------------------------- ranges
 @pytest.mark.parametrize(("text", "expected"), [
     ("0.05:0.5:0.05", (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5)),

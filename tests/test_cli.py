@@ -1,0 +1,111 @@
+"""The one CLI wiring point: every parser in `residency.cli`, one error policy (bad input exit
+2 with `residency <cmd>: error: ...`, a failed gate or verification exit 1), fast start."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from residency import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+PAIRED = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        rc = cli.main(list(argv))
+    return rc, out.getvalue(), err.getvalue()
+
+
+@dataclass(frozen=True)
+class Bad:
+    argv: tuple[str, ...]
+    words: str
+
+
+BAD = [
+    Bad(("tables",), "give RUN_DIR, --published, or both"),
+    Bad(("tables", "/nonexistent/run"), "run directory does not exist"),
+    Bad(("verify", "/nonexistent/run"), "manifest.json: file is missing"),
+    Bad(("whatif", str(PAIRED), "--cached", "2:3:1"), "`cached`"),
+    Bad(("idle", "/nonexistent/traces"), "/nonexistent/traces"),
+    Bad(("serve", "--arm", "candidate", "--device", "emulated-npu"), "--decisions-dir"),
+    Bad(("serve", "--arm", "candidate", "--device", "tpu", "--decisions-dir", "x"), "'tpu'"),
+    Bad(("pair", "--device", "tpu", "--out", "/tmp/never-written"), "'tpu'"),
+    Bad(("report", "/nonexistent/notebook.ipynb"), "/nonexistent"),
+]
+
+
+@pytest.mark.parametrize("case", BAD, ids=lambda c: " ".join(c.argv[:2]))
+def test_bad_input_is_one_line_exit_2(case: Bad) -> None:
+    rc, out, err = run(*case.argv)
+    assert rc == 2 and out == "", (rc, out, err)
+    assert err.startswith(f"residency {case.argv[0]}: error: ") and err.count("\n") == 1, err
+    assert case.words in err and "Traceback" not in err
+
+
+def test_pair_with_an_unwritable_out_exits_2(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("a file, not a directory")
+    rc, out, err = run("pair", "--device", "emulated-npu", "--out", str(blocker / "run"),
+                       "--no-progress")
+    # README: an output directory that cannot be used is bad input, exit 2 (was 1)
+    assert (rc, out) == (2, "")
+    assert err.startswith("residency pair: error: ") and "cannot write the run directory" in err
+    assert not (blocker / "run").exists()
+
+
+def test_failed_verification_exits_1(tmp_path: Path) -> None:
+    import shutil
+
+    copy = Path(shutil.copytree(ROOT / "tests" / "data" / "rundir" / "whatif-run",
+                                tmp_path / "run"))
+    changed = copy / "runs" / "01-candidate" / "decisions-rank1.jsonl"
+    changed.write_text(changed.read_text() + "\n")
+    rc, out, err = run("verify", str(copy))
+    assert rc == 1 and "changed" in out and err == ""
+
+
+def test_markers_is_a_deprecated_alias_of_decisions_dir(capsys: pytest.CaptureFixture) -> None:
+    args = cli.create_parser().parse_args(["serve", "--arm", "candidate", "--markers", "d"])
+    assert args.decisions_dir == "d"
+    assert "--markers is deprecated; use --decisions-dir" in capsys.readouterr().err
+    args = cli.create_parser().parse_args(["serve", "--arm", "candidate", "--decisions-dir",
+                                           "e"])
+    assert args.decisions_dir == "e" and capsys.readouterr().err == ""
+
+
+def test_every_subcommand_is_wired_here() -> None:
+    assert set(cli.COMMANDS) == {"probe", "serve", "pair", "idle", "tables", "report",
+                                 "verify", "whatif"}
+    text = cli.create_parser().format_help()
+    assert all(name in text for name in cli.COMMANDS)
+
+
+def test_building_the_parser_imports_no_concern() -> None:
+    code = ("import sys, residency.cli as c; c.create_parser(); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'pandas', "
+            "'numpy', 'scipy') or m in ('residency.tables', 'residency.service', "
+            "'residency.experiments', 'residency.whatif', 'residency.traces')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_tables_json_carries_each_rows_attribution() -> None:
+    rc, out, err = run("tables", str(PAIRED), "--format", "json")
+    assert (rc, err) == (0, "")
+    rows = json.loads(out)["rows"]
+    per_run = next(r for r in rows if r["attribution"].get("key") == "normal_call_per_run")
+    assert per_run["n"] == "4 vs 4 runs" and per_run["attribution"]["n"] == {
+        "baseline": 4, "candidate": 4}

@@ -1,0 +1,169 @@
+"""The evidence model: known answers on the recorded runs, every view agreeing with it, the
+scope rule, and immutability."""
+
+from __future__ import annotations
+
+import io
+import json
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from residency import cli, evidence, whatif
+from residency import notebook as nb
+from residency.rundir import load_run
+
+ROOT = Path(__file__).resolve().parent.parent
+PAIRED = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
+CONSECUTIVE = ROOT / "data" / "runs" / "emulated-consecutive-2r2s"
+
+
+@pytest.fixture(scope="module")
+def paired() -> evidence.Evidence:
+    return evidence.build(load_run(PAIRED))
+
+
+# ----------------------------------------------------------------------------- known answers
+def test_per_run_normal_calls_are_judged_on_the_run(paired: evidence.Evidence) -> None:
+    a = paired["normal_call_per_run"]
+    assert a.n == {"baseline": 4, "candidate": 4} and a.judged_on.startswith("run")
+    # 4 baseline runs vs 4 candidate runs, completely separated: exact p = 2/C(8,4) = 2/70
+    assert a.p_value == pytest.approx(2 / 70, rel=1e-12)
+    assert "4 vs 4 runs" in a.note and "Unit: the service run" in a.note
+    assert a.detail["profiled"] == {"baseline": (True, False, False, False),
+                                    "candidate": (True, False, False, False)}
+
+
+def test_per_rank_view_is_a_description_without_p(paired: evidence.Evidence) -> None:
+    a = paired["normal_call_per_rank"]
+    assert a.kind == "description" and a.p_value is None and a.result is None
+    assert a.scope.runs == ("00-baseline", "01-candidate") and "every rank" in a.judged_on
+    assert "p=" not in a.note and "p = " not in a.note
+
+
+def test_learned_budget_on_measured_requests_releases_0_of_8() -> None:
+    grid = whatif.replay_run(PAIRED, cached="0.25", free="0.05", policy="learned-budget")
+    assert int(grid["calls"].sum()) == 8 and int(grid["released"].sum()) == 0
+    assert int(grid["warmup_released"].sum()) > 0  # warm-up calls replayed, never counted
+
+
+def test_scope_rule_warm_up_excluded_except_where_said(paired: evidence.Evidence) -> None:
+    for a in paired:
+        assert a.scope.warmup is (a.key == "replay_gate"), a.key
+        assert ("warm-up included" in a.scope.describe()) is a.scope.warmup
+    # 4 runs x 2 ranks x one measured request, of 3 requests per rank recorded
+    assert paired["normal_released"].n == {"baseline": 8, "candidate": 8}
+    assert paired["replay_gate"].n["all"] == 24
+
+
+def test_counts_say_what_a_clopper_pearson_interval_supports(paired) -> None:
+    note = paired["normal_released"].note
+    assert "deterministic rule" in note and "clustered" in note and "4 runs x 2 ranks" in note
+
+
+def test_e2e_labels_median_of_deltas_and_uses_a_robust_spread(paired) -> None:
+    a = paired["e2e_unprofiled"]
+    assert "Median of the paired deltas" in a.note and "not the delta of the medians" in a.note
+    assert "1.4826 x MAD" in a.note and "SD of the deltas" not in a.note
+    d = np.array(a.detail["deltas_s"])
+    assert a.detail["median_of_deltas_s"] == pytest.approx(float(np.median(d)))
+
+
+# ----------------------------------------------------------------------------- all views agree
+def _tables_json(run_dir: Path) -> dict:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        rc = cli.main(["tables", str(run_dir), "--format", "json"])
+    assert (rc, err.getvalue()) == (0, "")
+    return json.loads(out.getvalue())
+
+
+def test_paired_report_tables_json_and_whatif_effect_give_identical_numbers(
+        tmp_path: Path) -> None:
+    run = load_run(PAIRED)
+    ev = nb.paired_profile(run)
+    results = json.loads(nb.write_results(tmp_path, nb.paired_results(ev)).read_text())
+    report = results["evidence"]["attributions"]
+    table = {r["attribution"]["key"]: r["attribution"] for r in _tables_json(PAIRED)["rows"]
+             if "key" in r.get("attribution", {})}
+    shared = set(report) & set(table)
+    assert {"normal_call_per_rank", "normal_call_per_run", "normal_released",
+            "forced_released", "telemetry_errors", "idle_intersection", "all_rank_idle",
+            "preparation_window", "e2e_profiled", "e2e_unprofiled"} <= shared
+    for key in sorted(shared):
+        for field in ("values", "n", "p_value", "unit", "judged_on", "scope", "note"):
+            assert report[key][field] == table[key][field], (key, field)
+    # the notebook's own keys are the same numbers
+    assert results["normal_call_ms"] == report["normal_call_per_rank"]["values"]
+    assert results["e2e_s"] == report["e2e_unprofiled"]["values"]
+    assert results["normal_calls"]["candidate"] == {
+        "total": report["normal_released"]["n"]["candidate"],
+        "released": report["normal_released"]["values"]["candidate"][0]}
+
+    grid = whatif.replay_run(run, cached="0.25", free="0.05")
+    effect = whatif.estimated_effect(run, grid).to_dict()
+    own = next(r for r in effect["rows"] if r["own"])
+    assert (own["calls"], own["released"]) == (
+        report["normal_released"]["n"]["candidate"],
+        report["normal_released"]["values"]["candidate"][0])
+    samples = report["normal_call_durations"]
+    outcome = samples["detail"]["outcome"]
+    release = [v for v, o in zip(samples["values"]["baseline"], outcome["baseline"],
+                                 strict=True) if o == "released"]
+    retain = [v for v, o in zip(samples["values"]["candidate"], outcome["candidate"],
+                                strict=True) if o == "retained"]
+    assert effect["release_cost_ms"] == pytest.approx(float(np.median(release)), abs=0)
+    assert effect["retain_cost_ms"] == pytest.approx(float(np.median(retain)), abs=0)
+    assert (effect["release_samples"], effect["retain_samples"]) == (8, 8)
+    assert effect["recorded_ms"] == pytest.approx(sum(samples["values"]["candidate"]), abs=0)
+    # the cost comparison is judged on the run, like the per-run attribution: same p
+    assert effect["cost_p_value"] == report["normal_call_per_run"]["p_value"]
+    assert "p=0.000155" not in effect["note"] and "4 vs 4 runs" in effect["note"]
+
+
+def test_consecutive_views_render_the_evidence() -> None:
+    run = load_run(CONSECUTIVE)
+    ev = evidence.build(run, traces=False)
+    summary = nb.consecutive_summary(run)
+    totals = ev["requests"].detail["totals"]
+    assert (summary["normal_total"], summary["normal_retained"], summary["forced_total"],
+            summary["forced_released"], summary["telemetry_errors"], summary["oom"]) == (
+        totals["normal_checks"], totals["normal_retained"], totals["forced"],
+        totals["forced_released"], totals["telemetry_errors"], totals["oom"])
+    assert nb.gate_failures(run) == [] and ev["replay_gate"].detail["passed"] is True
+
+
+# ----------------------------------------------------------------------------- the model
+def test_evidence_is_immutable(paired: evidence.Evidence) -> None:
+    a = paired["normal_released"]
+    with pytest.raises(TypeError):
+        a.values["baseline"] = (0,)  # type: ignore[index]
+    with pytest.raises(AttributeError):
+        a.note = "changed"  # type: ignore[misc]
+    assert isinstance(a.values["baseline"], tuple)
+
+
+def test_a_new_attribution_is_one_function() -> None:
+    @evidence.attributor("test_run_count")
+    def _count(data: evidence.RunData) -> evidence.Attribution:
+        return evidence.Attribution(
+            key="test_run_count", metric="runs", kind="tally", unit="runs",
+            values={a: [len(data.entries(a))] for a in evidence.ARMS},
+            n={a: len(data.entries(a)) for a in evidence.ARMS}, judged_on="run",
+            scope=evidence.Scope(runs=tuple(e.name for e in data.run.runs)), note="Runs.")
+
+    try:
+        ev = evidence.build(load_run(PAIRED), traces=False, keys=("test_run_count",))
+        assert ev.keys() == ("test_run_count",)
+        assert ev["test_run_count"].values == {"baseline": (4,), "candidate": (4,)}
+    finally:
+        del evidence.ATTRIBUTORS["test_run_count"]
+
+
+def test_missing_attribution_names_what_is_present() -> None:
+    ev = evidence.build(load_run(CONSECUTIVE), traces=False)
+    assert ev.get("normal_call_per_rank") is None
+    with pytest.raises(KeyError, match="present: .*requests"):
+        ev["normal_call_per_rank"]
