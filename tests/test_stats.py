@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -155,3 +156,27 @@ def test_pairs_p_bounds_and_symmetry(pairs: list[tuple[float, float]]) -> None:
     assert r.p_value == pytest.approx(stats.compare_pairs(c, b).p_value)
 
 
+
+
+def test_runs_as_the_unit_4_vs_4() -> None:
+    r = stats.compare_groups([112.2, 115.2, 72.0, 166.3], [0.32, 0.117, 0.119, 0.146],
+                             unit="ms", replicate="run")
+    assert r.p_value == pytest.approx(2 / 70, rel=1e-12)
+    assert "4 vs 4 runs" in r.note and "Unit: the service run" in r.note
+    assert "not independent replicates" not in r.note
+    ranks = stats.compare_groups([1.0, 2.0], [3.0, 4.0])
+    assert "2 vs 2 ranks" in ranks.note and "every rank, in this run pair" in ranks.note
+    with pytest.raises(ValueError, match="`replicate`"):
+        stats.compare_groups([1.0], [2.0], replicate="call")
+
+
+def test_power_estimate_uses_a_robust_spread_one_outlier_cannot_pull() -> None:
+    base = [10.0] * 6
+    cand = [9.0, 9.1, 8.9, 9.05, 8.95, 1.0]  # one outlier
+    r = stats.compare_pairs(base, cand)
+    d = [c - b for b, c in zip(base, cand, strict=True)]
+    assert stats.robust_spread(d) == pytest.approx(
+        1.4826 * float(np.median(np.abs(np.array(d) - np.median(d)))))
+    assert "1.4826 x MAD" in r.note and "median delta" in r.note
+    assert r.pairs_needed == 6  # the SD (3.3 s, pulled by the outlier) would ask for more
+    assert "Median of the paired deltas" in r.note and "not the delta of the medians" in r.note
