@@ -167,12 +167,13 @@ def statistical_note(text: str, *, what: str | None = None) -> str:
 
 
 def finish(output_dir: str | os.PathLike[str], results: Mapping[str, Any]) -> Path:
-    """Write `results.json` (with `files`: what `output_dir` holds besides it) and announce
-    where everything went; returns the results path."""
+    """Write `results.json` (with `files`: what `output_dir` holds besides it, unless
+    `results` names its files itself) and announce where everything went; returns the
+    results path."""
     out = Path(output_dir)
     files = sorted(p.name for p in out.iterdir() if p.is_file() and not p.name.startswith("."))
     files = [f for f in files if f != RESULTS_FILE]
-    path = write_results(out, {**results, "output_dir": str(out.resolve()), "files": files,
+    path = write_results(out, {"files": files, **results, "output_dir": str(out.resolve()),
                                "written_at": datetime.now(timezone.utc).isoformat(
                                    timespec="seconds")})
     tables = sum(f.endswith(".md") for f in files)
