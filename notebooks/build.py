@@ -99,7 +99,8 @@ CONSECUTIVE_REQUESTS = [
         "least 5 % of device capacity.\n\n"
         "**Gates** fail this notebook: any telemetry error or out-of-memory error with the "
         "candidate, or any recorded decision that disagrees with the policy re-evaluated on "
-        "its own recorded snapshot (`residency.policy.replay`).\n\n" + PARAMETERS_HELP
+        "its own recorded snapshot (the policy's bounds rule, `residency.policy`; the one replay "
+        "gate, `residency.whatif.consistency`).\n\n" + PARAMETERS_HELP
         + " `ranks`, `requests`, `steps` and `scale` (workload size) set up a fresh run; a "
         "recorded run keeps its own."),
     new_code_cell(_params(device="auto", output_dir=None, source="run", ranks=2, requests=3,

@@ -280,24 +280,7 @@ def policy_for(arm: str, device: Any, **kw: Any) -> BoundedAllocatorCache:
     raise ValueError(f"The value for `arm` must be one of {list(ARMS)}, but {arm!r} was passed.")
 
 
-def replay(decision: dict[str, Any]) -> dict[str, Any]:
-    """Re-evaluate a recorded normal decision on its own snapshot and bounds.
-
-    Returns the record with `expected_outcome`/`expected_reason`; forced and snapshot-less
-    records are returned with None for both.
-    """
-    snap = decision.get("snapshot")
-    if decision.get("kind") != "normal" or snap is None or decision.get("reason") in (
-        "always-release",
-    ):
-        return {**decision, "expected_outcome": None, "expected_reason": None}
-    reason = retains(MemorySnapshot.from_dict(snap), float(decision["max_cached_fraction"]),
-                     float(decision["min_free_fraction"]))
-    outcome = "retained" if reason == "within-bounds" else "released"
-    return {**decision, "expected_outcome": outcome, "expected_reason": reason}
-
-
 __all__ = [
     "ARMS", "BoundedAllocatorCache", "Decision", "JsonlRecorder", "ListRecorder",
-    "crossed_bounds", "limit_bytes", "policy_for", "replay", "retains",
+    "crossed_bounds", "limit_bytes", "policy_for", "retains",
 ]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from residency import BoundedAllocatorCache, MemorySnapshot, policy_for
-from residency.policy import JsonlRecorder, ListRecorder, replay
+from residency.policy import JsonlRecorder, ListRecorder, retains
 from residency.telemetry import TelemetryUnavailable
 
 GiB = 1024**3
@@ -187,7 +187,7 @@ def test_unknown_arm() -> None:
         policy_for("fast", "cpu")
 
 
-def test_jsonl_recorder_and_replay(tmp_path) -> None:
+def test_jsonl_recorder_lines_replay_to_their_outcome(tmp_path) -> None:
     recorder = JsonlRecorder(tmp_path / "decisions-rank0.jsonl", device_kind="emulated-npu")
     policy = BoundedAllocatorCache("cpu", telemetry=FixedTelemetry(snap(cached=0, free=30 * GiB)),
                                    release=lambda: None, recorder=recorder, rank=3,
@@ -200,9 +200,10 @@ def test_jsonl_recorder_and_replay(tmp_path) -> None:
     assert [x["kind"] for x in lines] == ["normal", "forced"]
     assert lines[0]["request_id"] == "r0001" and lines[0]["rank"] == 3
     assert set(lines[0]["snapshot"]) == {"reserved", "allocated", "free", "total"}
-    again = replay(lines[0])
-    assert again["expected_outcome"] == lines[0]["outcome"] == "retained"
-    assert replay(lines[1])["expected_outcome"] is None
+    again = retains(MemorySnapshot.from_dict(lines[0]["snapshot"]),
+                    lines[0]["max_cached_fraction"], lines[0]["min_free_fraction"])
+    assert (again, lines[0]["outcome"]) == ("within-bounds", "retained")
+    assert lines[1]["snapshot"] is None and lines[1]["reason"] == "forced"
 
 
 # --- NPU: the fix reads the registered device module, never torch.accelerator -----------------
