@@ -1,0 +1,156 @@
+"""Loading a run once for the attributions: decisions assigned to runs and requests (the one
+place: `load_decisions`), client records, the reference pair, the traces' idle figures."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import pandas as pd
+
+from residency.evidence.model import ARMS
+from residency.rundir import DECISION_COLUMNS, Run, RunEntry
+
+NORMAL_MARKER = r"residency\.release\[normal\]"
+PREPARE_MARKER = r"residency\.phase\[prepare\]"
+
+__all__ = ["NORMAL_MARKER", "PREPARE_MARKER", "RunData", "idle_from_traces", "load_decisions",
+           "measured_requests", "reference_pair"]
+
+
+def measured_requests(run: Run, entry: RunEntry) -> list[dict[str, Any]]:
+    """The measured requests of one run entry, in order: `request_id` and `response`."""
+    client = run.client(entry)
+    if client.get("requests"):
+        return [{"request_id": r.get("request_id"), "response": r.get("response") or {}}
+                for r in client["requests"]]
+    return [{"request_id": client.get("request_id"), "response": client.get("response") or {}}]
+
+
+def load_decisions(run: Run) -> pd.DataFrame:
+    """Every decision of every run entry, warm-up included, one row per policy call.
+
+    The decisions columns plus `run` (entry name), `run_arm` (the entry's arm), `profiled`,
+    `run_index`, `warmup` (True for warm-up requests) and `request` (1-based order of the
+    measured request within its run; 0 for warm-up). This is the one place where a decision
+    is assigned to a request.
+    """
+    frames = []
+    for entry in run.runs:
+        df = run.decisions(entry, warmup=True)
+        order = {r["request_id"]: i for i, r in enumerate(measured_requests(run, entry), 1)}
+        frames.append(df.assign(run=entry.name, run_arm=entry.arm, profiled=entry.profiled,
+                                run_index=entry.index,
+                                request=[0 if w else order.get(r, 0) for r, w in
+                                         zip(df["request_id"], df["warmup"], strict=True)]))
+    cols = [*DECISION_COLUMNS, "run", "run_arm", "profiled", "run_index", "request"]
+    if not frames:
+        return pd.DataFrame(columns=cols)
+    return pd.concat(frames, ignore_index=True)[cols]
+
+
+def reference_pair(run: Run) -> tuple[RunEntry, RunEntry] | None:
+    """The profiled pair if any, else the first run of each arm (None without both arms)."""
+    first = {}
+    for arm in ARMS:
+        runs = run.arm(arm)
+        if not runs:
+            return None
+        first[arm] = next((r for r in runs if r.profiled), runs[0])
+    return first["baseline"], first["candidate"]
+
+
+def idle_from_traces(run: Run, pair: tuple[RunEntry, RunEntry] | None = None
+                     ) -> tuple[dict[str, dict[str, int]] | None, str | None]:
+    """Idle figures (ns) of the reference pair from its traces: arm ->
+    {marker_idle_intersection_ns, all_rank_idle_ns, prepare_ns}; (None, reason) when the
+    analysis failed, (None, None) when the pair has no traces."""
+    pair = reference_pair(run) if pair is None else pair
+    if pair is None or any(e.trace_dir is None for e in pair):
+        return None, None
+    try:
+        from residency.idle import idle_summary
+        from residency.traces import load_traces
+
+        out = {}
+        for arm, entry in zip(ARMS, pair, strict=True):
+            timelines = load_traces(entry.dir / "trace")
+            whole = idle_summary(timelines, marker=NORMAL_MARKER)
+            prep = idle_summary(timelines, marker=NORMAL_MARKER, window_marker=PREPARE_MARKER)
+            start, end = _get(prep, "window_ns")
+            out[arm] = {"marker_idle_intersection_ns": int(_get(whole,
+                                                                "marker_idle_intersection_ns")),
+                        "all_rank_idle_ns": int(_get(whole, "all_rank_idle_ns")),
+                        "prepare_ns": int(end) - int(start)}
+        return out, None
+    except (ImportError, AttributeError, TypeError, KeyError, ValueError, OSError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def _get(obj: Any, key: str) -> Any:
+    return obj[key] if isinstance(obj, Mapping) else getattr(obj, key)
+
+
+@dataclass
+class RunData:
+    """A loaded run, read once: decisions (all, warm-up marked), client records, the
+    reference pair and (lazily) the idle figures of its traces."""
+
+    run: Run
+    idle_override: Mapping[str, Mapping[str, int]] | None = None
+    idle_error_override: str | None = None
+    traces: bool = True
+
+    @cached_property
+    def decisions(self) -> pd.DataFrame:
+        """`load_decisions(run)`."""
+        return load_decisions(self.run)
+
+    @cached_property
+    def measured(self) -> pd.DataFrame:
+        """Decisions of measured requests only (the scope rule)."""
+        d = self.decisions
+        return d[~d["warmup"].astype(bool)].reset_index(drop=True)
+
+    @cached_property
+    def pair(self) -> tuple[RunEntry, RunEntry] | None:
+        """`reference_pair(run)`."""
+        return reference_pair(self.run)
+
+    @cached_property
+    def clients(self) -> dict[str, dict[str, Any]]:
+        """Run name -> client.json."""
+        return {e.name: self.run.client(e) for e in self.run.runs}
+
+    @cached_property
+    def _idle(self) -> tuple[dict[str, dict[str, int]] | None, str | None]:
+        if self.idle_override is not None or self.idle_error_override is not None:
+            idle = None if self.idle_override is None else {
+                a: dict(v) for a, v in self.idle_override.items()}
+            return idle, self.idle_error_override
+        if not self.traces:
+            return None, None
+        return idle_from_traces(self.run, self.pair)
+
+    @property
+    def idle(self) -> dict[str, dict[str, int]] | None:
+        """Arm -> idle figures (ns) of the reference pair, None without traces."""
+        return self._idle[0]
+
+    @property
+    def idle_error(self) -> str | None:
+        """Why the trace analysis failed, if it did."""
+        return self._idle[1]
+
+    def entries(self, arm: str, *, profiled: bool | None = None) -> tuple[RunEntry, ...]:
+        """Run entries of `arm` (only profiled or unprofiled ones when given), by index."""
+        return tuple(e for e in self.run.arm(arm) if profiled is None or e.profiled == profiled)
+
+    def responses(self, entry: RunEntry) -> list[dict[str, Any]]:
+        """Service responses of the entry's measured requests."""
+        client = self.clients[entry.name]
+        if client.get("requests"):
+            return [r.get("response") or {} for r in client["requests"]]
+        return [client.get("response") or {}]
