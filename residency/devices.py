@@ -45,8 +45,8 @@ RECORDED_KINDS: tuple[str, ...] = (*KINDS, "cpu")  # what an artifact may say (p
 SPECS: tuple[str, ...] = ("auto", *KINDS)
 
 __all__ = ["EMULATED_LABEL", "KINDS", "RECORDED_KINDS", "REGISTRY", "SPECS", "DeviceKind",
-           "backend", "check_kind", "info", "label", "note", "profiler", "register", "resolve",
-           "torch_device"]
+           "backend", "check_kind", "emulated", "info", "label", "note", "profiler", "register",
+           "resolve", "torch_device"]
 
 
 def check_kind(kind: Any, *, name: str = "device_kind", allowed: tuple[str, ...] = KINDS
@@ -69,9 +69,14 @@ def label(kind: str) -> str:
     return REGISTRY[kind].label if kind in REGISTRY else str(kind)
 
 
+def emulated(kind: str) -> bool:
+    """True for a kind whose figures are never device measurements (the emulated NPU)."""
+    return kind in REGISTRY and not REGISTRY[kind].measurement
+
+
 def note(kind: str) -> str:
     """One sentence naming the device kind, saying when its figures are not device figures."""
-    if kind in REGISTRY and not REGISTRY[kind].measurement:
+    if emulated(kind):
         return (f"Device kind {kind} ({label(kind)}): host memory standing in for an NPU; "
                 "these are not NPU figures.")
     return f"Device kind {kind} ({label(kind)})."

@@ -128,7 +128,7 @@ _USED = {"description": "description", "groups": "groups", "pairs": "pairs",
 
 
 def _title(name: str, device_kind: str) -> str:
-    label = f": {devices.label(device_kind)}" if device_kind == "emulated-npu" else ""
+    label = f": {devices.label(device_kind)}" if devices.emulated(device_kind) else ""
     return f"Evidence: {name} (device kind {device_kind}{label})"
 
 

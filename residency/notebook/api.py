@@ -89,7 +89,8 @@ def api_from_run(run: Run) -> dict[str, Any]:
     d = d[~d["warmup"].astype(bool)]
     dec = {a: d[d["run_arm"] == a] for a in ("baseline", "candidate")}
     generic = {q: _recorded_outcome(dec["baseline"], q) for q in ("allocated", "reserved")}
-    if run.device_kind in ("npu", "emulated-npu"):
+    kind = devices.REGISTRY.get(run.device_kind)
+    if kind is not None and kind.torch_type == "npu":  # the candidate reads the module
         registered = {q: _recorded_outcome(dec["candidate"], q)
                       for q in ("allocated", "reserved")}
     else:

@@ -155,7 +155,7 @@ def describe_run(run: Run) -> str:
             f"({device_label(run.device_kind)}), {m.get('service', '?')} service; parameters "
             f"{params}; measured runs in order: {order}. Recorded {m.get('started_at')} to "
             f"{m.get('ended_at')} on host `{m.get('host')}`.")
-    if run.device_kind == "emulated-npu":
+    if devices.emulated(run.device_kind):
         text += (" The emulated NPU keeps real host buffers and does its own accounting: its "
                  "durations describe this host, never an NPU.")
     return text
