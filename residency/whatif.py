@@ -55,6 +55,7 @@ import numpy as np
 import pandas as pd
 
 from residency import stats
+from residency.evidence import load_decisions
 from residency.policy import crossed_bounds, limit_bytes
 from residency.rundir import Run, RunDirError, load_run
 
@@ -181,9 +182,13 @@ def replayable(run: Run | str | os.PathLike[str], *, arm: str | None = "candidat
     frames: list[pd.DataFrame] = []
     skipped: dict[str, int] = {}
     normal_total = 0
+    every = load_decisions(run)  # the one assignment of decisions to requests and warm-up
     for entry in entries:
-        df = run.decisions(entry, warmup=warmup)
-        normal = df[df["kind"] == "normal"]
+        df = every[every["run"] == entry.name]
+        if not warmup:
+            df = df[~df["warmup"].astype(bool)]
+        normal = df[df["kind"] == "normal"].drop(columns=["run_arm", "profiled", "run_index",
+                                                          "request"])
         normal_total += len(normal)
         has = normal[list(SNAPSHOT)].notna().all(axis=1) & (normal["reason"] != "always-release")
         for reason, n in normal.loc[~has, "reason"].fillna("unknown").value_counts().items():
@@ -224,8 +229,8 @@ def _int_column(col: pd.Series) -> pd.Series | None:
         values = col.to_numpy()
         ok = np.isfinite(values).all() and (values == np.floor(values)).all()
         return col.astype("int64") if ok else None
-    if all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-           for v in col):
+    if all((isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)))
+           or (isinstance(v, float) and v.is_integer()) for v in col):
         return col.astype("int64")
     return None
 

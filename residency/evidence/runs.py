@@ -41,6 +41,8 @@ def load_decisions(run: Run) -> pd.DataFrame:
     for entry in run.runs:
         df = run.decisions(entry, warmup=True)
         order = {r["request_id"]: i for i, r in enumerate(measured_requests(run, entry), 1)}
+        snap = ["reserved", "allocated", "free", "total"]
+        df = df.astype({k: object for k in snap})  # ints stay ints across runs (no float64)
         frames.append(df.assign(run=entry.name, run_arm=entry.arm, profiled=entry.profiled,
                                 run_index=entry.index,
                                 request=[0 if w else order.get(r, 0) for r, w in
