@@ -306,13 +306,17 @@ def robust_spread(values: Sequence[float] | np.ndarray) -> float:
 
 
 def _pairs_needed(effect: float, sd: float | None) -> int | None:
-    """Pairs for 80 % power at the 5 % level, normal approximation; at least 6."""
+    """Pairs for 80 % power at the 5 % level, normal approximation; at least 6; None when
+    the effect is 0 or too small against the spread for any practical number of pairs."""
     if effect == 0:
         return None
     if not sd:
         return 6
     z = NormalDist().inv_cdf(0.975) + NormalDist().inv_cdf(0.80)
-    return max(6, math.ceil((z * sd / abs(effect)) ** 2))
+    ratio = z * sd / abs(effect)
+    if not math.isfinite(ratio) or ratio > 1e6:
+        return None
+    return max(6, math.ceil(ratio ** 2))
 
 
 def compare_pairs(

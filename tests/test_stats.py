@@ -180,3 +180,9 @@ def test_power_estimate_uses_a_robust_spread_one_outlier_cannot_pull() -> None:
     assert "1.4826 x MAD" in r.note and "median delta" in r.note
     assert r.pairs_needed == 6  # the SD (3.3 s, pulled by the outlier) would ask for more
     assert "Median of the paired deltas" in r.note and "not the delta of the medians" in r.note
+
+
+def test_power_estimate_of_a_vanishing_median_delta_is_none() -> None:
+    # found by hypothesis: median delta 9e-161 against a spread of about 1
+    r = stats.compare_pairs([0.0, 0.0, 1.0], [1.0, 9.45647775056107e-161, 0.0])
+    assert r.pairs_needed is None and "Estimate" not in r.note
