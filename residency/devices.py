@@ -149,9 +149,10 @@ def resolve(spec: str = "auto") -> str:
 
 
 def profiler(kind: str, *, rank: int, world_size: int, module: Any = None) -> Any:
-    """The per-request profiler of `kind` (`residency.profiling.RequestProfiler`): torch-npu's
-    profiler on npu, `torch.profiler` on cuda, the emulator's own Kineto export on
-    emulated-npu (`module`: the installed emulated device module)."""
-    from residency.profiling import RequestProfiler
+    """The per-request profiler of `kind`, the class registered for it in
+    `residency.profiling.PROFILERS`: torch-npu's profiler on npu, `torch.profiler` on cuda,
+    the emulator's own Kineto export on emulated-npu (`module`: the installed emulated
+    device module)."""
+    from residency.profiling import PROFILERS
 
-    return RequestProfiler(check_kind(kind), rank=rank, world_size=world_size, module=module)
+    return PROFILERS[check_kind(kind)](rank=rank, world_size=world_size, module=module)
