@@ -199,7 +199,8 @@ def _published_cell(value: Any, unit: str, decimals: int) -> str:
 def _published_delta(row: Mapping[str, Any]) -> str:
     b, c, unit, d = row["baseline"], row["candidate"], row.get("unit", ""), row["decimals"]
     if isinstance(b, (int, float)) and isinstance(c, (int, float)):
-        return f"{c - b:+.{d}f} {unit}{_pct((c - b) / b if b else None)}"
+        which = " delta of the medians" if row.get("pairs", 1) > 1 else ""
+        return f"{c - b:+.{d}f} {unit}{which}{_pct((c - b) / b if b else None)}"
     if isinstance(b, list) and isinstance(c, list):
         return f"{b[0] / c[1]:.1f}x-{b[1] / c[0]:.1f}x faster (any rank vs any rank)"
     if isinstance(b, dict) and "k" in b:
