@@ -152,11 +152,14 @@ def test_a_new_attribution_is_one_function() -> None:
             key="test_run_count", metric="runs", kind="tally", unit="runs",
             values={a: [len(data.entries(a))] for a in evidence.ARMS},
             n={a: len(data.entries(a)) for a in evidence.ARMS}, judged_on="run",
-            scope=evidence.Scope(runs=tuple(e.name for e in data.run.runs)), note="Runs.")
+            scope=evidence.Scope(runs=tuple(e.name for e in data.run.runs)),
+            note=f"Runs; compared with {data.inputs.get('aa', 'no A/A run')}.")
 
     try:
-        ev = evidence.build(load_run(PAIRED), traces=False, keys=("test_run_count",))
+        ev = evidence.build(load_run(PAIRED), traces=False, keys=("test_run_count",),
+                            aa="an A/A run")  # extra inputs reach the attributors
         assert ev.keys() == ("test_run_count",)
+        assert ev["test_run_count"].note == "Runs; compared with an A/A run."
         assert ev["test_run_count"].values == {"baseline": (4,), "candidate": (4,)}
     finally:
         del evidence.ATTRIBUTORS["test_run_count"]

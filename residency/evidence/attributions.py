@@ -4,6 +4,7 @@ runs them over a run loaded once (`RunData`)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -33,13 +34,16 @@ def attributor(key: str) -> Callable[[Callable[[RunData], Attribution | None]],
 
 def build(run: Run, *, idle: Mapping[str, Mapping[str, int]] | None = None,
           idle_error: str | None = None, traces: bool = True,
-          keys: Sequence[str] | None = None) -> Evidence:
+          keys: Sequence[str] | None = None, **inputs: Any) -> Evidence:
     """The evidence of a loaded run: every registered attribution that has data.
 
     `idle` (arm -> idle figures in ns) and `idle_error` replace the trace analysis of the
     reference pair; `traces=False` skips it. `keys` limits the attributions computed.
+    Further keyword arguments reach the attributors as `RunData.inputs` (e.g. `aa=Run` for
+    an attribution that compares E2E with an A/A run).
     """
-    data = RunData(run, idle_override=idle, idle_error_override=idle_error, traces=traces)
+    data = RunData(run, idle_override=idle, idle_error_override=idle_error, traces=traces,
+                   inputs=inputs)
     out = []
     for key, fn in ATTRIBUTORS.items():
         if keys is not None and key not in keys:

@@ -4,7 +4,7 @@ place: `load_decisions`), client records, the reference pair, the traces' idle f
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -98,12 +98,14 @@ def _get(obj: Any, key: str) -> Any:
 @dataclass
 class RunData:
     """A loaded run, read once: decisions (all, warm-up marked), client records, the
-    reference pair and (lazily) the idle figures of its traces."""
+    reference pair and (lazily) the idle figures of its traces. `inputs` holds what an
+    attribution needs beyond the run (e.g. an A/A run to compare E2E noise with), by name."""
 
     run: Run
     idle_override: Mapping[str, Mapping[str, int]] | None = None
     idle_error_override: str | None = None
     traces: bool = True
+    inputs: Mapping[str, Any] = field(default_factory=dict)
 
     @cached_property
     def decisions(self) -> pd.DataFrame:
