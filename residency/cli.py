@@ -124,6 +124,9 @@ def _report(p: argparse.ArgumentParser) -> None:
 
 def _verify(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--digest", metavar="sha256:HEX",
+                   help="also check the run against this digest, as quoted in the pull "
+                   "request or the evidence table's footer")
 
 
 def _whatif(p: argparse.ArgumentParser) -> None:
@@ -246,7 +249,14 @@ def cmd_pair(args: argparse.Namespace) -> int:
         raise CommandFailed(str(exc)) from None
     except RuntimeError as exc:  # an explicit device that is not usable here: bad input
         raise ValueError(str(exc)) from None
+    from residency.rundir import load_run
+    from residency.seal import SEAL_FIELD
+
+    digest = (load_run(out).manifest.get(SEAL_FIELD) or {}).get("digest")
     print(f"run complete: {out}")
+    if digest:
+        print(f"digest: {digest} (quote it in the pull request; check a copy with "
+              f"`residency verify RUN_DIR --digest {digest}`)")
     return 0
 
 
@@ -307,10 +317,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    """`verify`: missing, extra and changed artifacts; exit 1 if any."""
+    """`verify`: the run against its seal (and a quoted digest); exit 1 on any finding."""
     from residency.rundir import verify_run
+    from residency.seal import parse_digest
 
-    result = verify_run(args.run_dir)
+    expected = None if args.digest is None else parse_digest(args.digest)
+    result = verify_run(args.run_dir, expected_digest=expected)
     print("\n".join(result.lines()))
     return 0 if result.ok else 1
 
@@ -355,9 +367,12 @@ COMMANDS: dict[str, tuple[str, str, Callable[[argparse.ArgumentParser], None],
                "OUT/<name>.html with inputs hidden, as `jupyter nbconvert --to html "
                "--no-input`; with --screenshot also OUT/<name>.png from headless Chromium.",
                _report, cmd_report),
-    "verify": ("check a run directory against its sha256 list",
-               "Recompute the sha256 of every artifact of RUN_DIR and report missing, extra "
-               "and changed files (exit 1 if any).", _verify, cmd_verify),
+    "verify": ("check a run directory against its seal",
+               "Check RUN_DIR against the seal recorded when it completed: the sha256 of every "
+               "artifact (missing, extra, changed, not a regular file), every manifest field, "
+               "runs[] against each client.json, and with --digest the digest quoted by its "
+               "author; prints the run's digest (exit 1 on any finding).", _verify,
+               cmd_verify),
     "whatif": ("replay a run's recorded snapshots under other bounds and policies",
                "Replay every recorded normal decision's memory snapshot of RUN_DIR through the "
                "policy with other bounds: a consistency gate (own bounds reproduce every "

@@ -9,8 +9,8 @@ client records are read on demand from a `Run`.
 
 from __future__ import annotations
 
-import hashlib
 import json
+import math
 import os
 import platform
 from dataclasses import dataclass, field
@@ -22,6 +22,17 @@ from typing import Any
 import pandas as pd
 
 from residency.devices import RECORDED_KINDS
+from residency.seal import (
+    SEAL_FIELD,
+    UnsafePathError,
+    confined,
+    read_regular,
+    run_digest,
+    seal_findings,
+    sha256_regular,
+    walk_files,
+)
+from residency.seal import seal as seal_manifest
 
 SCHEMA = "residency.run/1"
 STATUSES = ("complete", "incomplete")
@@ -91,11 +102,12 @@ class Manifest:
     artifacts: dict[str, str] = field(default_factory=dict)
     error: str | None = None
     schema: str = SCHEMA
+    seal: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     _FIELDS = ("schema", "status", "design", "device_kind", "service", "service_name",
                "params", "versions", "host", "started_at", "ended_at", "order", "runs",
-               "artifacts", "error")
+               "artifacts", "error", SEAL_FIELD)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object, fields in the documented order."""
@@ -127,7 +139,8 @@ class Manifest:
         known = {k: data[k] for k in cls._FIELDS if k in data}
         extra = {k: v for k, v in data.items() if k not in cls._FIELDS}
         return cls(**{k: v for k, v in known.items() if v is not None or k in (
-            "design", "service", "service_name", "started_at", "ended_at", "error")},
+            "design", "service", "service_name", "started_at", "ended_at", "error",
+            SEAL_FIELD)},
             extra=extra)
 
     @classmethod
@@ -145,11 +158,14 @@ class Manifest:
         self.error, self.ended_at = error, _now()
         self.write(root)
 
-    def complete(self, root: str | os.PathLike[str]) -> None:
-        """Hash every artifact, mark the run `complete` with its end time, and write."""
+    def complete(self, root: str | os.PathLike[str]) -> str:
+        """Hash every artifact, mark the run `complete` with its end time, seal the manifest
+        (`residency.seal`) and write; returns the run's digest (`sha256:...`)."""
         self.artifacts = artifact_hashes(root)
-        self.ended_at, self.status = _now(), "complete"
+        self.ended_at, self.status, self.seal = _now(), "complete", None
+        self.seal = seal_manifest(self.to_dict())
         self.write(root)
+        return str(self.seal["digest"])
 
 
 class RunDirError(ValueError):
@@ -213,8 +229,9 @@ class Run:
         return tuple(r for r in self.runs if r.arm == arm)
 
     def client(self, run: RunEntry) -> dict[str, Any]:
-        """The run's `client.json`."""
-        return _read_json(run.dir / "client.json")
+        """The run's `client.json`, its fields checked (see `check_client`)."""
+        path = run.dir / "client.json"
+        return check_client(path, _read_json(path))
 
     def decisions(self, run: RunEntry, *, warmup: bool = False) -> pd.DataFrame:
         """Policy decisions of all ranks of one run, one row per call (warm-up excluded
@@ -256,102 +273,229 @@ def load_run(path: str | Path, *, allow_incomplete: bool = False, verify: bool =
 
 
 # ----------------------------------------------------------------------------- steps
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise RunDirError(path, "file is missing")
+def _read_bytes(path: Path) -> bytes:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return read_regular(path)
+    except FileNotFoundError:
+        raise RunDirError(path, "file is missing") from None
+    except UnsafePathError as exc:
+        raise RunDirError(path, str(exc).removeprefix(f"{path}: ")) from None
+    except OSError as exc:
+        raise RunDirError(path, f"cannot read: {exc.strerror or exc}") from None
+
+
+def _loads(path: Path, text: str | bytes, where: str = "") -> Any:
+    """`json.loads` with every failure as a RunDirError naming the file (and line)."""
+    try:
+        return json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RunDirError(path, f"invalid JSON ({exc})") from None
+        raise RunDirError(path, f"{where}invalid JSON ({exc})") from None
+    except RecursionError:
+        raise RunDirError(path, f"{where}JSON nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer with too many digits
+        raise RunDirError(path, f"{where}invalid JSON ({exc})") from None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    data = _loads(path, _read_bytes(path))
     if not isinstance(data, dict):
         raise RunDirError(path, f"expected a JSON object, got {type(data).__name__}")
     return data
 
 
 def _verify_artifacts(root: Path, manifest: dict[str, Any]) -> None:
-    """Refuse a complete run whose files differ from the sha256 recorded in its manifest
-    (a run recorded without a sha256 list is read unverified; `residency verify` says so)."""
+    """Refuse a complete run whose files or manifest differ from what was recorded when it
+    completed (a run recorded without a sha256 list is read unverified; `residency verify`
+    says so)."""
     if manifest["status"] != "complete" or not manifest.get("artifacts"):
         return
     result = verify_run(root)
     if not result.ok:
+        first = result.findings()[0] if result.findings() else ""
         raise RunDirError(root / "manifest.json", "failed verification: " + result.summary()
+                          + (f"; first: {first}" if first else "")
                           + " (run `residency verify` for the list; pass verify=False / "
                           "--no-verify to read it anyway)", field="artifacts")
 
 
 @dataclass(frozen=True)
 class Verification:
-    """Outcome of checking a run directory against its manifest's sha256 list."""
+    """Outcome of checking a run directory against its seal: the manifest's own fields, the
+    sha256 of every artifact, client records against the manifest, and (when given) the
+    digest an author quoted."""
 
     path: Path
     checked: int
     missing: tuple[str, ...] = ()
     extra: tuple[str, ...] = ()
     changed: tuple[str, ...] = ()
+    unsafe: tuple[str, ...] = ()      # "rel: what it is" (FIFO, link, device, ...)
+    manifest: tuple[str, ...] = ()    # seal findings: manifest fields edited since sealing
+    mismatched: tuple[str, ...] = ()  # manifest fields that disagree with the run's files
+    digest: str | None = None         # sha256:... of the run as it is now
+    expected_digest: str | None = None
 
     @property
     def ok(self) -> bool:
-        """True when nothing is missing, extra or changed."""
-        return not (self.missing or self.extra or self.changed)
+        """True when nothing is missing, extra, changed, unsafe, edited or mismatched, and
+        the digest equals the quoted one (when quoted)."""
+        return not (self.missing or self.extra or self.changed or self.unsafe or self.manifest
+                    or self.mismatched or self.digest_differs)
+
+    @property
+    def digest_differs(self) -> bool:
+        """A quoted digest was given and the run's digest is another."""
+        return self.expected_digest is not None and self.digest != self.expected_digest
+
+    def findings(self) -> list[str]:
+        """Every finding, one line each."""
+        out = [f"digest   {self.digest} is not the quoted {self.expected_digest}"
+               ] if self.digest_differs else []
+        out += [f"manifest {m}" for m in self.manifest]
+        out += [f"mismatch {m}" for m in self.mismatched]
+        for what, names in (("unsafe", self.unsafe), ("missing", self.missing),
+                            ("extra", self.extra), ("changed", self.changed)):
+            out += [f"{what:<8} {name}" for name in names]
+        return out
 
     def summary(self) -> str:
         """One line: counts of each finding."""
         if self.ok:
-            return f"{self.checked} artifacts verified"
-        return (f"{len(self.missing)} missing, {len(self.extra)} extra, {len(self.changed)} "
-                f"changed of {self.checked} recorded artifacts")
+            quoted = " and the quoted digest" if self.expected_digest else ""
+            return f"{self.checked} artifacts and the manifest verified{quoted}"
+        parts = [f"{len(self.missing)} missing, {len(self.extra)} extra, {len(self.changed)} "
+                 f"changed of {self.checked} recorded artifacts"]
+        if self.unsafe:
+            parts.append(f"{len(self.unsafe)} not regular files")
+        if self.manifest:
+            parts.append(f"{len(self.manifest)} manifest fields edited")
+        if self.mismatched:
+            parts.append(f"{len(self.mismatched)} manifest fields disagree with the files")
+        if self.digest_differs:
+            parts.append("digest differs from the quoted one")
+        return "; ".join(parts)
 
     def lines(self) -> list[str]:
-        """The summary, then one line per finding."""
+        """The summary, the run's digest, then one line per finding."""
         out = [f"{self.path}: {self.summary()}"]
-        for what, names in (("missing", self.missing), ("extra", self.extra),
-                            ("changed", self.changed)):
-            out += [f"  {what:<8} {name}" for name in names]
-        return out
+        if self.digest:
+            out.append(f"  digest   {self.digest}")
+        return out + [f"  {line}" for line in self.findings()]
 
     def __repr__(self) -> str:
         return f"Verification({self.path.name}: {self.summary()})"
 
 
 def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    """Hex sha256 of a regular file's bytes (anything else is refused)."""
+    return sha256_regular(path)
+
+
+def _is_derived(rel: str) -> bool:
+    parts = rel.split("/")
+    return rel == "manifest.json" or any(p.startswith(".") or p in DERIVED_DIRS for p in parts)
 
 
 def artifact_hashes(root: str | Path) -> dict[str, str]:
     """sha256 of every evidence file under `root` by POSIX relative path (the manifest,
-    hidden temporary files and derived caches excluded)."""
+    hidden temporary files and derived caches excluded).
+
+    Raises:
+        RunDirError: an entry that is not a regular file (FIFO, socket, device, link).
+    """
     root = Path(root)
     out = {}
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        rel = path.relative_to(root)
-        if rel.as_posix() == MANIFEST or any(
-                part.startswith(".") or part in DERIVED_DIRS for part in rel.parts):
+    for rel, path, other in walk_files(root):
+        if _is_derived(rel):
             continue
-        out[rel.as_posix()] = sha256_file(path)
+        if other is not None:
+            raise RunDirError(path, f"is {other}; a run directory holds regular files only")
+        out[rel] = sha256_file(path)
     return out
 
 
-def verify_run(path: str | Path) -> Verification:
-    """Recompute the sha256 of every artifact and compare with `manifest.json`."""
+def _client_mismatches(root: Path, manifest: dict[str, Any]) -> list[str]:
+    """Manifest run fields that disagree with the run's own `client.json`."""
+    out = []
+    runs = manifest.get("runs")
+    for i, r in enumerate(runs if isinstance(runs, list) else []):
+        if not isinstance(r, dict):
+            continue
+        try:
+            run_dir = confined(root, r.get("dir"), what=f"runs[{i}].dir")
+            client = _read_json(run_dir / "client.json")
+        except (UnsafePathError, RunDirError):
+            continue  # reported as a manifest or artifact finding
+        for key in ("e2e_s", "request_id", "arm", "index"):
+            if key in r and key in client and client[key] != r[key]:
+                out.append(f"runs[{i}].{key} is {r[key]!r} but {r.get('dir')}/client.json "
+                           f"says {client[key]!r}")
+    return out
+
+
+def verify_run(path: str | Path, *, expected_digest: str | None = None) -> Verification:
+    """Check a run directory against its seal: every artifact's sha256, every manifest
+    field, each `runs[].e2e_s` against its `client.json`, and the quoted digest if given."""
     root = Path(path)
     manifest = _read_json(root / "manifest.json")
     recorded = manifest.get("artifacts")
     if not isinstance(recorded, dict) or not recorded:
         raise RunDirError(root / "manifest.json", "no sha256 list recorded (the run never "
                           "completed, or predates verification)", field="artifacts")
-    actual = artifact_hashes(root)
+    actual: dict[str, str] = {}
+    unsafe = []
+    for rel, p, other in walk_files(root):
+        if _is_derived(rel):
+            continue
+        if other is not None:
+            unsafe.append(f"{rel}: {other}")
+            continue
+        actual[rel] = sha256_file(p)
+    manifest_findings = seal_findings(manifest) if SEAL_FIELD in manifest or manifest.get(
+        "status") == "complete" else []
+    if manifest.get(SEAL_FIELD) is None and manifest_findings:
+        # sealed runs are the norm from this version on; older runs say so once
+        manifest_findings = [f + " (edits to the manifest cannot be detected)"
+                             for f in manifest_findings]
+    try:
+        digest = run_digest(manifest)
+    except ValueError:
+        digest = None
     return Verification(
         path=root, checked=len(recorded),
         missing=tuple(sorted(set(recorded) - set(actual))),
         extra=tuple(sorted(set(actual) - set(recorded))),
         changed=tuple(sorted(k for k in set(recorded) & set(actual) if recorded[k] != actual[k])),
+        unsafe=tuple(unsafe), manifest=tuple(manifest_findings),
+        mismatched=tuple(_client_mismatches(root, manifest)),
+        digest=digest, expected_digest=expected_digest,
     )
+
+
+_INT64 = 2**63
+
+
+def _int_field(mpath: Path, value: Any, field: str, *, lo: int = 0, hi: int = _INT64) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value < hi:
+        raise RunDirError(mpath, f"must be an integer in [{lo}, {hi}), got {value!r}"[:200],
+                          field=field)
+    return value
+
+
+def _finite_field(mpath: Path, value: Any, field: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RunDirError(mpath, f"must be a number or null, got {type(value).__name__}",
+                          field=field)
+    try:
+        out = float(value)
+    except OverflowError:
+        out = math.inf
+    if not math.isfinite(out) or out < 0:
+        raise RunDirError(mpath, f"must be a finite number >= 0, got {value!r}"[:200],
+                          field=field)
+    return out
 
 
 def _entry(root: Path, i: int, r: Any, *, required: bool) -> RunEntry | None:
@@ -361,35 +505,169 @@ def _entry(root: Path, i: int, r: Any, *, required: bool) -> RunEntry | None:
     for key in ("arm", "index", "dir"):
         if key not in r:
             raise RunDirError(mpath, "missing", field=f"runs[{i}].{key}")
-    run_dir = root / str(r["dir"])
+    if not isinstance(r["arm"], str):
+        raise RunDirError(mpath, f"must be a string, got {type(r['arm']).__name__}",
+                          field=f"runs[{i}].arm")
+    index = _int_field(mpath, r["index"], f"runs[{i}].index", hi=10**6)
+    try:
+        run_dir = confined(root, r["dir"], what=f"runs[{i}].dir")
+    except UnsafePathError as exc:
+        raise RunDirError(mpath, str(exc), field=f"runs[{i}].dir") from None
     if not run_dir.is_dir():
         if not required:  # an incomplete run may list a run it never wrote
             return None
         raise RunDirError(run_dir, f"run directory listed in manifest.json runs[{i}] is missing")
-    e2e = r.get("e2e_s")
-    return RunEntry(arm=str(r["arm"]), index=int(r["index"]), dir=run_dir.resolve(),
-                    e2e_s=None if e2e is None else float(e2e), profiled=bool(r.get("profiled")),
-                    request_id=r.get("request_id"))
+    e2e = _finite_field(mpath, r.get("e2e_s"), f"runs[{i}].e2e_s")
+    request_id = r.get("request_id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise RunDirError(mpath, f"must be a string or null, got {type(request_id).__name__}",
+                          field=f"runs[{i}].request_id")
+    return RunEntry(arm=r["arm"], index=index, dir=run_dir.resolve(), e2e_s=e2e,
+                    profiled=bool(r.get("profiled")), request_id=request_id)
+
+
+_SNAPSHOT_KEYS = ("reserved", "allocated", "free", "total")
+
+
+def _decision(path: Path, lineno: int, rec: Any) -> dict[str, Any]:
+    """One decisions line checked field by field (ints in int64, finite fractions)."""
+    where = f"line {lineno}"
+    if not isinstance(rec, dict):
+        raise RunDirError(path, f"{where}: expected a JSON object, got "
+                          f"{type(rec).__name__}")
+
+    def bad(field: str, what: str) -> RunDirError:
+        return RunDirError(path, f"{where}: {what}", field=field)
+
+    for key in ("start_ns", "end_ns"):
+        v = rec.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or not -_INT64 <= v < _INT64:
+            raise bad(key, "needs integer start_ns and end_ns (int64 nanoseconds), got "
+                      f"{v!r}"[:200])
+    if rec["end_ns"] < rec["start_ns"]:
+        raise bad("end_ns", "end_ns is before start_ns")
+    for key in ("rank", "wall_ns"):
+        v = rec.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)
+                              or not 0 <= v < _INT64):
+            raise bad(key, f"must be an integer in [0, 2**63), got {v!r}"[:200])
+    for key in ("max_cached_fraction", "min_free_fraction"):
+        v = rec.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                              or not math.isfinite(v)):
+            raise bad(key, f"must be a finite number, got {v!r}"[:200])
+    for key in ("request_id", "arm", "device_kind", "kind", "outcome", "reason"):
+        v = rec.get(key)
+        if v is not None and not isinstance(v, str):
+            raise bad(key, f"must be a string, got {type(v).__name__}")
+    snap = rec.pop("snapshot", None) or {}
+    if not isinstance(snap, dict):
+        raise bad("snapshot", f"must be an object or null, got {type(snap).__name__}")
+    for key in _SNAPSHOT_KEYS:
+        v = snap.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)
+                              or not 0 <= v < _INT64):
+            raise bad(f"snapshot.{key}", f"must be bytes as an integer in [0, 2**63), got "
+                      f"{v!r}"[:200])
+        rec[key] = v
+    rec["duration_ns"] = rec["end_ns"] - rec["start_ns"]
+    rec["warmup"] = str(rec.get("request_id") or "").startswith("warmup-")
+    rec["file"] = path.name
+    return rec
 
 
 def _read_decisions(path: Path) -> list[dict[str, Any]]:
+    try:
+        text = _read_bytes(path).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RunDirError(path, f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     rows = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise RunDirError(path, f"line {lineno}: invalid JSON ({exc.msg})") from None
-            snap = rec.pop("snapshot", None) or {}
-            rec.update({k: snap.get(k) for k in ("reserved", "allocated", "free", "total")})
-            try:
-                rec["duration_ns"] = int(rec["end_ns"]) - int(rec["start_ns"])
-            except (KeyError, TypeError, ValueError):
-                raise RunDirError(path, f"line {lineno}: needs integer start_ns and end_ns",
-                                  field="start_ns/end_ns") from None
-            rec["warmup"] = str(rec.get("request_id", "")).startswith("warmup-")
-            rec["file"] = path.name
-            rows.append(rec)
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        rec = _loads(path, line, f"line {lineno}: ")
+        rows.append(_decision(path, lineno, rec))
     return rows
+
+
+# ------------------------------------------------------------------------------- client.json
+def _is_int(v: Any, lo: int = 0) -> bool:
+    return not isinstance(v, bool) and isinstance(v, int) and lo <= v < _INT64
+
+
+def _check_response(path: Path, resp: Any, where: str) -> None:
+    def bad(field: str, what: str) -> RunDirError:
+        return RunDirError(path, what, field=f"{where}{field}")
+
+    if resp is None:
+        return
+    if not isinstance(resp, dict):
+        raise bad("", f"must be an object or null, got {type(resp).__name__}")
+    per_rank = resp.get("per_rank")
+    if per_rank is None:
+        return
+    if not isinstance(per_rank, list):
+        raise bad("per_rank", f"must be a list, got {type(per_rank).__name__}")
+    for i, pr in enumerate(per_rank):
+        at = f"per_rank[{i}]"
+        if not isinstance(pr, dict):
+            raise bad(at, f"must be an object, got {type(pr).__name__}")
+        for key in ("rank", "prepare_ns", "denoise_ns", "decode_ns", "total_ns",
+                    "telemetry_errors", "oom"):
+            if key in pr and not _is_int(pr[key]):
+                raise bad(f"{at}.{key}", f"must be an integer in [0, 2**63), got "
+                          f"{pr[key]!r}"[:200])
+        for group, keys in (("normal", ("count", "retained", "released")),
+                            ("forced", ("count", "released"))):
+            g = pr.get(group)
+            if g is None:
+                continue
+            if not isinstance(g, dict):
+                raise bad(f"{at}.{group}", f"must be an object, got {type(g).__name__}")
+            for key in keys:
+                if key in g and not _is_int(g[key]):
+                    raise bad(f"{at}.{group}.{key}", f"must be an integer >= 0, got "
+                              f"{g[key]!r}"[:200])
+        durations = (pr.get("normal") or {}).get("duration_ns")
+        if durations is not None and not _is_int(durations) and (
+                not isinstance(durations, list) or not all(_is_int(d) for d in durations)):
+            raise bad(f"{at}.normal.duration_ns", "must be integer nanoseconds or a list of "
+                      "them (one per call)")
+
+
+def check_client(path: Path, c: dict[str, Any]) -> dict[str, Any]:
+    """`c` (a `client.json`) when every field analysis reads has its contract type (ints in
+    int64, finite non-negative seconds, objects and lists where the contract says);
+    `RunDirError` naming the file and field otherwise."""
+    def bad(field: str, what: str) -> RunDirError:
+        return RunDirError(path, what[:300], field=field)
+
+    for key in ("e2e_ns", "index"):
+        if c.get(key) is not None and not _is_int(c[key]):
+            raise bad(key, f"must be an integer in [0, 2**63), got {c[key]!r}")
+    for key in ("request_id", "arm"):
+        if c.get(key) is not None and not isinstance(c[key], str):
+            raise bad(key, f"must be a string, got {type(c[key]).__name__}")
+    _finite_field(path, c.get("e2e_s"), "e2e_s")
+    warm = c.get("warmup")
+    if warm is not None:
+        if not isinstance(warm, dict):
+            raise bad("warmup", f"must be an object or null, got {type(warm).__name__}")
+        if warm.get("e2e_ns") is not None and not _is_int(warm["e2e_ns"]):
+            raise bad("warmup.e2e_ns", f"must be an integer in [0, 2**63), got "
+                      f"{warm['e2e_ns']!r}")
+    _check_response(path, c.get("response"), "response.")
+    requests = c.get("requests")
+    if requests is not None:
+        if not isinstance(requests, list):
+            raise bad("requests", f"must be a list, got {type(requests).__name__}")
+        for i, r in enumerate(requests):
+            if not isinstance(r, dict):
+                raise bad(f"requests[{i}]", f"must be an object, got {type(r).__name__}")
+            if r.get("e2e_ns") is not None and not _is_int(r["e2e_ns"]):
+                raise bad(f"requests[{i}].e2e_ns", f"must be an integer, got {r['e2e_ns']!r}")
+            if r.get("request_id") is not None and not isinstance(r["request_id"], str):
+                raise bad(f"requests[{i}].request_id", "must be a string")
+            _finite_field(path, r.get("e2e_s"), f"requests[{i}].e2e_s")
+            _check_response(path, r.get("response"), f"requests[{i}].response.")
+    return c

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from residency.rundir import RunDirError, artifact_hashes, load_run, verify_run
+from residency.seal import seal
 
 FIXTURE = Path(__file__).parent / "data" / "rundir" / "fixture-run"
 
@@ -22,6 +23,7 @@ def sealed(tmp_path) -> Path:
     shutil.copytree(FIXTURE, run)
     manifest = json.loads((run / "manifest.json").read_text())
     manifest["artifacts"] = artifact_hashes(run)
+    manifest["seal"] = seal(manifest)
     (run / "manifest.json").write_text(json.dumps(manifest))
     return run
 

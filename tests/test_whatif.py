@@ -28,6 +28,7 @@ import pytest
 from residency import whatif
 from residency.policy import retains
 from residency.rundir import RunDirError, load_run
+from residency.seal import seal
 from residency.telemetry import MemorySnapshot
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,6 +65,7 @@ def _rehash(root: Path) -> None:
     manifest["artifacts"] = {
         f.relative_to(root).as_posix(): hashlib.sha256(f.read_bytes()).hexdigest()
         for f in sorted(root.rglob("*")) if f.is_file() and f.name != "manifest.json"}
+    manifest["seal"] = seal(manifest)
     path.write_text(json.dumps(manifest))
 
 
