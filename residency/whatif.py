@@ -141,7 +141,8 @@ def parse_range(value: str | float | Sequence[float], *, name: str = "range"
         raise bad("start > stop")
     if step <= 0:
         raise bad("step <= 0")
-    count = math.floor((stop - start) / step + 1e-9) + 1
+    span = (stop - start) / step  # inf when the step is a subnormal: too many values
+    count = math.floor(span + 1e-9) + 1 if math.isfinite(span) and span < 2**53 else 2**53
     if count > MAX_POINTS:
         raise bad(f"{count} values, at most {MAX_POINTS}")
     values = tuple(round(start + i * step, _DECIMALS) for i in range(count))
