@@ -202,3 +202,9 @@ def test_malformed_decisions_are_one_line(run: Path, line: str, words: str) -> N
     for cmd in ("tables", "whatif"):
         err = one_line_error(cli(cmd, str(run), "--no-verify"))
         assert words in err and "decisions-rank0.jsonl" in err
+
+
+def test_the_evidence_table_footer_quotes_the_digest(run: Path) -> None:
+    digest = json.loads((run / "manifest.json").read_text())["seal"]["digest"]
+    proc = cli("tables", str(run))
+    assert proc.returncode == 0 and f"Run digest: {digest}." in proc.stdout

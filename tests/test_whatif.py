@@ -129,8 +129,8 @@ def test_default_free_grid_holds_the_published_floor_exactly() -> None:
 
 
 @pytest.mark.parametrize("text", ["0.5:0.2:0.1", "a:b:c", "0.1:0.2", "0:2:0.5", "-0.1:0.2:0.1",
-                                  "0.1:0.2:0", "0.1:0.2:-0.1", "0:1:0.0001", "0:1:5e-324", "nan", "", True,
-                                  [0.1, 0.2], None])
+                                  "0.1:0.2:0", "0.1:0.2:-0.1", "0:1:0.0001", "0:1:5e-324", "nan",
+                                  "", True, [0.1, 0.2], None])
 def test_bad_range_names_the_parameter(text: object) -> None:
     with pytest.raises(ValueError, match="`free`"):
         whatif.parse_range(text, name="free")  # type: ignore[arg-type]

@@ -57,7 +57,8 @@ def build(run: Run, *, idle: Mapping[str, Mapping[str, int]] | None = None,
     return Evidence(run_dir=run.path, device_kind=run.device_kind, design=run.design,
                     status=run.status,
                     reference_pair=(pair[0].name, pair[1].name) if pair else None,
-                    attributions=tuple(out), idle_error=data.idle_error if needs_idle else None)
+                    attributions=tuple(out), idle_error=data.idle_error if needs_idle else None,
+                    digest=(run.manifest.get("seal") or {}).get("digest"))
 
 
 # ----------------------------------------------------------------------------- helpers

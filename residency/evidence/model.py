@@ -120,6 +120,7 @@ class Evidence:
     reference_pair: tuple[str, str] | None  # run names of the profiled (reference) pair
     attributions: tuple[Attribution, ...]
     idle_error: str | None = None
+    digest: str | None = None  # the run's seal digest (`sha256:...`), None when unsealed
 
     @property
     def name(self) -> str:
