@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from residency.tracefiles import MAX_TRACE_BYTES, TraceError, file_sha256, open_regular
-from residency.traceformats import Parsed, _object_array
+from residency.traceformats import Parsed, object_array
 
 __all__ = ["CACHE_DIR", "cache_path", "read_cache", "write_cache"]
 
@@ -74,12 +74,12 @@ def read_cache(source: Path, stat: os.stat_result, *, root: Path | None = None,
         rows = np.column_stack([_ints(table[c].chunk(0)) if table[c].num_chunks else
                                 np.empty(0, np.int64) for c in ("start_ns", "end_ns")])
         ndev = int(meta["device_rows"])
-        names = _object_array([])
+        names = object_array([])
         tasks, task_table = _codes(table, "task_type", len(rows))
         lanes, lane_table = _codes(table, "lane", len(rows))
         if len(rows) > ndev:  # range rows follow device rows and all have a name
             col = table["name"].chunk(0)
-            names = _object_array(col.dictionary.to_pylist())[_ints(col.indices[ndev:])]
+            names = object_array(col.dictionary.to_pylist())[_ints(col.indices[ndev:])]
         rank = meta.get("rank")
         p = Parsed(rank if type(rank) is int else None, rows[:ndev], rows[ndev:], names,
                    int(meta["rejected"]), tasks[:ndev], tasks[ndev:], lanes[ndev:],

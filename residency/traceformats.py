@@ -49,8 +49,9 @@ from residency.tracejson import (
 )
 
 __all__ = ["ASCEND_DERIVED_PROCESSES", "ASCEND_DEVICE_PROCESS", "DEVICE_CATEGORIES",
-           "HOST_CATEGORIES", "NotAligned", "Parsed", "join_parts", "parse_part", "parse_trace",
-           "parse_whole", "part_bounds"]
+           "HOST_CATEGORIES", "NotAligned", "Parsed", "decimal_text_to_ns", "decimal_us_to_ns",
+           "join_parts", "object_array", "parse_part", "parse_trace", "parse_whole",
+           "part_bounds"]
 
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"})
 HOST_CATEGORIES = frozenset({"user_annotation", "cpu_op", "python_function", "operator"})
@@ -349,7 +350,7 @@ class _Names:
                            len(names))
 
     def table(self) -> np.ndarray:
-        return _object_array(list(self.codes))
+        return object_array(list(self.codes))
 
     def absorb(self, other: _Names) -> np.ndarray:
         """Add `other`'s names; their codes here, indexed by their codes there."""
@@ -747,7 +748,8 @@ def _category_kinds(cats: Iterable[str], n: int) -> np.ndarray:
     return np.fromiter(map(_CategoryKinds().__getitem__, cats), np.int8, n)
 
 
-def _object_array(items: list[Any]) -> np.ndarray:
+def object_array(items: list[Any]) -> np.ndarray:
+    """`items` as a 1-D numpy object array (no nested-sequence unpacking)."""
     out = np.empty(len(items), dtype=object)
     out[:] = items
     return out
@@ -760,7 +762,7 @@ def _floats_to_ns(us: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _us_to_ns(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
     """Microsecond values (int, float or decimal text) to int64 ns, and which were numbers."""
-    convert = {int: _ints_to_ns, float: _float_list_to_ns, str: _decimal_text_to_ns}
+    convert = {int: _ints_to_ns, float: _float_list_to_ns, str: decimal_text_to_ns}
     n = len(values)
     ns, ok = np.zeros(n, np.int64), np.zeros(n, bool)
     types = set(map(type, values))
@@ -784,7 +786,7 @@ def _float_list_to_ns(values: list[float]) -> tuple[np.ndarray, np.ndarray]:
     return _floats_to_ns(np.array(values, np.float64))
 
 
-def _decimal_text_to_ns(values: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def decimal_text_to_ns(values: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Decimal microsecond text to int64 ns, exactly: nearest ns, ties away from zero.
 
     Text of one fixed layout (as torch-npu writes epoch microseconds, ``%.3f``) is parsed from
@@ -828,12 +830,14 @@ def _plain_decimal(c: np.ndarray, point: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _decimal_one_by_one(values: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    parsed = [_decimal_us_to_ns(v) for v in values]
+    parsed = [decimal_us_to_ns(v) for v in values]
     return (np.array([0 if v is None else v for v in parsed], np.int64),
             np.array([v is not None for v in parsed], bool))
 
 
-def _decimal_us_to_ns(text: str) -> int | None:
+def decimal_us_to_ns(text: str) -> int | None:
+    """Decimal microsecond text to int64 ns exactly; None when it is not a finite number or
+    lies outside int64 ns."""
     try:
         us = Decimal(text)
     except InvalidOperation:

@@ -192,9 +192,9 @@ fixed = st.tuples(st.integers(-(10**17), 10**17), st.integers(0, 999)).map(
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(st.lists(plain | st.text(max_size=5), max_size=6), st.lists(fixed, max_size=6)))
 def test_decimal_text_parser_agrees_with_decimal(values):
-    ns, ok = traces._decimal_text_to_ns(values)
+    ns, ok = traces.decimal_text_to_ns(values)
     assert [int(v) if k else None for v, k in zip(ns, ok, strict=True)] == [
-        traces._decimal_us_to_ns(v) for v in values]
+        traces.decimal_us_to_ns(v) for v in values]
 
 
 def test_truncated_json_names_file_and_position(tmp_path):
