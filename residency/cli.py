@@ -93,7 +93,19 @@ def _idle(p: argparse.ArgumentParser) -> None:
     p.add_argument("--marker", metavar="REGEX", help="host ranges to attribute, e.g. "
                    r"'residency\.release\[normal\]'")
     p.add_argument("--window-marker", metavar="REGEX",
-                   help="window = union of matching host ranges (default: device-task span)")
+                   help="window = union of matching host ranges (default: busy-task span)")
+    p.add_argument("--busy", metavar="DEF", default="default",
+                   choices=["default", "ascend", "msprof", "kineto", "all"],
+                   help="which device tasks count as work: default (ascend for torch-npu: "
+                   "compute, memory copies, communication; kineto: kernels, memcpy, memset), "
+                   "msprof (compute + communication, as msprof-analyze), all")
+    p.add_argument("--session", metavar="WHICH",
+                   help="torch-npu: the profiling session when a rank has several: latest, N "
+                   "(0 = earliest) or an ISO time prefix of its start")
+    p.add_argument("--group", metavar="NAME",
+                   help="vLLM-Omni: the process group (diffusion, stage0, ...) when several")
+    p.add_argument("--by-cause", action="store_true",
+                   help="also attribute all-rank idle time to the innermost host range")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-cache", action="store_true",
                    help="neither read nor write the Parquet cache beside the traces")
@@ -265,15 +277,33 @@ def cmd_idle(args: argparse.Namespace) -> int:
     from residency.idle import format_summary, idle_summary
     from residency.traces import load_traces
 
+    causes = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            traces = load_traces(args.path, cache=not args.no_cache)
-            summary = idle_summary(traces, marker=args.marker, window_marker=args.window_marker)
+            traces = load_traces(args.path, cache=not args.no_cache, session=args.session,
+                                 group=args.group)
+            summary = idle_summary(traces, marker=args.marker, window_marker=args.window_marker,
+                                   busy=args.busy)
+            if args.by_cause:
+                from residency.causes import idle_by_cause
+
+                causes = idle_by_cause(traces, busy=args.busy, window_marker=args.window_marker)
         finally:
             for w in caught:
                 print(f"residency idle: warning: {w.message}", file=sys.stderr)
-    print(json.dumps(summary.to_dict()) if args.json else "\n".join(format_summary(summary)))
+    if args.json:
+        out = summary.to_dict()
+        if causes is not None:
+            out["idle_by_cause"] = causes.to_dict(orient="records")
+        print(json.dumps(out))
+        return 0
+    lines = format_summary(summary)
+    if causes is not None:
+        from residency.causes import format_causes
+
+        lines += ["", *format_causes(causes)]
+    print("\n".join(lines))
     return 0
 
 

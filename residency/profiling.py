@@ -66,7 +66,8 @@ class CudaProfiler(RequestProfiler):
     def _start(self) -> None:
         from torch.profiler import ProfilerActivity, profile
 
-        self._prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+        self._prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                             profile_memory=True)  # [memory] events: residency.memory
         self._prof.start()
 
     def _stop(self, out: Path) -> None:
@@ -86,6 +87,7 @@ class NpuProfiler(RequestProfiler):
         self._prof = torch_npu.profiler.profile(
             activities=[torch_npu.profiler.ProfilerActivity.CPU,
                         torch_npu.profiler.ProfilerActivity.NPU],
+            profile_memory=True,  # memory_record.csv: residency.memory
             on_trace_ready=torch_npu.profiler.tensorboard_trace_handler(str(self._out)))
         self._prof.start()
 

@@ -6,7 +6,8 @@ the trace's size, mtime and SHA-256 (of its bytes as stored) and the SHA-256 of 
 content itself. It is used only when all of them match: a trace changed in any way, or a cache
 edited in any way (without recomputing its digest), is parsed anew and the cache rewritten. A
 cache that cannot be read is ignored. Cache files are read as regular files only, with a size
-limit. Version history: 1 (size and mtime only), 2 (digests, task types and lanes).
+limit. Version history: 1 (size and mtime only), 2 (digests, task types and lanes), 3 (the
+torch-npu Overlap Analysis slices kept as rows of their lane; device rows named).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from residency.traceformats import Parsed, object_array
 __all__ = ["CACHE_DIR", "cache_path", "read_cache", "write_cache"]
 
 CACHE_DIR = "residency.parquet.cache"
-_VERSION = 2
+_VERSION = 3
 _NO_CODE = -1
 
 
@@ -46,7 +47,9 @@ def content_digest(p: Parsed, meta: dict[str, Any]) -> str:
     for a, dtype in ((p.device, np.int64), (p.ranges, np.int64), (p.device_task_type, np.int16),
                      (p.range_task_type, np.int16), (p.range_lane, np.int16)):
         h.update(np.ascontiguousarray(a, dtype).tobytes())
-    h.update(json.dumps([p.names.tolist(), list(p.task_types), list(p.lanes)]).encode())
+    h.update(json.dumps([p.names.tolist(), list(p.task_types), list(p.lanes),
+                         [""] * len(p.device) if p.device_names is None
+                         else p.device_names.tolist()]).encode())
     return h.hexdigest()
 
 
@@ -75,15 +78,17 @@ def read_cache(source: Path, stat: os.stat_result, *, root: Path | None = None,
                                 np.empty(0, np.int64) for c in ("start_ns", "end_ns")])
         ndev = int(meta["device_rows"])
         names = object_array([])
+        device_names = object_array([])
         tasks, task_table = _codes(table, "task_type", len(rows))
         lanes, lane_table = _codes(table, "lane", len(rows))
-        if len(rows) > ndev:  # range rows follow device rows and all have a name
+        if len(rows):  # every row has a name
             col = table["name"].chunk(0)
-            names = object_array(col.dictionary.to_pylist())[_ints(col.indices[ndev:])]
+            every = object_array(col.dictionary.to_pylist())[_ints(col.indices)]
+            device_names, names = every[:ndev], every[ndev:]
         rank = meta.get("rank")
         p = Parsed(rank if type(rank) is int else None, rows[:ndev], rows[ndev:], names,
                    int(meta["rejected"]), tasks[:ndev], tasks[ndev:], lanes[ndev:],
-                   tuple(task_table), tuple(lane_table))
+                   tuple(task_table), tuple(lane_table), device_names=device_names)
         if meta.get("content_sha256") != content_digest(p, meta):
             return None  # edited: never trusted
         if meta.get("trace_sha256") != file_sha256(source, root=root, max_bytes=max_bytes):
@@ -143,11 +148,9 @@ def write_cache(source: Path, stat: os.stat_result, p: Parsed) -> None:
     path = cache_path(source)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        encoded = pa.array(p.names.tolist(), pa.string()).dictionary_encode()
-        codes = np.concatenate((np.full(len(p.device), -1, np.int32),
-                                _ints(encoded.indices)))
-        names = pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0),
-                                               encoded.dictionary)
+        device_names = (p.device_names.tolist() if p.device_names is not None
+                        else [""] * len(p.device))
+        names = pa.array(device_names + p.names.tolist(), pa.string()).dictionary_encode()
         rows = np.concatenate((p.device, p.ranges)).reshape(-1, 2)
         none = np.full(len(p.device), _NO_CODE, np.int16)
         meta = {**_key(stat), "trace_sha256": p.sha256, "device_rows": len(p.device),

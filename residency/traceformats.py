@@ -77,6 +77,7 @@ class Parsed:
     task_types: tuple[str, ...] = ()
     lanes: tuple[str, ...] = ()
     sha256: str | None = None  # of the trace file as stored, when asked for
+    device_names: np.ndarray | None = None  # (n,) object array of str beside `device`
 
 
 # -- event types ------------------------------------------------------------------------------
@@ -380,6 +381,7 @@ class _Kineto:
 
     def __init__(self) -> None:
         self.dev = _Rows()  # [start, end) relative to the base, grown in place
+        self.dev_name: list[np.ndarray] = []  # name codes of the device rows
         self.host_ts: list[np.ndarray] = []
         self.host_dur: list[np.ndarray] = []
         self.host_name: list[np.ndarray] = []
@@ -398,6 +400,7 @@ class _Kineto:
         rows = other.dev.take()
         self.dev.add(rows[:, 0], rows[:, 1])
         names = self.names.absorb(other.names)
+        self.dev_name += [names[c] for c in other.dev_name]
         self.host_ts += other.host_ts
         self.host_dur += other.host_dur
         self.host_name += [names[c] for c in other.host_name]
@@ -450,6 +453,7 @@ class _Kineto:
         dev, host = ok & (kinds == 1), np.flatnonzero(ok & (kinds == 2))
         start = ts_ns[dev]
         self.dev.add(start, start + dur_ns[dev])
+        self.dev_name.append(self.names.code(names_of(np.flatnonzero(dev))[0]))
         self.host_ts.append(ts_ns[host])
         self.host_dur.append(dur_ns[host])
         names, bad, error = names_of(host)
@@ -472,16 +476,19 @@ class _Kineto:
             raise TraceError(source, f"distributedInfo.rank must be a non-negative integer, "
                              f"not {reprlib.repr(rank)}")
         base = base or 0
-        device, rejected = _finish_rows(self.dev.take(), base)
+        device, rejected, dev_codes = _finish_rows(self.dev.take(), base,
+                                                   _drain_parts(self.dev_name, np.int32))
         ranges, order, host_rejected = _intervals(_drain_parts(self.host_ts, np.int64),
                                                   _drain_parts(self.host_dur, np.int64), base)
         codes = _take_rows(_cat(self.host_name, np.int32), order)
         if _take_rows(_cat(self.host_bad, bool), order).any():
             raise TraceError(source, f"invalid JSON: {self.name_error}")
         none = np.full(len(ranges), _NO_CODE, np.int16)
-        return Parsed(rank, device, ranges, self.names.table()[codes],
+        table = self.names.table()
+        return Parsed(rank, device, ranges, table[codes],
                       self.rejected + rejected + host_rejected,
-                      np.full(len(device), _NO_CODE, np.int16), none, none.copy())
+                      np.full(len(device), _NO_CODE, np.int16), none, none.copy(),
+                      device_names=table[dev_codes])
 
 
 def _intervals(ts: np.ndarray, dur: np.ndarray, base: int
@@ -533,17 +540,21 @@ class _Rows:
         return rows
 
 
-def _finish_rows(rows: np.ndarray, base: int) -> tuple[np.ndarray, int]:
+def _finish_rows(rows: np.ndarray, base: int, codes: np.ndarray
+                 ) -> tuple[np.ndarray, int, np.ndarray]:
     """`rows` ([start, end) relative to `base`, in place) made absolute, rows whose start
-    leaves the range dropped, sorted by start (stable); and how many were dropped."""
+    leaves the range dropped, sorted by start (stable); how many were dropped; `codes` (one
+    per row) kept and ordered alike."""
     n = len(rows)
     if base:
         rows += base  # a row whose start stays in range cannot wrap (|dur| < 2**62)
     if n and not (rows[:, 0].min() > -_LIMIT_NS and rows[:, 0].max() < _LIMIT_NS):
-        rows = rows[np.abs(rows[:, 0]) < _LIMIT_NS]
+        inside = np.abs(rows[:, 0]) < _LIMIT_NS
+        rows, codes = rows[inside], codes[inside]
     if len(rows) > 1 and not (rows[1:, 0] >= rows[:-1, 0]).all():
-        rows = rows[np.argsort(rows[:, 0], kind="stable")]
-    return rows, n - len(rows)
+        order = np.argsort(rows[:, 0], kind="stable")
+        rows, codes = rows[order], codes[order]
+    return rows, n - len(rows), codes
 
 
 def _take_rows(a: np.ndarray, keep: np.ndarray | None) -> np.ndarray:
@@ -661,26 +672,30 @@ class _Ascend:
         lane_of = np.full(len(self.pids), _NO_CODE, np.int16)
         for p, code in self.pids.items():
             name = process.get(p)
+            # derived slices (3) are kept as rows of their lane; `traces` sets them apart
             kind_of[code] = (1 if name == ASCEND_DEVICE_PROCESS else
-                             0 if name in ASCEND_DERIVED_PROCESSES else 2)
+                             3 if name in ASCEND_DERIVED_PROCESSES else 2)
             if name is not None:
                 lane_of[code] = lanes.setdefault(name, len(lanes))
         pid = _drain_parts(self.pid, np.int32)
         kinds, ok = kind_of[pid], _drain_parts(self.ok, bool)
         ts, dur = _drain_parts(self.ts, np.int64), _drain_parts(self.dur, np.int64)
         task = _drain_parts(self.task, np.int16)
-        rejected = int(((kinds > 0) & ~ok).sum())
+        rejected = int((((kinds == 1) | (kinds == 2)) & ~ok).sum())  # a bad derived slice:
+        # dropped, uncounted
         dev = np.flatnonzero(ok & (kinds == 1))
         device, order, _ = _intervals(ts[dev], dur[dev], 0)
         dev = _take_rows(dev, order)
-        host = np.flatnonzero(ok & (kinds == 2))
+        host = np.flatnonzero(ok & (kinds >= 2))
         ranges, horder, _ = _intervals(ts[host], dur[host], 0)
         host = _take_rows(host, horder)
         if _cat(self.bad, bool)[host].any():
             raise TraceError(source, f"invalid JSON: {self.name_error}")
-        return Parsed(None, device, ranges, self.names.table()[_cat(self.name, np.int32)[host]],
+        names, table = _cat(self.name, np.int32), self.names.table()
+        return Parsed(None, device, ranges, table[names[host]],
                       rejected, task[dev], task[host], lane_of[pid[host]],
-                      tuple(t for t in self.tasks if t is not None), tuple(lanes))
+                      tuple(t for t in self.tasks if t is not None), tuple(lanes),
+                      device_names=table[names[dev]])
 
 
 def _task_type(raw: msgspec.Raw) -> str | None:

@@ -10,7 +10,9 @@ One entry point, `load_traces`, for both formats the brief names:
   named `ASCEND_DEVICE_PROCESS` in ``ASCEND_PROFILER_OUTPUT/trace_view.json``; host ranges
   are the ``X`` events of every other process except the derived `ASCEND_DERIVED_PROCESSES`.
   Each device task keeps its ``args["Task Type"]`` and each host range its lane (process
-  name), as codes (`RankTimeline.device_task_type`, `range_task_type`, `range_lane`).
+  name), as codes (`RankTimeline.device_task_type`, `range_task_type`, `range_lane`); the
+  derived slices are set apart (`RankTimeline.overlap`). torch-npu layouts (sessions,
+  vLLM-Omni groups, ranks, the SQLite export, relative times) are `residency.ascend`'s.
 
 Timestamps are parsed exactly: decimal text goes to int64 ns without passing through float64,
 and float64 values are used only where they give the same nanosecond. An event whose ``ts``
@@ -33,7 +35,7 @@ import threading
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -57,9 +59,13 @@ from residency.traceformats import (  # noqa: F401
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["ASCEND_DERIVED_PROCESSES", "ASCEND_DEVICE_PROCESS", "CACHE_DIR", "CHUNK_BYTES",
-           "DEVICE_CATEGORIES", "HOST_CATEGORIES", "MAX_TRACE_BYTES", "RankTimeline",
-           "TraceError", "TraceSet", "load_traces"]
+__all__ = ["ASCEND_COMM_PROCESSES", "ASCEND_DERIVED_PROCESSES", "ASCEND_DEVICE_PROCESS",
+           "CACHE_DIR", "CHUNK_BYTES", "COMMUNICATION_LANE", "DEVICE_CATEGORIES",
+           "HOST_CATEGORIES", "MAX_TRACE_BYTES", "RankTimeline", "TraceError", "TraceSet",
+           "load_traces"]
+
+ASCEND_COMM_PROCESSES = frozenset({"Communication", "HCCL"})  # "HCCL" before torch-npu 2.1
+COMMUNICATION_LANE = "[Communication]"  # the task type `residency.busy` gives their ranges
 
 _PARALLEL_MIN_BYTES = 16 << 20  # below this, starting worker processes costs more than it saves
 _PART_MIN_BYTES = 32 << 20  # a file is split into parts of at least this much
@@ -79,6 +85,10 @@ class RankTimeline:
     `range_task_type` ``(m,)``: int16 codes into `task_types` of each event's
     ``args["Task Type"]`` (-1: none); `range_lane` ``(m,)``: codes into `lanes` of the range's
     process name (e.g. ``Communication``, ``CANN``, ``Python``; -1: none).
+    `device_names` ``(n,)``: each device task's name (object array of str).
+    `overlap` / `overlap_names`: the derived ``Overlap Analysis`` slices (``Computing``,
+    ``Communication``, ``Communication(Not Overlapped)``, ``Free``); `session`: the torch-npu
+    profiling session the rank was read from.
     """
 
     rank: int
@@ -92,8 +102,26 @@ class RankTimeline:
     range_lane: np.ndarray = field(default_factory=lambda: _EMPTY_CODES)
     task_types: tuple[str, ...] = ()
     lanes: tuple[str, ...] = ()
+    overlap: np.ndarray = field(default_factory=lambda: np.empty((0, 2), np.int64))
+    overlap_names: np.ndarray = field(default_factory=lambda: np.empty(0, object))
+    session: str | None = None
+    device_names: np.ndarray = field(default_factory=lambda: np.empty(0, object))
+
+    @property
+    def device_types(self) -> np.ndarray:
+        """Each device task's type as str (``""``: none; Kineto: ``""`` for every task)."""
+        return np.array([*self.task_types, ""], object)[self.device_task_type]
+
+    def lane_mask(self, lanes: frozenset[str]) -> np.ndarray:
+        """Which host ranges lie on one of `lanes` (process names; torch-npu only)."""
+        codes = [i for i, name in enumerate(self.lanes) if name in lanes]
+        return np.isin(self.range_lane, codes) if codes else np.zeros(len(self.ranges), bool)
 
     def __post_init__(self) -> None:
+        if len(self.device_names) != len(self.device):  # built without them: unnamed
+            names = np.empty(len(self.device), object)
+            names[:] = ""
+            object.__setattr__(self, "device_names", names)
         for name, n in (("device_task_type", len(self.device)),
                         ("range_task_type", len(self.ranges)), ("range_lane", len(self.ranges))):
             if len(getattr(self, name)) != n:
@@ -131,14 +159,17 @@ class TraceSet:
 
 def load_traces(path: str | os.PathLike[str], *, cache: bool = True,
                 workers: int | None = None, chunk_bytes: int = CHUNK_BYTES,
-                max_trace_bytes: int = MAX_TRACE_BYTES) -> TraceSet:
+                max_trace_bytes: int = MAX_TRACE_BYTES, session: str | None = None,
+                group: str | None = None) -> TraceSet:
     """Load every rank's trace under `path`.
 
     `path` is a trace file, a directory of rank traces of one format (searched recursively),
     or a run directory whose ``trace/`` subdirectory holds them. A Kineto file's rank is its
     ``distributedInfo.rank``, else a ``rank<N>`` in its name (then in its folders' names); a
-    torch-npu directory's rank is in its ``profiler_info_<rank>.json``, else a ``rank<N>`` in
-    its path (vLLM-Omni writes ``diffusion_rank<N>/``). Files are parsed in `workers` processes
+    torch-npu directory's rank is in its ``profiler_info_<rank>.json``, else a ``rank<N>``
+    folder below `path` (vLLM-Omni writes ``diffusion_rank<N>/``), never the directory's own
+    name (a host name). Several sessions of a rank are chosen with `session`, vLLM-Omni groups
+    with `group` (`residency.ascend.choose_sessions`). Files are parsed in `workers` processes
     (default: one per CPU when the traces are large), each streamed in chunks of
     `chunk_bytes`. With `cache`, parsed files are read from and written to Parquet beside them;
     a cache that cannot be used, or does not match the trace or its own digest, is ignored.
@@ -148,40 +179,61 @@ def load_traces(path: str | os.PathLike[str], *, cache: bool = True,
             file (FIFO, device, socket), a link leaving `path`, a file larger than
             `max_trace_bytes` on disk or decompressed, unreadable or invalid JSON (with the
             byte position in the decompressed stream where known), a rank that cannot be told
-            or appears twice, or ranks whose time ranges do not overlap.
+            or appears twice, several sessions or groups and no choice among them, relative
+            torch-npu times on several ranks, or ranks whose time ranges do not overlap.
 
     Warns:
         UserWarning: a rank without device tasks (its busy time is zero).
     """
     root = Path(path)
     fmt, items = _discover(root)
-    sources = [item if fmt == "kineto" else _ascend_trace(item) for item in items]
+    known: list[int | None] = [None] * len(items)
+    sessions: list[str | None] = [None] * len(items)
+    if fmt == "ascend":
+        from residency import ascend
+
+        chosen = ascend.choose_sessions(root, items, session=session, group=group)
+        items = [c.directory for c in chosen]
+        sources = [c.source for c in chosen]
+        known = [c.rank for c in chosen]
+        sessions = [c.session for c in chosen]
+    else:
+        sources = list(items)
     parsed = _parse_all(fmt, sources, cache=cache, workers=workers,
                         root=None if fmt == "kineto" and not root.is_dir() else root,
                         chunk_bytes=chunk_bytes, max_bytes=max_trace_bytes)
+    if fmt == "ascend":
+        parsed = ascend.align_clocks(sources, parsed)
     ranks: dict[int, RankTimeline] = {}
     origin: dict[int, Path] = {}
     unknown = []
-    for item, source, p in zip(items, sources, parsed, strict=True):
-        rank = p.rank if fmt == "kineto" else _ascend_rank(item)
-        if rank is None:
-            rank = _rank_from_path(item, root)
+    for item, source, p, rank, label in zip(items, sources, parsed, known, sessions,
+                                            strict=True):
+        if fmt == "kineto":
+            rank = p.rank if p.rank is not None else _rank_from_path(item, root)
         if rank is None:
             unknown.append(item)
             continue
         if rank in ranks:
             raise TraceError(item, f"rank {rank} appears twice: in {origin[rank]} and in {item}")
         origin[rank] = item
-        arrays = (p.device, p.ranges, p.names, p.device_task_type, p.range_task_type,
-                  p.range_lane)
+        derived = np.isin(p.range_lane, [i for i, n in enumerate(p.lanes)
+                                         if n in ASCEND_DERIVED_PROCESSES])
+        host = ~derived
+        arrays = (p.device, p.ranges[host], p.names[host], p.device_task_type,
+                  p.range_task_type[host], p.range_lane[host], p.ranges[derived],
+                  p.names[derived])
         for a in arrays:
             a.setflags(write=False)
-        ranks[rank] = RankTimeline(rank, source, *arrays[:3], p.rejected, *arrays[3:],
-                                   p.task_types, p.lanes)
+        names = p.device_names if p.device_names is not None else np.empty(0, object)
+        names.setflags(write=False)
+        ranks[rank] = RankTimeline(rank, source, *arrays[:3], p.rejected, *arrays[3:6],
+                                   p.task_types, p.lanes, *arrays[6:], label, names)
     if unknown:
         listed = ", ".join(str(u) for u in unknown)
         where = ("no distributedInfo.rank and no rank<N> in the name" if fmt == "kineto"
-                 else "no profiler_info_<rank>.json and no rank<N> in the path")
+                 else "no profiler_info_<rank>.json, no ascend_pytorch_profiler_<rank>.db and "
+                 "no rank<N> folder below the given path")
         raise TraceError(root, f"cannot tell the rank of {listed} ({where})")
     _check_overlap(root, ranks)
     for t in ranks.values():
@@ -228,23 +280,6 @@ def _discover(path: Path) -> tuple[Literal["kineto", "ascend"], list[Path]]:
         raise TraceError(root, "no traces found: expected Kineto *.json / *.json.gz files or "
                          "torch-npu *_ascend_pt directories")
     return ("kineto", sorted(kineto)) if kineto else ("ascend", sorted(ascend))
-
-
-def _ascend_trace(d: Path) -> Path:
-    trace = d / "ASCEND_PROFILER_OUTPUT" / "trace_view.json"
-    if not os.path.lexists(trace):  # anything but a regular file is refused when opened
-        raise TraceError(d, "no ASCEND_PROFILER_OUTPUT/trace_view.json (was the profile "
-                         "parsed? torch-npu writes it when profiling stops)")
-    return trace
-
-
-def _ascend_rank(d: Path) -> int | None:
-    found = sorted(d.glob("profiler_info_*.json"))
-    ranks = {int(m.group(1)) for f in found if (m := re.fullmatch(r"profiler_info_(\d+)\.json",
-                                                                   f.name))}
-    if len(ranks) > 1:
-        raise TraceError(d, f"more than one profiler_info_<rank>.json: {sorted(ranks)}")
-    return ranks.pop() if ranks else None
 
 
 def _rank_from_path(p: Path, root: Path) -> int | None:
@@ -301,7 +336,7 @@ def _parse_all(fmt: str, sources: list[Path], *, cache: bool, workers: int | Non
         sources, [stats[i].st_size for i in range(len(sources))], todo, n)
     jobs = len(todo) + sum(len(b) - 1 for b in parts.values())
     if n <= 1 or jobs <= 1 or (workers is None and small):
-        parsed = [parse_trace(fmt, sources[i], **job) for i in todo]  # type: ignore[arg-type]
+        parsed = [_parse_one(fmt, sources[i], **job) for i in todo]  # type: ignore[arg-type]
     else:
         parsed = _parse_pool(fmt, sources, stats, todo, parts, min(n, jobs), job)
     for i, p in zip(todo, parsed, strict=True):
@@ -322,7 +357,7 @@ def _plan_parts(sources: list[Path], sizes: list[int], todo: list[int],
     out = {}
     for i in todo:
         k = min(n // len(todo), sizes[i] // _PART_MIN_BYTES)
-        if k > 1 and not sources[i].name.endswith(".gz"):
+        if k > 1 and not sources[i].name.endswith((".gz", ".db")):
             bounds = part_bounds(sources[i], sizes[i], k)
             if len(bounds) > 1:
                 out[i] = bounds
@@ -368,10 +403,19 @@ def _parse_pool(fmt: str, sources: list[Path], stats: list[os.stat_result], todo
 _COLUMNS = ("device", "ranges", "device_task_type", "range_task_type", "range_lane")
 
 
+def _parse_one(fmt: str, source: Path, **job: Any) -> Parsed:
+    """`parse_trace`, or `residency.ascend.read_db` for torch-npu's SQLite export."""
+    if source.suffix == ".db":
+        from residency.ascend import read_db
+
+        return read_db(source)
+    return parse_trace(fmt, source, **job)
+
+
 def _parse_to_disk(fmt: str, source: Path, job: dict, folder: str) -> tuple[Parsed, str]:
     """`parse_trace` in a worker: the columns go back through a file in `folder` (read by
     `_from_disk`), not a pickle, so neither side holds them twice."""
-    p = parse_trace(fmt, source, **job)
+    p = _parse_one(fmt, source, **job)
     path = os.path.join(folder, f"{os.getpid()}-{source.name}-{id(p)}.npy")
     with open(path, "wb") as f:
         for name in _COLUMNS:

@@ -316,7 +316,13 @@ def test_trace_export_is_kineto_shaped(tmp_path: Path) -> None:
     assert trace["deviceProperties"][0]["name"] == DEVICE_NAME
     assert trace["traceName"] == str(path)
     events = trace["traceEvents"]
-    assert all(e["ph"] in ("X", "M") and {"name", "pid", "tid"} <= e.keys() for e in events)
+    assert all(e["ph"] in ("X", "M", "i") and {"name", "pid", "tid"} <= e.keys() for e in events)
+    # the allocation of t while tracing, as torch.profiler(profile_memory=True) records it
+    memory = [e for e in events if e["ph"] == "i"]
+    assert [e["name"] for e in memory] == ["[memory]"]
+    assert memory[0]["args"]["Device Id"] == 0 and memory[0]["args"]["Bytes"] > 0
+    assert memory[0]["args"]["Total Allocated"] == memory[0]["args"]["Bytes"]
+    assert memory[0]["args"]["Total Reserved"] >= memory[0]["args"]["Total Allocated"]
     meta = {(e["pid"], e["args"].get("name")) for e in events if e["name"] == "process_name"}
     assert (DEVICE_PID_BASE, "Emulated NPU 0") in meta
     ranges = [e for e in events if e["ph"] == "X"]

@@ -100,8 +100,10 @@ def run_bounded(fn: Callable[[], Any]) -> Any:
         pytest.fail(f"hang: still analysing after {HANG_S:.0f} s")
     if "error" in box:
         raise box["error"]
+    # generated tasks have no type and torch-npu ones small times
+    expected = ("has no device tasks", "were counted busy", "timestamps are relative")
     stray = [f"{w.category.__name__}: {w.message}" for w in caught
-             if not (w.category is UserWarning and "has no device tasks" in str(w.message))]
+             if not (w.category is UserWarning and any(e in str(w.message) for e in expected))]
     assert not stray, f"stray warnings: {stray}"
     return box["value"]
 
@@ -891,8 +893,12 @@ def test_cli_on_corpus_cases(tmp_path):
         lines = err.splitlines()
         expected_warning = ("residency idle: warning: rank ", "has no device tasks; its busy "
                             "time is 0")
+        typeless = ("residency idle: warning: device tasks of types not in", "(no Task Type)",
+                    "timestamps are relative to the profile's start")  # generated tasks
         notes = [x for x in lines if not (x.startswith(expected_warning[0])
-                                          and x.endswith(expected_warning[1]))]
+                                          and x.endswith(expected_warning[1]))
+                 and not (x.startswith(typeless[0]) and typeless[1] in x)
+                 and typeless[2] not in x]
         if proc.returncode == 0:
             assert notes == [] and isinstance(json.loads(out), dict), (case, err)
         else:

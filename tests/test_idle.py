@@ -30,21 +30,28 @@ NORMAL = r"residency\.release\[normal\]"
 # normal releases: rank 0 [150,250), rank 1 [140,260) -> union [140,260) = 120 us;
 # in all-rank idle: [160,200) + [225.5,240) = 54.5 us
 KINETO_GOLDEN = {
-    "format": "kineto", "ranks": [0, 1], "window_ns": [BASE + 100_000, BASE + 550_000],
+    "format": "kineto", "busy_definition": "kineto", "ranks": [0, 1],
+    "window_ns": [BASE + 100_000, BASE + 550_000],
     "all_rank_idle_ns": 154_500, "marker_ns": 120_000, "marker_idle_intersection_ns": 54_500,
     "rejected_events": 3,
-    "per_rank": {"0": {"busy_ns": 175_500, "idle_ns": 274_500, "device_tasks": 5, "markers": 1},
-                 "1": {"busy_ns": 200_000, "idle_ns": 250_000, "device_tasks": 3, "markers": 1}},
+    "per_rank": {"0": {"busy_ns": 175_500, "idle_ns": 274_500, "device_tasks": 5, "markers": 1,
+                       "excluded_tasks": {}, "reported_free_ns": None},
+                 "1": {"busy_ns": 200_000, "idle_ns": 250_000, "device_tasks": 3, "markers": 1,
+                       "excluded_tasks": {}, "reported_free_ns": None}},
 }
 # ascend_basic, in us after EPOCH: rank 0 [100.251,150.751) [200,230); rank 1 [120,180)
 # [190.5,200); window [100.251,230) = 129.749 us; idle [180,190.5) = 10.5 us;
 # releases [140,240) and [150,230) -> [140,230) in the window = 90 us, 10.5 us of it idle
 ASCEND_GOLDEN = {
-    "format": "ascend", "ranks": [0, 1], "window_ns": [EPOCH_NS + 100_251, EPOCH_NS + 230_000],
+    "format": "ascend", "busy_definition": "ascend", "ranks": [0, 1],
+    "window_ns": [EPOCH_NS + 100_251, EPOCH_NS + 230_000],
     "all_rank_idle_ns": 10_500, "marker_ns": 90_000, "marker_idle_intersection_ns": 10_500,
     "rejected_events": 0,
-    "per_rank": {"0": {"busy_ns": 80_500, "idle_ns": 49_249, "device_tasks": 2, "markers": 1},
-                 "1": {"busy_ns": 69_500, "idle_ns": 60_249, "device_tasks": 2, "markers": 1}},
+    # rank 0's Overlap Analysis Free slice [150.751,200) us; rank 1's lane has no Free slice
+    "per_rank": {"0": {"busy_ns": 80_500, "idle_ns": 49_249, "device_tasks": 2, "markers": 1,
+                       "excluded_tasks": {}, "reported_free_ns": 49_249},
+                 "1": {"busy_ns": 69_500, "idle_ns": 60_249, "device_tasks": 2, "markers": 1,
+                       "excluded_tasks": {}, "reported_free_ns": 0}},
 }
 
 
@@ -92,7 +99,7 @@ def test_no_marker_and_bad_patterns(kineto):
 def test_per_rank_frame(kineto):
     f = per_rank_idle(kineto, marker=NORMAL)
     assert list(f.columns) == ["rank", "busy_ns", "idle_ns", "device_tasks", "markers",
-                               "span_idle_ns", "source"]
+                               "span_idle_ns", "excluded_tasks", "reported_free_ns", "source"]
     assert f["busy_ns"].tolist() == [175_500, 200_000]
     assert f["span_idle_ns"].tolist() == [224_500, 230_000]
 

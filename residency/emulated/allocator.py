@@ -116,13 +116,17 @@ class CachingHostAllocator:
     that would push `reserved` past the capacity first waits for the device (`before_release`),
     drops every cached block and retries; if it still does not fit it raises
     `torch.OutOfMemoryError` and changes nothing but the `num_ooms` counter. Thread-safe.
+    `on_change(delta_bytes, allocated_bytes, reserved_bytes)`, when given, is called (under
+    the allocator's lock) after every allocation, free and release of cached blocks.
     """
 
     def __init__(self, capacity_bytes: int, *, device_index: int = 0,
-                 before_release: Callable[[], None] | None = None) -> None:
+                 before_release: Callable[[], None] | None = None,
+                 on_change: Callable[[int, int, int], None] | None = None) -> None:
         self.capacity_bytes = check_positive_int("capacity_bytes", capacity_bytes)
         self.device_index = device_index
         self._before_release = before_release
+        self._on_change = on_change
         self._lock = threading.Lock()
         self._deferred: deque[Block] = deque()  # frees from finalizers that found the lock taken
         self._cached: dict[str, list[tuple[int, int]]] = {"small_pool": [], "large_pool": []}
@@ -295,7 +299,13 @@ class CachingHostAllocator:
         for name, delta in (("allocation", 1), ("active", 1), ("allocated_bytes", block.size),
                             ("active_bytes", block.size), ("requested_bytes", nbytes)):
             self._update(name, block.pool, delta)
+        self._changed(block.size)
         return block
+
+    def _changed(self, delta: int) -> None:
+        if self._on_change is not None:
+            self._on_change(delta, self._stats["allocated_bytes", "all"].current,
+                            self._stats["reserved_bytes", "all"].current)
 
     def _free_locked(self, block: Block) -> None:
         if self._blocks.get(block.id) is not block or not block.allocated:
@@ -306,6 +316,7 @@ class CachingHostAllocator:
             self._update(name, block.pool, -delta)
         block.requested = 0
         insort(self._cached[block.pool], (block.size, block.id))
+        self._changed(-block.size)
 
     def _release_cached_locked(self) -> int:
         released = 0
@@ -318,6 +329,8 @@ class CachingHostAllocator:
                 self._counters["num_device_free"] += 1
                 released += size
             entries.clear()
+        if released:
+            self._changed(0)
         return released
 
     def __repr__(self) -> str:

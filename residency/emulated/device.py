@@ -336,7 +336,8 @@ class EmulatedNPU(types.ModuleType):
             base_time_ns=start_ns + self._clock_offset_ns,
             streams={d.index: [s.stream_id for s in d.streams] for d in self._devices},
             device_name=DEVICE_NAME, capacity_bytes=self._capacity_bytes, rank=rank,
-            world_size=world_size, trace_name=trace_name)
+            world_size=world_size, trace_name=trace_name,
+            memory=self._tracer.memory_snapshot())
 
     def export_trace(self, path: str | os.PathLike[str], *, rank: int,
                      world_size: int) -> Path:

@@ -72,8 +72,10 @@ class Device:
                  stream_cls: type[Stream]) -> None:
         self.index = index
         self.tracer = tracer
-        self.allocator = CachingHostAllocator(capacity_bytes, device_index=index,
-                                              before_release=self.wait_idle)
+        self.allocator = CachingHostAllocator(
+            capacity_bytes, device_index=index, before_release=self.wait_idle,
+            on_change=lambda delta, allocated, reserved: tracer.on_memory(
+                index, delta, allocated, reserved))
         self.streams: list[Stream] = []
         self.error: tuple[str, BaseException] | None = None
         self._lock = threading.Lock()

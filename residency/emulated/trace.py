@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,17 @@ class TraceRecord:
     thread_name: str | None = None
 
 
+@dataclass(frozen=True)
+class MemoryRecord:
+    """A device's allocator totals right after a change (`perf_counter_ns` clock)."""
+
+    ts_ns: int
+    device: int
+    delta_bytes: int
+    allocated_bytes: int
+    reserved_bytes: int
+
+
 class Tracer:
     """Collects records that start while a trace is active (thread-safe)."""
 
@@ -40,11 +52,13 @@ class Tracer:
         self.start_ns: int | None = None
         self.stop_ns: int | None = None
         self.records: list[TraceRecord] = []
+        self.memory: list[MemoryRecord] = []
 
     def start(self, start_ns: int) -> None:
         """Forget earlier records and accept those starting at or after `start_ns`."""
         with self.lock:
             self.records = []
+            self.memory = []
             self.start_ns = start_ns
             self.stop_ns = None
             self.active = True
@@ -68,6 +82,20 @@ class Tracer:
         self.add(TraceRecord(name, HOST_RANGE_CATEGORY, start_ns, end_ns, os.getpid(),
                              threading.get_native_id(), None, threading.current_thread().name))
 
+    def on_memory(self, device: int, delta: int, allocated: int, reserved: int) -> None:
+        """An allocator's `on_change` hook: records its totals while a trace is active."""
+        if not self.active:
+            return
+        now = time.perf_counter_ns()
+        with self.lock:
+            if self.active:
+                self.memory.append(MemoryRecord(now, device, delta, allocated, reserved))
+
+    def memory_snapshot(self) -> list[MemoryRecord]:
+        """The memory records so far, by time."""
+        with self.lock:
+            return sorted(self.memory, key=lambda r: r.ts_ns)
+
     def snapshot(self) -> list[TraceRecord]:
         """The records so far, by start time."""
         with self.lock:
@@ -82,8 +110,10 @@ def _meta(name: str, pid: int, tid: int, value: Any) -> dict[str, Any]:
 def kineto_trace(records: Sequence[TraceRecord], *, start_ns: int, base_time_ns: int,
                  streams: dict[int, list[int]], device_name: str, capacity_bytes: int,
                  rank: int, world_size: int, trace_name: str = "",
-                 host_pid: int | None = None) -> dict[str, Any]:
-    """A Kineto-shaped trace object of `records`.
+                 host_pid: int | None = None,
+                 memory: Sequence[MemoryRecord] = ()) -> dict[str, Any]:
+    """A Kineto-shaped trace object of `records` (and of `memory`, as the ``[memory]`` instant
+    events ``torch.profiler(profile_memory=True)`` writes: Total Allocated / Total Reserved).
 
     `start_ns` is the trace start on the records' clock and `base_time_ns` the same instant in
     wall-clock ns (`baseTimeNanoseconds`); `ts`/`dur` are microseconds with 3 decimals, `ts`
@@ -109,6 +139,12 @@ def kineto_trace(records: Sequence[TraceRecord], *, start_ns: int, base_time_ns:
         if r.device is not None:
             event["args"] = {"device": r.device, "stream": r.tid}
         events.append(event)
+    for m in memory:
+        events.append({"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]",
+                       "pid": host_pid, "tid": 0, "ts": round((m.ts_ns - start_ns) / 1e3, 3),
+                       "args": {"Device Type": 20, "Device Id": m.device, "Addr": 0,
+                                "Bytes": m.delta_bytes, "Total Allocated": m.allocated_bytes,
+                                "Total Reserved": m.reserved_bytes}})
     return {
         "schemaVersion": 1,
         "deviceProperties": [{"id": index, "name": device_name, "totalGlobalMem": capacity_bytes}

@@ -104,6 +104,9 @@ def ascend_basic() -> None:
         x("", "residency.release[normal]", us("150"), 80, 1, 5),  # [150 000, 230 000)
         x("", "Computing", us("120"), 80, 4, 0),
     ]
+    for e in rank0 + rank1:  # device tasks carry their Task Type, as torch-npu writes them
+        if e["ph"] == "X" and e["pid"] == 3:
+            e["args"] = {"Task Type": "AI_CORE", "Stream Id": 9}
     for rank, events, wrap in ((0, rank0, False), (1, rank1, True)):
         d = HERE / "ascend_basic" / f"host_{100 + rank}_20251130010203_ascend_pt"
         (d / "ASCEND_PROFILER_OUTPUT").mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,485 @@
+"""Real torch-npu layouts and busy definitions: answers computed independently on a 1-us grid
+from the fixtures' JSON (stdlib json, Python sets), never with residency's interval code."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from residency.busy import classify, resolve
+from residency.causes import NO_HOST_RANGE, idle_by_cause, top_cause
+from residency.idle import busy_intervals, idle_summary
+from residency.traces import CACHE_DIR, TraceError, load_traces
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data" / "traces"
+EPOCH_US = 1_764_500_000_000_000
+NORMAL = r"residency\.release\[normal\]"
+
+# the test's own reading of which Task Types are work (from the issue's definitions)
+COMPUTE = {"AI_CORE", "AI_VECTOR_CORE", "MIX_AIC", "AI_CPU"}
+COPIES = {"SDMA_SQE", "PCIE_DMA_SQE"}
+WAITS = {"EVENT_WAIT_SQE", "EVENT_RECORD_SQE", "NOTIFY_WAIT_SQE"}
+UNKNOWN = {"FUTURE_SQE"}
+
+
+def counts_busy(definition: str, lane: str, task_type: str | None) -> bool:
+    if definition == "all":
+        return True
+    if lane == "Communication":
+        return True
+    if task_type in UNKNOWN:
+        return True  # unknown types count busy (and are warned about)
+    if definition == "msprof":
+        return task_type in COMPUTE
+    return task_type in COMPUTE | COPIES  # ascend
+
+
+def copy(name: str, dest: Path) -> Path:
+    return Path(shutil.copytree(DATA / name, dest / name,
+                                ignore=shutil.ignore_patterns(CACHE_DIR)))
+
+
+def grid_rank(path: Path, definition: str) -> dict[str, object]:
+    """One rank's busy cells, host ranges by name and Free cells, from the raw JSON."""
+    events = json.loads(path.read_text())
+    process = {e["pid"]: e["args"]["name"] for e in events
+               if e["ph"] == "M" and e["name"] == "process_name"}
+    busy, free, ranges, excluded = set(), set(), {}, {}
+    for e in events:
+        if e["ph"] != "X":
+            continue
+        start = int(Decimal_us(e["ts"]))
+        cells = set(range(start, start + int(e["dur"])))
+        lane = process[e["pid"]]
+        if lane in ("Ascend Hardware", "Communication"):
+            task_type = e.get("args", {}).get("Task Type")
+            if counts_busy(definition, lane, task_type):
+                busy |= cells
+            else:
+                excluded[task_type] = excluded.get(task_type, 0) + 1
+        elif lane == "Overlap Analysis":
+            if e["name"] == "Free":
+                free |= cells
+        else:
+            ranges.setdefault(e["name"], set()).update(cells)
+    return {"busy": busy, "free": free, "ranges": ranges, "excluded": excluded}
+
+
+def Decimal_us(text: str) -> int:  # noqa: N802 - "us after EPOCH" of '%.3f' text
+    whole, _, frac = text.partition(".")
+    assert set(frac) <= {"0"}
+    return int(whole) - EPOCH_US
+
+
+def grid(definition: str, root: Path = DATA / "ascend_real") -> dict[int, dict[str, object]]:
+    out = {}
+    for d in sorted(root.iterdir()):
+        rank = int(next(d.glob("profiler_info_*.json")).stem.rsplit("_", 1)[1])
+        out[rank] = grid_rank(d / "ASCEND_PROFILER_OUTPUT" / "trace_view.json", definition)
+    return out
+
+
+def expected(definition: str) -> dict[str, object]:
+    g = grid(definition)
+    cells = set().union(*(r["busy"] for r in g.values()))
+    window = set(range(min(cells), max(cells) + 1))
+    idle = window - cells
+    marker = set().union(*(r["ranges"].get("residency.release[normal]", set())
+                           for r in g.values())) & window
+    return {"window_ns": [(EPOCH_US + min(window)) * 1000, (EPOCH_US + max(window) + 1) * 1000],
+            "all_rank_idle_ns": len(idle) * 1000, "marker_ns": len(marker) * 1000,
+            "marker_idle_intersection_ns": len(marker & idle) * 1000,
+            "per_rank": {str(r): {"busy_ns": len(v["busy"] & window) * 1000,
+                                  "idle_ns": len(window - v["busy"]) * 1000,
+                                  "excluded_tasks": dict(sorted(v["excluded"].items())),
+                                  "reported_free_ns": len(v["free"] & window) * 1000}
+                         for r, v in g.items()},
+            "idle_cells": idle, "grid": g}
+
+
+@pytest.fixture(scope="module")
+def real():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return load_traces(DATA / "ascend_real", cache=False)
+
+
+@pytest.mark.parametrize("definition", ["ascend", "msprof", "all"])
+def test_busy_definitions_against_an_independent_grid(real, definition):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = idle_summary(real, marker=NORMAL, busy=definition).to_dict()
+    want = expected(definition)
+    assert got["busy_definition"] == definition
+    for key in ("window_ns", "all_rank_idle_ns", "marker_ns", "marker_idle_intersection_ns"):
+        assert got[key] == want[key], key
+    for rank, row in want["per_rank"].items():
+        mine = {k: got["per_rank"][rank][k] for k in row}
+        assert mine == row, (rank, definition)
+
+
+def test_waits_overlapping_gaps_are_not_busy_by_default(real):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ascend, everything = (idle_summary(real, busy=b) for b in ("default", "all"))
+    # rank 0 waits on an event over [200,600) us: counted as work it hides 260 us of idle
+    assert ascend.all_rank_idle_ns > everything.all_rank_idle_ns
+    assert ascend.per_rank[0].excluded_tasks == {"EVENT_RECORD_SQE": 1, "EVENT_WAIT_SQE": 1}
+
+
+def test_reported_free_equals_our_idle_under_msprof(real):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        s = idle_summary(real, busy="msprof")
+    for r in s.per_rank:
+        assert r.reported_free_ns == r.idle_ns
+    assert not [w for w in caught if "Free time" in str(w.message)]
+
+
+def test_msprof_warns_when_free_slices_disagree(tmp_path):
+    d = copy("ascend_real", tmp_path)
+    view = next(d.glob("*1002*")) / "ASCEND_PROFILER_OUTPUT" / "trace_view.json"
+    events = json.loads(view.read_text())
+    events = [e for e in events if not (e.get("name") == "Free" and e["dur"] == 400)]
+    view.write_text(json.dumps(events))
+    with pytest.warns(UserWarning, match=r"rank 1: idle time under the msprof definition "
+                      r"\(0\.690000 ms.*Free time \(0\.290000 ms\) by more than 1 %"):
+        idle_summary(load_traces(d, cache=False), busy="msprof")
+
+
+def test_unknown_task_types_count_busy_and_are_warned_with_counts(real):
+    with pytest.warns(UserWarning, match=r"counted busy \(ascend\): 'FUTURE_SQE' x 1"):
+        idle_summary(real)
+    assert classify("FUTURE_SQE") == "unknown" and classify("event_wait_sqe") == "sync"
+
+
+def test_bad_busy_name():
+    with pytest.raises(ValueError, match=r"`busy` must be one of .*'msprof'.* 'nope'"):
+        resolve("nope", "ascend")
+    assert resolve(None, "kineto").name == "kineto" and resolve("default", "ascend").name == \
+        "ascend"
+
+
+def test_hostname_with_rank7_is_never_a_rank(tmp_path):
+    d = copy("ascend_real", tmp_path)
+    for info in d.glob("*/profiler_info_*.json"):
+        info.unlink()
+    with pytest.raises(TraceError, match=r"cannot tell the rank of .*gpu-rank7-a_1001"):
+        load_traces(d, cache=False)
+
+
+def test_rank_from_a_folder_below_the_root_and_groups(tmp_path):
+    d = copy("ascend_real", tmp_path)
+    dirs = sorted(d.iterdir())
+    for info in d.glob("*/profiler_info_*.json"):
+        info.unlink()
+    for rank, sub in enumerate(dirs):  # vLLM-Omni: <dir>/diffusion_rank<N>/<host>_..._ascend_pt
+        (d / f"diffusion_rank{rank}").mkdir()
+        sub.rename(d / f"diffusion_rank{rank}" / sub.name)
+    assert list(load_traces(d, cache=False).ranks) == [0, 1]
+    (d / "stage0_rank0").mkdir()
+    shutil.copytree(d / "diffusion_rank1" / dirs[1].name, d / "stage0_rank0" / dirs[1].name)
+    with pytest.raises(TraceError, match=r"several process groups: 'diffusion' \(2 directories"
+                       r"\), 'stage0' \(1 directories\); choose one with --group"):
+        load_traces(d, cache=False)
+    assert list(load_traces(d, cache=False, group="diffusion").ranks) == [0, 1]
+    stage = load_traces(d, cache=False, group="stage0")
+    assert list(stage.ranks) == [0] and "diffusion" not in str(stage.ranks[0].source)
+    with pytest.raises(TraceError, match=r"no group 'x'; the groups are: 'diffusion', 'stage0'"):
+        load_traces(d, cache=False, group="x")
+
+
+def two_sessions(tmp_path: Path) -> Path:
+    d = copy("ascend_real", tmp_path)
+    first = next(d.glob("*_1001_*"))
+    later = d / first.name.replace("20251130010203004", "20251130020304005")
+    shutil.copytree(first, later)
+    view = later / "ASCEND_PROFILER_OUTPUT" / "trace_view.json"
+    view.write_text(view.read_text().replace('"aten::mm"', '"aten::mm_later"'))
+    return d
+
+
+def test_two_sessions_for_one_rank_are_listed_and_chosen(tmp_path):
+    d = two_sessions(tmp_path)
+    with pytest.raises(TraceError, match=r"rank 0 has 2 profiling sessions \(\[0\] "
+                       r"2025-11-30T01:02:03\.004 .*; \[1\] 2025-11-30T02:03:04\.005 .*\); "
+                       r"choose one with --session latest\|N\|ISO-time"):
+        load_traces(d, cache=False)
+
+    def names(session: str) -> tuple[str, list[str]]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            t = load_traces(d, cache=False, session=session).ranks[0]
+        return t.session, sorted(set(t.range_names.tolist()))
+
+    assert names("latest")[0] == "2025-11-30T02:03:04.005"
+    assert "aten::mm_later" in names("latest")[1]
+    assert names("0") == names("2025-11-30T01:02")
+    assert "aten::mm_later" not in names("0")[1]
+    assert names("2025-11-30 02:03:04")[0] == "2025-11-30T02:03:04.005"
+    with pytest.raises(TraceError, match=r"--session 2024 matches no session of rank 0: "
+                       r"\[0\] 2025-11-30T01:02:03\.004"):
+        load_traces(d, cache=False, session="2024")
+    with pytest.raises(TraceError, match=r"--session 2025-11-30 matches 2 sessions of rank 0"):
+        load_traces(d, cache=False, session="2025-11-30")
+    with pytest.raises(TraceError, match=r"--session 5: rank 0 has 2 session"):
+        load_traces(d, cache=False, session="5")
+
+
+def test_cli_session_and_busy(tmp_path):
+    d = two_sessions(tmp_path)
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "residency.cli", "idle", str(d), *args],
+                              capture_output=True, text=True, cwd=ROOT)
+
+    bad = run("--json")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert bad.stderr.startswith("residency idle: error: ") and "[1] 2025-11-30T02" in bad.stderr
+    ok = run("--session", "0", "--busy", "msprof", "--json", "--by-cause")
+    assert ok.returncode == 0, ok.stderr
+    out = json.loads(ok.stdout)
+    assert out["busy_definition"] == "msprof"
+    assert out["per_rank"]["0"]["reported_free_ns"] == out["per_rank"]["0"]["idle_ns"]
+    assert out["idle_by_cause"][0]["cause"] == "residency.release[normal]"  # 200 us of 440
+    table = run("--session", "latest")
+    assert table.returncode == 0 and "busy: ascend (compute" in table.stdout
+    assert "excluded from busy (all ranks): 'EVENT_RECORD_SQE' x 1" in table.stdout
+
+
+def host_ranges(root: Path = DATA / "ascend_real") -> list[tuple[int, int, str]]:
+    """(start us, end us, name) of every host range of every rank, from the raw JSON."""
+    out = []
+    for view in sorted(root.glob("*/ASCEND_PROFILER_OUTPUT/trace_view.json")):
+        events = json.loads(view.read_text())
+        process = {e["pid"]: e["args"]["name"] for e in events
+                   if e["ph"] == "M" and e["name"] == "process_name"}
+        out += [(Decimal_us(e["ts"]), Decimal_us(e["ts"]) + int(e["dur"]), e["name"])
+                for e in events if e["ph"] == "X" and process[e["pid"]] in ("Python", "CANN")]
+    return out
+
+
+def test_idle_by_cause_against_the_grid(real):
+    idle = expected("ascend")["idle_cells"]
+    ranges = host_ranges()
+    exclusive: dict[str, int] = {}
+    for cell in idle:  # the innermost range: latest start, then shortest, then name
+        running = [(-a, b, n) for a, b, n in ranges if a <= cell < b]
+        name = min(running)[2] if running else NO_HOST_RANGE
+        exclusive[name] = exclusive.get(name, 0) + 1000
+    inclusive = {n: 1000 * len(idle & {c for a, b, m in ranges if m == n
+                                       for c in range(a, b)}) for _, _, n in ranges}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        frame = idle_by_cause(real)
+    got = dict(zip(frame["cause"], frame["idle_ns"], strict=True))
+    assert {k: v for k, v in got.items() if v} == exclusive
+    assert sum(got.values()) == len(idle) * 1000  # a partition of all-rank idle
+    assert exclusive[NO_HOST_RANGE] == 50_000 and exclusive["residency.release[normal]"] == \
+        120_000
+    got_inclusive = dict(zip(frame["cause"], frame["inclusive_idle_ns"], strict=True))
+    assert {k: v for k, v in got_inclusive.items() if k != NO_HOST_RANGE} == \
+        {k: v for k, v in inclusive.items() if v}
+    assert frame["idle_ns"].is_monotonic_decreasing
+    assert frame.loc[frame["cause"] == "residency.phase[denoise]", "kind"].item() == "phase"
+    assert top_cause(frame).cause == "residency.release[normal]"
+
+
+# -- the SQLite export -------------------------------------------------------------------------
+
+def test_db_export_gives_the_text_export_timelines():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        text = load_traces(DATA / "ascend_real", cache=False)
+        db = load_traces(DATA / "ascend_real_db", cache=False)
+    assert list(db.ranks) == list(text.ranks) == [0, 1]
+    for rank in text.ranks:
+        a, b = text.ranks[rank], db.ranks[rank]
+        assert b.source.name == f"ascend_pytorch_profiler_{rank}.db"
+        assert a.ranges.tolist() == b.ranges.tolist()
+        assert a.range_names.tolist() == b.range_names.tolist()
+        compute = {n for n, t in zip(a.device_names, a.device_types, strict=True)
+                   if classify(t) == "compute"}
+        assert compute == {n for n, t in zip(b.device_names, b.device_types, strict=True)
+                           if classify(t) == "compute"}
+    for definition in ("ascend", "msprof", "all"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _, _, busy_a, excl_a = busy_intervals(text, busy=definition)
+            _, _, busy_b, excl_b = busy_intervals(db, busy=definition)
+            sa = idle_summary(text, marker=NORMAL, busy=definition).to_dict()
+            sb = idle_summary(db, marker=NORMAL, busy=definition).to_dict()
+        for rank in text.ranks:
+            assert busy_a[rank].tolist() == busy_b[rank].tolist(), (definition, rank)
+            assert sum(excl_a[rank].values()) == sum(excl_b[rank].values())
+            assert sb["per_rank"][str(rank)]["reported_free_ns"] is None  # no Overlap lane
+            for row in (sa, sb):
+                row["per_rank"][str(rank)].pop("excluded_tasks")
+                row["per_rank"][str(rank)].pop("reported_free_ns")
+        assert sa == sb
+
+
+def test_db_without_the_expected_tables_names_the_table(tmp_path):
+    d = copy("ascend_real_db", tmp_path)
+    db = next(d.glob("*_1001_*/ASCEND_PROFILER_OUTPUT/*.db"))
+    con = sqlite3.connect(db)
+    con.execute("DROP TABLE TASK")
+    con.commit()
+    con.close()
+    with pytest.raises(TraceError, match=r"ascend_pytorch_profiler_0\.db: no table TASK: not "
+                       r"a torch-npu profiler database"):
+        load_traces(d, cache=False)
+    db.write_bytes(b"not sqlite at all" * 10)
+    with pytest.raises(TraceError, match=r"ascend_pytorch_profiler_0\.db: cannot read"):
+        load_traces(d, cache=False)
+
+
+def test_db_rank_from_its_file_name(tmp_path):
+    d = copy("ascend_real_db", tmp_path)
+    for info in d.glob("*/profiler_info_*.json"):
+        info.unlink()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert list(load_traces(d, cache=False).ranks) == [0, 1]
+
+
+# -- relative timestamps (Ascend/pytorch PR #156) and the cache --------------------------------
+
+def relative(tmp_path: Path, ranks: int) -> Path:
+    d = copy("ascend_real", tmp_path)
+    for sub in sorted(d.iterdir())[ranks:]:
+        shutil.rmtree(sub)
+    for view in d.glob("*/ASCEND_PROFILER_OUTPUT/trace_view.json"):
+        events = json.loads(view.read_text())
+        for e in events:
+            if "ts" in e:
+                e["ts"] = float(Decimal_us(e["ts"]))  # numbers, relative to the profile
+        view.write_text(json.dumps(events))
+    return d
+
+
+def test_relative_timestamps_are_refused_for_several_ranks(tmp_path):
+    with pytest.raises(TraceError, match=r"timestamps are relative to the profile's start .* "
+                       r"PR #156 .*cannot be aligned"):
+        load_traces(relative(tmp_path, 2), cache=False)
+
+
+def test_relative_timestamps_of_one_rank_warn(tmp_path):
+    with pytest.warns(UserWarning, match="relative to the profile's start, not epoch times"):
+        t = load_traces(relative(tmp_path, 1), cache=False).ranks[0]
+    assert t.device[0].tolist() == [100_000, 200_000]
+
+
+def test_cache_keeps_types_names_and_overlap(tmp_path):
+    d = copy("ascend_real", tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cold = load_traces(d)
+        assert list(d.glob(f"*/ASCEND_PROFILER_OUTPUT/{CACHE_DIR}/*.parquet"))
+        warm = load_traces(d)
+    for rank, a in cold.ranks.items():
+        b = warm.ranks[rank]
+        for field in ("device", "ranges", "overlap"):
+            assert np.array_equal(getattr(a, field), getattr(b, field))
+        for field in ("range_names", "device_names", "device_types", "overlap_names"):
+            assert getattr(a, field).tolist() == getattr(b, field).tolist()
+        assert "EVENT_WAIT_SQE" in a.device_types.tolist() or rank == 1
+
+
+def test_the_older_hccl_lane_is_communication(real, tmp_path):
+    d = copy("ascend_real", tmp_path)
+    for view in d.glob("*/ASCEND_PROFILER_OUTPUT/trace_view.json"):
+        view.write_text(view.read_text().replace('"name": "Communication"\n',
+                                                 '"name": "HCCL"\n'))
+    assert '"HCCL"' in next(d.glob("*/ASCEND_PROFILER_OUTPUT/trace_view.json")).read_text()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        old = idle_summary(load_traces(d, cache=False), busy="msprof").to_dict()
+        new = idle_summary(real, busy="msprof").to_dict()
+    assert old == new
+
+
+def test_db_markers_from_mstx_events(tmp_path):
+    d = copy("ascend_real_db", tmp_path)
+    db = next(d.glob("*_1001_*/ASCEND_PROFILER_OUTPUT/*.db"))
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE MSTX_EVENTS (startNs INTEGER, endNs INTEGER, eventType INTEGER, "
+                "rangeId INTEGER, category INTEGER, message INTEGER, globalTid INTEGER, "
+                "endGlobalTid INTEGER, domainId INTEGER, connectionId INTEGER)")
+    con.execute("INSERT INTO STRING_IDS VALUES (9001, 'step 1')")
+    start = (EPOCH_US + 20) * 1000
+    con.execute("INSERT INTO MSTX_EVENTS VALUES (?, ?, 2, 1, 0, 9001, 5, 5, 0, 4000000001)",
+                (start, start + 5000))
+    con.execute("INSERT INTO MSTX_EVENTS VALUES (?, NULL, 0, 2, 0, 9001, 5, 5, 0, 4000000002)",
+                (start,))  # a point marker without an end: not a range
+    con.commit()
+    con.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t = load_traces(d, cache=False).ranks[0]
+    hits = t.ranges[t.range_names == "step 1"].tolist()
+    assert hits == [[start, start + 5000]]
+
+
+def test_plain_profiler_info_is_rank_0(tmp_path):
+    d = copy("ascend_real", tmp_path)
+    for sub in sorted(d.iterdir())[1:]:
+        shutil.rmtree(sub)
+    info = next(d.glob("*/profiler_info_0.json"))
+    info.rename(info.with_name("profiler_info.json"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert list(load_traces(d, cache=False).ranks) == [0]
+
+
+def test_npu_analysis_modules_import_neither_torch_nor_the_workload():
+    code = ("import sys, warnings; warnings.simplefilter('ignore'); "
+            "import residency.ascend, residency.busy, residency.causes, residency.memory, "
+            "residency.tracediff; from residency.traces import load_traces; "
+            f"a = load_traces({str(DATA / 'ascend_real')!r}, cache=False); "
+            f"b = load_traces({str(DATA / 'ascend_real_db')!r}, cache=False); "
+            "residency.causes.idle_by_cause(a); residency.memory.memory_timeline(a); "
+            "residency.tracediff.trace_diff(a, b); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch' "
+            "or m.startswith(('residency.workload', 'residency.emulated'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_undecodable_task_args_mean_no_type(tmp_path):
+    d = copy("ascend_real", tmp_path)
+    view = next(d.glob("*_1001_*/ASCEND_PROFILER_OUTPUT/trace_view.json"))
+    text = view.read_bytes().replace(b'"Task Type": "MIX_AIC"',
+                                     b'"Task Type": "MIX_' + bytes([0xFF]) + b'"', 1)
+    view.write_bytes(text.replace(b'"Task Type": "AI_CORE"', b'"Task Type": ["AI_CORE"]', 1))
+    with pytest.warns(UserWarning, match=r"\(no Task Type\) x 2"):
+        t = load_traces(d, cache=False)
+        idle_summary(t)
+    assert t.ranks[0].device_types.tolist().count("") == 2
+
+
+@pytest.mark.parametrize(("dur", "want_ns"), [("1764499999000001", 1_764_499_999_000_001_000),
+                                              ("1764499999000001.5", 1_764_499_999_000_001_500),
+                                              ("50.25", 50_250)])
+def test_durations_are_exact_however_written(tmp_path, dur, want_ns):
+    # a JSON integer or float dur too large for float64 at 1 ns (found by the fuzz test)
+    d = tmp_path / "h_1_20251130010203000_ascend_pt"
+    (d / "ASCEND_PROFILER_OUTPUT").mkdir(parents=True)
+    (d / "profiler_info_0.json").write_text("{}")
+    (d / "ASCEND_PROFILER_OUTPUT" / "trace_view.json").write_text(
+        '[{"ph":"M","name":"process_name","pid":1,"tid":0,"args":{"name":"Ascend Hardware"}},'
+        '{"ph":"X","name":"k","pid":1,"tid":0,"ts":"1764499999000000.000","dur":' + dur + ',"args":'
+        '{"Task Type":"AI_CORE"}}]')
+    t = load_traces(tmp_path, cache=False).ranks[0]
+    assert t.device.tolist() == [[EPOCH_US * 1000 - 10**9, EPOCH_US * 1000 - 10**9 + want_ns]]

@@ -1,0 +1,118 @@
+"""Memory timeline and trace diff: expected values written out from the fixtures' own numbers
+(tests/data/traces/make_npu_fixtures.py), not from residency's code."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+
+from residency.memory import memory_timeline, release_markers
+from residency.tracediff import NO_PHASE, name_group, task_groups, trace_diff
+from residency.traces import CACHE_DIR, TraceError, load_traces
+
+DATA = Path(__file__).resolve().parent / "data" / "traces"
+EPOCH_NS = 1_764_500_000_000_000_000
+MIB = 1024 * 1024
+
+
+def load(path: Path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return load_traces(path, cache=False)
+
+
+def copy(name: str, dest: Path) -> Path:
+    return Path(shutil.copytree(DATA / name, dest / name,
+                                ignore=shutil.ignore_patterns(CACHE_DIR)))
+
+
+def test_memory_record_csv_of_torch_npu():
+    f = memory_timeline(load(DATA / "ascend_real"))
+    assert f.columns.tolist() == ["rank", "ts_ns", "allocated_bytes", "reserved_bytes",
+                                  "component", "source"]
+    assert f["rank"].unique().tolist() == [0]  # rank 1 recorded no memory
+    assert f[["ts_ns", "allocated_bytes", "reserved_bytes", "component"]].values.tolist() == [
+        [EPOCH_NS + 100_000, 512 * MIB, 1024 * MIB, "PTA"],
+        [EPOCH_NS + 120_000, 4 * MIB, 8 * MIB, "GE"],
+        [EPOCH_NS + 500_000, 512 * MIB + MIB // 2, 1024 * MIB, "PTA"],
+        [EPOCH_NS + 690_000, 256 * MIB + MIB // 4, 256 * MIB + MIB // 4, "PTA"]]
+    marks = release_markers(load(DATA / "ascend_real"))
+    assert marks.values.tolist() == [[0, "residency.release[normal]", EPOCH_NS + 400_000,
+                                      EPOCH_NS + 700_000]]
+
+
+def test_memory_record_without_a_column_names_it(tmp_path):
+    d = copy("ascend_real", tmp_path)
+    record = next(d.glob("*/ASCEND_PROFILER_OUTPUT/memory_record.csv"))
+    record.write_text("Component,Timestamp(us),Total Reserved(MB)\nPTA,1,2\n")
+    with pytest.raises(TraceError, match=r"memory_record\.csv: no column 'Total Allocated"):
+        memory_timeline(load(d))
+
+
+def test_kineto_memory_events(tmp_path):
+    base = 1_764_500_000_000_000_000
+    events = [
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 10, "dur": 5},
+        {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1,
+         "tid": 1, "ts": 12.5, "args": {"Device Type": 1, "Device Id": 0, "Addr": 1,
+                                         "Bytes": 512, "Total Allocated": 1536,
+                                         "Total Reserved": 2097152}},
+        {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1,
+         "tid": 1, "ts": 13, "args": {"Device Type": 0, "Device Id": -1, "Bytes": 64,
+                                       "Total Allocated": 64, "Total Reserved": 0}},
+        {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1,
+         "tid": 1, "ts": "20.001", "args": {"Device Type": 1, "Device Id": 0, "Bytes": -512,
+                                            "Total Allocated": 1024,
+                                            "Total Reserved": 2097152}},
+    ]
+    (tmp_path / "rank3.json").write_text(json.dumps(
+        {"traceEvents": events, "baseTimeNanoseconds": base,
+         "distributedInfo": {"rank": 3}}))
+    f = memory_timeline(load(tmp_path))
+    assert f[["rank", "ts_ns", "allocated_bytes", "reserved_bytes"]].values.tolist() == [
+        [3, base + 12_500, 1536, 2097152], [3, base + 20_001, 1024, 2097152]]
+    assert memory_timeline(load(DATA / "kineto_basic")).empty
+
+
+def test_name_groups():
+    assert name_group("MatMul_12") == "MatMul"
+    assert name_group("void gemm_kernel<float, 4>(float*, int)") == "gemm_kernel"
+    assert name_group("hcom_allReduce__123_1") == "hcom_allReduce_"
+    assert name_group("_") == "_"
+
+
+def test_task_groups_by_phase():
+    g = task_groups(load(DATA / "ascend_real"))
+    rows = {(r.rank, r.phase, r.group): (r.count, r.total_ns) for r in g.itertuples()}
+    # rank 0: phase[denoise] is [50,750) us; MatMul_3 starts at 800 (no phase)
+    assert rows[(0, "denoise", "MatMul")] == (1, 100_000)
+    assert rows[(0, NO_PHASE, "MatMul")] == (1, 200_000)
+    assert rows[(0, "denoise", "EVENT_WAIT_SQE")] == (1, 400_000)
+    assert rows[(1, "denoise", "MatMul")] == (2, 100_000)
+    assert rows[(1, NO_PHASE, "Sort")] == (1, 50_000)
+    assert rows[(0, "denoise", "hcom_allReduce_")] == (1, 50_000)
+
+
+def test_trace_diff_largest_change_first(tmp_path):
+    d = copy("ascend_real", tmp_path)
+    for view in d.glob("*/ASCEND_PROFILER_OUTPUT/trace_view.json"):
+        events = json.loads(view.read_text())
+        for e in events:
+            if e.get("name") == "EVENT_WAIT_SQE":
+                e["dur"] = 100  # the candidate waits 300 us less
+        events.append({**next(e for e in events if e.get("name") == "MatMul_1"),
+                       "name": "Mul_9"})  # one more task, on each rank
+        view.write_text(json.dumps(events))
+    diff = trace_diff(load(DATA / "ascend_real"), load(d))
+    top = diff.iloc[0]
+    assert (top["phase"], top["group"]) == ("denoise", "EVENT_WAIT_SQE")
+    assert top["delta_ms"] == pytest.approx(-0.3) and top["count_delta"] == 0
+    mul = diff[diff["group"] == "Mul"].iloc[0]
+    assert (mul["count_baseline"], mul["count_candidate"]) == (0, 2)
+    same = diff[(diff["group"] == "MatMul") & (diff["phase"] == "denoise")].iloc[0]
+    assert same["delta_ms"] == 0 and same["count_baseline"] == same["count_candidate"] == 3
+    assert diff["delta_ms"].abs().is_monotonic_decreasing
