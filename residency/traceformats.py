@@ -160,7 +160,8 @@ _K_FAST = msgspec.json.Decoder(list[_FastEvent])
 _K_EXACT = msgspec.json.Decoder(list[_AnyEvent], float_hook=str)
 _A_FAST = msgspec.json.Decoder(list[_AscendEvent])
 _A_EXACT = _K_EXACT
-_GET_CAT, _GET_TS, _GET_DUR = (operator.attrgetter(a) for a in ("cat", "ts", "dur"))
+_GET_CAT, _GET_TS, _GET_DUR, _GET_NAME = (operator.attrgetter(a)
+                                          for a in ("cat", "ts", "dur", "name"))
 
 
 # -- one file ---------------------------------------------------------------------------------
@@ -431,8 +432,19 @@ class _Kineto:
         ts_ns, ts_ok = _floats_to_ns(ts)
         dur_ns, dur_ok = _floats_to_ns(dur)
         self._keep(kinds[idx], ts_ns, dur_ns, ts_ok & dur_ok,
-                   lambda h: _decoded_names([events[i] for i in idx[h].tolist()]))
+                   lambda h: _decoded_names([events[i] for i in idx[h].tolist()]),
+                   lambda h: self._name_codes(list(map(events.__getitem__,
+                                                       idx[h].tolist()))))
         return True
+
+    def _name_codes(self, events: list[Any]) -> np.ndarray:
+        """Name codes of fast-path events, each distinct raw name decoded once (device tasks
+        repeat few names); an undecodable name is ``""``."""
+        keys = list(map(bytes, map(_GET_NAME, events)))
+        distinct = list(dict.fromkeys(keys))
+        texts = _decoded_names([_Named(k) for k in distinct])[0]
+        lut = dict(zip(distinct, self.names.code(texts).tolist(), strict=True))
+        return np.fromiter(map(lut.__getitem__, keys), np.int32, len(keys))
 
     def add_exact(self, events: list[Any]) -> None:
         """Keep the columns of any-type events (numbers as decimal text)."""
@@ -446,14 +458,16 @@ class _Kineto:
 
     def _keep(self, kinds: np.ndarray, ts_ns: np.ndarray, dur_ns: np.ndarray, ok: np.ndarray,
               names_of: Callable[[np.ndarray], tuple[list[str], np.ndarray | None, str | None]],
-              ) -> None:
+              codes_of: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
         # times out of range are rejected, before any sum could wrap around int64
         ok &= (np.abs(ts_ns) < _LIMIT_NS) & (dur_ns >= 0) & (dur_ns < _LIMIT_NS)
         self.rejected += int((~ok).sum())
         dev, host = ok & (kinds == 1), np.flatnonzero(ok & (kinds == 2))
         start = ts_ns[dev]
         self.dev.add(start, start + dur_ns[dev])
-        self.dev_name.append(self.names.code(names_of(np.flatnonzero(dev))[0]))
+        at = np.flatnonzero(dev)
+        self.dev_name.append(codes_of(at) if codes_of is not None else
+                             self.names.code(names_of(at)[0]))
         self.host_ts.append(ts_ns[host])
         self.host_dur.append(dur_ns[host])
         names, bad, error = names_of(host)
