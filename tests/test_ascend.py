@@ -483,3 +483,14 @@ def test_durations_are_exact_however_written(tmp_path, dur, want_ns):
         '{"Task Type":"AI_CORE"}}]')
     t = load_traces(tmp_path, cache=False).ranks[0]
     assert t.device.tolist() == [[EPOCH_US * 1000 - 10**9, EPOCH_US * 1000 - 10**9 + want_ns]]
+
+
+def test_device_names_survive_the_cache(tmp_path):
+    d = copy("ascend_real", tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cold = load_traces(d).ranks[0]
+        warm = load_traces(d).ranks[0]
+    assert cold.device_names.tolist()[:2] == ["MatMul_1", "EVENT_WAIT_SQE"]
+    assert warm.device_names.tolist() == cold.device_names.tolist()
+    assert warm.overlap_names.tolist() == cold.overlap_names.tolist() != []

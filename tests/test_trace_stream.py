@@ -68,7 +68,7 @@ def outcome(fn) -> tuple:
         return "error", exc.message, exc.position
     return ("ok", p.rank, p.device.tolist(), p.ranges.tolist(), p.names.tolist(), p.rejected,
             p.device_task_type.tolist(), p.range_task_type.tolist(), p.range_lane.tolist(),
-            p.task_types, p.lanes)
+            p.task_types, p.lanes, None if p.device_names is None else p.device_names.tolist())
 
 
 def whole(fmt: str, path: Path, raw: bytes) -> tuple:
