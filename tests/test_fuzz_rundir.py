@@ -9,8 +9,8 @@ return (each case runs in a thread joined with a generous timeout: a hang detect
 timing assertion).
 
 The commands run in-process through `residency.cli.main` so that thousands of cases stay cheap;
-an exception escaping `main` is exactly the traceback a user would see. ``tests/data/fuzz/
-rundir/`` keeps the cases fuzzing found (replayed first). Reproducible: hypothesis
+an exception escaping `main` is exactly the traceback a user would see. ``tests/data/
+rundir-fuzz/`` keeps the cases fuzzing found (replayed first). Reproducible: hypothesis
 derandomized, no example database.
 """
 
@@ -37,7 +37,7 @@ from residency.seal import seal
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "data" / "rundir" / "fixture-run"
-CORPUS = ROOT / "tests" / "data" / "fuzz" / "rundir"
+CORPUS = ROOT / "tests" / "data" / "rundir-fuzz"
 HANG_S = 60.0
 FUZZ = settings(derandomize=True, database=None, deadline=None, max_examples=250,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
