@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# One prepared check for a lent GPU machine (one NVIDIA GPU, no network), within 8 minutes:
+#   1. a virtual environment with a CUDA build of torch: from the package index as the README
+#      documents (pip install torch --index-url .../whl/cu128) when the index answers; without
+#      a network, over the machine's own CUDA torch (--system-site-packages) plus the wheels
+#      carried in $WHEELS (see --fetch-wheels);
+#   2. the project installed into it;
+#   3. `residency selftest --device "$DEVICE" --json` (everything it wrote kept);
+#   4. a short profiled pair: `residency pair --design profiled-pair --device cuda --ranks 1
+#      --steps 5`;
+#   5. the selftest JSON, both run directories (as .tar.gz: the results channel carries at
+#      most 8 files, 2 folders deep), nvidia-smi and the log copied to $OUT.
+# Exit status: 0 when the selftest and the pair both passed, 1 when either failed, 2 when the
+# environment could not be set up.
+#
+# Usage, on the GPU machine, from the repository root (the device tool sets $OUT; carry .whl):
+#   OUT=/some/dir scripts/device_check.sh
+# Beforehand, on a machine that reaches the package index (wheels for the GPU machine's
+# Python 3.12 / x86-64; keep .whl/ out of git, e.g. in .git/info/exclude):
+#   scripts/device_check.sh --fetch-wheels
+# A dry run of the whole script without a GPU (offline path, emulated NPU):
+#   DEVICE=emulated-npu BASE_PYTHON=/path/to/python-with-torch scripts/device_check.sh
+set -uo pipefail
+
+cd "$(dirname "$0")/.." || exit 2
+ROOT=$PWD
+WHEELS=${WHEELS:-$ROOT/.whl}
+TORCH_INDEX=https://download.pytorch.org/whl/cu128   # the README's CUDA install command
+# what the GPU machine's image lacks of the project's dependencies (torch, numpy, pandas,
+# scipy, pyarrow and tqdm are there), plus a setuptools new enough for pyproject's license
+OFFLINE_WHEELS=(msgspec setuptools wheel)
+
+if [ "${1:-}" = "--fetch-wheels" ]; then
+    mkdir -p "$WHEELS"
+    python3 -m pip download --no-deps --only-binary=:all: --python-version "${PY_VERSION:-3.12}" \
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 -d "$WHEELS" msgspec 'setuptools>=77' wheel || exit 2
+    ls -l "$WHEELS"
+    exit 0
+fi
+
+DEVICE=${DEVICE:-cuda}   # DEVICE=emulated-npu: a dry run of this script on a machine without a GPU
+START_S=$SECONDS
+OUT=${OUT:-$ROOT/device-check-out}
+mkdir -p "$OUT" || exit 2
+WORK=$(mktemp -d /tmp/residency-device-check.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT   # everything worth keeping is copied to $OUT
+VENV=$WORK/venv
+LOG=$OUT/device_check.log
+: >"$LOG"
+
+BUDGET_S=${BUDGET_S:-460}   # everything, installs included, ends inside 8 minutes
+# cap MAX RESERVE: a timeout of at most MAX seconds that still leaves RESERVE seconds after it
+cap() {
+    local left=$((BUDGET_S - (SECONDS - START_S) - $2))
+    if [ "$left" -lt "$1" ]; then echo $((left > 30 ? left : 30)); else echo "$1"; fi
+}
+log() { printf '[device_check %4ss] %s\n' "$((SECONDS - START_S))" "$*" | tee -a "$LOG" >&2; }
+run() { log "\$ $*"; "$@" >>"$LOG" 2>&1; }
+
+# --- the machine --------------------------------------------------------------------------
+{ nvidia-smi || echo "nvidia-smi failed"; } >"$OUT/nvidia-smi.txt" 2>&1
+log "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader \
+    2>/dev/null || echo unknown)"
+
+# --- 1. a venv with the CUDA torch build --------------------------------------------------
+has_torch() {  # has_torch PYTHON: a torch that can drive $DEVICE
+    if [ "$DEVICE" = cuda ]; then
+        "$1" -c 'import sys, torch; sys.exit(0 if torch.version.cuda else 1)' >/dev/null 2>&1
+    else
+        "$1" -c 'import torch' >/dev/null 2>&1
+    fi
+}
+purelib() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
+online_venv() {
+    run python3 -m venv "$VENV" &&
+        run timeout "$(cap 240 330)" "$VENV/bin/python" -m pip install -q --timeout 15 \
+            --retries 1 torch --index-url "$TORCH_INDEX" &&
+        run timeout "$(cap 120 320)" "$VENV/bin/python" -m pip install -q --timeout 15 \
+            --retries 1 -e "$ROOT"
+}
+offline_venv() {
+    # the image's python that holds a CUDA torch (a plain python3 there, per the machine notes)
+    local base=""
+    for candidate in "${BASE_PYTHON:-}" python3 /opt/torch/.venv/bin/python3; do
+        if [ -n "$candidate" ] && has_torch "$candidate"; then base=$candidate; break; fi
+    done
+    if [ -z "$base" ]; then log "no python with a torch for $DEVICE found"; return 1; fi
+    log "offline: venv over $base ($("$base" -c 'import torch; print(torch.__version__)'))"
+    rm -rf "$VENV"
+    run "$base" -m venv "$VENV" || return 1
+    # that python may itself be a venv (--system-site-packages would reach past it to the
+    # interpreter it was made from): its packages join ours through a .pth line, after ours
+    purelib "$base" >"$(purelib "$VENV/bin/python")/residency-base-site.pth" || return 1
+    if [ -d "$WHEELS" ]; then
+        for wheel in "${OFFLINE_WHEELS[@]}"; do
+            run "$VENV/bin/python" -m pip install -q --upgrade --no-index --find-links "$WHEELS" \
+                "$wheel" || log "carried wheel $wheel did not install"
+        done
+    else
+        log "no $WHEELS folder: packages missing from the image cannot be installed"
+    fi
+    run "$VENV/bin/python" -m pip install -q --no-index --no-build-isolation --no-deps \
+        -e "$ROOT" || return 1
+    # every runtime dependency must import (the project was installed without resolving them)
+    run "$VENV/bin/python" -c 'import numpy, pandas, scipy, msgspec, pyarrow, tqdm, torch'
+}
+
+if [ "$DEVICE" = cuda ] && online_venv && has_torch "$VENV/bin/python"; then
+    log "venv: torch from $TORCH_INDEX"
+elif offline_venv && has_torch "$VENV/bin/python"; then
+    log "venv: the machine's torch, project installed offline"
+else
+    log "could not set up a venv with a torch for $DEVICE and the project (see $LOG)"
+    exit 2
+fi
+PY=$VENV/bin/python
+RESIDENCY=$VENV/bin/residency
+log "torch $("$PY" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)')"
+
+# --- 2. selftest ----------------------------------------------------------------------------
+SELFTEST_S=$(cap 300 150)
+log "selftest (at most $SELFTEST_S s)"
+PYTHONUNBUFFERED=1 timeout "$SELFTEST_S" "$RESIDENCY" selftest --device "$DEVICE" --json \
+    --out "$WORK/selftest" >"$OUT/selftest.json" 2>>"$LOG"
+SELFTEST_RC=$?
+log "selftest exit $SELFTEST_RC"
+"$PY" - "$OUT/selftest.json" <<'EOF' 2>&1 | tee -a "$LOG" >&2
+import json, sys
+try:
+    report = json.load(open(sys.argv[1]))
+except ValueError as exc:
+    sys.exit(f"selftest.json is not JSON: {exc}")
+for s in report["steps"]:
+    print(f"  {s['status']:<8} {s['name']:<12} {s['seconds']:7.1f} s  {s['detail'][:160]}")
+    if s["status"] == "failed":
+        print(f"           {s['error_type']}: {s['error'].splitlines()[0][:300]}")
+EOF
+
+# --- 3. a short profiled pair -----------------------------------------------------------------
+PAIR_S=$(cap 240 30)
+log "profiled pair (at most $PAIR_S s)"
+PYTHONUNBUFFERED=1 timeout "$PAIR_S" "$RESIDENCY" pair --design profiled-pair --device "$DEVICE" \
+    --ranks 1 --steps 5 --out "$WORK/$DEVICE-profiled-pair-1r5s" --no-progress >>"$LOG" 2>&1
+PAIR_RC=$?
+log "pair exit $PAIR_RC"
+if [ -d "$WORK/$DEVICE-profiled-pair-1r5s" ]; then
+    run "$RESIDENCY" verify "$WORK/$DEVICE-profiled-pair-1r5s"
+    run "$RESIDENCY" idle "$WORK/$DEVICE-profiled-pair-1r5s/runs/01-candidate" \
+        --marker 'residency\.release\[normal\]' --no-cache
+fi
+
+# --- 4. results to $OUT ---------------------------------------------------------------------
+pack() {  # pack NAME DIR: DIR as $OUT/NAME.tar.gz, without traces if over 15 MiB
+    local name=$1 dir=$2
+    [ -d "$dir" ] || return 0
+    tar -czf "$OUT/$name.tar.gz" -C "$(dirname "$dir")" "$(basename "$dir")"
+    if [ "$(stat -c %s "$OUT/$name.tar.gz")" -gt $((15 * 1024 * 1024)) ]; then
+        log "$name.tar.gz is over 15 MiB: packed again without trace files"
+        tar -czf "$OUT/$name.tar.gz" --exclude='*.trace.json' -C "$(dirname "$dir")" \
+            "$(basename "$dir")"
+    fi
+}
+pack "$DEVICE-selftest" "$WORK/selftest"
+pack "$DEVICE-profiled-pair-1r5s" "$WORK/$DEVICE-profiled-pair-1r5s"
+log "done in $((SECONDS - START_S)) s: selftest exit $SELFTEST_RC, pair exit $PAIR_RC"
+find "$OUT" -maxdepth 1 -type f -printf '%10s %f\n' | tee -a "$LOG" >&2
+[ "$SELFTEST_RC" -eq 0 ] && [ "$PAIR_RC" -eq 0 ]
