@@ -433,8 +433,8 @@ def step_policy(ctx: Context) -> StepOutput:
                     raise CheckFailed(
                         f"arm {arm}, {kind} call: released, but memory_reserved went from "
                         f"{before['reserved']} to {after['reserved']} bytes (expected a drop "
-                        f"of at least {nbytes})", hint="The device module's empty_cache() "
-                        "did not return the cached block; " + HINTS["policy"])
+                        f"of at least {nbytes})", hint="The device module's empty_cache(), "
+                        "through which the policy releases, did not return the cached block.")
                 if not released and after["reserved"] != before["reserved"]:
                     raise CheckFailed(
                         f"arm {arm}, {kind} call: retained, but memory_reserved went from "
@@ -616,7 +616,7 @@ def check_trace_dir(trace: Path, *, kind: str, ranks: int) -> StepOutput:
         try:
             traces = load_traces(trace, cache=False)
         except TraceError as exc:
-            raise CheckFailed(f"{type(exc).__name__}: {exc}", hint=(
+            raise CheckFailed(str(exc), hint=(
                 f"The trace written by {profiler} could not be parsed; `residency idle "
                 f"{trace}` shows the same error. Keep the file (--out DIR) for a bug "
                 "report.")) from exc
@@ -693,9 +693,10 @@ def run_step(name: str, ctx: Context) -> StepResult:
         return StepResult(name, "skipped", time.perf_counter() - start, str(exc))
     except CheckFailed as exc:
         cause = exc.__cause__
-        return StepResult(name, "failed", time.perf_counter() - start, _one_line(str(exc)),
-                          error_type=type(cause).__name__ if cause else "CheckFailed",
-                          error=str(exc), hint=exc.hint or HINTS[name])
+        error_type = type(cause).__name__ if cause else "CheckFailed"
+        detail = f"{error_type}: {exc}" if cause else str(exc)
+        return StepResult(name, "failed", time.perf_counter() - start, _one_line(detail),
+                          error_type=error_type, error=str(exc), hint=exc.hint or HINTS[name])
     except Exception as exc:  # noqa: BLE001 - every failure of a step is its result
         return StepResult(name, "failed", time.perf_counter() - start,
                           _one_line(f"{type(exc).__name__}: {exc}"),
