@@ -23,7 +23,9 @@ exception's type and message and the step's hint). No step stops the others, exc
 Results are `StepResult` value objects; `Report.to_dict()` is the `--json` object
 (`schema` residency.selftest/1: `device_kind`, `ranks`, `environment`, `steps` list of
 `{name, status, seconds, detail}` plus `error_type`/`error`/`hint` when failed, `data` when
-any). Exit 0 when no step failed, 1 when one did, 2 on bad input.
+any, and `interrupted`). Exit 0 when no step failed, 1 when one did, 2 on bad input, 130
+when interrupted (SIGINT/SIGTERM: the running step's services are stopped, the partial
+report is still printed).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -126,17 +129,19 @@ class Report:
     environment: dict[str, Any]
     steps: tuple[StepResult, ...]
     out: str | None = None
+    interrupted: bool = False
 
     @property
     def ok(self) -> bool:
-        """True when no step failed."""
-        return all(s.status != "failed" for s in self.steps)
+        """True when no step failed (and the run was not interrupted)."""
+        return not self.interrupted and all(s.status != "failed" for s in self.steps)
 
     def to_dict(self) -> dict[str, Any]:
         """The `--json` object."""
         return {"schema": SCHEMA, "device_kind": self.device_kind, "ranks": self.ranks,
-                "status": "passed" if self.ok else "failed", "out": self.out,
-                "environment": self.environment, "steps": [s.to_dict() for s in self.steps]}
+                "status": "passed" if self.ok else "failed", "interrupted": self.interrupted,
+                "out": self.out, "environment": self.environment,
+                "steps": [s.to_dict() for s in self.steps]}
 
     def lines(self) -> list[str]:
         """A readable report, one line per step (failures with their error and hint)."""
@@ -153,6 +158,8 @@ class Report:
         failed = [s.name for s in self.steps if s.status == "failed"]
         out.append("all applicable steps passed" if not failed
                    else f"failed: {', '.join(failed)}")
+        if self.interrupted:
+            out.append("interrupted: the steps after the failed one did not run")
         if self.out:
             out.append(f"everything the steps wrote is in {self.out}")
         return out
@@ -709,17 +716,34 @@ def _one_line(text: str, limit: int = 200) -> str:
     return first if len(first) <= limit else first[: limit - 3] + "..."
 
 
-def run_selftest(kind: str, *, ranks: int, out: Path, device_count: int,
+def run_selftest(kind: str, *, ranks: int, out: Path, device_count: int, keep: bool = True,
                  on_step: Callable[[StepResult], None] | None = None) -> Report:
-    """Every step in order on an already resolved device kind; `out` must exist."""
+    """Every step in order on an already resolved device kind; `out` must exist (`keep`:
+    the report names it). An interrupt (KeyboardInterrupt, SIGTERM in the CLI) fails the
+    running step, skips the rest and returns the report marked `interrupted`."""
     ctx = Context(kind=kind, ranks=ranks, out=out, device_count=device_count)
-    results = []
+    results: list[StepResult] = []
+    interrupted = False
     for name in STEP_NAMES:
-        result = run_step(name, ctx)
+        start = time.perf_counter()
+        if interrupted:
+            result = StepResult(name, "skipped", 0.0, "not run: the selftest was interrupted")
+        else:
+            try:
+                result = run_step(name, ctx)
+            except KeyboardInterrupt:
+                interrupted = True
+                result = StepResult(
+                    name, "failed", time.perf_counter() - start, "interrupted",
+                    error_type="KeyboardInterrupt", error="interrupted (SIGINT or SIGTERM) "
+                    "while this step ran; the services it started were stopped",
+                    hint="The step did not finish in the time it was given; rerun it with "
+                    "--out DIR to keep what it wrote.")
         results.append(result)
         if on_step is not None:
             on_step(result)
-    return Report(kind, ranks, ctx.environment, tuple(results))
+    return Report(kind, ranks, ctx.environment, tuple(results),
+                  out=str(out) if keep else None, interrupted=interrupted)
 
 
 # --- CLI ------------------------------------------------------------------------------------
@@ -780,7 +804,8 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    """Run `selftest`: 0 all applicable steps passed, 1 a step failed, 2 bad input."""
+    """Run `selftest`: 0 all applicable steps passed, 1 a step failed, 2 bad input, 130
+    interrupted (the partial report is still printed)."""
     try:
         kind, ranks, count = resolve(args.device, args.ranks)
         out, keep = _out_dir(args.out)
@@ -792,16 +817,22 @@ def run_cli(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"  {result.status.upper():<8} {result.name}", file=sys.stderr, flush=True)
 
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)  # stop services, report, exit 130
     try:
-        report = run_selftest(kind, ranks=ranks, out=out, device_count=count, on_step=progress)
-        report = Report(report.device_kind, report.ranks, report.environment, report.steps,
-                        out=str(out) if keep else None)
+        report = run_selftest(kind, ranks=ranks, out=out, device_count=count, keep=keep,
+                              on_step=progress)
         if keep:
             _write_json(out / "selftest.json", report.to_dict())
     finally:
+        signal.signal(signal.SIGTERM, previous)
         if not keep:
             shutil.rmtree(out, ignore_errors=True)
     print(json.dumps(report.to_dict(), indent=2) if args.json else "\n".join(report.lines()))
+    if report.interrupted:
+        return 130
     return 0 if report.ok else 1
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ from residency.selftest import (
     check_trace_dir,
     run_step,
 )
+from tests.servicekit import alive
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTSITE = Path(__file__).resolve().parent / "faultsite"
@@ -147,6 +150,57 @@ def test_a_cache_not_released_and_an_unparseable_trace_fail_in_text_output(
     assert any("TraceError" in line for line in lines)
     assert any(line.strip().startswith("hint: The trace written by") for line in lines)
     assert lines[-1] == "failed: policy, profiler"
+
+
+def _process_tree(marker: str) -> set[int]:
+    """Processes whose command line holds `marker`, and all their descendants."""
+    parents: dict[int, int] = {}
+    found = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            parents[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if marker.encode() in (proc / "cmdline").read_bytes():
+                found.add(int(proc.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    grew = True
+    while grew:
+        children = {pid for pid, ppid in parents.items() if ppid in found} - found
+        found |= children
+        grew = bool(children)
+    return found
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_services_and_prints_the_partial_report(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RESIDENCY_")}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.Popen([sys.executable, "-m", "residency.cli", "selftest", "--device",
+                             "emulated-npu", "--json", "--out", str(out)], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = out / "service" / "runs" / "00-candidate" / "service.log"
+    deadline = time.monotonic() + 300
+    while not log.is_file() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2.0)  # the service is starting its ranks
+    service = _process_tree(str(out))
+    assert service, "the service step never started"
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    report = json.loads(stdout)
+    steps = {s["name"]: s for s in report["steps"]}
+    assert report["interrupted"] is True and report["status"] == "failed"
+    assert steps["service"]["status"] == "failed"
+    assert steps["service"]["error_type"] == "KeyboardInterrupt" and steps["service"]["hint"]
+    assert [steps[n]["status"] for n in ("profiler", "paired")] == ["skipped", "skipped"]
+    assert json.loads((out / "selftest.json").read_text())["interrupted"] is True
+    left = [pid for pid in service if alive(pid)]
+    assert not left, f"processes of the service still running: {left}"
 
 
 def test_cuda_without_cuda_exits_2_with_one_line(tmp_path: Path) -> None:
