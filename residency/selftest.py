@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -701,14 +702,19 @@ def run_step(name: str, ctx: Context) -> StepResult:
     except CheckFailed as exc:
         cause = exc.__cause__
         error_type = type(cause).__name__ if cause else "CheckFailed"
-        detail = f"{error_type}: {exc}" if cause else str(exc)
-        return StepResult(name, "failed", time.perf_counter() - start, _one_line(detail),
-                          error_type=error_type, error=str(exc), hint=exc.hint or HINTS[name])
+        return _failed(name, ctx, start, error_type, str(exc), exc.hint or HINTS[name],
+                       with_type=cause is not None)
     except Exception as exc:  # noqa: BLE001 - every failure of a step is its result
-        return StepResult(name, "failed", time.perf_counter() - start,
-                          _one_line(f"{type(exc).__name__}: {exc}"),
-                          error_type=type(exc).__name__, error=str(exc), hint=HINTS[name])
+        return _failed(name, ctx, start, type(exc).__name__, str(exc), HINTS[name])
     return StepResult(name, "passed", time.perf_counter() - start, detail, data=data)
+
+
+def _failed(name: str, ctx: Context, start: float, error_type: str, error: str, hint: str,
+            *, with_type: bool = True) -> StepResult:
+    detail = f"{error_type}: {error}" if with_type else error
+    return StepResult(name, "failed", time.perf_counter() - start, _one_line(detail),
+                      error_type=error_type, error=error,
+                      hint=hint.replace("--device D", f"--device {ctx.kind}"))
 
 
 def _one_line(text: str, limit: int = 200) -> str:
@@ -779,6 +785,9 @@ def resolve(device: str, ranks: int | None) -> tuple[str, int, int]:
         kind = resolve_device(device)
     except (ValueError, RuntimeError) as exc:
         raise UsageError(f"--device {device}: {exc}") from None
+    if kind == "emulated-npu" and importlib.util.find_spec("torch_npu") is not None:
+        raise UsageError("--device emulated-npu: torch_npu is installed here; the emulated NPU "
+                         "cannot register beside it (use --device npu)")
     count = device_count(kind, ranks)
     if ranks is None:
         ranks = max(1, min(count, DEFAULT_MAX_RANKS))
