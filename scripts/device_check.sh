@@ -16,7 +16,7 @@
 # Usage, on the GPU machine, from the repository root (the device tool sets $OUT; carry .whl):
 #   OUT=/some/dir scripts/device_check.sh
 # Beforehand, on a machine that reaches the package index (wheels for the GPU machine's
-# Python 3.12 / x86-64; keep .whl/ out of git, e.g. in .git/info/exclude):
+# Python 3.12 / x86-64, into .whl/, which .gitignore keeps out of git):
 #   scripts/device_check.sh --fetch-wheels
 # A dry run of the whole script without a GPU (offline path, emulated NPU):
 #   DEVICE=emulated-npu BASE_PYTHON=/path/to/python-with-torch scripts/device_check.sh
