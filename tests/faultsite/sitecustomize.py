@@ -89,7 +89,7 @@ def _workload(module):
         module.Pipeline.run = run_faulty
 
 
-PATCHES = {"residency.selftest": _selftest, "residency.emulated.device": _device,
+PATCHES = {"residency.selftest.environment": _selftest, "residency.emulated.device": _device,
            "residency.adapters.vllm_omni": _adapter, "residency.experiments": _experiments,
            "residency.profiling": _profiling, "residency.workload": _workload}
 

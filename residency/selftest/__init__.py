@@ -1,0 +1,229 @@
+"""`residency selftest`: run this suite's own paths on the device at hand, in minutes.
+
+A pipeline of small named steps, each a function of one `Context` that returns what it
+checked (`detail`, `data`) or raises: `CheckFailed` (a check did not hold, with a hint),
+`Skipped` (does not apply, with the reason) or any other exception (failed, with the
+exception's type and message and the step's hint). No step stops the others, except that
+`profiler` reads what `service` wrote.
+
+* `environment`: python, torch (and its CUDA build), torch-npu, CANN (from the toolkit's
+  version file when present), driver, device count, vLLM / vLLM-Omni / vllm-ascend versions;
+* `probe`: the API reproduction (`residency probe`) and which arm's telemetry answers;
+* `policy`: on device 0, allocate, offload (free: the block stays cached), then each arm's
+  `release_if_needed` normal and forced; the cache must really be kept or returned as
+  decided, and the snapshot must agree with the device's own counters and `mem_get_info`;
+* `adapter`: the installed vLLM-Omni's `BoundedAllocatorCache` against the adapter
+  (skipped when vllm-omni is not installed);
+* `service`: the built-in service with the requested ranks, one profiled few-step request,
+  its decisions files;
+* `profiler`: the trace the device's real profiler wrote around that request, parsed back by
+  the `residency idle` analysis: device tasks on every rank, the markers found;
+* `paired`: a tiny `profiled-pair` run directory, checked by `residency verify`.
+
+Results are `StepResult` value objects; `Report.to_dict()` is the `--json` object
+(`schema` residency.selftest/1: `device_kind`, `ranks`, `environment`, `steps` list of
+`{name, status, seconds, detail}` plus `error_type`/`error`/`hint` when failed, `data` when
+any, and `interrupted`). Exit 0 when no step failed, 1 when one did, 2 on bad input, 130
+when interrupted (SIGINT/SIGTERM: the running step's services are stopped, the partial
+report is still printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from residency.selftest.core import (
+    HINTS,
+    SCHEMA,
+    CheckFailed,
+    Context,
+    Report,
+    Skipped,
+    StepResult,
+    write_json,
+)
+from residency.selftest.environment import cann_version, collect_environment, driver_version
+from residency.selftest.steps import STEP_NAMES, STEPS, check_trace_dir
+
+DEFAULT_MAX_RANKS = 2
+
+
+def run_step(name: str, ctx: Context) -> StepResult:
+    """Run one step; every exception becomes a failed result (KeyboardInterrupt aside)."""
+    start = time.perf_counter()
+    try:
+        detail, data = STEPS[name](ctx)
+    except Skipped as exc:
+        return StepResult(name, "skipped", time.perf_counter() - start, str(exc))
+    except CheckFailed as exc:
+        cause = exc.__cause__
+        error_type = type(cause).__name__ if cause else "CheckFailed"
+        return _failed(name, ctx, start, error_type, str(exc), exc.hint or HINTS[name],
+                       with_type=cause is not None)
+    except Exception as exc:  # noqa: BLE001 - every failure of a step is its result
+        return _failed(name, ctx, start, type(exc).__name__, str(exc), HINTS[name])
+    return StepResult(name, "passed", time.perf_counter() - start, detail, data=data)
+
+
+def _failed(name: str, ctx: Context, start: float, error_type: str, error: str, hint: str,
+            *, with_type: bool = True) -> StepResult:
+    detail = f"{error_type}: {error}" if with_type else error
+    return StepResult(name, "failed", time.perf_counter() - start, _one_line(detail),
+                      error_type=error_type, error=error,
+                      hint=hint.replace("--device D", f"--device {ctx.kind}"))
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    first = (text.splitlines() or [""])[0]
+    return first if len(first) <= limit else first[: limit - 3] + "..."
+
+
+def run_selftest(kind: str, *, ranks: int, out: Path, device_count: int, keep: bool = True,
+                 on_step: Callable[[StepResult], None] | None = None) -> Report:
+    """Every step in order on an already resolved device kind; `out` must exist (`keep`:
+    the report names it). An interrupt (KeyboardInterrupt, SIGTERM in the CLI) fails the
+    running step, skips the rest and returns the report marked `interrupted`."""
+    ctx = Context(kind=kind, ranks=ranks, out=out, device_count=device_count)
+    results: list[StepResult] = []
+    interrupted = False
+    for name in STEP_NAMES:
+        start = time.perf_counter()
+        if interrupted:
+            result = StepResult(name, "skipped", 0.0, "not run: the selftest was interrupted")
+        else:
+            try:
+                result = run_step(name, ctx)
+            except KeyboardInterrupt:
+                interrupted = True
+                result = StepResult(
+                    name, "failed", time.perf_counter() - start, "interrupted",
+                    error_type="KeyboardInterrupt", error="interrupted (SIGINT or SIGTERM) "
+                    "while this step ran; the services it started were stopped",
+                    hint="The step did not finish in the time it was given; rerun it with "
+                    "--out DIR to keep what it wrote.")
+        results.append(result)
+        if on_step is not None:
+            on_step(result)
+    return Report(kind, ranks, ctx.environment, tuple(results),
+                  out=str(out) if keep else None, interrupted=interrupted)
+
+
+# --- CLI ------------------------------------------------------------------------------------
+
+class UsageError(ValueError):
+    """Bad input: the CLI prints it on one line and exits 2."""
+
+
+def device_count(kind: str, ranks: int | None) -> int:
+    """Devices visible for a real kind; for the emulated NPU, as many as the ranks need."""
+    if kind == "emulated-npu":
+        return ranks or DEFAULT_MAX_RANKS
+    import torch
+
+    if kind == "npu":
+        import torch_npu  # noqa: F401  - registers torch.npu
+
+        return int(torch.npu.device_count())  # type: ignore[attr-defined]
+    return int(torch.cuda.device_count())
+
+
+def resolve(device: str, ranks: int | None) -> tuple[str, int, int]:
+    """(device kind, ranks, device count) for the CLI's `--device` and `--ranks`.
+
+    Raises:
+        UsageError: an unknown or unavailable device, or ranks < 1 or above the devices.
+    """
+    from residency.emulated import resolve_device
+
+    if ranks is not None and ranks < 1:
+        raise UsageError(f"--ranks must be >= 1, but {ranks} was passed")
+    try:
+        kind = resolve_device(device)
+    except (ValueError, RuntimeError) as exc:
+        raise UsageError(f"--device {device}: {exc}") from None
+    if kind == "emulated-npu" and importlib.util.find_spec("torch_npu") is not None:
+        raise UsageError("--device emulated-npu: torch_npu is installed here; the emulated NPU "
+                         "cannot register beside it (use --device npu)")
+    count = device_count(kind, ranks)
+    if ranks is None:
+        ranks = max(1, min(count, DEFAULT_MAX_RANKS))
+    if count < ranks:
+        raise UsageError(f"--ranks {ranks}, but only {count} {kind} device(s) are visible")
+    return kind, ranks, count
+
+
+def add_cli(subparsers: argparse._SubParsersAction) -> None:
+    """Register `selftest`."""
+    p = subparsers.add_parser(
+        "selftest", help="run this suite's own paths on the device at hand, step by step",
+        description="Environment, API reproduction, policy arms, the vLLM-Omni adapter, a "
+        "profiled 1-request service, its trace parsed back, and a verified paired run "
+        "directory; each step passed / failed (with a hint) / skipped.")
+    p.add_argument("--device", default="auto", help="auto|npu|cuda|emulated-npu "
+                   "(default: auto)")
+    p.add_argument("--ranks", type=int, default=None, metavar="N",
+                   help="service ranks (default: all devices, at most 2)")
+    p.add_argument("--out", metavar="DIR", help="keep everything the steps write here "
+                   "(a new or empty folder; default: a temporary folder, removed)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """Run `selftest`: 0 all applicable steps passed, 1 a step failed, 2 bad input, 130
+    interrupted (the partial report is still printed)."""
+    try:
+        kind, ranks, count = resolve(args.device, args.ranks)
+        out, keep = _out_dir(args.out)
+    except UsageError as exc:
+        print(f"residency selftest: error: {exc}", file=sys.stderr)
+        return 2
+
+    def progress(result: StepResult) -> None:
+        if not args.json:
+            print(f"  {result.status.upper():<8} {result.name}", file=sys.stderr, flush=True)
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)  # stop services, report, exit 130
+    try:
+        report = run_selftest(kind, ranks=ranks, out=out, device_count=count, keep=keep,
+                              on_step=progress)
+        if keep:
+            write_json(out / "selftest.json", report.to_dict())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if not keep:
+            shutil.rmtree(out, ignore_errors=True)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else "\n".join(report.lines()))
+    if report.interrupted:
+        return 130
+    return 0 if report.ok else 1
+
+
+def _out_dir(path: str | None) -> tuple[Path, bool]:
+    if path is None:
+        return Path(tempfile.mkdtemp(prefix="residency-selftest-")), False
+    out = Path(path)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"--out {out}: exists and is not an empty folder; choose a new one")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot create it: {exc.strerror or exc}") from None
+    return out, True
+
+
+__all__ = ["SCHEMA", "STEP_NAMES", "CheckFailed", "Context", "Report", "Skipped", "StepResult",
+           "add_cli", "cann_version", "check_trace_dir", "collect_environment",
+           "driver_version", "resolve", "run_cli", "run_selftest", "run_step"]
