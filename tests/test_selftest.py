@@ -297,9 +297,10 @@ def test_a_step_that_raises_is_a_failed_result_with_the_step_hint(tmp_path: Path
 
 
 def test_report_json_and_lines() -> None:
+    log = "\n".join(["[http] GET /health 503"] * 30 + [f"log line {i}" for i in range(20)])
     steps = (StepResult("environment", "passed", 0.5, "python 3"),
              StepResult("service", "failed", 1.0, "ExperimentError: boom",
-                        error_type="ExperimentError", error="boom\nlog tail", hint="look"),
+                        error_type="ExperimentError", error="boom\n" + log, hint="look"),
              StepResult("profiler", "skipped", 0.0, "needs the service step"))
     report = Report("emulated-npu", 2, {"python": "3"}, steps)
     data = report.to_dict()
@@ -311,4 +312,10 @@ def test_report_json_and_lines() -> None:
     lines = report.lines()
     assert "emulated NPU - not an NPU measurement" in lines[0]
     assert any(line.strip() == "hint: look" for line in lines)
+    assert any(line.strip() == "ExperimentError: boom" for line in lines)
+    # a log tail: its last lines without the access log, and how many were left out
+    assert not any("[http]" in line for line in lines)
+    assert [x.strip() for x in lines if x.strip().startswith("log line")] == [
+        f"log line {i}" for i in range(8, 20)]
+    assert any("(8 lines more in --json and the log)" in line for line in lines)
     assert lines[-1] == "failed: service"

@@ -15,6 +15,7 @@ WORKLOAD = {"emulated-npu": {"scale": 0.02, "resident_mib": 256.0},
             "cuda": {"scale": 0.25, "resident_mib": 256.0},
             "npu": {"scale": 0.25, "resident_mib": 256.0}}
 Status = Literal["passed", "failed", "skipped"]
+TEXT_TAIL_LINES = 12  # lines of a failed step's message beyond its first, in the text report
 
 HINTS = {
     "environment": "Check the installation against the README's 'Installing on accelerator "
@@ -105,7 +106,12 @@ class Report:
             if s.status == "failed":
                 message = (s.error or "").splitlines() or [""]
                 out.append(f"{'':13}{s.error_type}: {message[0]}")
-                out += [f"{'':15}{line}" for line in message[1:20]]
+                # the rest is usually a service log tail: its last lines, access log left out
+                rest = [x for x in message[1:] if not x.lstrip().startswith("[http]")]
+                if len(rest) > TEXT_TAIL_LINES:
+                    out.append(f"{'':15}... ({len(rest) - TEXT_TAIL_LINES} lines more in "
+                               "--json and the log)")
+                out += [f"{'':15}{line}" for line in rest[-TEXT_TAIL_LINES:]]
                 out.append(f"{'':13}hint: {s.hint}")
         failed = [s.name for s in self.steps if s.status == "failed"]
         out.append("all applicable steps passed" if not failed
