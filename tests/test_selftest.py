@@ -319,3 +319,44 @@ def test_report_json_and_lines() -> None:
         f"log line {i}" for i in range(8, 20)]
     assert any("(8 lines more in --json and the log)" in line for line in lines)
     assert lines[-1] == "failed: service"
+
+
+# --- environment: versions from the toolkit's and the driver's own files --------------------
+
+@pytest.mark.parametrize(("files", "version", "source"), [
+    ({"x86_64-linux/ascend_toolkit_install.info":
+      "package_name=Ascend-cann-toolkit\nversion=8.0.RC3\ninnerversion=V100R001C19\n"},
+     "8.0.RC3", "x86_64-linux/ascend_toolkit_install.info"),
+    ({"version.cfg": "# comment\nruntime_running_version=[8.0.0.0.1:8.0.RC3]\n"},
+     "8.0.0.0.1:8.0.RC3", "version.cfg"),
+    ({"compiler/version.info": "Version=7.0.0\n"}, "7.0.0", "compiler/version.info"),
+    ({"version.cfg": "nothing here\n"}, None, None),
+], ids=["install-info", "version-cfg", "compiler", "no-version"])
+def test_cann_version_from_the_toolkit_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            files: dict, version: str | None,
+                                            source: str | None) -> None:
+    from residency.selftest import environment
+
+    _write(tmp_path / "toolkit", files)
+    monkeypatch.setenv("ASCEND_TOOLKIT_HOME", str(tmp_path / "toolkit"))
+    monkeypatch.delenv("ASCEND_HOME_PATH", raising=False)
+    monkeypatch.setattr(environment, "ASCEND_TOOLKIT_ROOTS", ())
+    found = environment.cann_version()
+    assert found == {"version": version,
+                     "source": None if source is None else str(tmp_path / "toolkit" / source)}
+
+
+def test_driver_versions_from_their_files(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from residency.selftest import environment
+
+    npu, nvidia = tmp_path / "version.info", tmp_path / "nvidia-version"
+    npu.write_text("Version=24.1.rc2\nascendhal_version=7.35.19\n")
+    nvidia.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.03  Release "
+                      "Build\nGCC version:  gcc version 12\n")
+    monkeypatch.setattr(environment, "ASCEND_DRIVER_VERSION_FILE", npu)
+    monkeypatch.setattr(environment, "NVIDIA_VERSION_FILE", nvidia)
+    assert environment.driver_version("npu") == {"version": "24.1.rc2", "source": str(npu)}
+    assert environment.driver_version("cuda") == {"version": "580.159.03",
+                                                  "source": str(nvidia)}
+    assert environment.driver_version("emulated-npu") == {"version": None, "source": None}

@@ -9,6 +9,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+ASCEND_DRIVER_VERSION_FILE = Path("/usr/local/Ascend/driver/version.info")
+NVIDIA_VERSION_FILE = Path("/proc/driver/nvidia/version")
+ASCEND_TOOLKIT_ROOTS = ("/usr/local/Ascend/ascend-toolkit/latest", "/usr/local/Ascend/cann")
+
 
 def _first_version_line(path: Path) -> str | None:
     """The value of the first `version=` / `Version=` line of a toolkit or driver file."""
@@ -23,28 +27,37 @@ def _first_version_line(path: Path) -> str | None:
     return None
 
 
-def cann_version() -> dict[str, Any]:
-    """CANN's version from the toolkit's own version file, and which file (None when no
-    toolkit is found)."""
+def cann_version(*, ask_torch_npu: bool = False) -> dict[str, Any]:
+    """CANN's version from the toolkit's own version file, and which file; with
+    `ask_torch_npu`, torch-npu's `torch_npu.npu.utils.get_cann_version()` when no file is
+    found. None when neither answers."""
     roots = [os.environ.get(v) for v in ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")]
-    roots += ["/usr/local/Ascend/ascend-toolkit/latest", "/usr/local/Ascend/cann"]
+    roots += ASCEND_TOOLKIT_ROOTS
     for root in (Path(r) for r in roots if r):
-        candidates = [root / "version.cfg", *sorted(root.glob("*/ascend_toolkit_install.info")),
+        candidates = [*sorted(root.glob("*/ascend_toolkit_install.info")), root / "version.cfg",
                       root / "compiler" / "version.info", root / "runtime" / "version.info"]
         for path in candidates:
             if path.is_file() and (version := _first_version_line(path)):
                 return {"version": version, "source": str(path)}
+    if ask_torch_npu:
+        with contextlib.suppress(Exception):  # an older torch-npu has no such function
+            from torch_npu.npu.utils import get_cann_version  # type: ignore[import-not-found]
+
+            version = str(get_cann_version() or "").strip()
+            if version:
+                return {"version": version,
+                        "source": "torch_npu.npu.utils.get_cann_version()"}
     return {"version": None, "source": None}
 
 
 def driver_version(kind: str) -> dict[str, Any]:
     """The accelerator driver's version and where it was read (None when not found)."""
     if kind == "npu":
-        path = Path("/usr/local/Ascend/driver/version.info")
+        path = ASCEND_DRIVER_VERSION_FILE
         version = _first_version_line(path) if path.is_file() else None
         return {"version": version, "source": str(path) if version else None}
     if kind == "cuda":
-        path = Path("/proc/driver/nvidia/version")
+        path = NVIDIA_VERSION_FILE
         with contextlib.suppress(OSError):
             match = re.search(r"Kernel Module\s+(\S+)", path.read_text(errors="replace"))
             if match:
@@ -61,6 +74,7 @@ def driver_version(kind: str) -> dict[str, Any]:
 
 
 def dist_version(name: str) -> str | None:
+    """An installed distribution's version, or None."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -80,7 +94,8 @@ def collect_environment(kind: str, device_count: int) -> dict[str, Any]:
 
     env: dict[str, Any] = dict(versions())
     env.update(platform=f"{platform.system()} {platform.machine()}",
-               torch_cuda=torch.version.cuda, cann=cann_version(), driver=driver_version(kind),
+               torch_cuda=torch.version.cuda, cann=cann_version(ask_torch_npu=kind == "npu"),
+               driver=driver_version(kind),
                device_kind=kind, device_count=device_count,
                vllm=dist_version("vllm"), vllm_omni=dist_version("vllm-omni"),
                vllm_ascend=dist_version("vllm-ascend"))
