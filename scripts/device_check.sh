@@ -88,7 +88,12 @@ offline_venv() {
     if [ -z "$base" ]; then log "no python with a torch for $DEVICE found"; return 1; fi
     log "offline: venv over $base ($("$base" -c 'import torch; print(torch.__version__)'))"
     rm -rf "$VENV"
-    run "$base" -m venv "$VENV" || return 1
+    # without ensurepip, a venv without pip: the base's pip (reached through the .pth line
+    # below) then installs into this venv, the interpreter that runs it
+    if ! run "$base" -m venv "$VENV"; then
+        rm -rf "$VENV"
+        run "$base" -m venv --without-pip "$VENV" || return 1
+    fi
     # that python may itself be a venv (--system-site-packages would reach past it to the
     # interpreter it was made from): its packages join ours through a .pth line, after ours
     purelib "$base" >"$(purelib "$VENV/bin/python")/residency-base-site.pth" || return 1
