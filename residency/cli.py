@@ -153,6 +153,16 @@ def _whatif(p: argparse.ArgumentParser) -> None:
     _run_reading(p)
 
 
+def _selftest(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", help="auto|npu|cuda|emulated-npu "
+                   "(default: auto)")
+    p.add_argument("--ranks", type=int, default=None, metavar="N",
+                   help="service ranks (default: all devices, at most 2)")
+    p.add_argument("--out", metavar="DIR", help="keep everything the steps write here "
+                   "(a new or empty folder; default: a temporary folder, removed)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
 # ----------------------------------------------------------------------------- handlers
 def _resolve(spec: str) -> str:
     from residency import devices
@@ -370,6 +380,13 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     return 0 if passed else 1
 
 
+def cmd_selftest(args: argparse.Namespace) -> int:
+    """`selftest`: every path of the suite on the device at hand (residency.selftest)."""
+    from residency.selftest import run_cli
+
+    return run_cli(args)
+
+
 # ----------------------------------------------------------------------------- wiring
 # name -> (help, description, parser builder, handler)
 COMMANDS: dict[str, tuple[str, str, Callable[[argparse.ArgumentParser], None],
@@ -408,6 +425,11 @@ COMMANDS: dict[str, tuple[str, str, Callable[[argparse.ArgumentParser], None],
                "policy with other bounds: a consistency gate (own bounds reproduce every "
                "decision), retained/released totals per setting, and an estimated effect (a "
                "model).", _whatif, cmd_whatif),
+    "selftest": ("run this suite's own paths on the device at hand, step by step",
+                 "Environment, API reproduction, policy arms, the vLLM-Omni adapter, a profiled "
+                 "1-request service, its trace parsed back, and a verified paired run "
+                 "directory; each step passed / failed (with a hint) / skipped.",
+                 _selftest, cmd_selftest),
 }
 
 

@@ -143,12 +143,12 @@ def resolve(device: str, ranks: int | None) -> tuple[str, int, int]:
     Raises:
         UsageError: an unknown or unavailable device, or ranks < 1 or above the devices.
     """
-    from residency.emulated import resolve_device
+    from residency import devices
 
     if ranks is not None and ranks < 1:
         raise UsageError(f"--ranks must be >= 1, but {ranks} was passed")
     try:
-        kind = resolve_device(device)
+        kind = devices.resolve(device)
     except (ValueError, RuntimeError) as exc:
         raise UsageError(f"--device {device}: {exc}") from None
     if kind == "emulated-npu" and importlib.util.find_spec("torch_npu") is not None:
@@ -162,24 +162,9 @@ def resolve(device: str, ranks: int | None) -> tuple[str, int, int]:
     return kind, ranks, count
 
 
-def add_cli(subparsers: argparse._SubParsersAction) -> None:
-    """Register `selftest`."""
-    p = subparsers.add_parser(
-        "selftest", help="run this suite's own paths on the device at hand, step by step",
-        description="Environment, API reproduction, policy arms, the vLLM-Omni adapter, a "
-        "profiled 1-request service, its trace parsed back, and a verified paired run "
-        "directory; each step passed / failed (with a hint) / skipped.")
-    p.add_argument("--device", default="auto", help="auto|npu|cuda|emulated-npu "
-                   "(default: auto)")
-    p.add_argument("--ranks", type=int, default=None, metavar="N",
-                   help="service ranks (default: all devices, at most 2)")
-    p.add_argument("--out", metavar="DIR", help="keep everything the steps write here "
-                   "(a new or empty folder; default: a temporary folder, removed)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-
-
 def run_cli(args: argparse.Namespace) -> int:
-    """Run `selftest`: 0 all applicable steps passed, 1 a step failed, 2 bad input, 130
+    """Run `selftest` for the CLI's arguments (`device`, `ranks`, `out`, `json`; the parser
+    lives in `residency.cli`): 0 all applicable steps passed, 1 a step failed, 2 bad input, 130
     interrupted (the partial report is still printed)."""
     try:
         kind, ranks, count = resolve(args.device, args.ranks)
@@ -225,5 +210,5 @@ def _out_dir(path: str | None) -> tuple[Path, bool]:
 
 
 __all__ = ["SCHEMA", "STEP_NAMES", "CheckFailed", "Context", "Report", "Skipped", "StepResult",
-           "add_cli", "cann_version", "check_trace_dir", "collect_environment",
+           "cann_version", "check_trace_dir", "collect_environment",
            "driver_version", "resolve", "run_cli", "run_selftest", "run_step"]

@@ -60,21 +60,18 @@ def _experiments(module):
 
 
 def _profiling(module):
-    stop = module.RequestProfiler.stop
+    stop = module.EmulatedProfiler._stop
 
-    def stop_faulty(self):
-        out = self._out
+    def stop_faulty(self, out):
         if "profiler-empty" in FAULTS:
             self.module.stop_trace()  # stops recording, exports nothing
-            self._out = None
-            return out
-        result = stop(self)
+            return
+        stop(self, out)
         if "profiler-garbled" in FAULTS:
             for path in out.glob("rank*.trace.json"):
                 path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
-        return result
     if FAULTS & {"profiler-empty", "profiler-garbled"}:
-        module.RequestProfiler.stop = stop_faulty
+        module.EmulatedProfiler._stop = stop_faulty
 
 
 def _workload(module):
