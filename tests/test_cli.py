@@ -86,7 +86,7 @@ def test_markers_is_a_deprecated_alias_of_decisions_dir(capsys: pytest.CaptureFi
 
 def test_every_subcommand_is_wired_here() -> None:
     assert set(cli.COMMANDS) == {"probe", "serve", "pair", "idle", "tables", "report",
-                                 "verify", "whatif"}
+                                 "verify", "whatif", "selftest"}
     text = cli.create_parser().format_help()
     assert all(name in text for name in cli.COMMANDS)
 
