@@ -1,27 +1,44 @@
-"""Reports: executed notebooks rendered to HTML with the code hidden (`residency report`), and
-a screenshot of a rendered report taken with headless Chromium.
+"""Reports: executed notebooks rendered to HTML with the code hidden (`residency report`),
+full-page screenshots taken with headless Chromium, and an `index.html` of a folder of reports.
 
-Steps: find notebooks -> check each was executed -> export to HTML without inputs (nbconvert's
-`HTMLExporter(exclude_input=True)`, what `jupyter nbconvert --to html --no-input` does) ->
-write -> optionally screenshot. No torch here.
+Steps: find notebooks -> check each was executed -> move the banner (`residency.banner`) to the
+top -> export to HTML without inputs (nbconvert's `HTMLExporter(exclude_input=True)`, what
+`jupyter nbconvert --to html --no-input` does) -> write -> optionally screenshot the whole page
+(Chromium's DevTools protocol over `--remote-debugging-pipe`: lay the page out, measure its
+height, capture it; slices of `MAX_PNG_HEIGHT_PX` for taller pages) -> index. No torch here.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import glob
+import json
 import os
+import select
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from html import escape
+from html.parser import HTMLParser
+from typing import Any
+
+from residency.banner import BANNER_CLASS
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--hide-scrollbars")
+INDEX = "index.html"
+MAX_PNG_HEIGHT_PX = 16384  # taller pages are cut into slices of this height
 
-__all__ = ["ReportError", "find_chromium", "find_notebooks", "output_names", "render_html",
-           "screenshot"]
+__all__ = ["INDEX", "MAX_PNG_HEIGHT_PX", "ReportError", "Screenshot", "banner_of", "capture",
+           "find_chromium", "find_notebooks", "output_names", "png_size", "render_html",
+           "screenshot", "write_index"]
 
 
 class ReportError(RuntimeError):
@@ -77,6 +94,7 @@ def render_html(notebook: str | os.PathLike[str], out_dir: str | os.PathLike[str
     if not _executed(nb):
         raise ReportError(f"{src}: has no outputs: execute it first "
                           f"(papermill {src} OUT.ipynb)")
+    _banner_first(nb)
     from traitlets.config import Config
 
     # merged streams keep only what a terminal would show last (progress bars redraw with \r)
@@ -93,6 +111,111 @@ def render_html(notebook: str | os.PathLike[str], out_dir: str | os.PathLike[str
     return write_text_atomic(path, body)
 
 
+def _is_banner(output: Any) -> bool:
+    from residency.banner import BANNER_METADATA
+
+    return bool((output.get("metadata") or {}).get(BANNER_METADATA))
+
+
+def _banner_first(nb: Any) -> None:
+    """Move the first banner output (`residency.banner.display_banner`) into a cell of its
+    own at the top, so the page's first visible text is the banner."""
+    import nbformat
+
+    for cell in nb.cells:
+        outputs = cell.get("outputs") or []
+        for i, out in enumerate(outputs):
+            if out.get("output_type") in ("display_data", "execute_result") and _is_banner(out):
+                del outputs[i]
+                top = nbformat.v4.new_code_cell("", outputs=[out])
+                top.metadata["tags"] = ["residency-banner"]
+                nb.cells.insert(0, top)
+                return
+
+
+class _BannerText(HTMLParser):
+    """The text of the first banner block of a rendered report: heading and provenance."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.depth = 0
+        self.parts: list[list[str]] = []
+        self.title = ""
+        self._in_title = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        classes = (dict(attrs).get("class") or "").split()
+        if tag == "title":
+            self._in_title = True
+        if self.depth:
+            self.depth += tag == "div"
+            if tag == "div":
+                self.parts.append([])
+        elif tag == "div" and BANNER_CLASS in classes and not self.parts:
+            self.depth = 1
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "title":
+            self._in_title = False
+        if self.depth and tag == "div":
+            self.depth -= 1
+
+    def handle_data(self, data: str) -> None:
+        if self._in_title:
+            self.title += data
+        elif self.depth and self.parts and data.strip():
+            self.parts[-1].append(data.strip())
+
+
+def banner_of(html_path: str | os.PathLike[str]) -> tuple[str, list[str]]:
+    """(heading, provenance lines) of a rendered report's banner; ("", []) without one."""
+    parser = _BannerText()
+    parser.feed(Path(html_path).read_text(encoding="utf-8", errors="replace"))
+    parts = [" ".join(p) for p in parser.parts]
+    if not parts:
+        return "", []
+    return parts[0], parser.parts[1] if len(parser.parts) > 1 else []
+
+
+def write_index(out_dir: str | os.PathLike[str]) -> Path:
+    """Write `out_dir/index.html`: one entry per report (`*.html` in `out_dir` and its
+    sub-folders, but index files) linking it, with its banner line and provenance, and its
+    screenshot when there is one beside it; returns the path.
+
+    Raises:
+        ReportError: `out_dir` holds no report.
+    """
+    root = Path(out_dir).resolve()
+    pages = sorted(p for p in root.rglob("*.html") if p.name != INDEX
+                   and not p.name.startswith("."))
+    if not pages:
+        raise ReportError(f"{root}: holds no rendered report (.html) to index")
+    rows = []
+    for page in pages:
+        rel = page.relative_to(root).as_posix()
+        heading, prov = banner_of(page)
+        shot = page.with_suffix(".png")
+        link = (f' · <a href="{escape(shot.relative_to(root).as_posix())}">screenshot</a>'
+                if shot.is_file() else "")
+        rows.append(
+            f'<li><a href="{escape(rel)}"><strong>{escape(page.stem.replace("_", " "))}'
+            f"</strong></a>{link}<br>"
+            f'<span class="banner">{escape(heading or "no banner: not a residency report")}'
+            f"</span>"
+            + "".join(f'<br><span class="prov">{escape(line)}</span>' for line in prov)
+            + "</li>")
+    body = ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>residency reports"
+            "</title><style>body{font-family:sans-serif;max-width:60em;margin:2em auto}"
+            "li{margin:0 0 1em 0}.banner{font-weight:bold}.prov{font-size:.85em;color:#374151}"
+            f"</style></head><body><h1>Reports in {escape(root.name)}</h1>"
+            f"<p>{len(pages)} report(s); each line is the report's banner: device kind first "
+            "(emulated NPU runs are never NPU measurements), then the run's provenance.</p>"
+            f"<ul>{''.join(rows)}</ul></body></html>\n")
+    from residency.rundir import write_text_atomic
+
+    return write_text_atomic(root / INDEX, body)
+
+
 def find_chromium() -> str | None:
     """Path of a Chromium or Chrome executable (`$CHROMIUM` first), or None."""
     env = os.environ.get("CHROMIUM")
@@ -105,14 +228,142 @@ def find_chromium() -> str | None:
     return "/usr/bin/chromium" if Path("/usr/bin/chromium").is_file() else None
 
 
-def screenshot(html_path: str | os.PathLike[str], png_path: str | os.PathLike[str], *,
-               width: int = 1280, height: int = 2400, chromium: str | None = None,
-               timeout_s: float = 120) -> Path:
-    """A PNG of the page `html_path` as headless Chromium shows it in a `width` x `height`
-    window (the top of the page when it is longer); returns `png_path`.
+class _Cdp:
+    """A Chrome DevTools Protocol session over `--remote-debugging-pipe` (Chromium reads
+    NUL-terminated JSON commands on fd 3 and answers on fd 4): no websocket, no extra
+    dependency."""
+
+    def __init__(self, exe: str, profile: str, *, timeout_s: float) -> None:
+        to_chrome_r, self._to_chrome = os.pipe()
+        self._from_chrome, from_chrome_w = os.pipe()
+        self._deadline = time.monotonic() + timeout_s
+        self._timeout_s = timeout_s
+        self._buf = b""
+        self._next = 0
+
+        def wire() -> None:  # in the child, before exec: the pipes become fds 3 and 4
+            os.dup2(to_chrome_r, 3)
+            os.dup2(from_chrome_w, 4)
+
+        cmd = [exe, *CHROMIUM_FLAGS, "--remote-debugging-pipe", f"--user-data-dir={profile}",
+               "about:blank"]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, preexec_fn=wire, pass_fds=(3, 4))
+        os.close(to_chrome_r)
+        os.close(from_chrome_w)
+
+    def _fail(self, why: str) -> ReportError:
+        return ReportError(f"Chromium {why}")
+
+    def _read_message(self) -> dict[str, Any]:
+        while b"\0" not in self._buf:
+            left = self._deadline - time.monotonic()
+            if left <= 0:
+                raise self._fail(f"did not finish within {self._timeout_s:g} s")
+            ready, _, _ = select.select([self._from_chrome], [], [], min(left, 1.0))
+            if not ready:
+                continue
+            chunk = os.read(self._from_chrome, 1 << 20)
+            if not chunk:
+                raise self._fail(f"closed the DevTools pipe (exit {self.proc.poll()})")
+            self._buf += chunk
+        raw, self._buf = self._buf.split(b"\0", 1)
+        return json.loads(raw)
+
+    def call(self, method: str, params: dict[str, Any] | None = None, *,
+             session: str | None = None) -> dict[str, Any]:
+        """Send one command and return its result (events before it are dropped, but a
+        `Page.loadEventFired` is remembered for `wait_load`)."""
+        self._next += 1
+        msg: dict[str, Any] = {"id": self._next, "method": method, "params": params or {}}
+        if session:
+            msg["sessionId"] = session
+        os.write(self._to_chrome, json.dumps(msg).encode() + b"\0")
+        while True:
+            reply = self._read_message()
+            if reply.get("method") == "Page.loadEventFired":
+                self.loaded = True
+            if reply.get("id") == self._next:
+                if "error" in reply:
+                    raise self._fail(f"refused {method}: {reply['error'].get('message')}")
+                return reply.get("result") or {}
+
+    loaded = False
+
+    def wait_load(self) -> None:
+        """Wait for the page's load event."""
+        while not self.loaded:
+            if self._read_message().get("method") == "Page.loadEventFired":
+                self.loaded = True
+
+    def close(self) -> None:
+        """Ask Chromium to quit; kill it if it does not."""
+        with contextlib.suppress(OSError, ReportError):
+            self._next += 1
+            os.write(self._to_chrome, json.dumps({"id": self._next,
+                                                   "method": "Browser.close"}).encode() + b"\0")
+        for fd in (self._to_chrome, self._from_chrome):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stderr is not None:
+            self.stderr_tail = "\n".join(self.proc.stderr.read().decode(
+                errors="replace").strip().splitlines()[-5:])
+            self.proc.stderr.close()
+
+    stderr_tail = ""
+
+
+@dataclass(frozen=True)
+class Screenshot:
+    """What `capture` wrote: the PNG files top to bottom (one unless the page is taller than
+    `MAX_PNG_HEIGHT_PX`), the page's size in CSS pixels and the images' heights."""
+
+    paths: tuple[Path, ...]
+    page_width_px: int
+    page_height_px: int
+    heights_px: tuple[int, ...]
+
+
+_PAGE_SIZE_JS = ("JSON.stringify([Math.ceil(Math.max(document.documentElement.scrollWidth,"
+                 " document.body ? document.body.scrollWidth : 0)), Math.ceil(Math.max("
+                 "document.documentElement.scrollHeight, document.body ? "
+                 "document.body.scrollHeight : 0))])")
+
+
+def _page_size(cdp: _Cdp, session: str) -> tuple[int, int]:
+    got = cdp.call("Runtime.evaluate", {"expression": _PAGE_SIZE_JS, "returnByValue": True},
+                   session=session)
+    w, h = json.loads(got["result"]["value"])
+    return int(w), int(h)
+
+
+def png_size(path: str | os.PathLike[str]) -> tuple[int, int]:
+    """(width, height) in pixels from a PNG's header.
 
     Raises:
-        ReportError: no Chromium found, or it failed or wrote no image.
+        ReportError: the file is not a PNG.
+    """
+    head = Path(path).read_bytes()[:24]
+    if head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR":
+        raise ReportError(f"{path}: not a PNG image")
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
+def capture(html_path: str | os.PathLike[str], png_path: str | os.PathLike[str], *,
+            width: int = 1280, chromium: str | None = None, timeout_s: float = 120,
+            max_height_px: int | None = None) -> Screenshot:
+    """Full-page PNG of `html_path` as headless Chromium lays it out `width` CSS pixels
+    wide: the whole page height, in one image, or for a page taller than `max_height_px`
+    (default `MAX_PNG_HEIGHT_PX`) one image per page-height slice: `png_path`, then
+    `<stem>-2.png`, `<stem>-3.png`, ... Older slices of that name are removed.
+
+    Raises:
+        ReportError: no Chromium found, or it failed, timed out or wrote no image.
     """
     exe = chromium or find_chromium()
     if exe is None:
@@ -120,20 +371,54 @@ def screenshot(html_path: str | os.PathLike[str], png_path: str | os.PathLike[st
     html, png = Path(html_path).resolve(), Path(png_path).resolve()
     if not html.is_file():
         raise ReportError(f"{html}: no such file")
+    limit = max_height_px or MAX_PNG_HEIGHT_PX
     png.parent.mkdir(parents=True, exist_ok=True)
-    png.unlink(missing_ok=True)
+    for old in [png, *png.parent.glob(f"{glob.escape(png.stem)}-[0-9]*.png")]:
+        old.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="residency-chromium-") as profile:
-        cmd = [exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--screenshot={png}",
-               f"--window-size={width},{height}", html.as_uri()]
+        cdp = _Cdp(exe, profile, timeout_s=timeout_s)
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
-                                  check=False)
-        except subprocess.TimeoutExpired:
-            raise ReportError(f"Chromium did not finish within {timeout_s:g} s") from None
-    if not png.is_file() or png.stat().st_size == 0:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
-        raise ReportError(f"Chromium wrote no screenshot (exit {proc.returncode}): {tail}")
-    return png
+            target = cdp.call("Target.createTarget", {"url": "about:blank"})["targetId"]
+            session = cdp.call("Target.attachToTarget", {"targetId": target,
+                                                         "flatten": True})["sessionId"]
+            cdp.call("Page.enable", session=session)
+            metrics = {"width": width, "height": 800, "deviceScaleFactor": 1, "mobile": False}
+            cdp.call("Emulation.setDeviceMetricsOverride", metrics, session=session)
+            cdp.loaded = False
+            cdp.call("Page.navigate", {"url": html.as_uri()}, session=session)
+            cdp.wait_load()
+            _, height = _page_size(cdp, session)
+            view = min(height, limit)
+            cdp.call("Emulation.setDeviceMetricsOverride", {**metrics, "height": view},
+                     session=session)
+            page_w, height = _page_size(cdp, session)  # again: a taller view may reflow
+            paths, heights = [], []
+            for i, top in enumerate(range(0, max(height, 1), limit)):
+                h = min(limit, height - top) if height else view
+                clip = {"x": 0, "y": top, "width": width, "height": max(h, 1), "scale": 1}
+                shot = cdp.call("Page.captureScreenshot",
+                                {"format": "png", "clip": clip, "captureBeyondViewport": True,
+                                 "fromSurface": True}, session=session)
+                out = png if i == 0 else png.with_name(f"{png.stem}-{i + 1}.png")
+                tmp = out.with_name(f".{out.name}.tmp")
+                tmp.write_bytes(base64.b64decode(shot["data"]))
+                os.replace(tmp, out)
+                paths.append(out)
+                heights.append(png_size(out)[1])
+        except ReportError as exc:
+            cdp.close()
+            tail = f": {cdp.stderr_tail}" if cdp.stderr_tail else ""
+            raise ReportError(f"{exc}{tail}") from None
+        cdp.close()
+    return Screenshot(tuple(paths), page_w, height, tuple(heights))
+
+
+def screenshot(html_path: str | os.PathLike[str], png_path: str | os.PathLike[str], *,
+               width: int = 1280, chromium: str | None = None,
+               timeout_s: float = 120) -> Path:
+    """A full-page PNG of `html_path` (`capture`); returns the first image's path."""
+    return capture(html_path, png_path, width=width, chromium=chromium,
+                   timeout_s=timeout_s).paths[0]
 
 
 def output_names(notebooks: Sequence[Path]) -> list[str]:
@@ -141,5 +426,3 @@ def output_names(notebooks: Sequence[Path]) -> list[str]:
     stems = [p.stem for p in notebooks]
     return [f"{p.parent.name}-{p.stem}" if stems.count(p.stem) > 1 else p.stem
             for p in notebooks]
-
-

@@ -1,0 +1,201 @@
+"""Numbers and headers for people: what reports, tables and figures show.
+
+Prose, rendered tables and figure labels show 4 significant digits (`sig`), never the float
+artefacts of a sum (``1.734383532999999``) nor nanosecond digits printed as milliseconds;
+CSV and JSON keep full precision and are not formatted here. Headers read as words
+(`header`), a table has no index column and no raw dict or list in a cell (`for_people`).
+No torch, no plotting.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+DIGITS = 4  # significant digits shown to people
+MISSING = "—"  # a value one side lacks
+_BINARY = (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
+_UNIT_SUFFIXES = {  # name suffix -> unit shown in a header
+    "_ns": "ns", "_us": "µs", "_ms": "ms", "_s": "s", "_bytes": "bytes", "_mib": "MiB",
+    "_pct": "%", "_fraction": "fraction of total",
+}
+_WORDS = {  # whole-word replacements in headers
+    "e2e": "E2E", "oom": "OOM", "npu": "NPU", "cuda": "CUDA", "id": "ID", "mib": "MiB",
+    "max": "max", "min": "min",
+}
+
+__all__ = ["DIGITS", "MISSING", "bytes_text", "cell", "count_text", "for_people", "header",
+           "html_table", "markdown_table", "ms_from_ns", "percent", "quantity", "sig",
+           "span_text"]
+
+
+def _is_missing(x: Any) -> bool:
+    if x is None or x is pd.NA or x is pd.NaT:
+        return True
+    return isinstance(x, (float, np.floating)) and math.isnan(float(x))
+
+
+def sig(x: float | int, digits: int = DIGITS) -> str:
+    """`x` with `digits` significant digits, trailing zeros dropped: 1.734383532999999 ->
+    "1.734", 2248.795837 -> "2249", 221.29668 -> "221.3", 0.000123456 -> "0.0001235".
+    Integers up to 10^digits print whole; larger magnitudes round to whole numbers below
+    10^6 and use an exponent from there ("1.235e+07"). None and NaN print as "—"."""
+    if _is_missing(x):
+        return MISSING
+    if isinstance(x, (bool, np.bool_)):
+        return str(bool(x))
+    v = float(x)
+    if math.isinf(v):
+        return "∞" if v > 0 else "-∞"
+    if v == 0:
+        return "0"
+    mag = abs(v)
+    if mag >= 10 ** digits:
+        return f"{v:.{digits - 1}e}" if mag >= 1e6 else str(int(round(v)))
+    if mag < 1e-4:
+        return f"{v:.{digits - 1}e}"
+    exp = math.floor(math.log10(mag))
+    decimals = max(0, digits - 1 - exp)
+    text = f"{round(v, decimals):.{decimals}f}"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return "0" if text in ("-0", "") else text
+
+
+def quantity(x: float | int | None, unit: str, digits: int = DIGITS) -> str:
+    """`x` with its unit: quantity(221.29668, "ms") -> "221.3 ms"; "—" when missing."""
+    return MISSING if _is_missing(x) else f"{sig(x, digits)} {unit}".rstrip()
+
+
+def ms_from_ns(ns: int | float | None, digits: int = DIGITS) -> str:
+    """Nanoseconds shown as milliseconds: 61428477 -> "61.43 ms"."""
+    return MISSING if _is_missing(ns) else quantity(float(ns) / 1e6, "ms", digits)
+
+
+def span_text(lo: float | None, hi: float | None, unit: str, digits: int = DIGITS) -> str:
+    """A range of values: span_text(216.822, 251.161, "ms") -> "216.8–251.2 ms" (one value
+    when both ends print alike)."""
+    if _is_missing(lo) or _is_missing(hi):
+        return MISSING
+    a, b = sig(lo, digits), sig(hi, digits)
+    return f"{a} {unit}".rstrip() if a == b else f"{a}–{b} {unit}".rstrip()
+
+
+def bytes_text(n: int | float | None, digits: int = DIGITS) -> str:
+    """A byte count in binary units: 805306368 -> "768 MiB", 1887440896 -> "1.758 GiB",
+    0 -> "0 B"."""
+    if _is_missing(n):
+        return MISSING
+    v = float(n)
+    for unit, size in _BINARY:
+        if abs(v) >= size:
+            return f"{sig(v / size, digits)} {unit}"
+    return f"{int(v)} B"
+
+
+def percent(fraction: float | None, digits: int = 3) -> str:
+    """A fraction as a percentage: 0.25 -> "25 %", 1/3 -> "33.3 %"."""
+    return MISSING if _is_missing(fraction) else f"{sig(float(fraction) * 100, digits)} %"
+
+
+def count_text(k: int, n: int) -> str:
+    """A count of a total: "16/16"."""
+    return f"{int(k)}/{int(n)}"
+
+
+def header(name: Any) -> str:
+    """A column name as words with its unit: "normal_checks" -> "normal checks",
+    "e2e_s" -> "E2E (s)", "max_cached_fraction" -> "max cached (fraction of total)".
+    Names that already hold spaces are kept."""
+    text = str(name)
+    if " " in text or not text:
+        return text
+    unit = ""
+    for suffix, shown in _UNIT_SUFFIXES.items():
+        if text.lower().endswith(suffix) and len(text) > len(suffix):
+            text, unit = text[: -len(suffix)], shown
+            break
+    words = [_WORDS.get(w.lower(), w) for w in re.split(r"[_\s]+", text) if w]
+    out = " ".join(words)
+    return f"{out} ({unit})" if unit else out
+
+
+def cell(x: Any, digits: int = DIGITS) -> str:
+    """One table cell as text: numbers with `digits` significant digits (integers whole),
+    missing values as "—", a mapping as "key value, ..." and a sequence as "a, b"."""
+    if isinstance(x, Mapping):
+        return ", ".join(f"{header(k)} {cell(v, digits)}" for k, v in x.items()) or MISSING
+    if isinstance(x, (list, tuple, np.ndarray)):
+        return ", ".join(cell(v, digits) for v in x) or MISSING
+    if _is_missing(x):
+        return MISSING
+    if isinstance(x, (bool, np.bool_)):
+        return "yes" if x else "no"
+    if isinstance(x, (int, np.integer)):
+        return str(int(x))
+    if isinstance(x, (float, np.floating)):
+        return sig(float(x), digits)
+    return str(x)
+
+
+def for_people(df: pd.DataFrame, *, digits: int = DIGITS,
+               headers: Mapping[str, str] | None = None,
+               formats: Mapping[str, Any] | None = None) -> pd.DataFrame:
+    """`df` as a table of text for people: a named index becomes columns (an unnamed
+    range index is dropped), headers read as words (`headers` overrides), every cell through
+    `cell` or the column's own formatter in `formats` (column -> callable). Attributes
+    (`attrs`) are kept."""
+    frame = df
+    if any(n is not None for n in frame.index.names):
+        frame = frame.reset_index()
+    else:
+        frame = frame.reset_index(drop=True)
+    formats = dict(formats or {})
+    out = pd.DataFrame({
+        col: [formats[col](v) if col in formats and not _is_missing(v) else cell(v, digits)
+              for v in frame[col].tolist()] for col in frame.columns})
+    names = dict(headers or {})
+    out.columns = [names.get(str(c), header(c)) for c in frame.columns]
+    out.attrs.update(df.attrs)
+    return out
+
+
+def markdown_table(df: pd.DataFrame, **kwargs: Any) -> str:
+    """`df` for people (`for_people`) as a Markdown table."""
+    t = for_people(df, **kwargs)
+
+    def esc(s: Any) -> str:
+        return str(s).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(esc(c) for c in t.columns) + " |",
+             "|" + "|".join("---" for _ in t.columns) + "|"]
+    lines += ["| " + " | ".join(esc(v) for v in row) + " |"
+              for row in t.itertuples(index=False)]
+    return "\n".join(lines) + "\n"
+
+
+def html_table(df: pd.DataFrame, *, caption: str | None = None,
+               align: Sequence[str] | None = None, **kwargs: Any) -> str:
+    """`df` for people (`for_people`) as an HTML table without an index column; `align`:
+    one of left/right/center per column (default: left for the first, right for the rest)."""
+    t = for_people(df, **kwargs)
+    cols = list(t.columns)
+    align = list(align or ["left", *(["right"] * (len(cols) - 1))])
+    parts = ['<table class="residency-table">']
+    if caption:
+        parts.append(f"<caption>{html.escape(caption)}</caption>")
+    parts.append("<thead><tr>" + "".join(
+        f'<th style="text-align:{a}">{html.escape(str(c))}</th>'
+        for c, a in zip(cols, align, strict=False)) + "</tr></thead><tbody>")
+    for row in t.itertuples(index=False):
+        parts.append("<tr>" + "".join(
+            f'<td style="text-align:{a}">{html.escape(str(v))}</td>'
+            for v, a in zip(row, align, strict=False)) + "</tr>")
+    parts.append("</tbody></table>")
+    return "".join(parts)
