@@ -22,9 +22,9 @@ import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from html import escape
 from html.parser import HTMLParser
+from pathlib import Path
 from typing import Any
 
 from residency.banner import BANNER_CLASS
