@@ -390,7 +390,8 @@ def test_report_cli(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     code = main(["report", str(tmp_path / "nbs"), "--out", str(tmp_path / "out")])
     captured = capsys.readouterr()
     assert code == 1
-    assert captured.out.splitlines() == [str((tmp_path / "out" / "a.html").resolve())]
+    assert captured.out.splitlines() == [str((tmp_path / "out" / "a.html").resolve()),
+                                         str((tmp_path / "out" / "index.html").resolve())]
     assert "never_run.ipynb: has no outputs: execute it first" in captured.err
     assert main(["report", str(tmp_path / "missing")]) == 2
 

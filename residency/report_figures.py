@@ -1,0 +1,393 @@
+"""The reports' new figures, as pure plotting functions: data in, a matplotlib `Figure` out
+(never a path, never `show`; callers save or display them).
+
+* `timeline_figure`: the profiled pair, baseline above candidate on one time axis: per-rank
+  device-busy lanes, the all-rank no-device-task time shaded across every lane, release
+  markers (normal, forced), phases, and a zoomed panel around each arm's first normal release;
+* `memory_figure`: per rank, reserved and allocated bytes at each policy call with a snapshot
+  against the 25 % / 5 % bounds;
+* `e2e_slopegraph`: client E2E per pair, profiled and unprofiled panels on one axis from zero,
+  pairs numbered once, and the paired deltas with their median;
+* `whatif_heatmap` and `neighbour_table`: retention over the two bounds with the run's own
+  setting outlined, and a small table of that setting and its neighbours.
+
+Every title names the device kind (the emulated NPU as "emulated NPU — not an NPU
+measurement") and n. Numbers on figures have 4 significant digits (`residency.humanize`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from residency.banner import device_heading
+from residency.humanize import bytes_text, ms_from_ns, percent, quantity, sig
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from residency.timeline import ArmTimeline
+
+ARMS = ("baseline", "candidate")
+ARM_COLOURS = {"baseline": "tab:blue", "candidate": "tab:orange"}
+BUSY = "#4c72b0"
+IDLE = "#f4a259"
+RELEASE = {"normal": "#c0392b", "forced": "#7d3c98"}
+PHASES = {"prepare": "#d5e8d4", "denoise": "#dae8fc", "decode": "#ffe6cc"}
+GIB = float(1 << 30)
+
+__all__ = ["e2e_slopegraph", "figure_title", "memory_figure", "neighbour_table",
+           "timeline_figure", "whatif_heatmap"]
+
+
+def figure_title(what: str, device_kind: str | None, n: str) -> str:
+    """A figure title: what it shows, then the device heading and n on a second line."""
+    return f"{what}\n{device_heading(device_kind)}; {n}"
+
+
+def _figure(**kwargs: Any) -> Figure:
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(layout="constrained", **kwargs)
+    plt.close(fig)  # displayed by display(fig) or saved, never twice by the inline backend
+    return fig
+
+
+def _sig_axis(ax: Axes, axis: str = "y", digits: int = 4) -> None:
+    from matplotlib.ticker import FuncFormatter
+
+    fmt = FuncFormatter(lambda v, _: sig(v, digits))
+    (ax.yaxis if axis == "y" else ax.xaxis).set_major_formatter(fmt)
+
+
+def _legend(fig: Figure, axes: Sequence[Axes], **kw: Any) -> None:
+    """One figure legend of every labelled artist of `axes`, each label once."""
+    seen: dict[str, Any] = {}
+    for ax in axes:
+        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            seen.setdefault(label, h)
+    if seen:
+        fig.legend(list(seen.values()), list(seen), fontsize=8, **kw)
+
+
+# ----------------------------------------------------------------------------- timeline
+def _bars(ax: Axes, spans: np.ndarray, y: float, h: float, origin_ns: int, scale: float,
+          **kw: Any) -> None:
+    if len(spans):
+        rel = (spans - origin_ns) / scale
+        ax.broken_barh(list(zip(rel[:, 0], rel[:, 1] - rel[:, 0], strict=True)), (y, h), **kw)
+
+
+def _draw_arm(ax: Axes, t: ArmTimeline, *, scale: float, origin_ns: int) -> None:
+    ranks = t.ranks
+    lanes = {r: len(ranks) - 1 - i for i, r in enumerate(ranks)}  # rank 0 on top of ranks
+    top = len(ranks)  # the phases lane
+    _bars(ax, t.idle, -0.5, top + 1.0, origin_ns, scale, facecolor=IDLE, alpha=0.45,
+          edgecolor="none", label="all-rank no-device-task time", zorder=1)
+    for phase, spans in t.phases.items():
+        _bars(ax, spans, top - 0.35, 0.7, origin_ns, scale, facecolor=PHASES[phase],
+              edgecolor="grey", lw=0.5, zorder=2)
+        for s, e in spans:
+            mid = ((s + e) / 2 - origin_ns) / scale
+            ax.text(mid, top, phase, ha="center", va="center", fontsize=8, zorder=3,
+                    clip_on=True)
+    for r in ranks:
+        y = lanes[r]
+        _bars(ax, t.busy[r], y - 0.3, 0.6, origin_ns, scale, facecolor=BUSY, edgecolor="none",
+              label="device busy" if r == ranks[0] else None, zorder=2)
+        for kind, colour in RELEASE.items():
+            spans = t.releases.get(kind, {}).get(r, np.empty((0, 2), np.int64))
+            _bars(ax, spans, y + 0.3, 0.12, origin_ns, scale, facecolor=colour,
+                  edgecolor=colour, lw=0.8, zorder=4)
+            if len(spans):
+                xs = (spans[:, 0] - origin_ns) / scale
+                ax.scatter(xs, np.full(len(xs), y + 0.48), marker="v", s=28, color=colour,
+                           zorder=5, clip_on=True,
+                           label=f"{kind} release" if r == ranks[0] else None)
+    ax.set_yticks([*lanes.values(), top], [*(f"rank {r}" for r in lanes), "phase"])
+    ax.set_ylim(-0.6, top + 0.6)
+
+
+def timeline_figure(baseline: ArmTimeline, candidate: ArmTimeline, *,
+                    zoom_ms: float | None = None) -> Figure:
+    """The profiled pair on one time axis (s from each run's request start): baseline above
+    candidate, one lane per rank of device-busy time, the all-rank no-device-task time shaded
+    across all lanes, normal and forced release markers (bars and triangles), the phases; at
+    the right a zoomed panel of the same width in both arms (`zoom_ms`, default three times the
+    longer first normal release, at least 5 ms) around each arm's first normal release."""
+    fig = _figure(figsize=(15, 7.5))
+    grid = fig.add_gridspec(2, 2, width_ratios=[3.2, 1.3])
+    arms = (baseline, candidate)
+    firsts = [t.first_release("normal") for t in arms]
+    widths = [e - s for s, e in (f for f in firsts if f)]
+    zoom_ns = int(zoom_ms * 1e6) if zoom_ms else max([5_000_000, *(3 * w for w in widths)])
+    full_axes: list[Axes] = []
+    for row, t in enumerate(arms):
+        ax = fig.add_subplot(grid[row, 0], sharex=full_axes[0] if full_axes else None)
+        full_axes.append(ax)
+        _draw_arm(ax, t, scale=1e9, origin_ns=t.origin_ns)
+        end = (t.window_ns[1] - t.origin_ns) / 1e9
+        ax.set_xlim(0, max(end, ax.get_xlim()[1] if row else 0) * 1.01)
+        ax.set_title(f"{t.arm}: all-rank no-device-task time {ms_from_ns(t.idle_ns)}; normal "
+                     f"release ∩ that time {ms_from_ns(t.intersection_ns)}", fontsize=10,
+                     loc="left")
+        ax.grid(axis="x", alpha=0.3)
+        _sig_axis(ax, "x")
+        zax = fig.add_subplot(grid[row, 1])
+        first = firsts[row]
+        if first is None:
+            zax.text(0.5, 0.5, "no normal release recorded", ha="center",
+                     transform=zax.transAxes)
+            zax.set_axis_off()
+            continue
+        start = first[0]
+        _draw_arm(zax, t, scale=1e6, origin_ns=start)
+        zax.set_xlim(-zoom_ns / 3e6, 2 * zoom_ns / 3e6)
+        zax.set_title(f"zoom: first normal release of each rank\n(first start to last end "
+                      f"{ms_from_ns(first[1] - first[0])})", fontsize=9)
+        zax.set_xlabel("ms from the first normal release")
+        zax.grid(axis="x", alpha=0.3)
+        _sig_axis(zax, "x")
+        zax.set_yticklabels([])
+        ax.axvspan((start - zoom_ns / 3 - t.origin_ns) / 1e9,
+                   (start + 2 * zoom_ns / 3 - t.origin_ns) / 1e9, fill=False, ec="black",
+                   lw=0.8, ls="--", zorder=6)
+    full_axes[-1].set_xlabel("s from the request start (each arm's own run)")
+    _legend(fig, full_axes, loc="outside lower center", ncol=4)
+    ranks = max(len(t.ranks) for t in arms)
+    fig.suptitle(figure_title("Timeline of the profiled pair: where the normal release sits",
+                              baseline.device_kind,
+                              f"n = 1 profiled run per arm, {ranks} ranks; dashed box: the "
+                              "zoomed span"))
+    return fig
+
+
+# ----------------------------------------------------------------------------- memory
+def memory_figure(decisions: pd.DataFrame, *, device_kind: str,
+                  max_cached_fraction: float = 0.25, min_free_fraction: float = 0.05,
+                  scope: str = "measured requests") -> Figure:
+    """Per rank (columns) and arm (rows, arms with at least one call): reserved and
+    allocated bytes at each policy call in call order, against the bounds: the reserved
+    ceiling ``allocated + int(total * max_cached_fraction)`` and the free floor
+    ``int(total * min_free_fraction)`` beside the free bytes. Calls without a snapshot
+    (forced calls read no telemetry; a failed read sees none) are ticks on the axis.
+
+    `decisions`: one row per call with `arm`, `rank`, `kind`, `outcome`, `reserved`,
+    `allocated`, `free`, `total` (NaN without a snapshot) and `start_ns`; optional `run`
+    (rows are ordered by run then `start_ns`)."""
+    d = decisions.copy()
+    if "run" not in d:
+        d["run"] = ""
+    arms = [a for a in ARMS if (d["arm"] == a).any()] or sorted(d["arm"].unique())
+    ranks = sorted(int(r) for r in d["rank"].unique()) or [0]
+    fig = _figure(figsize=(6.2 * len(ranks), 3.6 * max(1, len(arms))))
+    axes = fig.subplots(max(1, len(arms)), len(ranks), squeeze=False)
+    totals = d["total"].astype(float)
+    ymax = (float(totals.max()) if totals.notna().any() else float(
+        d[["reserved", "free"]].astype(float).max().max() if len(d) else GIB)) / GIB
+    ymax = ymax if np.isfinite(ymax) and ymax > 0 else 1.0
+    snaps = 0
+    for i, arm in enumerate(arms):
+        for j, rank in enumerate(ranks):
+            ax = axes[i][j]
+            mine = d[(d["arm"] == arm) & (d["rank"] == rank)].sort_values(["run", "start_ns"])
+            x = np.arange(1, len(mine) + 1)
+            has = mine["total"].notna().to_numpy()
+            snaps += int(has.sum())
+            if has.any():
+                m = mine[has]
+                xs = x[has]
+                total = m["total"].astype(float).to_numpy()
+                alloc = m["allocated"].astype(float).to_numpy()
+                ceiling = alloc + np.floor(total * max_cached_fraction)
+                ax.plot(xs, m["reserved"].astype(float) / GIB, "-", color="tab:blue",
+                        label="reserved")
+                ax.plot(xs, alloc / GIB, "--", color="tab:green", label="allocated")
+                ax.plot(xs, ceiling / GIB, ":", color="red", lw=1.5,
+                        label=f"reserved ceiling: allocated + {percent(max_cached_fraction)} "
+                        "of total")
+                ax.plot(xs, m["free"].astype(float) / GIB, "-", color="tab:gray", lw=1,
+                        label="free")
+                ax.plot(xs, np.floor(total * min_free_fraction) / GIB, ":", color="black",
+                        lw=1.2, label=f"free floor: {percent(min_free_fraction)} of total")
+                for outcome, marker in (("retained", "o"), ("released", "x")):
+                    sel = (m["outcome"] == outcome).to_numpy()
+                    if sel.any():
+                        ax.scatter(xs[sel], m["reserved"].astype(float).to_numpy()[sel] / GIB,
+                                   marker=marker, s=40, color="tab:blue", zorder=4,
+                                   label=f"normal call {outcome}")
+                ax.set_title(f"{arm}, rank {rank}: total {bytes_text(total.max())}",
+                             fontsize=10)
+            else:
+                ax.set_title(f"{arm}, rank {rank}", fontsize=10)
+                ax.text(0.5, 0.55, "no snapshot recorded", ha="center",
+                        transform=ax.transAxes)
+            if (~has).any():
+                kinds = mine.loc[~has, "kind"].astype(str).to_numpy()
+                for kind, colour in RELEASE.items():
+                    sel = kinds == kind
+                    if sel.any():
+                        ax.plot(x[~has][sel], np.zeros(int(sel.sum())), "|", ms=14,
+                                color=colour, label=f"{kind} call, no snapshot")
+            runs = mine["run"].astype(str).to_numpy()
+            for k in np.flatnonzero(runs[1:] != runs[:-1]):
+                ax.axvline(x[k] + 0.5, color="grey", lw=0.6, ls="--")
+            ax.set_xlabel("policy call (in order; dashed: next service run)")
+            if j == 0:
+                ax.set_ylabel("GiB")
+            ax.set_ylim(-0.03 * ymax, ymax * 1.05)
+            ax.grid(alpha=0.3)
+            _sig_axis(ax)
+    _legend(fig, [ax for row in axes for ax in row], loc="outside right center")
+    fig.suptitle(figure_title(
+        "Memory at each policy call against the bounds (retain while reserved <= ceiling "
+        "and free >= floor)", device_kind,
+        f"n = {snaps} calls with a snapshot, {len(ranks)} ranks; {scope}"))
+    return fig
+
+
+# ----------------------------------------------------------------------------- E2E
+def _pairs(lists: Mapping[str, Sequence[float]]) -> list[tuple[float, float]]:
+    b, c = list(lists.get("baseline") or []), list(lists.get("candidate") or [])
+    return [(float(x), float(y)) for x, y in zip(b, c, strict=False)]
+
+
+def e2e_slopegraph(profiled: Mapping[str, Sequence[float]],
+                   unprofiled: Mapping[str, Sequence[float]], *, device_kind: str,
+                   unit: str = "s") -> Figure:
+    """Client E2E per pair as a slopegraph (a line from baseline to candidate per pair):
+    profiled and unprofiled pairs in separate panels on one axis starting at zero, pairs
+    numbered once across both (profiled first), and a third panel of the paired deltas
+    (candidate − baseline) with each panel's median delta marked. Inputs: arm -> values
+    (pair i is the i-th value of each arm)."""
+    groups = {"profiled": _pairs(profiled), "unprofiled": _pairs(unprofiled)}
+    fig = _figure(figsize=(13, 4.6))
+    axes = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1, 1.4, 1.2]})
+    top = max([v for ps in groups.values() for p in ps for v in p] or [1.0])
+    number = 0
+    deltas: dict[str, list[tuple[int, float]]] = {}
+    for ax, (name, pairs) in zip(axes[:2], groups.items(), strict=True):
+        deltas[name] = []
+        for b, c in pairs:
+            number += 1
+            ax.plot([0, 1], [b, c], "-o", color="tab:gray", lw=1.2, ms=5)
+            ax.text(1.06, c, f"{number}", va="center", fontsize=8)
+            deltas[name].append((number, c - b))
+        ax.set_xticks([0, 1], list(ARMS))
+        ax.set_xlim(-0.25, 1.3)
+        ax.set_ylim(0, top * 1.08)
+        ax.set_ylabel(f"client E2E ({unit}), axis from 0")
+        ax.grid(axis="y", alpha=0.3)
+        _sig_axis(ax)
+        ax.set_title(f"{name} pairs (n = {len(pairs)})", fontsize=10)
+        if not pairs:
+            ax.text(0.5, 0.5, "none in this run", ha="center", transform=ax.transAxes)
+    dax = axes[2]
+    dax.axhline(0, color="black", lw=0.8)
+    for k, items in enumerate(deltas.values()):
+        if not items:
+            continue
+        vals = [v for _, v in items]
+        xs = np.full(len(vals), k, float)
+        dax.scatter(xs, vals, color="tab:gray", zorder=3)
+        for (n, v), x in zip(items, xs, strict=True):
+            dax.text(x + 0.08, v, f"{n}", va="center", fontsize=8)
+        med = float(np.median(vals))
+        dax.hlines(med, k - 0.25, k + 0.25, color="red", lw=2.5, zorder=4,
+                   label="median paired delta" if k == 0 or not deltas["profiled"] else None)
+        dax.text(k + 0.28, med, f"median {quantity(med, unit)}", color="red", fontsize=8,
+                 va="center", ha="left")
+    dax.set_xticks([0, 1], ["profiled", "unprofiled"])
+    dax.set_xlim(-0.5, 2.1)
+    dax.set_ylabel(f"candidate − baseline ({unit})")
+    dax.set_title("paired deltas (below 0: candidate faster)", fontsize=10)
+    dax.grid(axis="y", alpha=0.3)
+    _sig_axis(dax)
+    if any(deltas.values()):
+        dax.legend(fontsize=8, loc="best")
+    n_all = sum(len(p) for p in groups.values())
+    fig.suptitle(figure_title("Client end-to-end time per pair (profiled and unprofiled never "
+                              "pooled)", device_kind, f"n = {n_all} pairs, numbered once"))
+    return fig
+
+
+# ----------------------------------------------------------------------------- what-if
+def _rate(frame: pd.DataFrame, calls: str, retained: str) -> pd.Series:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return frame[retained].astype(float) / frame[calls].astype(float)
+
+
+def whatif_heatmap(totals: pd.DataFrame, *, own: tuple[float, float] | None,
+                   device_kind: str, policy: str = "bounded", calls: str = "measured_calls",
+                   retained: str = "measured_retained",
+                   scope: str = "measured requests") -> Figure:
+    """Retention rate (`retained` / `calls`) over the two bounds, one cell per setting of
+    `totals` (one row per `max_cached_fraction` x `min_free_fraction`), the run's `own`
+    setting (cached, free) outlined; the scope of the counted calls in the title."""
+    from matplotlib.patches import Rectangle
+
+    t = totals.assign(rate=_rate(totals, calls, retained))
+    heat = t.pivot_table(index="max_cached_fraction", columns="min_free_fraction",
+                         values="rate", aggfunc="first").sort_index(ascending=False)
+    fig = _figure(figsize=(9.5, 5.6))
+    ax = fig.subplots()
+    img = ax.imshow(heat.to_numpy(), vmin=0, vmax=1, cmap="viridis", aspect="auto",
+                    interpolation="nearest")
+    cbar = fig.colorbar(img, ax=ax)
+    cbar.set_label(f"retention rate (retained / normal calls, {scope})")
+    cols, rows = list(heat.columns), list(heat.index)
+    step_c = max(1, len(cols) // 10)
+    step_r = max(1, len(rows) // 10)
+    ax.set_xticks(range(0, len(cols), step_c), [sig(c) for c in cols[::step_c]])
+    ax.set_yticks(range(0, len(rows), step_r), [sig(r) for r in rows[::step_r]])
+    ax.set_xlabel("min free fraction (free floor, fraction of total)")
+    ax.set_ylabel("max cached fraction (cached bound, fraction of total)")
+    if own is not None:
+        oc, of = own
+        ri = int(np.argmin(np.abs(np.asarray(rows, float) - oc)))
+        ci = int(np.argmin(np.abs(np.asarray(cols, float) - of)))
+        if np.isclose(rows[ri], oc) and np.isclose(cols[ci], of):
+            ax.add_patch(Rectangle((ci - 0.5, ri - 0.5), 1, 1, fill=False, edgecolor="red",
+                                   lw=2.5))
+            ax.annotate(f"run's own bounds ({sig(oc)}, {sig(of)}): "
+                        f"{percent(heat.iloc[ri, ci])} retained", (ci + 0.5, ri),
+                        xytext=(10, -4), textcoords="offset points", color="red",
+                        fontsize=9, fontweight="bold", va="top",
+                        bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "none"})
+    n = int(t[calls].iloc[0]) if len(t) else 0
+    fig.suptitle(figure_title(f"What-if: {policy} policy replayed on the recorded snapshots "
+                              "(red outline: the run's own bounds)", device_kind,
+                              f"n = {n} normal calls ({scope})"), fontsize=11)
+    return fig
+
+
+def neighbour_table(totals: pd.DataFrame, own: tuple[float, float], *, radius: int = 1,
+                    calls: str = "measured_calls",
+                    retained: str = "measured_retained") -> pd.DataFrame:
+    """The run's own setting and its neighbours on the grid (`radius` steps along each
+    bound): max cached fraction, min free fraction, retained of calls and the retention rate
+    (a fraction), with `own` marking the run's setting; at most (2 * radius + 1)^2 rows."""
+    cs = np.sort(totals["max_cached_fraction"].unique())
+    fs = np.sort(totals["min_free_fraction"].unique())
+    ci = int(np.argmin(np.abs(cs - own[0])))
+    fi = int(np.argmin(np.abs(fs - own[1])))
+    keep_c = cs[max(0, ci - radius): ci + radius + 1]
+    keep_f = fs[max(0, fi - radius): fi + radius + 1]
+    sel = totals[totals["max_cached_fraction"].isin(keep_c)
+                 & totals["min_free_fraction"].isin(keep_f)]
+    out = pd.DataFrame({
+        "max cached fraction": sel["max_cached_fraction"].to_numpy(),
+        "min free fraction": sel["min_free_fraction"].to_numpy(),
+        "retained / calls": [f"{int(r)}/{int(c)}" for r, c in
+                             zip(sel[retained], sel[calls], strict=True)],
+        "retention rate": _rate(sel, calls, retained).to_numpy(),
+        "own setting": ["yes" if (np.isclose(c, cs[ci]) and np.isclose(f, fs[fi])) else ""
+                        for c, f in zip(sel["max_cached_fraction"], sel["min_free_fraction"],
+                                        strict=True)],
+    }).sort_values(["max cached fraction", "min free fraction"], ignore_index=True)
+    out.attrs.update(totals.attrs)
+    return out
