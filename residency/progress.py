@@ -176,8 +176,8 @@ class RunProgress:
         if done < total:
             arm, _ = self.order[done]
             rid = _last_request(self.run_dir, done, arm)
-            req = ("starting the service" if rid is None else
-                   f"warm-up request {rid}" if rid.startswith("warmup") else f"measured request {rid}")
+            req = ("starting the service" if rid is None else f"warm-up request {rid}"
+                   if rid.startswith("warmup") else f"measured request {rid}")
             now_text = f"run {done + 1}/{total}: {arm}, {self.labels[done]}, {req}"
         else:
             now_text = "all runs done"
