@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import glob
 import json
 import os
@@ -242,15 +243,25 @@ class _Cdp:
         self._next = 0
 
         def wire() -> None:  # in the child, before exec: the pipes become fds 3 and 4
-            os.dup2(to_chrome_r, 3)
-            os.dup2(from_chrome_w, 4)
+            high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (to_chrome_r, from_chrome_w)]
+            os.dup2(high[0], 3)  # dup2 onto another number: inheritable across exec
+            os.dup2(high[1], 4)
 
         cmd = [exe, *CHROMIUM_FLAGS, "--remote-debugging-pipe", f"--user-data-dir={profile}",
                "about:blank"]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, preexec_fn=wire, pass_fds=(3, 4))
-        os.close(to_chrome_r)
-        os.close(from_chrome_w)
+        try:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                         preexec_fn=wire, pass_fds=(3, 4))
+        except OSError as exc:
+            for fd in (self._to_chrome, self._from_chrome):
+                os.close(fd)
+            raise ReportError(f"Chromium {exe} cannot be started: {exc.strerror or exc}"
+                              ) from None
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(to_chrome_r)
+                os.close(from_chrome_w)
 
     def _fail(self, why: str) -> ReportError:
         return ReportError(f"Chromium {why}")
@@ -278,7 +289,11 @@ class _Cdp:
         msg: dict[str, Any] = {"id": self._next, "method": method, "params": params or {}}
         if session:
             msg["sessionId"] = session
-        os.write(self._to_chrome, json.dumps(msg).encode() + b"\0")
+        try:
+            os.write(self._to_chrome, json.dumps(msg).encode() + b"\0")
+        except OSError as exc:
+            raise self._fail(f"closed the DevTools pipe (exit {self.proc.poll()}: "
+                             f"{exc.strerror})") from None
         while True:
             reply = self._read_message()
             if reply.get("method") == "Page.loadEventFired":

@@ -1,0 +1,394 @@
+"""Reports a reviewer accepts at a glance (issue 15): numbers for people (`humanize`), the
+banner (`banner`), full-page screenshots and the index (`reports`), the new figures
+(`report_figures`, `timeline`) and terminal progress (`progress`)."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pandas as pd
+import pytest
+
+from residency import banner, humanize, reports
+from residency.progress import RunProgress, clock_text, pair_labels
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDED = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
+LABEL = "emulated NPU — not an NPU measurement"
+NUMBER = re.compile(r"(?<![\w.])-?(\d+(?:\.\d+)?)(?![\w.]*\d)")
+
+
+# ----------------------------------------------------------------------------- checkers
+class VisibleText(HTMLParser):
+    """The text a reader sees, in order (no head, script, style or template)."""
+
+    HIDDEN = {"head", "script", "style", "template", "title"}
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.hidden = 0
+        self.texts: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        self.hidden += tag in self.HIDDEN
+
+    def handle_endtag(self, tag: str) -> None:
+        self.hidden -= tag in self.HIDDEN and self.hidden > 0
+
+    def handle_data(self, data: str) -> None:
+        if not self.hidden and data.strip():
+            self.texts.append(data.strip())
+
+
+def visible_text(html: str) -> list[str]:
+    parser = VisibleText()
+    parser.feed(html)
+    return parser.texts
+
+
+def significant_digits(token: str) -> int:
+    digits = token.lstrip("-").replace(".", "").lstrip("0")
+    if "." not in token:
+        digits = digits.rstrip("0")
+    return len(digits)
+
+
+def too_precise(text: str, limit: int = 6) -> list[str]:
+    """Numbers in `text` with more than `limit` significant digits (identifiers such as
+    hashes, timestamps glued to letters, and dates are not numbers here)."""
+    return [m.group(1) for m in NUMBER.finditer(text) if significant_digits(m.group(1)) > limit]
+
+
+def test_checkers_find_what_they_should() -> None:
+    assert too_precise("61.428477-163.008423 ms and 1.734383532999999") == [
+        "61.428477", "163.008423", "1.734383532999999"]
+    assert too_precise("221.3 ms, 16/16, commit 373b24198740, 20261201T013304Z, 2048") == []
+    assert visible_text("<html><head><title>x 1</title><style>p{}</style></head><body>"
+                        "<script>1</script><p> first </p><p>second</p></body></html>") == [
+        "first", "second"]
+
+
+# ----------------------------------------------------------------------------- humanize
+@dataclass(frozen=True)
+class Sig:
+    value: object
+    text: str
+
+
+@pytest.mark.parametrize("case", [
+    Sig(1.734383532999999, "1.734"), Sig(2248.795837, "2249"), Sig(221.29668, "221.3"),
+    Sig(3.16455, "3.165"), Sig(0.000123456, "0.0001235"), Sig(0.0000123456, "1.235e-05"),
+    Sig(0.00123456, "0.001235"),
+    Sig(1.5, "1.5"), Sig(100.0, "100"), Sig(-4.31287, "-4.313"), Sig(0.0, "0"),
+    Sig(22487.9, "22488"), Sig(12_345_678.0, "1.235e+07"), Sig(None, "—"),
+    Sig(float("nan"), "—"), Sig(np.float32(0.1), "0.1"), Sig(-0.00001, "-1.000e-05"),
+], ids=lambda c: repr(c.value))
+def test_sig_gives_four_significant_digits(case: Sig) -> None:
+    assert humanize.sig(case.value) == case.text
+    assert not too_precise(humanize.sig(case.value))
+
+
+def test_units_ranges_bytes_and_headers() -> None:
+    assert humanize.ms_from_ns(61428477) == "61.43 ms"
+    assert humanize.span_text(216.822, 251.161, "ms") == "216.8–251.2 ms"
+    assert humanize.span_text(1.3341, 1.3344, "ms") == "1.334 ms"
+    assert humanize.bytes_text(805306368) == "768 MiB"
+    assert humanize.bytes_text(1887440896) == "1.758 GiB"
+    assert humanize.bytes_text(0) == "0 B"
+    assert humanize.percent(0.25) == "25 %"
+    assert humanize.header("normal_checks") == "normal checks"
+    assert humanize.header("e2e_s") == "E2E (s)"
+    assert humanize.header("duration_ms") == "duration (ms)"
+    assert humanize.header("baseline (ms)") == "baseline (ms)"
+
+
+def test_for_people_drops_the_index_and_raw_containers() -> None:
+    df = pd.DataFrame({"normal_checks": [1, 2], "e2e_s": [1.734383532999999, np.nan],
+                       "snapshot": [{"reserved": 0, "allocated": 0}, None],
+                       "runs": [["00-baseline", "01-candidate"], []]},
+                      index=pd.Index([0, 1], name="rank"))
+    out = humanize.for_people(df)
+    assert list(out.columns) == ["rank", "normal checks", "E2E (s)", "snapshot", "runs"]
+    assert out.iloc[0].tolist() == ["0", "1", "1.734", "reserved 0, allocated 0",
+                                    "00-baseline, 01-candidate"]
+    assert out.iloc[1].tolist() == ["1", "2", "—", "—", "—"]
+    html = humanize.html_table(df)
+    assert "<th" in html and "{" not in html and "[" not in html
+    assert "1.734383532999999" not in humanize.markdown_table(df)
+    plain = humanize.for_people(pd.DataFrame({"a_ms": [1.0]}))  # unnamed range index: dropped
+    assert list(plain.columns) == ["a (ms)"]
+
+
+# ----------------------------------------------------------------------------- banner
+def _manifest() -> dict:
+    return json.loads((RECORDED / "manifest.json").read_text())
+
+
+def test_banner_says_the_device_kind_before_any_number() -> None:
+    m = _manifest()
+    html = banner.banner_html(m)
+    texts = visible_text(html)
+    assert texts[0] == f"emulated-npu: {LABEL}"
+    assert not re.search(r"\d", texts[0])
+    prov = " ".join(texts[1:])
+    for part in (m["versions"]["git_commit"][:12], m["versions"]["torch"], m["host"],
+                 m["started_at"], m["ended_at"], "(4 min 11 s)"):
+        assert part in prov
+    assert banner.banner_line(m).startswith(f"emulated-npu: {LABEL} · paired-profile")
+    md = banner.banner_markdown(m)
+    assert md.splitlines()[0] == f"**emulated-npu: {LABEL}**"
+    npu = banner.banner_html({**m, "device_kind": "npu"})
+    assert visible_text(npu)[0] == "npu: Ascend NPU measurement" and LABEL not in npu
+
+
+def test_banner_tolerates_a_sparse_manifest() -> None:
+    lines = banner.provenance_lines({"device_kind": "cuda"})
+    assert lines == ["commit not recorded, residency none, torch none",
+                     "host not recorded, start not recorded to end not recorded"]
+
+
+# ----------------------------------------------------------------------------- reports
+def _banner_notebook(path: Path, manifest: dict) -> Path:
+    out = nbformat.v4.new_output(
+        "display_data", data={"text/html": banner.banner_html(manifest),
+                              "text/plain": banner.banner_line(manifest)},
+        metadata={banner.BANNER_METADATA: True})
+    book = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# Paired profile 12.3456789"),
+        nbformat.v4.new_code_cell("params()", execution_count=1, outputs=[
+            nbformat.v4.new_output("stream", name="stdout", text="checked\n"), out]),
+    ])
+    nbformat.write(book, path)
+    return path
+
+
+def test_rendered_report_starts_with_the_banner(tmp_path: Path) -> None:
+    src = _banner_notebook(tmp_path / "paired_profile.ipynb", _manifest())
+    html = reports.render_html(src, tmp_path / "out").read_text()
+    texts = visible_text(html)
+    assert texts[0] == f"emulated-npu: {LABEL}", texts[:3]
+    assert texts.index("Paired profile 12.3456789") > 0
+    assert html.count(f"emulated-npu: {LABEL}") == 1  # moved, not copied
+
+
+def test_index_lists_every_report_with_its_banner(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture) -> None:
+    from residency.cli import main
+
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    _banner_notebook(nbs / "paired_profile.ipynb", _manifest())
+    _banner_notebook(nbs / "npu_run.ipynb", {**_manifest(), "device_kind": "npu"})
+    plain = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "1", execution_count=1, outputs=[nbformat.v4.new_output("stream", name="stdout",
+                                                                text="1\n")])])
+    nbformat.write(plain, nbs / "other.ipynb")
+    assert main(["report", str(nbs), "--out", str(tmp_path / "out")]) == 0
+    index = tmp_path / "out" / "index.html"
+    assert capsys.readouterr().out.splitlines()[-1] == str(index.resolve())
+    text = index.read_text()
+    for name in ("paired_profile.html", "npu_run.html", "other.html"):
+        assert f'href="{name}"' in text
+    assert f"emulated-npu: {LABEL}" in text and "npu: Ascend NPU measurement" in text
+    assert "no banner: not a residency report" in text
+    assert reports.banner_of(tmp_path / "out" / "npu_run.html")[0] == \
+        "npu: Ascend NPU measurement"
+
+
+def test_index_of_an_empty_folder_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(reports.ReportError, match="holds no rendered report"):
+        reports.write_index(tmp_path)
+
+
+needs_chromium = pytest.mark.skipif(reports.find_chromium() is None,
+                                    reason="no Chromium (apt-get install chromium)")
+
+
+@needs_chromium
+def test_screenshot_covers_the_whole_page(tmp_path: Path) -> None:
+    page = tmp_path / "tall.html"
+    page.write_text('<html><body style="margin:0"><div style="height:5321px;'
+                    'background:linear-gradient(red,blue)">top</div></body></html>')
+    shot = reports.capture(page, tmp_path / "tall.png")
+    assert shot.page_height_px == 5321
+    assert [reports.png_size(p) for p in shot.paths] == [(1280, 5321)]  # not the old 2400
+    sliced = reports.capture(page, tmp_path / "sliced.png", max_height_px=2000)
+    assert [p.name for p in sliced.paths] == ["sliced.png", "sliced-2.png", "sliced-3.png"]
+    assert [reports.png_size(p)[1] for p in sliced.paths] == [2000, 2000, 1321]
+    again = reports.capture(page, tmp_path / "sliced.png")  # old slices are removed
+    assert not (tmp_path / "sliced-2.png").exists() and len(again.paths) == 1
+
+
+def test_screenshot_without_chromium_is_one_error(tmp_path: Path) -> None:
+    page = tmp_path / "p.html"
+    page.write_text("<p>x</p>")
+    with pytest.raises(reports.ReportError, match="Chromium"):
+        reports.capture(page, tmp_path / "p.png", chromium="/bin/false", timeout_s=20)
+
+
+# ----------------------------------------------------------------------------- figures
+@pytest.fixture(scope="module")
+def timelines() -> tuple:
+    from residency.timeline import arm_timeline
+    from residency.traces import load_traces
+
+    return tuple(arm_timeline(load_traces(RECORDED / "runs" / d / "trace", cache=False),
+                              arm=a, device_kind="emulated-npu")
+                 for d, a in (("00-baseline", "baseline"), ("01-candidate", "candidate")))
+
+
+def test_timeline_data_agrees_with_the_idle_analysis(timelines: tuple) -> None:
+    from residency.idle import idle_summary
+    from residency.traces import load_traces
+
+    for t, d in zip(timelines, ("00-baseline", "01-candidate"), strict=True):
+        s = idle_summary(load_traces(RECORDED / "runs" / d / "trace", cache=False),
+                         marker=r"residency\.release\[normal\]")
+        assert (t.idle_ns, t.intersection_ns) == (s.all_rank_idle_ns,
+                                                  s.marker_idle_intersection_ns)
+        assert t.window_ns == s.window_ns and t.ranks == (0, 1)
+        assert set(t.phases) == {"prepare", "denoise", "decode"}
+        assert all(len(t.releases["forced"][r]) == 2 for r in t.ranks)
+        first = t.first_release()
+        assert first is not None and first[0] < first[1]
+
+
+def test_timeline_figure(timelines: tuple) -> None:
+    from residency.report_figures import timeline_figure
+
+    fig = timeline_figure(*timelines)
+    titles = [ax.get_title(loc="left") or ax.get_title() for ax in fig.axes]
+    assert titles[0].startswith("baseline: all-rank no-device-task time 355.7 ms; normal "
+                                "release ∩ that time 63.74 ms")
+    assert titles[2].startswith("candidate: all-rank no-device-task time 284.9 ms")
+    assert "zoom: first normal release" in titles[1]
+    assert LABEL in fig._suptitle.get_text()
+    assert fig.axes[0].get_xlim() == fig.axes[2].get_xlim()  # one time axis
+    assert fig.axes[1].get_xlim() == pytest.approx(fig.axes[3].get_xlim())  # same zoom width
+    labels = {t.get_text() for t in fig.legends[0].get_texts()}
+    assert labels == {"all-rank no-device-task time", "device busy", "normal release",
+                      "forced release"}
+
+
+def test_memory_figure_from_recorded_decisions() -> None:
+    from residency.report_figures import memory_figure
+    from residency.rundir import load_run
+
+    run = load_run(RECORDED)
+    dec = pd.concat([run.decisions(e).assign(run=e.name) for e in run.runs], ignore_index=True)
+    fig = memory_figure(dec, device_kind=run.device_kind)
+    assert "n = 8 calls with a snapshot, 2 ranks; measured requests" in fig._suptitle.get_text()
+    assert [ax.get_title() for ax in fig.axes] == [
+        "baseline, rank 0", "baseline, rank 1", "candidate, rank 0: total 4 GiB",
+        "candidate, rank 1: total 4 GiB"]
+    labels = {t.get_text() for t in fig.legends[0].get_texts()}
+    assert {"reserved", "allocated", "reserved ceiling: allocated + 25 % of total",
+            "free floor: 5 % of total", "normal call retained"} <= labels
+
+
+def test_e2e_slopegraph_shares_a_zero_based_axis_and_numbers_pairs_once() -> None:
+    from residency.report_figures import e2e_slopegraph
+
+    fig = e2e_slopegraph({"baseline": [5.05], "candidate": [5.45]},
+                         {"baseline": [4.9, 3.5, 7.2], "candidate": [4.6, 3.4, 4.5]},
+                         device_kind="emulated-npu")
+    prof, unprof, deltas = fig.axes
+    assert prof.get_ylim() == unprof.get_ylim() and prof.get_ylim()[0] == 0
+    numbers = [t.get_text() for ax in (prof, unprof) for t in ax.texts]
+    assert numbers == ["1", "2", "3", "4"]
+    medians = [t.get_text() for t in deltas.texts if t.get_text().startswith("median")]
+    assert medians == ["median 0.4 s", "median -0.3 s"]
+    assert "n = 4 pairs, numbered once" in fig._suptitle.get_text()
+
+
+def test_whatif_heatmap_and_neighbours() -> None:
+    from residency import whatif
+    from residency.report_figures import neighbour_table, whatif_heatmap
+
+    totals = whatif.totals(whatif.replay_run(RECORDED))
+    own = tuple(totals.attrs["own_settings"][0])
+    fig = whatif_heatmap(totals, own=own, device_kind="emulated-npu")
+    assert "n = 8 normal calls (measured requests)" in fig._suptitle.get_text()
+    assert any("run's own bounds (0.25, 0.05): 100 % retained" in t.get_text()
+               for t in fig.axes[0].texts)
+    table = neighbour_table(totals, own)
+    assert len(table) == 9 and table["own setting"].tolist().count("yes") == 1
+    row = table[table["own setting"] == "yes"].iloc[0]
+    assert (row["max cached fraction"], row["min free fraction"]) == pytest.approx(own)
+    assert row["retained / calls"] == "8/8"
+    corner = neighbour_table(totals, (0.05, 0.01))
+    assert len(corner) == 4  # at the grid's corner only the existing neighbours
+
+
+# ----------------------------------------------------------------------------- progress
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_lines_say_what_runs_and_the_time_left(tmp_path: Path) -> None:
+    from residency.experiments import plan
+
+    clock, lines = FakeClock(), []
+    order = plan("paired-profile", 2)
+    p = RunProgress(order, design="paired-profile", device_kind="emulated-npu",
+                    run_dir=tmp_path, interval_s=0, bar=False, write=lines.append, clock=clock)
+    bar = p(total=len(order), desc="paired-profile (emulated-npu)")
+    assert lines[-1] == ("paired-profile (emulated-npu): run 1/6: baseline, profiled pair, "
+                         "starting the service; 0/6 runs done; 0 s elapsed, time left: "
+                         "estimated once the first run ends")
+    run = tmp_path / "runs" / "00-baseline"
+    run.mkdir(parents=True)
+    (run / "decisions-rank0.jsonl").write_text(json.dumps({"request_id": "warmup-0001"})
+                                               + "\n" + '{"request_id": "r0002"}\n')
+    clock.now += 60
+    assert p.line().endswith("profiled pair, measured request r0002; 0/6 runs done; "
+                             "1 min 00 s elapsed, time left: estimated once the first run ends")
+    bar.set_postfix_str("baseline #0")
+    bar.update(1)
+    assert lines[-1].startswith("paired-profile (emulated-npu): run 2/6: candidate, profiled "
+                                "pair, starting the service; 1/6 runs done; 1 min 00 s elapsed,"
+                                " about 5 min 00 s left")
+    clock.now += 30
+    assert p.line().endswith("about 4 min 30 s left")
+    for _ in range(5):
+        bar.update(1)
+    assert "all runs done; 6/6 runs done" in lines[-1]
+    bar.close()
+    assert lines[-1] == "paired-profile: finished: 6/6 runs in 1 min 30 s"
+
+
+def test_progress_ticks_between_runs() -> None:
+    lines: list[str] = []
+    seen = threading.Event()
+
+    def write(line: str) -> None:
+        lines.append(line)
+        if len(lines) >= 3:
+            seen.set()
+
+    p = RunProgress([("candidate", False)], design="consecutive", interval_s=0.05, bar=False,
+                    write=write)
+    p(total=1, desc="x")
+    assert seen.wait(10), lines
+    p.close()
+    assert all("run 1/1: candidate, request series" in line for line in lines[:3])
+
+
+def test_pair_labels_and_clock_text() -> None:
+    from residency.experiments import plan
+
+    assert pair_labels(plan("paired-profile", 2), "paired-profile") == [
+        "profiled pair", "profiled pair", "unprofiled pair 1 of 2", "unprofiled pair 1 of 2",
+        "unprofiled pair 2 of 2", "unprofiled pair 2 of 2"]
+    assert [clock_text(s) for s in (4.4, 65, 3725)] == ["4 s", "1 min 05 s", "1 h 02 min"]
