@@ -392,3 +392,61 @@ def test_pair_labels_and_clock_text() -> None:
         "profiled pair", "profiled pair", "unprofiled pair 1 of 2", "unprofiled pair 1 of 2",
         "unprofiled pair 2 of 2", "unprofiled pair 2 of 2"]
     assert [clock_text(s) for s in (4.4, 65, 3725)] == ["4 s", "1 min 05 s", "1 h 02 min"]
+
+
+@pytest.mark.slow
+def test_progress_reaches_the_terminal_papermill_runs_in(tmp_path: Path) -> None:
+    """papermill started on a terminal (a pty): lines written by `RunProgress` inside the
+    kernel appear on that terminal while the cell runs, not only in the notebook."""
+    import os
+    import pty
+    import select
+    import subprocess
+    import sys
+    import time
+
+    code = ("import time\n"
+            "from residency.progress import RunProgress\n"
+            "p = RunProgress([('baseline', True), ('candidate', True)], design='demo', "
+            "interval_s=0.3, bar=True)\n"
+            "bar = p(total=2, desc='demo')\n"
+            "for _ in range(2):\n"
+            "    time.sleep(1.0)\n"
+            "    bar.update(1)\n"
+            "bar.close()\n")
+    book = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])
+    book.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                   "language": "python"}
+    nbformat.write(book, tmp_path / "demo.ipynb")
+    main, child = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.Popen([sys.executable, "-m", "papermill", "demo.ipynb", "out.ipynb",
+                             "-k", "python3"], cwd=tmp_path, stdin=child, stdout=child,
+                            stderr=child, env=env, close_fds=True)
+    os.close(child)
+    seen = b""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([main], [], [], 1.0)
+        if ready:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:  # the child side closed
+                break
+            if not chunk:
+                break
+            seen += chunk
+        elif proc.poll() is not None:
+            break
+    proc.wait(timeout=60)
+    os.close(main)
+    text = seen.decode(errors="replace")
+    assert proc.returncode == 0, text[-3000:]
+    assert "residency: demo: run 1/2: baseline, profiled pair" in text
+    assert "residency: demo: run 2/2: candidate, profiled pair, starting the service; 1/2 " \
+        "runs done" in text
+    assert "residency: demo: finished: 2/2 runs in" in text
+    out = nbformat.read(tmp_path / "out.ipynb", as_version=4)
+    in_notebook = "".join(o.get("text", "") for o in out.cells[0].outputs)
+    assert "residency: demo" not in in_notebook  # the terminal's lines stay off the page
