@@ -22,7 +22,7 @@ _STYLE = {  # border colour per device kind: the emulated NPU is never mistaken 
     "emulated-npu": "#b45309", "npu": "#1d4ed8", "cuda": "#15803d"}
 
 __all__ = ["BANNER_CLASS", "BANNER_METADATA", "banner_html", "banner_line", "banner_markdown",
-           "device_heading", "display_banner", "provenance_lines"]
+           "device_heading", "display_banner", "live_manifest", "provenance_lines"]
 
 
 def _emulated_label() -> str:
@@ -118,6 +118,20 @@ def banner_html(manifest: Mapping[str, Any], *, title: str | None = None) -> str
             f"{head}</div>"
             f'<div class="{BANNER_CLASS}-provenance" style="font-size:0.85em;color:#374151">'
             f"{prov}</div></div>")
+
+
+def live_manifest(device_kind: str, *, design: str = "live probe",
+                  started_at: str | None = None) -> dict[str, Any]:
+    """A manifest-shaped dict for a report of something run now rather than a recorded run
+    (the API probe): device kind, this process's versions and git commit, host, start."""
+    import platform
+    from datetime import timezone
+
+    from residency.experiments import versions  # no torch at import
+
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return {"device_kind": device_kind, "design": design, "versions": versions(),
+            "host": platform.node(), "started_at": started_at or now, "ended_at": now}
 
 
 def display_banner(manifest: Mapping[str, Any], *, title: str | None = None) -> None:

@@ -31,8 +31,8 @@ _WORDS = {  # whole-word replacements in headers
 }
 
 __all__ = ["DIGITS", "MISSING", "bytes_text", "cell", "count_text", "for_people", "header",
-           "html_table", "markdown_table", "ms_from_ns", "percent", "quantity", "sig",
-           "span_text"]
+           "html_table", "markdown_table", "ms_from_ns", "percent", "quantity", "round_numbers",
+           "sig", "span_text"]
 
 
 def _is_missing(x: Any) -> bool:
@@ -66,6 +66,22 @@ def sig(x: float | int, digits: int = DIGITS) -> str:
     if "." in text:
         text = text.rstrip("0").rstrip(".")
     return "0" if text in ("-0", "") else text
+
+
+_DECIMAL = re.compile(r"(?<![\w.#^])(-?\d+\.\d+)(?![\w.]*\d)")
+
+
+def round_numbers(text: str, digits: int = DIGITS) -> str:
+    """`text` with every decimal number of more than `digits` significant digits shown with
+    `digits` ("2248.795837 s" -> "2249 s", "216.822-251.161 ms" -> "216.8-251.2 ms");
+    integers and numbers inside identifiers ("00-baseline", "2r50s", "#8129", a hash) are
+    left alone. For text built elsewhere at full precision (notes, published cells)."""
+    def one(m: re.Match[str]) -> str:
+        token = m.group(1)
+        sig_digits = len(token.lstrip("-").replace(".", "").lstrip("0"))
+        return token if sig_digits <= digits else sig(float(token), digits)
+
+    return _DECIMAL.sub(one, str(text))
 
 
 def quantity(x: float | int | None, unit: str, digits: int = DIGITS) -> str:

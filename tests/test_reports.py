@@ -450,3 +450,19 @@ def test_progress_reaches_the_terminal_papermill_runs_in(tmp_path: Path) -> None
     out = nbformat.read(tmp_path / "out.ipynb", as_version=4)
     in_notebook = "".join(o.get("text", "") for o in out.cells[0].outputs)
     assert "residency: demo" not in in_notebook  # the terminal's lines stay off the page
+
+
+def test_round_numbers_in_text_built_elsewhere() -> None:
+    cases = {"2248.795837 s": "2249 s", "216.822-251.161 ms": "216.8-251.2 ms",
+             "61.428477-163.008423 ms (median 112.21845 ms)": "61.43-163 ms (median 112.2 ms)",
+             "run 00-baseline 2r50s #8129, torch 2.10.0+cpu, 1.5 x": None,
+             "p = 2/C(16,8) = 0.000155": None}
+    for text, want in cases.items():
+        assert humanize.round_numbers(text) == (text if want is None else want)
+        assert not too_precise(humanize.round_numbers(text))
+
+
+def test_live_manifest_for_the_probe() -> None:
+    m = banner.live_manifest("emulated-npu")
+    assert m["design"] == "live probe" and m["versions"]["python"]
+    assert visible_text(banner.banner_html(m))[0] == f"emulated-npu: {LABEL}"
