@@ -466,3 +466,25 @@ def test_live_manifest_for_the_probe() -> None:
     m = banner.live_manifest("emulated-npu")
     assert m["design"] == "live probe" and m["versions"]["python"]
     assert visible_text(banner.banner_html(m))[0] == f"emulated-npu: {LABEL}"
+
+
+def test_evidence_side_by_side_aligns_rows_and_labels_columns() -> None:
+    from residency import tables as tb
+    from residency.rundir import load_run
+    from residency.side_by_side import side_by_side
+
+    run = load_run(RECORDED)
+    idle, _ = tb.idle_from_traces(run)
+    table = side_by_side(tb.evidence_table(run, idle=idle), tb.published_table())
+    assert list(table.columns) == [
+        "quantity", f"baseline: this run ({LABEL})", f"candidate: this run ({LABEL})",
+        "baseline: published (Ascend NPU measurement)",
+        "candidate: published (Ascend NPU measurement)", "published scope"]
+    rows = table.set_index("quantity")
+    inter = rows.loc["normal-release markers ∩ all-rank no-device-task time"]
+    assert inter.tolist() == ["63.74 ms", "0.2009 ms", "221.3 ms", "3.165 ms", "isolated pair"]
+    assert rows.loc["telemetry errors, OOM"].tolist()[2:] == ["—", "—", "—"]
+    assert rows.loc["consecutive requests, candidate"].tolist()[:3] == ["—", "—", "—"]
+    assert rows.loc["client E2E, profiled pair"].tolist()[2:4] == ["2249 s", "2244 s"]
+    assert len(table) == 10 and table["quantity"].is_unique
+    assert not too_precise(" ".join(table.astype(str).to_numpy().ravel()))
