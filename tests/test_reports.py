@@ -488,3 +488,54 @@ def test_evidence_side_by_side_aligns_rows_and_labels_columns() -> None:
     assert rows.loc["client E2E, profiled pair"].tolist()[2:4] == ["2249 s", "2244 s"]
     assert len(table) == 10 and table["quantity"].is_unique
     assert not too_precise(" ".join(table.astype(str).to_numpy().ravel()))
+
+
+@pytest.fixture
+def shown(monkeypatch: pytest.MonkeyPatch) -> list:
+    from residency import report_views
+
+    seen: list = []
+    monkeypatch.setattr(report_views, "_display", lambda *objs: seen.extend(objs))
+    return seen
+
+
+def test_views_write_and_show_the_paired_figures(tmp_path: Path, shown: list) -> None:
+    from residency import report_views as rv
+    from residency.rundir import load_run
+
+    run = load_run(RECORDED)
+    pair = (run.runs[0], run.runs[1])
+    assert rv.write_timeline(run, pair, tmp_path) == tmp_path / "timeline.png"
+    assert rv.write_memory(run, tmp_path) == tmp_path / "memory.png"
+    assert rv.write_e2e({"baseline": [1.0], "candidate": [0.9]}, {}, device_kind="cuda",
+                        output_dir=tmp_path) == tmp_path / "e2e.png"
+    assert all(reports.png_size(tmp_path / f"{n}.png")[1] > 300
+               for n in ("timeline", "memory", "e2e"))
+    assert len(shown) == 3
+    assert rv.write_timeline(run, (run.runs[2], run.runs[3]), tmp_path) is None  # no traces
+
+
+def test_views_whatif_small_table_and_full_grid_csv(tmp_path: Path, shown: list) -> None:
+    from residency import report_views as rv
+    from residency import whatif
+
+    grid = whatif.replay_run(RECORDED)
+    totals = whatif.totals(grid)
+    own = tuple(totals.attrs["own_settings"][0])
+    paths = rv.write_whatif(totals, own=own, device_kind="emulated-npu", output_dir=tmp_path,
+                            grid=grid)
+    csv = pd.read_csv(paths["grid"])
+    assert len(csv) == len(grid) == 400 and "measured_retained" in csv.columns
+    html = shown[-1].data
+    assert html.count("<tr>") == 1 + 9 and "100 %" in html and "whatif_grid.csv" in html
+
+
+def test_show_table_caps_the_rows(shown: list) -> None:
+    from residency.report_views import show_table
+
+    show_table(pd.DataFrame({"value_ms": np.arange(50) / 3}), caption="values",
+               full="values.csv")
+    html = shown[-1].data
+    assert html.count("<tr>") == 1 + 40
+    assert "values — first 40 of 50 rows; all rows in `values.csv`" in html
+    assert "value (ms)" in html and "0.3333" in html and "0.333333" not in html
