@@ -75,6 +75,27 @@ def _legend(fig: Figure, axes: Sequence[Axes], **kw: Any) -> None:
 
 
 # ----------------------------------------------------------------------------- timeline
+PIXELS = 2000  # horizontal resolution the spans are simplified to (more than a panel has)
+
+
+def _visible(spans: np.ndarray, lo: int, hi: int, *, min_gap_ns: int, gaps: bool = True
+             ) -> np.ndarray:
+    """`spans` clipped to [lo, hi), as drawn at `min_gap_ns` per pixel: with `gaps`, spans
+    closer than a pixel join (the gap would not show); without, spans shorter than a quarter
+    pixel are left out (they would not show). The figures' numbers come from the analysis,
+    never from what is drawn."""
+    if not len(spans):
+        return spans
+    s = np.clip(spans, lo, hi)
+    s = s[s[:, 1] > s[:, 0]]
+    if not len(s):
+        return s
+    if not gaps:
+        return s[(s[:, 1] - s[:, 0]) * 4 >= min_gap_ns]
+    keep = (s[1:, 0] - s[:-1, 1]) >= min_gap_ns
+    return np.stack([s[np.r_[True, keep], 0], s[np.r_[keep, True], 1]], axis=1)
+
+
 def _bars(ax: Axes, spans: np.ndarray, y: float, h: float, origin_ns: int, scale: float,
           **kw: Any) -> None:
     if len(spans):
@@ -82,12 +103,16 @@ def _bars(ax: Axes, spans: np.ndarray, y: float, h: float, origin_ns: int, scale
         ax.broken_barh(list(zip(rel[:, 0], rel[:, 1] - rel[:, 0], strict=True)), (y, h), **kw)
 
 
-def _draw_arm(ax: Axes, t: ArmTimeline, *, scale: float, origin_ns: int) -> None:
+def _draw_arm(ax: Axes, t: ArmTimeline, *, scale: float, origin_ns: int,
+              span_ns: tuple[int, int]) -> None:
     ranks = t.ranks
     lanes = {r: len(ranks) - 1 - i for i, r in enumerate(ranks)}  # rank 0 on top of ranks
     top = len(ranks)  # the phases lane
-    _bars(ax, t.idle, -0.5, top + 1.0, origin_ns, scale, facecolor=IDLE, alpha=0.45,
-          edgecolor="none", label="all-rank no-device-task time", zorder=1)
+    lo, hi = span_ns
+    pixel = max(1, (hi - lo) // PIXELS)
+    _bars(ax, _visible(t.idle, lo, hi, min_gap_ns=pixel, gaps=False), -0.5, top + 1.0,
+          origin_ns, scale, facecolor=IDLE, alpha=0.45, edgecolor="none",
+          label="all-rank no-device-task time", zorder=1)
     for phase, spans in t.phases.items():
         _bars(ax, spans, top - 0.35, 0.7, origin_ns, scale, facecolor=PHASES[phase],
               edgecolor="grey", lw=0.5, zorder=2)
@@ -97,7 +122,8 @@ def _draw_arm(ax: Axes, t: ArmTimeline, *, scale: float, origin_ns: int) -> None
                     clip_on=True)
     for r in ranks:
         y = lanes[r]
-        _bars(ax, t.busy[r], y - 0.3, 0.6, origin_ns, scale, facecolor=BUSY, edgecolor="none",
+        _bars(ax, _visible(t.busy[r], lo, hi, min_gap_ns=pixel), y - 0.3, 0.6, origin_ns,
+              scale, facecolor=BUSY, edgecolor="none",
               label="device busy" if r == ranks[0] else None, zorder=2)
         for kind, colour in RELEASE.items():
             spans = t.releases.get(kind, {}).get(r, np.empty((0, 2), np.int64))
@@ -129,7 +155,8 @@ def timeline_figure(baseline: ArmTimeline, candidate: ArmTimeline, *,
     for row, t in enumerate(arms):
         ax = fig.add_subplot(grid[row, 0], sharex=full_axes[0] if full_axes else None)
         full_axes.append(ax)
-        _draw_arm(ax, t, scale=1e9, origin_ns=t.origin_ns)
+        _draw_arm(ax, t, scale=1e9, origin_ns=t.origin_ns,
+                  span_ns=(min(t.origin_ns, t.window_ns[0]), t.window_ns[1]))
         end = (t.window_ns[1] - t.origin_ns) / 1e9
         ax.set_xlim(0, max(end, ax.get_xlim()[1] if row else 0) * 1.01)
         ax.set_title(f"{t.arm}: all-rank no-device-task time {ms_from_ns(t.idle_ns)}; normal "
@@ -145,7 +172,8 @@ def timeline_figure(baseline: ArmTimeline, candidate: ArmTimeline, *,
             zax.set_axis_off()
             continue
         start = first[0]
-        _draw_arm(zax, t, scale=1e6, origin_ns=start)
+        _draw_arm(zax, t, scale=1e6, origin_ns=start,
+                  span_ns=(start - zoom_ns // 3, start + 2 * zoom_ns // 3))
         zax.set_xlim(-zoom_ns / 3e6, 2 * zoom_ns / 3e6)
         zax.set_title(f"zoom: first normal release of each rank\n(first start to last end "
                       f"{ms_from_ns(first[1] - first[0])})", fontsize=9)
