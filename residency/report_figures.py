@@ -195,8 +195,14 @@ def timeline_figure(baseline: ArmTimeline, candidate: ArmTimeline, *,
 
 
 # ----------------------------------------------------------------------------- memory
+def _recorded_bound(d: pd.DataFrame, column: str, default: float) -> float:
+    values = d[column].dropna().unique() if column in d else []
+    return float(values[0]) if len(values) == 1 else default
+
+
 def memory_figure(decisions: pd.DataFrame, *, device_kind: str,
-                  max_cached_fraction: float = 0.25, min_free_fraction: float = 0.05,
+                  max_cached_fraction: float | None = None,
+                  min_free_fraction: float | None = None,
                   scope: str = "measured requests") -> Figure:
     """Per rank (columns) and arm (rows, arms with at least one call): reserved and
     allocated bytes at each policy call in call order, against the bounds: the reserved
@@ -206,8 +212,14 @@ def memory_figure(decisions: pd.DataFrame, *, device_kind: str,
 
     `decisions`: one row per call with `arm`, `rank`, `kind`, `outcome`, `reserved`,
     `allocated`, `free`, `total` (NaN without a snapshot) and `start_ns`; optional `run`
-    (rows are ordered by run then `start_ns`)."""
+    (rows are ordered by run then `start_ns`). The bounds default to those the calls
+    recorded (`max_cached_fraction`, `min_free_fraction` columns, when one value each), else
+    0.25 and 0.05."""
     d = decisions.copy()
+    if max_cached_fraction is None:
+        max_cached_fraction = _recorded_bound(d, "max_cached_fraction", 0.25)
+    if min_free_fraction is None:
+        min_free_fraction = _recorded_bound(d, "min_free_fraction", 0.05)
     if "run" not in d:
         d["run"] = ""
     arms = [a for a in ARMS if (d["arm"] == a).any()] or sorted(d["arm"].unique())

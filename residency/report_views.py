@@ -114,15 +114,13 @@ def decisions_frame(run: Run, *, warmup: bool = False) -> pd.DataFrame:
                  "free", "total"])
 
 
-def write_memory(run: Run, output_dir: str | os.PathLike[str], *, name: str = "memory",
-                 max_cached_fraction: float = 0.25, min_free_fraction: float = 0.05) -> Path:
+def write_memory(run: Run, output_dir: str | os.PathLike[str], *, name: str = "memory"
+                 ) -> Path:
     """The memory figure (reserved/allocated bytes at each policy call of the measured
-    requests against the bounds), saved and displayed."""
+    requests against the bounds the calls recorded), saved and displayed."""
     from residency.report_figures import memory_figure
 
-    fig = memory_figure(decisions_frame(run), device_kind=run.device_kind,
-                        max_cached_fraction=max_cached_fraction,
-                        min_free_fraction=min_free_fraction)
+    fig = memory_figure(decisions_frame(run), device_kind=run.device_kind)
     return show_figure(fig, output_dir, name)
 
 
