@@ -35,6 +35,8 @@ _FULL = "full stack, complete combination (not this change alone)"
 QUANTITIES: tuple[Quantity, ...] = (
     Quantity("normal-call duration per rank, profiled pair", "normal-call duration per rank",
              "normal-call duration per rank", "isolated 50-step pair"),
+    Quantity("normal-call duration per run (median over ranks)",
+             "normal-call duration per run", None),
     Quantity("normal calls that released cache", "normal calls that released",
              "normal calls that released", "isolated pair"),
     Quantity("forced releases that released", "forced releases that released",
