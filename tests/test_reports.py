@@ -486,7 +486,7 @@ def test_evidence_side_by_side_aligns_rows_and_labels_columns() -> None:
     assert rows.loc["telemetry errors, OOM"].tolist()[2:] == ["—", "—", "—"]
     assert rows.loc["consecutive requests, candidate"].tolist()[:3] == ["—", "—", "—"]
     assert rows.loc["client E2E, profiled pair"].tolist()[2:4] == ["2249 s", "2244 s"]
-    per_run = len(table) - 9  # the per-run row (issue 13's evidence) or not
+    per_run = len(table) - 10  # the per-run row (issue 13's evidence) or not
     assert table["quantity"].tolist()[:1 + per_run] == [
         "normal-call duration per rank, profiled pair",
         "normal-call duration per run (median over ranks)"][:1 + per_run]
