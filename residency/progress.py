@@ -25,6 +25,7 @@ from typing import Any
 
 INTERVAL_S = 20.0  # at most this long between two terminal lines
 PREFIX = "residency: "
+_CLEAR_LINE = "\r\x1b[K"  # on a terminal: start over the line papermill's bar is drawing
 
 __all__ = ["INTERVAL_S", "RunProgress", "clock_text", "pair_labels", "to_terminal"]
 
@@ -32,17 +33,20 @@ __all__ = ["INTERVAL_S", "RunProgress", "clock_text", "pair_labels", "to_termina
 def to_terminal(line: str) -> None:
     """Write `line` (with the "residency: " prefix) to the terminal that started this
     process; inside a Jupyter kernel that is the original standard error, which papermill's
-    terminal shows, never the notebook."""
+    terminal shows, never the notebook. On a terminal the line replaces the partial line of
+    papermill's progress bar (which redraws below it)."""
     text = f"{PREFIX}{line}\n"
     err = sys.stderr
     if type(err).__module__.startswith("ipykernel"):
         try:  # with fd capture on, fd 2 feeds the notebook; fileno() is the terminal's copy
-            os.write(err.fileno(), text.encode())
+            fd = err.fileno()
+            os.write(fd, (_CLEAR_LINE if os.isatty(fd) else "").encode() + text.encode())
             return
         except (OSError, ValueError, io.UnsupportedOperation):
             err = sys.__stderr__  # no capture: the process's stderr is the terminal
     with contextlib.suppress(OSError, ValueError, AttributeError):
-        err.write(text)  # type: ignore[union-attr]
+        tty = err.isatty()  # type: ignore[union-attr]
+        err.write((_CLEAR_LINE if tty else "") + text)  # type: ignore[union-attr]
         err.flush()  # type: ignore[union-attr]
 
 
@@ -118,6 +122,7 @@ class RunProgress:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._bar: Any = None
+        self._head = ""
 
     # -- the bar protocol run_design uses
     def __call__(self, *, total: int, desc: str) -> RunProgress:
@@ -125,6 +130,8 @@ class RunProgress:
         if total != len(self.order):
             self.order = (self.order + [("?", False)] * total)[:total]
             self.labels = (self.labels + ["?"] * total)[:total]
+        if not self.device_kind and desc:
+            self._head = desc  # run_design says "<design> (<device kind>)"
         if self._want_bar:
             from tqdm.auto import tqdm
 
@@ -172,7 +179,8 @@ class RunProgress:
             done, durations, run_started = self.done, list(self._durations), self._run_started
         total = len(self.order)
         now = self._clock()
-        head = f"{self.design}" + (f" ({self.device_kind})" if self.device_kind else "")
+        head = self._head or (f"{self.design}"
+                              + (f" ({self.device_kind})" if self.device_kind else ""))
         if done < total:
             arm, _ = self.order[done]
             rid = _last_request(self.run_dir, done, arm)
