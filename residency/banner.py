@@ -120,17 +120,17 @@ def banner_html(manifest: Mapping[str, Any], *, title: str | None = None) -> str
             f"{prov}</div></div>")
 
 
-def live_manifest(device_kind: str, *, design: str = "live probe",
-                  started_at: str | None = None) -> dict[str, Any]:
+def live_manifest(device_kind: str, *, versions: Mapping[str, Any],
+                  design: str = "live probe", started_at: str | None = None
+                  ) -> dict[str, Any]:
     """A manifest-shaped dict for a report of something run now rather than a recorded run
-    (the API probe): device kind, this process's versions and git commit, host, start."""
+    (the API probe): device kind, `versions` (python, torch, torch_npu, residency,
+    git_commit), this host, start (default: now) and end (now)."""
     import platform
     from datetime import timezone
 
-    from residency.experiments import versions  # no torch at import
-
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    return {"device_kind": device_kind, "design": design, "versions": versions(),
+    return {"device_kind": device_kind, "design": design, "versions": dict(versions),
             "host": platform.node(), "started_at": started_at or now, "ended_at": now}
 
 

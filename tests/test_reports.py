@@ -463,7 +463,9 @@ def test_round_numbers_in_text_built_elsewhere() -> None:
 
 
 def test_live_manifest_for_the_probe() -> None:
-    m = banner.live_manifest("emulated-npu")
+    from residency.experiments import versions
+
+    m = banner.live_manifest("emulated-npu", versions=versions())
     assert m["design"] == "live probe" and m["versions"]["python"]
     assert visible_text(banner.banner_html(m))[0] == f"emulated-npu: {LABEL}"
 
