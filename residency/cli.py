@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -131,7 +132,7 @@ def _report(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="reports", metavar="DIR",
                    help="folder for the HTML files (default: reports/)")
     p.add_argument("--screenshot", action="store_true",
-                   help="also save a PNG of each page (needs Chromium)")
+                   help="also save a full-page PNG of each report (needs Chromium)")
 
 
 def _verify(p: argparse.ArgumentParser) -> None:
@@ -283,7 +284,7 @@ def cmd_pair(args: argparse.Namespace) -> int:
 
 
 def cmd_idle(args: argparse.Namespace) -> int:
-    """`idle`: all-rank idle and marker attribution of a trace directory."""
+    """`idle`: all-rank no-device-task time and marker attribution of a trace directory."""
     from residency.idle import format_summary, idle_summary
     from residency.traces import load_traces
 
@@ -349,10 +350,14 @@ def cmd_report(args: argparse.Namespace) -> int:
             html = reports.render_html(nb, args.out, name=name)
             print(html)
             if args.screenshot:
-                print(reports.screenshot(html, html.with_suffix(".png")))
+                for png in reports.capture(html, html.with_suffix(".png")).paths:
+                    print(png)
         except reports.ReportError as exc:
             print(f"residency report: error: {exc}", file=sys.stderr)
             failed += 1
+    if len(notebooks) > failed and (len(notebooks) > 1
+                                    or any(os.path.isdir(p) for p in args.paths)):
+        print(reports.write_index(args.out))
     return 1 if failed else 0
 
 
@@ -412,7 +417,11 @@ COMMANDS: dict[str, tuple[str, str, Callable[[argparse.ArgumentParser], None],
     "report": ("render executed notebooks to HTML with the code hidden",
                "Render each executed notebook (files, or folders searched recursively) to "
                "OUT/<name>.html with inputs hidden, as `jupyter nbconvert --to html "
-               "--no-input`; with --screenshot also OUT/<name>.png from headless Chromium.",
+               "--no-input`, the report's banner (device kind, provenance) on top; with "
+               "--screenshot also a full-page OUT/<name>.png from headless Chromium "
+               "(<name>-2.png, ... for pages taller than 16384 px). Given a folder or several "
+               "notebooks, also OUT/index.html linking every report in OUT with its banner "
+               "line.",
                _report, cmd_report),
     "verify": ("check a run directory against its seal",
                "Check RUN_DIR against the seal recorded when it completed: the sha256 of every "
