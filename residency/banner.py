@@ -16,8 +16,6 @@ from typing import Any
 
 BANNER_CLASS = "residency-banner"
 BANNER_METADATA = "residency-banner"  # key in a display output's metadata
-_LABELS = {"npu": "Ascend NPU measurement", "cuda": "CUDA GPU measurement",
-           "cpu": "CPU (no accelerator)"}
 _STYLE = {  # border colour per device kind: the emulated NPU is never mistaken for an NPU
     "emulated-npu": "#b45309", "npu": "#1d4ed8", "cuda": "#15803d"}
 
@@ -25,18 +23,15 @@ __all__ = ["BANNER_CLASS", "BANNER_METADATA", "banner_html", "banner_line", "ban
            "device_heading", "display_banner", "live_manifest", "provenance_lines"]
 
 
-def _emulated_label() -> str:
-    from residency.notebook import EMULATED_LABEL  # spelled once, where device kinds live
-
-    return EMULATED_LABEL
-
-
 def device_heading(device_kind: str | None) -> str:
-    """The banner's first words: "emulated-npu: emulated NPU — not an NPU measurement",
-    "npu: Ascend NPU measurement", ..."""
-    kind = device_kind or "unknown device kind"
-    label = _emulated_label() if kind == "emulated-npu" else _LABELS.get(kind, "")
-    return f"{kind}: {label}" if label else kind
+    """The banner's first words: the kind and its label (`residency.devices.label`), e.g.
+    "emulated-npu: emulated NPU — not an NPU measurement", "npu: Ascend NPU"."""
+    from residency import devices
+
+    if not device_kind:
+        return "unknown device kind"
+    label = devices.label(device_kind)
+    return f"{device_kind}: {label}" if label != device_kind else device_kind
 
 
 def _duration(start: str | None, end: str | None) -> str | None:

@@ -143,8 +143,9 @@ def header(name: Any) -> str:
 
 
 def cell(x: Any, digits: int = DIGITS) -> str:
-    """One table cell as text: numbers with `digits` significant digits (integers whole),
-    missing values as "—", a mapping as "key value, ..." and a sequence as "a, b"."""
+    """One table cell as text: numbers with `digits` significant digits (integers whole, and
+    decimals inside text too: `round_numbers`), missing values as "—", a mapping as "key
+    value, ..." and a sequence as "a, b"."""
     if isinstance(x, Mapping):
         return ", ".join(f"{header(k)} {cell(v, digits)}" for k, v in x.items()) or MISSING
     if isinstance(x, (list, tuple, np.ndarray)):
@@ -157,7 +158,7 @@ def cell(x: Any, digits: int = DIGITS) -> str:
         return str(int(x))
     if isinstance(x, (float, np.floating)):
         return sig(float(x), digits)
-    return str(x)
+    return round_numbers(str(x), digits)
 
 
 def for_people(df: pd.DataFrame, *, digits: int = DIGITS,
@@ -184,16 +185,10 @@ def for_people(df: pd.DataFrame, *, digits: int = DIGITS,
 
 def markdown_table(df: pd.DataFrame, **kwargs: Any) -> str:
     """`df` for people (`for_people`) as a Markdown table."""
+    from residency.tables import markdown_table as write  # the suite's one writer
+
     t = for_people(df, **kwargs)
-
-    def esc(s: Any) -> str:
-        return str(s).replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(esc(c) for c in t.columns) + " |",
-             "|" + "|".join("---" for _ in t.columns) + "|"]
-    lines += ["| " + " | ".join(esc(v) for v in row) + " |"
-              for row in t.itertuples(index=False)]
-    return "\n".join(lines) + "\n"
+    return write(list(t.columns), list(t.itertuples(index=False)))
 
 
 def html_table(df: pd.DataFrame, *, caption: str | None = None,

@@ -8,8 +8,8 @@
   against the 25 % / 5 % bounds;
 * `e2e_slopegraph`: client E2E per pair, profiled and unprofiled panels on one axis from zero,
   pairs numbered once, and the paired deltas with their median;
-* `whatif_heatmap` and `neighbour_table`: retention over the two bounds with the run's own
-  setting outlined, and a small table of that setting and its neighbours.
+* `neighbour_table`: the run's own what-if setting and its neighbours, a small table beside
+  the heatmap of `residency.figures.whatif_figure`.
 
 Every title names the device kind (the emulated NPU as "emulated NPU — not an NPU
 measurement") and n. Numbers on figures have 4 significant digits (`residency.humanize`).
@@ -41,7 +41,7 @@ PHASES = {"prepare": "#d5e8d4", "denoise": "#dae8fc", "decode": "#ffe6cc"}
 GIB = float(1 << 30)
 
 __all__ = ["e2e_slopegraph", "figure_title", "memory_figure", "neighbour_table",
-           "timeline_figure", "whatif_heatmap"]
+           "neighbour_rows", "timeline_figure"]
 
 
 def figure_title(what: str, device_kind: str | None, n: str) -> str:
@@ -361,53 +361,23 @@ def _rate(frame: pd.DataFrame, calls: str, retained: str) -> pd.Series:
         return frame[retained].astype(float) / frame[calls].astype(float)
 
 
-def whatif_heatmap(totals: pd.DataFrame, *, own: tuple[float, float] | None,
-                   device_kind: str, policy: str = "bounded", calls: str = "measured_calls",
-                   retained: str = "measured_retained",
-                   scope: str = "measured requests") -> Figure:
-    """Retention rate (`retained` / `calls`) over the two bounds, one cell per setting of
-    `totals` (one row per `max_cached_fraction` x `min_free_fraction`), the run's `own`
-    setting (cached, free) outlined; the scope of the counted calls in the title."""
-    from matplotlib.patches import Rectangle
-
-    t = totals.assign(rate=_rate(totals, calls, retained))
-    heat = t.pivot_table(index="max_cached_fraction", columns="min_free_fraction",
-                         values="rate", aggfunc="first").sort_index(ascending=False)
-    fig = _figure(figsize=(9.5, 5.6))
-    ax = fig.subplots()
-    img = ax.imshow(heat.to_numpy(), vmin=0, vmax=1, cmap="viridis", aspect="auto",
-                    interpolation="nearest")
-    cbar = fig.colorbar(img, ax=ax)
-    cbar.set_label(f"retention rate (retained / normal calls, {scope})")
-    cols, rows = list(heat.columns), list(heat.index)
-    step_c = max(1, len(cols) // 10)
-    step_r = max(1, len(rows) // 10)
-    ax.set_xticks(range(0, len(cols), step_c), [sig(c) for c in cols[::step_c]])
-    ax.set_yticks(range(0, len(rows), step_r), [sig(r) for r in rows[::step_r]])
-    ax.set_xlabel("min free fraction (free floor, fraction of total)")
-    ax.set_ylabel("max cached fraction (cached bound, fraction of total)")
-    if own is not None:
-        oc, of = own
-        ri = int(np.argmin(np.abs(np.asarray(rows, float) - oc)))
-        ci = int(np.argmin(np.abs(np.asarray(cols, float) - of)))
-        if np.isclose(rows[ri], oc) and np.isclose(cols[ci], of):
-            ax.add_patch(Rectangle((ci - 0.5, ri - 0.5), 1, 1, fill=False, edgecolor="red",
-                                   lw=2.5))
-            ax.annotate(f"run's own bounds ({sig(oc)}, {sig(of)}): "
-                        f"{percent(heat.iloc[ri, ci])} retained", (ci + 0.5, ri),
-                        xytext=(10, -4), textcoords="offset points", color="red",
-                        fontsize=9, fontweight="bold", va="top",
-                        bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "none"})
-    n = int(t[calls].iloc[0]) if len(t) else 0
-    fig.suptitle(figure_title(f"What-if: {policy} policy replayed on the recorded snapshots "
-                              "(red outline: the run's own bounds)", device_kind,
-                              f"n = {n} normal calls ({scope})"), fontsize=11)
-    return fig
+def neighbour_rows(frame: pd.DataFrame, own: tuple[float, float], *, radius: int = 1
+                   ) -> pd.DataFrame:
+    """The rows of a per-setting `frame` (columns `max_cached_fraction`,
+    `min_free_fraction`) within `radius` grid steps of the setting nearest `own`."""
+    cs = np.sort(frame["max_cached_fraction"].unique())
+    fs = np.sort(frame["min_free_fraction"].unique())
+    ci = int(np.argmin(np.abs(cs - own[0])))
+    fi = int(np.argmin(np.abs(fs - own[1])))
+    keep_c = cs[max(0, ci - radius): ci + radius + 1]
+    keep_f = fs[max(0, fi - radius): fi + radius + 1]
+    return frame[frame["max_cached_fraction"].isin(keep_c)
+                 & frame["min_free_fraction"].isin(keep_f)]
 
 
 def neighbour_table(totals: pd.DataFrame, own: tuple[float, float], *, radius: int = 1,
-                    calls: str = "measured_calls",
-                    retained: str = "measured_retained") -> pd.DataFrame:
+                    calls: str = "calls",
+                    retained: str = "retained") -> pd.DataFrame:
     """The run's own setting and its neighbours on the grid (`radius` steps along each
     bound): max cached fraction, min free fraction, retained of calls and the retention rate
     (a fraction), with `own` marking the run's setting; at most (2 * radius + 1)^2 rows."""
@@ -415,10 +385,7 @@ def neighbour_table(totals: pd.DataFrame, own: tuple[float, float], *, radius: i
     fs = np.sort(totals["min_free_fraction"].unique())
     ci = int(np.argmin(np.abs(cs - own[0])))
     fi = int(np.argmin(np.abs(fs - own[1])))
-    keep_c = cs[max(0, ci - radius): ci + radius + 1]
-    keep_f = fs[max(0, fi - radius): fi + radius + 1]
-    sel = totals[totals["max_cached_fraction"].isin(keep_c)
-                 & totals["min_free_fraction"].isin(keep_f)]
+    sel = neighbour_rows(totals, own, radius=radius)
     out = pd.DataFrame({
         "max cached fraction": sel["max_cached_fraction"].to_numpy(),
         "min free fraction": sel["min_free_fraction"].to_numpy(),

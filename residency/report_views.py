@@ -26,8 +26,10 @@ if TYPE_CHECKING:
 MAX_ROWS = 40  # an HTML table in a report never has more rows
 FIGURE_DPI = 120
 
-__all__ = ["MAX_ROWS", "decisions_frame", "show_banner", "show_figure", "show_table",
-           "timeline_pair", "write_e2e", "write_memory", "write_timeline", "write_whatif"]
+__all__ = ["MAX_ROWS", "bytes_or_text", "decisions_frame", "show_banner", "show_figure",
+           "show_note", "show_probe_banner", "show_table", "show_text", "timeline_pair",
+           "e2e_pairs", "write_e2e", "write_effect", "write_memory", "write_timeline",
+           "write_whatif"]
 
 
 def _display(*objs: Any) -> None:
@@ -70,9 +72,12 @@ def show_table(df: pd.DataFrame, *, caption: str | None = None, max_rows: int = 
 
 def show_figure(fig: Figure, output_dir: str | os.PathLike[str], name: str) -> Path:
     """Save `fig` as `<name>.png` into `output_dir`, display it, and return the path."""
+    import matplotlib.pyplot as plt
+
     path = Path(output_dir) / f"{name}.png"
     fig.savefig(path, dpi=FIGURE_DPI, bbox_inches="tight")
     _display(fig)
+    plt.close(fig)  # shown once, here, not again by the inline backend at the cell's end
     return path
 
 
@@ -124,6 +129,15 @@ def write_memory(run: Run, output_dir: str | os.PathLike[str], *, name: str = "m
     return show_figure(fig, output_dir, name)
 
 
+def e2e_pairs(ev: Any) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """(profiled, unprofiled) client E2E lists per arm of an `Evidence` (empty without)."""
+    def lists(key: str) -> dict[str, list[float]]:
+        a = ev.get(key)
+        return {arm: list(a.values[arm]) if a else [] for arm in ("baseline", "candidate")}
+
+    return lists("e2e_profiled"), lists("e2e_unprofiled")
+
+
 def write_e2e(profiled: Mapping[str, Sequence[float]],
               unprofiled: Mapping[str, Sequence[float]], *, device_kind: str,
               output_dir: str | os.PathLike[str], name: str = "e2e") -> Path:
@@ -136,31 +150,100 @@ def write_e2e(profiled: Mapping[str, Sequence[float]],
 
 
 # ----------------------------------------------------------------------------- what-if
-def write_whatif(totals: pd.DataFrame, *, own: tuple[float, float] | None, device_kind: str,
-                 output_dir: str | os.PathLike[str], grid: pd.DataFrame | None = None,
-                 policy: str = "bounded", name: str = "whatif",
-                 calls: str = "measured_calls", retained: str = "measured_retained",
-                 scope: str = "measured requests") -> dict[str, Path]:
-    """The what-if view: the heatmap (saved as `<name>_heatmap.png`, displayed), the run's
-    own setting and its neighbours as a small table (displayed), and the full grid saved as
-    `<name>_grid.csv` (`grid`, default `totals`: every setting, full precision). Returns
-    the written paths by kind."""
-    from residency.report_figures import neighbour_table, whatif_heatmap
-
-    out = Path(output_dir)
-    paths: dict[str, Path] = {}
-    full = grid if grid is not None else totals
-    csv = out / f"{name}_grid.csv"
-    full.drop(columns=[c for c in full.columns if full[c].map(
-        lambda v: isinstance(v, (list, tuple, dict))).any()]).to_csv(
-        csv, index=False, lineterminator="\n")
-    paths["grid"] = csv
-    fig = whatif_heatmap(totals, own=own, device_kind=device_kind, policy=policy, calls=calls,
-                         retained=retained, scope=scope)
-    paths["heatmap"] = show_figure(fig, out, f"{name}_heatmap")
+def _own_setting(frame: pd.DataFrame, own: tuple[float, float] | None
+                 ) -> tuple[float, float] | None:
     if own is not None:
-        show_table(neighbour_table(totals, own, calls=calls, retained=retained),
-                   caption=f"{policy} policy: the run's own setting and its neighbours "
-                   f"({scope}); every setting in {csv.name}", formats={
-                       "retention rate": humanize.percent})
-    return paths
+        return own
+    settings = frame.attrs.get("own_settings") or []
+    return tuple(settings[0]) if settings else None  # type: ignore[return-value]
+
+
+def write_whatif(grids: Sequence[pd.DataFrame], *, output_dir: str | os.PathLike[str],
+                 policy: str = "bounded", own: tuple[float, float] | None = None,
+                 name: str = "whatif") -> Path:
+    """Every setting of `grids` (`residency.whatif.replay_run` frames, one per policy) saved
+    at full precision as `<name>_grid.csv`, and for people only the run's own setting (`own`,
+    default: the grid's recorded bounds) and its neighbours: retention of `policy`. Returns
+    the CSV path."""
+    from residency.report_figures import neighbour_table
+    from residency.whatif import totals
+
+    path = Path(output_dir) / f"{name}_grid.csv"
+    pd.concat(list(grids), ignore_index=True).to_csv(path, index=False, lineterminator="\n")
+    chosen = next((g for g in grids if len(g) and g["policy"].iloc[0] == policy), None)
+    own = _own_setting(chosen, own) if chosen is not None else own
+    if own is not None and chosen is not None:
+        show_table(neighbour_table(totals(chosen), own),
+                   caption=f"{policy} policy: retention at the run's own bounds and their "
+                   f"neighbours (measured requests); every setting, both policies, per rank: "
+                   f"{path.name}", formats={"retention rate": humanize.percent})
+    return path
+
+
+def write_effect(effect: pd.DataFrame, *, output_dir: str | os.PathLike[str],
+                 own: tuple[float, float] | None = None, name: str = "whatif_effect") -> Path:
+    """The estimated effect per setting (`residency.whatif.EffectEstimate.table`) saved at
+    full precision as `<name>.csv`, and for people the run's own setting (default: the one
+    marked `own`) and its neighbours. Returns the CSV path."""
+    from residency.report_figures import neighbour_rows
+
+    path = Path(output_dir) / f"{name}.csv"
+    effect.to_csv(path, index=False, lineterminator="\n")
+    if own is None and effect["own"].any():
+        row = effect[effect["own"].astype(bool)].iloc[0]
+        own = (float(row["max_cached_fraction"]), float(row["min_free_fraction"]))
+    if own is None:
+        return path
+    near = neighbour_rows(effect, own)
+    show_table(pd.DataFrame({
+        "max cached fraction": near["max_cached_fraction"],
+        "min free fraction": near["min_free_fraction"],
+        "measured released / calls": [f"{int(r)}/{int(c)}" for r, c in
+                                      zip(near["released"], near["calls"], strict=True)],
+        "estimated normal-call time (ms)": near["estimated_ms"],
+        "range (ms)": [humanize.span_text(lo, hi, "") for lo, hi in
+                       zip(near["estimated_low_ms"], near["estimated_high_ms"], strict=True)],
+        "vs own setting (ms)": near["delta_vs_own_ms"],
+        "own setting": ["yes" if o else "" for o in near["own"]]}),
+        caption=f"estimated normal-call time at the run's own bounds and their neighbours "
+        f"(a model, summed over ranks); every setting: {path.name}")
+    return path
+
+
+# ----------------------------------------------------------------------------- text
+def show_note(text: str) -> None:
+    """Display a Markdown note with its numbers at 4 significant digits."""
+    from IPython.display import Markdown
+
+    _display(Markdown(humanize.round_numbers(text)))
+
+
+def show_text(text: str) -> None:
+    """Display `text` as a plain paragraph (no Markdown: `*` and `_` stay characters),
+    numbers at 4 significant digits."""
+    from html import escape
+
+    from IPython.display import HTML
+
+    _display(HTML(f"<p>{escape(humanize.round_numbers(text))}</p>"))
+
+
+def bytes_or_text(value: Any) -> str:
+    """A cell that holds a byte count (digits) as binary units, anything else as is."""
+    text = str(value)
+    return humanize.bytes_text(int(text)) if text.isdigit() else text
+
+
+def show_probe_banner(probes: Mapping[str, Mapping[str, Any]], source: str) -> None:
+    """The API notebook's banner: the recorded run's, or for a live probe the probed device
+    kind with this process's versions."""
+    from residency.banner import live_manifest
+    from residency.rundir import load_run
+
+    if str(source) != "run":
+        show_banner(load_run(source))
+        return
+    from residency.experiments import versions  # no torch at import
+
+    kind = next(iter(probes))
+    show_banner(live_manifest(kind, versions=versions()))

@@ -145,7 +145,7 @@ def test_banner_says_the_device_kind_before_any_number() -> None:
     md = banner.banner_markdown(m)
     assert md.splitlines()[0] == f"**emulated-npu: {LABEL}**"
     npu = banner.banner_html({**m, "device_kind": "npu"})
-    assert visible_text(npu)[0] == "npu: Ascend NPU measurement" and LABEL not in npu
+    assert visible_text(npu)[0] == "npu: Ascend NPU" and LABEL not in npu
 
 
 def test_banner_tolerates_a_sparse_manifest() -> None:
@@ -196,10 +196,9 @@ def test_index_lists_every_report_with_its_banner(tmp_path: Path,
     text = index.read_text()
     for name in ("paired_profile.html", "npu_run.html", "other.html"):
         assert f'href="{name}"' in text
-    assert f"emulated-npu: {LABEL}" in text and "npu: Ascend NPU measurement" in text
+    assert f"emulated-npu: {LABEL}" in text and "npu: Ascend NPU<" in text
     assert "no banner: not a residency report" in text
-    assert reports.banner_of(tmp_path / "out" / "npu_run.html")[0] == \
-        "npu: Ascend NPU measurement"
+    assert reports.banner_of(tmp_path / "out" / "npu_run.html")[0] == "npu: Ascend NPU"
 
 
 def test_index_of_an_empty_folder_is_an_error(tmp_path: Path) -> None:
@@ -308,16 +307,12 @@ def test_e2e_slopegraph_shares_a_zero_based_axis_and_numbers_pairs_once() -> Non
     assert "n = 4 pairs, numbered once" in fig._suptitle.get_text()
 
 
-def test_whatif_heatmap_and_neighbours() -> None:
+def test_whatif_neighbours() -> None:
     from residency import whatif
-    from residency.report_figures import neighbour_table, whatif_heatmap
+    from residency.report_figures import neighbour_table
 
     totals = whatif.totals(whatif.replay_run(RECORDED))
     own = tuple(totals.attrs["own_settings"][0])
-    fig = whatif_heatmap(totals, own=own, device_kind="emulated-npu")
-    assert "n = 8 normal calls (measured requests)" in fig._suptitle.get_text()
-    assert any("run's own bounds (0.25, 0.05): 100 % retained" in t.get_text()
-               for t in fig.axes[0].texts)
     table = neighbour_table(totals, own)
     assert len(table) == 9 and table["own setting"].tolist().count("yes") == 1
     row = table[table["own setting"] == "yes"].iloc[0]
@@ -475,13 +470,11 @@ def test_evidence_side_by_side_aligns_rows_and_labels_columns() -> None:
     from residency.rundir import load_run
     from residency.side_by_side import side_by_side
 
-    run = load_run(RECORDED)
-    idle, _ = tb.idle_from_traces(run)
-    table = side_by_side(tb.evidence_table(run, idle=idle), tb.published_table())
+    table = side_by_side(tb.evidence_table(load_run(RECORDED)), tb.published_table())
     assert list(table.columns) == [
         "quantity", f"baseline: this run ({LABEL})", f"candidate: this run ({LABEL})",
-        "baseline: published (Ascend NPU measurement)",
-        "candidate: published (Ascend NPU measurement)", "published scope"]
+        "baseline: published (Ascend NPU)", "candidate: published (Ascend NPU)",
+        "published scope"]
     rows = table.set_index("quantity")
     inter = rows.loc["normal-release markers ∩ all-rank no-device-task time"]
     assert inter.tolist() == ["63.74 ms", "0.2009 ms", "221.3 ms", "3.165 ms", "isolated pair"]
@@ -521,19 +514,25 @@ def test_views_write_and_show_the_paired_figures(tmp_path: Path, shown: list) ->
     assert rv.write_timeline(run, (run.runs[2], run.runs[3]), tmp_path) is None  # no traces
 
 
-def test_views_whatif_small_table_and_full_grid_csv(tmp_path: Path, shown: list) -> None:
+def test_views_whatif_small_tables_and_full_csv(tmp_path: Path, shown: list) -> None:
     from residency import report_views as rv
     from residency import whatif
 
-    grid = whatif.replay_run(RECORDED)
-    totals = whatif.totals(grid)
-    own = tuple(totals.attrs["own_settings"][0])
-    paths = rv.write_whatif(totals, own=own, device_kind="emulated-npu", output_dir=tmp_path,
-                            grid=grid)
-    csv = pd.read_csv(paths["grid"])
-    assert len(csv) == len(grid) == 400 and "measured_retained" in csv.columns
-    html = shown[-1].data
-    assert html.count("<tr>") == 1 + 9 and "100 %" in html and "whatif_grid.csv" in html
+    bounded = whatif.replay_run(RECORDED)
+    learned = whatif.replay_run(RECORDED, policy="learned-budget")
+    effect = whatif.estimated_effect(RECORDED, bounded)
+    own = tuple(bounded.attrs["own_settings"][0])
+    grid_csv = rv.write_whatif([bounded, learned], output_dir=tmp_path)
+    effect_csv = rv.write_effect(effect.table, output_dir=tmp_path)
+    csv = pd.read_csv(grid_csv)
+    assert len(csv) == 2 * len(bounded) == 800 and set(csv["policy"]) == {
+        "bounded", "learned-budget"}
+    assert len(pd.read_csv(effect_csv)) == 200 and own == (0.25, 0.05)
+    retention, cost = (o.data for o in shown[-2:])
+    assert retention.count("<tr>") == 1 + 9 and "100 %" in retention
+    assert "whatif_grid.csv" in retention
+    assert cost.count("<tr>") == 1 + 9 and "whatif_effect.csv" in cost
+    assert not too_precise(" ".join(visible_text(retention + cost)))
 
 
 def test_show_table_caps_the_rows(shown: list) -> None:
