@@ -27,7 +27,8 @@ PARAMETERS_HELP = (
     "`data/runs/<id>`) to analyse without re-running.")
 
 IMPORTS = ("from IPython.display import Markdown, display\n\n"
-           "from residency import notebook as nb\n")
+           "from residency import notebook as nb\n"
+           "from residency import report_views as rv\n")
 
 
 def _params(**values: object) -> str:
@@ -63,16 +64,19 @@ API_REPRODUCTION = [
     new_code_cell(_check("api_reproduction", ["device", "output_dir", "source"])),
     new_markdown_cell("## Versions"),
     new_code_cell('probes = nb.api_reproduction(params["source"], params["device"])\n'
+                  'rv.show_probe_banner(probes, params["source"])\n'
                   "versions = nb.versions_table(probes)\n"
                   'nb.write_tables(out, {"versions": versions})\n'
-                  "display(Markdown(nb.markdown_table(versions)))"),
+                  "rv.show_table(versions)"),
     new_markdown_cell(
         "## Query outcomes\n\n"
         "One row per device kind, path and query: `ok` with the value in bytes, or `error` "
         "with the exception type and message exactly as raised."),
     new_code_cell("outcomes = nb.probe_table(probes)\n"
                   'nb.write_tables(out, {"query_outcomes": outcomes})\n'
-                  "display(Markdown(nb.markdown_table(outcomes)))"),
+                  'column = "value (bytes) or exception"\n'
+                  'rv.show_table(outcomes, headers={column: "value or exception"},\n'
+                  "              formats={column: rv.bytes_or_text})"),
     new_markdown_cell(
         "## What each arm reads\n\n"
         "`baseline` reads the generic path on every device (the pre-fix code), `candidate` "
@@ -81,7 +85,7 @@ API_REPRODUCTION = [
         "arm's telemetry is unavailable, each of its normal calls releases."),
     new_code_cell("arms = nb.arms_table(probes)\n"
                   'nb.write_tables(out, {"arms": arms})\n'
-                  "display(Markdown(nb.markdown_table(arms)))"),
+                  "rv.show_table(arms)"),
     new_markdown_cell("## Verdict"),
     new_code_cell("display(Markdown(nb.verdict_markdown(probes)))\n"
                   'results = nb.finish(out, nb.api_results(probes, source=params["source"],\n'
@@ -113,6 +117,7 @@ CONSECUTIVE_REQUESTS = [
                   '                     device=params["device"], ranks=params["ranks"], '
                   'steps=params["steps"],\n'
                   '                     requests=params["requests"], scale=params["scale"])\n'
+                  "rv.show_banner(run)\n"
                   "display(Markdown(nb.describe_run(run)))"),
     new_markdown_cell(
         "## Normal checks and forced releases per rank and request\n\n"
@@ -121,9 +126,9 @@ CONSECUTIVE_REQUESTS = [
     new_code_cell("table = nb.consecutive_table(run)\n"
                   'nb.write_tables(out, {"consecutive_requests": table})\n'
                   "summary = nb.consecutive_summary(run, table)\n"
-                  "display(table)\n"
+                  "rv.show_table(table)\n"
                   "for key, note in nb.consecutive_notes(summary).items():\n"
-                  "    display(Markdown(nb.statistical_note(note, what=nb.ATTRIBUTIONS[key])))"),
+                  "    rv.show_note(nb.statistical_note(note, what=nb.ATTRIBUTIONS[key]))"),
     new_markdown_cell(
         "## Memory state at each normal check against the bounds\n\n"
         "Left: cached-but-unallocated bytes (reserved - allocated) over capacity; a normal "
@@ -137,6 +142,9 @@ CONSECUTIVE_REQUESTS = [
                   "display(fig)"),
     new_markdown_cell("## Gates"),
     new_code_cell("failures = nb.gate_failures(run)\n"
+                  'print(f"Gates: {len(failures)} failed." if failures else\n'
+                  '      "Gates: all passed (no telemetry error, no OOM, every decision "\n'
+                  '      "reproduced on its snapshot).")\n'
                   'results = nb.finish(out, {**summary, "gate_failures": failures, '
                   '"source": params["source"],\n'
                   '                "run_dir": str(run.path), '
@@ -173,8 +181,28 @@ PAIRED_PROFILE = [
                   'steps=params["steps"],\n'
                   '                     seed=params["seed"], scale=params["scale"], '
                   'pairs=params["pairs"])\n'
+                  "rv.show_banner(run)\n"
                   "display(Markdown(nb.describe_run(run)))\n"
                   "ev = nb.paired_profile(run)"),
+    new_markdown_cell(
+        "## Timeline of the profiled pair\n\n"
+        "The picture the attribution rests on: baseline above candidate, each on its own run's "
+        "time axis from the request start. One lane per rank shows device-busy time; shading "
+        "across all lanes marks the all-rank no-device-task time (no rank runs a device "
+        "task); red marks are normal releases, purple forced ones; the top lane shows the "
+        "phases. At the right, the same width around each arm's first normal release: with "
+        "the baseline it sits in time every rank spends without device work, with the "
+        "candidate it is a telemetry read."),
+    new_code_cell("from residency.evidence import reference_pair\n\n"
+                  "timeline = rv.write_timeline(run, reference_pair(run), out)"),
+    new_markdown_cell(
+        "## Memory at each policy call\n\n"
+        "Per rank, reserved and allocated bytes at every policy call of the measured requests "
+        "(the recorded snapshots) against the bounds: a normal call retains while reserved "
+        "stays at or under allocated + 25 % of capacity and free memory at or over 5 %. "
+        "Calls without a snapshot (forced calls read no telemetry; the baseline's failed "
+        "reads see none) are ticks on the axis."),
+    new_code_cell("memory = rv.write_memory(run, out)"),
     new_markdown_cell(
         "## Normal-call duration per rank\n\n"
         "Summed duration of each rank's normal policy calls in the measured request of the "
@@ -186,8 +214,9 @@ PAIRED_PROFILE = [
                   "fig = nb.plot_normal_calls(ev)\n"
                   'nb.write_tables(out, {"normal_calls": table})\n'
                   'nb.save_figure(fig, out, "normal_calls")\n'
-                  "display(table, fig)\n"
-                  'display(Markdown(nb.note(ev, "normal_call_per_rank")))'),
+                  "rv.show_table(table)\n"
+                  "display(fig)\n"
+                  'rv.show_note(nb.note(ev, "normal_call_per_rank"))'),
     new_markdown_cell(
         "## Normal-call duration per run\n\n"
         "Every measured run of the design recorded its normal calls, the unprofiled "
@@ -195,8 +224,8 @@ PAIRED_PROFILE = [
         "unprofiled runs marked. The cross-run comparison takes the run as the unit."),
     new_code_cell("table = nb.per_run_frame(ev)\n"
                   'nb.write_tables(out, {"normal_calls_per_run": table})\n'
-                  "display(table)\n"
-                  'display(Markdown(nb.note(ev, "normal_call_per_run")))'),
+                  "rv.show_table(table)\n"
+                  'rv.show_note(nb.note(ev, "normal_call_per_run"))'),
     new_markdown_cell(
         "## Releases\n\n"
         "Normal calls that released the cache, and forced releases (failure paths, VAE "
@@ -204,9 +233,9 @@ PAIRED_PROFILE = [
         "must still release with the candidate."),
     new_code_cell("table = nb.releases_frame(ev)\n"
                   'nb.write_tables(out, {"releases": table})\n'
-                  "display(table)\n"
-                  'display(Markdown(nb.note(ev, "normal_released")))\n'
-                  'display(Markdown(nb.note(ev, "forced_released")))'),
+                  "rv.show_table(table)\n"
+                  'rv.show_note(nb.note(ev, "normal_released"))\n'
+                  'rv.show_note(nb.note(ev, "forced_released"))'),
     new_markdown_cell(
         "## Idle attribution\n\n"
         "From the profiled pair's traces: the normal-release markers of all ranks (union) "
@@ -217,29 +246,36 @@ PAIRED_PROFILE = [
                   "fig = nb.plot_idle(ev)\n"
                   'nb.write_tables(out, {"idle": table})\n'
                   'nb.save_figure(fig, out, "idle")\n'
-                  "display(table, fig)\n"
+                  "rv.show_table(table)\n"
+                  "display(fig)\n"
                   'for key in ("idle_intersection", "all_rank_idle", "preparation_window"):\n'
-                  "    display(Markdown(nb.note(ev, key)))"),
+                  "    rv.show_note(nb.note(ev, key))"),
     new_markdown_cell(
         "## Client end-to-end time\n\n"
         "Per pair, baseline and candidate. Profiling slows a run down, so the profiled pair "
-        "and the unprofiled pairs are compared separately."),
+        "and the unprofiled pairs are compared separately, on one axis from zero; pairs are "
+        "numbered once (the profiled pair first). The right panel shows each pair's delta "
+        "(candidate − baseline) and their median."),
     new_code_cell("table = nb.e2e_frame(ev)\n"
-                  "fig = nb.plot_e2e(ev)\n"
                   'nb.write_tables(out, {"e2e": table})\n'
-                  'nb.save_figure(fig, out, "e2e")\n'
-                  "display(table, fig)\n"
-                  'display(Markdown(nb.note(ev, "e2e_profiled")))\n'
-                  'display(Markdown(nb.note(ev, "e2e_unprofiled")))'),
+                  "rv.show_table(table)\n"
+                  "profiled, unprofiled = rv.e2e_pairs(ev)\n"
+                  "rv.write_e2e(profiled, unprofiled, device_kind=run.device_kind, "
+                  "output_dir=out)\n"
+                  'rv.show_note(nb.note(ev, "e2e_profiled"))\n'
+                  'rv.show_note(nb.note(ev, "e2e_unprofiled"))'),
     new_markdown_cell(
-        "## Evidence table beside the published NPU figures\n\n"
-        "This run's evidence table, then the published figures (8 x Ascend 910B1) in the "
-        "same columns. An emulated-NPU run shows the mechanism on host memory: its numbers "
-        "are not NPU measurements and are not comparable in size."),
-    new_code_cell("from residency.tables import to_markdown\n\n"
+        "## Evidence beside the published NPU figures\n\n"
+        "This run's evidence and the published figures (8 x Ascend 910B1), row by row on the "
+        "same quantities; a quantity one side lacks shows \"—\", and the column headers say "
+        "which device each side ran on. An emulated-NPU run shows the mechanism on host "
+        "memory: its numbers are not NPU measurements and are not comparable in size. The "
+        "full tables with every statistical note are `evidence.md` and `published.md` (CSV "
+        "beside them)."),
+    new_code_cell("from residency.side_by_side import side_by_side\n\n"
                   "evidence, published = nb.evidence_tables(ev)\n"
                   'nb.write_tables(out, {"evidence": evidence, "published": published})\n'
-                  'display(Markdown(to_markdown(evidence) + "\\n" + to_markdown(published)))\n'
+                  "rv.show_table(side_by_side(evidence, published))\n"
                   'results = nb.finish(out, nb.paired_results(ev, source=params["source"], '
                   'notebook="paired_profile",\n'
                   "                                             parameters=params))"),
@@ -265,12 +301,13 @@ POLICY_WHATIF = [
                           cached_range="0.05:0.5:0.05", free_range="0.01:0.2:0.01",
                           policy="bounded"), metadata={"tags": ["parameters"]}),
     new_code_cell(_check("policy_whatif", ["device", "output_dir", "source"]).replace(
-        "as nb\n", "as nb\nfrom residency import whatif\n")
+        "as rv\n", "as rv\nfrom residency import whatif\n")
         + "\nnb.check_ranges(cached_range, free_range, policy)"),
     new_markdown_cell("## The run"),
     new_code_cell('run = nb.open_source(params["source"], output_dir=out, design="profiled-pair",\n'
                   '                     device=params["device"], steps=2, scale=0.05, '
                   "resident_mib=64)\n"
+                  "rv.show_banner(run)\n"
                   "display(Markdown(nb.describe_run(run)))"),
     new_markdown_cell(
         "## Consistency gate\n\n"
@@ -290,16 +327,20 @@ POLICY_WHATIF = [
         "retention rate against the cached bound (for the learned budget: its cap) at the "
         "run's own free floor, bounded and learned-budget side by side."),
     new_code_cell("fig = nb.whatif_figure(w.bounded, w.learned, heatmap=policy)\n"
-                  'figure = nb.save_figure(fig, out, "retention")\n'
-                  'display(Markdown("\\n".join(whatif.totals_lines(w.grid))))'),
+                  'figure = rv.show_figure(fig, out, "retention")\n'
+                  "grid_csv = rv.write_whatif([w.bounded, w.learned], output_dir=out, "
+                  "policy=policy)\n"
+                  'rv.show_text(nb.whatif_results(w)["note"])'),
     new_markdown_cell(
         "## Estimated effect (a model, not a measurement)\n\n"
         "Predicted releases and retained checks of the measured requests, priced with the "
         "per-call costs this run measured (baseline-arm releases, candidate-arm retained "
         "checks: the evidence's per-call durations). The note under the table says what the "
         "model leaves out."),
-    new_code_cell('display(Markdown("\\n".join(whatif.effect_lines(w.effect))))\n'
-                  'results = nb.finish(out, nb.whatif_results(w, files={"figure": figure}, '
+    new_code_cell("effect_csv = rv.write_effect(w.effect.table, output_dir=out)\n"
+                  "rv.show_text(w.effect.note)\n"
+                  'files = {"figure": figure, "grid": grid_csv, "effect": effect_csv}\n'
+                  'results = nb.finish(out, nb.whatif_results(w, files=files, '
                   'source=params["source"],\n'
                   '                                           notebook="policy_whatif", '
                   "parameters=params))"),

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 MAX_CACHED_FRACTION = 0.25
 MIN_FREE_FRACTION = 0.05
 
-__all__ = ["plot_e2e", "plot_fractions", "plot_idle", "plot_normal_calls", "whatif_figure"]
+__all__ = ["plot_fractions", "plot_idle", "plot_normal_calls", "whatif_figure"]
 
 
 def _title(what: str, device_kind: str, n: str) -> str:
@@ -103,7 +103,7 @@ def plot_normal_calls(ev: Evidence) -> Figure:
 
 
 def plot_idle(ev: Evidence) -> Figure:
-    """Per arm: normal-release markers ∩ all-rank idle (ms), all-rank idle (s) and the
+    """Per arm: normal-release markers ∩ all-rank no-device-task time (ms), that time (s), the
     preparation window (s) of the profiled pair, one panel per unit."""
     fig, axes = _figure(3, width=12.0)
     from residency.notebook.paired import idle_frame
@@ -120,34 +120,6 @@ def plot_idle(ev: Evidence) -> Figure:
             ax.text(0.5, 0.5, "no traces recorded", ha="center", transform=ax.transAxes)
     fig.suptitle(_title("Idle attribution of the profiled pair", ev.device_kind,
                         "n = 1 profiled run per arm (single observations)"))
-    return fig
-
-
-def plot_e2e(ev: Evidence) -> Figure:
-    """Client E2E (s) of each pair, baseline to candidate, profiled and unprofiled pairs in
-    separate panels (never pooled)."""
-    fig, axes = _figure(2)
-    e2e = {}
-    for key in ("profiled", "unprofiled"):
-        att = ev.get(f"e2e_{key}")
-        e2e[key] = {a: list(att.values[a]) if att else [] for a in ARMS}
-    for ax, key in zip(axes, ("profiled", "unprofiled"), strict=True):
-        lists = e2e[key]
-        for i, (b, c) in enumerate(zip(lists["baseline"], lists["candidate"], strict=False), 1):
-            ax.plot([0, 1], [b, c], marker="o", label=f"pair {i}")
-        ax.set_xticks([0, 1], list(ARMS))
-        ax.set_xlim(-0.3, 1.3)
-        ax.set_ylabel("client E2E (s)")
-        n = len(lists["baseline"])
-        ax.set_title(f"{key} pairs (n = {n})", fontsize=10)
-        ax.grid(alpha=0.3)
-        if n:
-            ax.legend(fontsize=8)
-        else:
-            ax.text(0.5, 0.5, "none in this run", ha="center", transform=ax.transAxes)
-    n_all = sum(len(e2e[k]["baseline"]) for k in e2e)
-    fig.suptitle(_title("Client end-to-end time per pair", ev.device_kind,
-                        f"n = {n_all} pairs in all"))
     return fig
 
 

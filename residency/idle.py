@@ -268,17 +268,17 @@ def format_summary(s: IdleSummary) -> list[str]:
     how = (f"union of host ranges matching /{s.window_marker}/" if s.window_marker is not None
            else "earliest to latest busy device task")
     rows = [("window", s.window_measure_ns, f"{how}; [{s.window_ns[0]}, {s.window_ns[1]}) ns"),
-            ("all-rank idle", s.all_rank_idle_ns,
+            ("all-rank no-device-task time", s.all_rank_idle_ns,
              f"{pct(s.all_rank_idle_ns, s.window_measure_ns)} of the window")]
     if s.marker is not None:
         rows += [("markers", s.marker_ns, f"/{s.marker}/, union over ranks, in the window"),
-                 ("markers in all-rank idle", s.marker_idle_intersection_ns,
+                 ("markers in that time", s.marker_idle_intersection_ns,
                   f"{pct(s.marker_idle_intersection_ns, s.marker_ns)} of marker time")]
     definition = busydef.DEFINITIONS.get(s.busy_definition)
     lines = [f"{s.format} traces, {len(s.ranks)} ranks ({', '.join(map(str, s.ranks))}); "
              f"busy: {definition or s.busy_definition}"]
-    lines += [f"  {label:<26}{ms(ns)} ms  ({note})" for label, ns, note in rows]
-    lines += [f"  {'rejected events':<26}{s.rejected_events:12d}", "",
+    lines += [f"  {label:<30}{ms(ns)} ms  ({note})" for label, ns, note in rows]
+    lines += [f"  {'rejected events':<30}{s.rejected_events:12d}", "",
               f"{'rank':>6} {'busy_ms':>12} {'idle_ms':>12} {'device_tasks':>13} "
               f"{'excluded':>9} {'markers':>8} {'span_idle_ms':>13} {'reported_free_ms':>17}"]
     lines += [f"{r.rank:>6} {ms(r.busy_ns)} {ms(r.idle_ns)} {r.device_tasks:>13} "
@@ -292,7 +292,7 @@ def format_summary(s: IdleSummary) -> list[str]:
         lines += ["", "excluded from busy (all ranks): " + ", ".join(
             f"{_type_label(ty)} x {n}" for ty, n in sorted(excluded.items()))]
     lines += ["", f"Unit: milliseconds; n = {len(s.ranks)} ranks. busy/idle: inside the window, "
-              "busy tasks only; all-rank idle: no rank runs a busy device task;",
+              "busy tasks only; all-rank no-device-task time: no rank runs a busy device task;",
               "excluded: device tasks the busy definition leaves out; span_idle: the rank's own "
               "busy span minus its busy time (HolisticTraceAnalysis's idle);",
               "reported_free: the trace's own Overlap Analysis Free time in the window "

@@ -18,7 +18,9 @@ import nbformat
 import pytest
 
 from residency import notebook as nb
+from residency import report_views as rv
 from residency import reports
+from residency.report_figures import e2e_slopegraph
 from residency.rundir import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -282,12 +284,14 @@ def test_paired_profile_frames_and_plots() -> None:
                                             "unprofiled"]
     assert nb.releases_frame(ev).loc["candidate", "normal calls released"] == "0/4"
     assert nb.idle_frame(ev).notna().all().all()
-    assert nb.e2e_frame(ev).index.tolist() == [("profiled", 1), ("unprofiled", 1)]
+    assert nb.e2e_frame(ev).index.tolist() == [("profiled", 1), ("unprofiled", 2)]
     for fig, n in ((nb.plot_normal_calls(ev), "n = 2 vs 2 ranks"),
-                   (nb.plot_idle(ev), "n = 1 profiled run per arm"),
-                   (nb.plot_e2e(ev), "n = 2 pairs in all")):
+                   (nb.plot_idle(ev), "n = 1 profiled run per arm")):
         title = (fig._suptitle or fig.axes[0].title).get_text()
         assert "emulated-npu (emulated NPU — not an NPU measurement)" in title and n in title
+    e2e = e2e_slopegraph(*rv.e2e_pairs(ev), device_kind=ev.device_kind)
+    assert "emulated-npu: emulated NPU — not an NPU measurement; n = 2 pairs, numbered once" \
+        in e2e._suptitle.get_text()
     evidence, published = nb.evidence_tables(ev)
     assert evidence.attrs["device_kind"] == "emulated-npu"
     assert published.attrs["device_kind"] == "npu"
@@ -299,7 +303,8 @@ def test_write_tables_and_finish(tmp_path: Path) -> None:
     assert [p.name for p in paths] == ["normal_calls.md", "normal_calls.csv"]
     assert (tmp_path / "normal_calls.csv").read_text().splitlines()[0] == \
         "rank,baseline (ms),candidate (ms),baseline / candidate"
-    nb.save_figure(nb.plot_e2e(ev), tmp_path, "e2e")
+    nb.save_figure(e2e_slopegraph(*rv.e2e_pairs(ev), device_kind=ev.device_kind), tmp_path,
+                   "e2e")
     path = nb.finish(tmp_path, {"device_kind": "emulated-npu"})
     got = json.loads(path.read_text())
     assert got["files"] == ["e2e.png", "normal_calls.csv", "normal_calls.md"]
@@ -480,6 +485,19 @@ def test_paired_profile_notebook_on_a_fresh_run(executions: dict[str, Papermill]
 
 
 @pytest.mark.slow
+def test_fresh_run_reports_progress_on_papermills_terminal(
+        executions: dict[str, Papermill]) -> None:
+    """The kernel's progress lines reach papermill's standard error (its terminal): what
+    runs now, runs done, the time left."""
+    done = executions["paired"].ok()
+    lines = [ln.split("residency: ", 1)[1] for ln in done.stderr.splitlines()
+             if "residency: paired-profile" in ln]  # (after papermill's bar in a file)
+    assert any("run 1/4: baseline, profiled pair" in ln for ln in lines), lines
+    assert any("1/4 runs done" in ln and "left" in ln for ln in lines), lines
+    assert lines[-1].startswith("paired-profile: finished: 4/4 runs in"), lines
+
+
+@pytest.mark.slow
 def test_consecutive_requests_notebook_on_a_fresh_run(executions: dict[str, Papermill]) -> None:
     run = executions["consecutive"]
     run.ok()
@@ -526,7 +544,7 @@ def test_papermill_without_output_path_writes_to_a_new_reports_folder(
     (folder,) = (run.cwd / "reports" / "paired_profile").iterdir()
     assert f"residency: paired_profile: results.json, tables and figures go to {folder}" \
         in done.stderr
-    assert f"residency: done: results.json, 7 table(s) (.md/.csv) and 3 figure(s) (.png) in " \
+    assert f"residency: done: results.json, 7 table(s) (.md/.csv) and 5 figure(s) (.png) in " \
         f"{folder}" in done.stderr
     assert nbformat.reads(done.stdout, as_version=4).metadata.papermill["output_path"] == "-"
     assert json.loads((folder / "results.json").read_text())["run_dir"] == str(PAIRED.resolve())

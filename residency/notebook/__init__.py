@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from residency.evidence import ARMS
 from residency.figures import (
-    plot_e2e,
     plot_fractions,
     plot_idle,
     plot_normal_calls,
@@ -80,7 +79,7 @@ __all__ = [
     "consecutive_summary", "consecutive_table", "describe_run", "device_label", "e2e_frame",
     "evidence_tables", "finish", "fractions", "gate_failures", "idle_frame",
     "markdown_table", "normal_call_frame", "note", "open_source", "paired_profile",
-    "paired_results", "per_run_frame", "plot_e2e", "plot_fractions", "plot_idle",
+    "paired_results", "per_run_frame", "plot_fractions", "plot_idle",
     "plot_normal_calls", "policy_whatif", "prepare_output_dir", "probe", "probe_table",
     "releases_frame", "save_figure", "statistical_note", "verdict_markdown",
     "versions_table", "whatif_figure", "whatif_results", "write_results", "write_tables",

@@ -154,6 +154,16 @@ def probe_table(probes: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _snapshot_text(snapshot: Any) -> str:
+    """A snapshot for people: "reserved 14 MiB, allocated 14 MiB, free 3.9 GiB, total 4 GiB"."""
+    from residency.humanize import bytes_text
+
+    if not isinstance(snapshot, Mapping):
+        return str(snapshot)
+    return ", ".join(f"{k} {bytes_text(v) if isinstance(v, (int, float)) else v}"
+                     for k, v in snapshot.items())
+
+
 def arms_table(probes: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
     """Which telemetry each arm reads on each device kind, and whether a snapshot
     succeeded (what a normal call then does)."""
@@ -163,7 +173,7 @@ def arms_table(probes: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
             if info["telemetry"] is None:
                 state = "reads none: releases on every call"
             elif info["error"] is None:
-                state = f"snapshot ok {info['snapshot']}: bounds decide"
+                state = f"snapshot ok ({_snapshot_text(info['snapshot'])}): bounds decide"
             else:
                 state = f"unavailable -> every normal call releases ({info['error']})"
             rows.append({"device kind": kind, "arm": arm,

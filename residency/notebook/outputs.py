@@ -3,8 +3,6 @@ Markdown a notebook prints about its run."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import math
 import os
 import sys
@@ -16,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from residency import devices
+from residency import devices, humanize
 from residency.notebook.params import ParameterError, check_output_dir
 from residency.rundir import Run, write_json_atomic
 
@@ -35,16 +33,10 @@ def _announce(line: str) -> None:
     """Print `line` in the notebook and, inside a Jupyter kernel, on the terminal that
     started it (papermill's stderr), which sees nothing of the notebook's own output."""
     print(line, flush=True)
-    err = sys.stderr
-    if not type(err).__module__.startswith("ipykernel"):
-        return
-    text = f"residency: {line}\n"
-    try:  # with fd capture on, fd 2 feeds the notebook; fileno() is the terminal's copy
-        os.write(err.fileno(), text.encode())
-    except (OSError, ValueError, io.UnsupportedOperation):  # no capture: fd 2 is the terminal
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            sys.__stderr__.write(text)  # type: ignore[union-attr]
-            sys.__stderr__.flush()  # type: ignore[union-attr]
+    if type(sys.stderr).__module__.startswith("ipykernel"):
+        from residency.progress import to_terminal
+
+        to_terminal(line)
 
 
 def prepare_output_dir(output_dir: str | os.PathLike[str] | None, name: str) -> Path:
@@ -103,8 +95,9 @@ def write_results(output_dir: str | os.PathLike[str], results: Mapping[str, Any]
 
 def write_tables(output_dir: str | os.PathLike[str], tables: Mapping[str, pd.DataFrame]
                  ) -> list[Path]:
-    """Write each table as `<name>.md` and `<name>.csv` into `output_dir`; returns the paths.
-    Evidence tables (with a title in `attrs`) use `residency.tables` formatting."""
+    """Write each table as `<name>.md` (for people: readable headers, 4 significant digits)
+    and `<name>.csv` (full precision) into `output_dir`; returns the paths. Evidence tables
+    (with a title in `attrs`) use `residency.tables` formatting."""
     from residency import tables as tb
 
     paths = []
@@ -113,11 +106,11 @@ def write_tables(output_dir: str | os.PathLike[str], tables: Mapping[str, pd.Dat
             table = table.reset_index()
         md = Path(output_dir) / f"{name}.md"
         csv = Path(output_dir) / f"{name}.csv"
-        if "title" in table.attrs:
-            md.write_text(tb.to_markdown(table), encoding="utf-8")
+        if "title" in table.attrs:  # for people: 4 significant digits; the CSV keeps all
+            md.write_text(humanize.round_numbers(tb.to_markdown(table)), encoding="utf-8")
             csv.write_text(tb.to_csv(table), encoding="utf-8")
         else:
-            md.write_text(markdown_table(table), encoding="utf-8")
+            md.write_text(humanize.markdown_table(table), encoding="utf-8")
             csv.write_text(table.to_csv(index=False, lineterminator="\n"), encoding="utf-8")
         paths += [md, csv]
     return paths

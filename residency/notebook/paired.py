@@ -95,14 +95,16 @@ def releases_frame(ev: Evidence) -> pd.DataFrame:
                          for arm in ARMS]).set_index("arm")
 
 
-_IDLE_COLUMNS = (("idle_intersection", "normal-release markers ∩ all-rank idle (ms)"),
-                 ("all_rank_idle", "all-rank idle (s)"),
+_IDLE_COLUMNS = (("idle_intersection",
+                  "normal-release markers ∩ all-rank no-device-task time (ms)"),
+                 ("all_rank_idle", "all-rank no-device-task time (s)"),
                  ("preparation_window", "preparation window (s)"))
 
 
 def idle_frame(ev: Evidence) -> pd.DataFrame:
-    """Per arm (profiled pair): normal-release markers ∩ all-rank idle (ms), all-rank idle
-    (s), preparation window (s); empty values where no traces were recorded."""
+    """Per arm (profiled pair): normal-release markers ∩ all-rank no-device-task time (ms),
+    all-rank no-device-task time (s), preparation window (s); empty values where no traces
+    were recorded."""
     rows = []
     for arm in ARMS:
         row: dict[str, Any] = {"arm": arm}
@@ -114,17 +116,17 @@ def idle_frame(ev: Evidence) -> pd.DataFrame:
 
 
 def e2e_frame(ev: Evidence) -> pd.DataFrame:
-    """One row per pair: design (profiled / unprofiled), pair number, E2E of each arm (s)
-    and the delta candidate - baseline (s)."""
+    """One row per pair: design (profiled / unprofiled), pair number (numbered once across
+    both, profiled first, as in the E2E figure), E2E of each arm (s) and the delta
+    candidate - baseline (s)."""
     rows = []
     for key, word in (("e2e_profiled", "profiled"), ("e2e_unprofiled", "unprofiled")):
         a = ev.get(key)
         if a is None:
             continue
-        for i, (b, c) in enumerate(zip(a.values["baseline"], a.values["candidate"],
-                                       strict=True), 1):
-            rows.append({"pairs": word, "pair": i, "baseline (s)": b, "candidate (s)": c,
-                         "delta (s)": c - b})
+        for b, c in zip(a.values["baseline"], a.values["candidate"], strict=True):
+            rows.append({"pairs": word, "pair": len(rows) + 1, "baseline (s)": b,
+                         "candidate (s)": c, "delta (s)": c - b})
     return pd.DataFrame(rows, columns=["pairs", "pair", "baseline (s)", "candidate (s)",
                                        "delta (s)"]).set_index(["pairs", "pair"])
 

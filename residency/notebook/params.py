@@ -179,13 +179,16 @@ def open_source(source: str | os.PathLike[str], *, output_dir: str | os.PathLike
     (services start as subprocesses)."""
     if str(source) != "run":
         return load_run(source)
-    from residency.experiments import run_pair
+    from residency.experiments import plan, run_pair
+    from residency.progress import RunProgress
 
+    out = Path(output_dir) / "run"
+    progress = RunProgress(plan(design, pairs), design=design, run_dir=out)  # + terminal
     with warnings.catch_warnings():  # tqdm.auto in a kernel without ipywidgets: text bars
         warnings.filterwarnings("ignore", message=".*IProgress not found.*")
-        path = run_pair(design, out=Path(output_dir) / "run", device=device, ranks=ranks,
-                        steps=steps, seed=seed, pairs=pairs, requests=requests, scale=scale,
-                        resident_mib=resident_mib, progress=True)
+        path = run_pair(design, out=out, device=device, ranks=ranks, steps=steps, seed=seed,
+                        pairs=pairs, requests=requests, scale=scale,
+                        resident_mib=resident_mib, progress=progress)
     return load_run(path)
 
 

@@ -1,0 +1,134 @@
+"""The four notebooks rendered from the recorded runs in `data/runs/` as a reviewer reads
+them (slow: papermill, then `residency.reports`): the banner first, no table over 40 rows, no
+number with more than 6 significant digits in the visible text, the paired report's timeline
+and memory figures listed in `results.json`, and full-page screenshots."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from residency import reports
+from tests.test_reports import LABEL, too_precise, visible_text
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = ROOT / "data" / "runs"
+SOURCES = {
+    "api_reproduction": RUNS / "emulated-paired-profile-2r50s",
+    "consecutive_requests": RUNS / "emulated-consecutive-2r2s",
+    "paired_profile": RUNS / "emulated-paired-profile-2r50s",
+    "policy_whatif": RUNS / "emulated-paired-profile-2r50s",
+}
+TABLE_ROW = re.compile(r"<tr[\s>]")
+
+
+@dataclass(frozen=True)
+class Rendered:
+    out: Path  # the notebook's output folder (results.json, figures, tables)
+    html: Path
+    text: str  # the HTML
+
+    @property
+    def results(self) -> dict:
+        return json.loads((self.out / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Rendered]]:
+    """Each notebook executed by papermill on its recorded run (all at once), then rendered
+    to HTML by `residency.reports.render_html`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    procs = {}
+    for name, source in SOURCES.items():
+        out = tmp_path_factory.mktemp(name)
+        cmd = [sys.executable, "-m", "papermill", str(ROOT / "notebooks" / f"{name}.ipynb"),
+               str(out / f"{name}.ipynb"), "-k", "python3", "-r", "source", str(source),
+               "-r", "output_dir", str(out)]
+        log = open(out / ".papermill.log", "w")  # noqa: SIM115 - closed below
+        procs[name] = (out, log, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                                  stdin=subprocess.DEVNULL, cwd=out, env=env))
+    done: dict[str, Rendered] = {}
+    try:
+        for name, (out, log, proc) in procs.items():
+            code = proc.wait(timeout=900)
+            log.close()
+            assert code == 0, (out / ".papermill.log").read_text()[-4000:]
+            html = reports.render_html(out / f"{name}.ipynb", out / "html")
+            done[name] = Rendered(out, html, html.read_text(encoding="utf-8"))
+        yield done
+    finally:
+        for _, log, proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            log.close()
+
+
+NAMES = sorted(SOURCES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_first_visible_text_is_the_banner(rendered: dict[str, Rendered], name: str) -> None:
+    texts = visible_text(rendered[name].text)
+    assert texts[0] == f"emulated-npu: {LABEL}", texts[:5]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_no_html_table_over_40_rows(rendered: dict[str, Rendered], name: str) -> None:
+    tables = re.findall(r"<table.*?</table>", rendered[name].text, flags=re.S)
+    rows = [len(TABLE_ROW.findall(t)) for t in tables]
+    assert tables and max(rows) <= 41, rows  # 40 rows + the header row
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_no_number_with_more_than_6_significant_digits(rendered: dict[str, Rendered],
+                                                       name: str) -> None:
+    text = " ".join(visible_text(rendered[name].text))
+    assert too_precise(text) == []
+    assert "{'" not in text and "_ns'" not in text  # no raw dicts
+
+
+@pytest.mark.slow
+def test_paired_report_shows_the_timeline_and_memory_figures(
+        rendered: dict[str, Rendered]) -> None:
+    r = rendered["paired_profile"]
+    files = r.results["files"]
+    for name in ("timeline.png", "memory.png", "e2e.png"):
+        assert name in files and (r.out / name).stat().st_size > 20_000
+    assert r.text.count("<img") >= 4
+
+
+@pytest.mark.slow
+def test_whatif_report_saves_the_full_grid_and_shows_a_small_table(
+        rendered: dict[str, Rendered]) -> None:
+    r = rendered["policy_whatif"]
+    files = r.results["files"]  # names, or kind -> path
+    assert "whatif_grid.csv" in [Path(f).name for f in (
+        files.values() if isinstance(files, dict) else files)], files
+    assert len((r.out / "whatif_grid.csv").read_text().splitlines()) > 100
+    # the replay note is one plain paragraph (as Markdown its '_*' used to close the italics)
+    assert re.search(r"<p>calls: normal decisions[^<]*not NPU figures\.</p>", r.text), \
+        re.findall(r"<p>calls: normal decisions.{0,400}", r.text)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(reports.find_chromium() is None, reason="no Chromium installed")
+@pytest.mark.parametrize("name", ["paired_profile", "policy_whatif"])
+def test_full_page_screenshot_height_matches_the_page(rendered: dict[str, Rendered],
+                                                      name: str) -> None:
+    r = rendered[name]
+    shot = reports.capture(r.html, r.html.with_suffix(".png"))
+    assert shot.page_height_px > 2400  # the former fixed window cut these pages
+    assert sum(reports.png_size(p)[1] for p in shot.paths) == shot.page_height_px
+    assert all(reports.png_size(p)[0] == 1280 for p in shot.paths)
