@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ CAPACITY_BYTES = 256 * MiB
 TEXT_ENCODER_BYTES = 48 * MiB  # cached after its offload: 18.75 % of capacity, within 25 %
 RESIDENT_BYTES = 64 * MiB
 VAE_BYTES = 32 * MiB
+PROFILE_RANGE = "standin.profiler_window"
 FAKE_MP4 = b"\x00\x00\x00\x18ftypmp42\x00\x00\x00\x00mp42isom" + b"\x00" * 64
 
 
@@ -65,6 +67,7 @@ def worker_main(rank: int, ranks: int, profile_dir: str) -> int:
     resident = npu.empty(RESIDENT_BYTES // 4, torch.float32, device)  # the DiT, kept resident
     host = torch.randn(64, 64)
     served = 0
+    profile_start_ns = 0
 
     def generate(steps: int) -> None:
         nonlocal served
@@ -99,7 +102,12 @@ def worker_main(rank: int, ranks: int, profile_dir: str) -> int:
             generate(int(cmd["steps"]))
         elif op == "start_profile":
             npu.start_trace()
+            profile_start_ns = time.perf_counter_ns()
         elif op == "stop_profile":
+            # the whole profiled window as a host range, as a profiler's trace spans from
+            # start to stop: the ranks' traces overlap even when a loaded host runs their
+            # (unsynchronised) requests one after the other
+            markers.emit(PROFILE_RANGE, profile_start_ns, time.perf_counter_ns())
             npu.stop_trace()
             npu.export_trace(Path(profile_dir) / f"rank{rank}.trace.json", rank=rank,
                              world_size=ranks)
