@@ -26,6 +26,13 @@ PARAMETERS_HELP = (
     "to record a fresh run into `output_dir/run`, or a recorded run directory (e.g. "
     "`data/runs/<id>`) to analyse without re-running.")
 
+SERVICE_HELP = (
+    " `service` is None for the built-in service, or a service file (TOML) describing an "
+    "external one, e.g. vLLM-Omni with residency's adapter (`data/services/`; the CI "
+    "stand-in `tests/data/services/standin_2r.toml`): with `source=\"run\"` the run starts "
+    "that service per arm (its file sets the device kind and ranks), and decisions are "
+    "attributed to requests by the client's wall-clock windows.")
+
 IMPORTS = ("from IPython.display import Markdown, display\n\n"
            "from residency import notebook as nb\n"
            "from residency import report_views as rv\n")
@@ -106,17 +113,18 @@ CONSECUTIVE_REQUESTS = [
         "its own recorded snapshot (the policy's bounds rule, `residency.policy`; the one replay "
         "gate, `residency.whatif.consistency`).\n\n" + PARAMETERS_HELP
         + " `ranks`, `requests`, `steps` and `scale` (workload size) set up a fresh run; a "
-        "recorded run keeps its own."),
+        "recorded run keeps its own." + SERVICE_HELP),
     new_code_cell(_params(device="auto", output_dir=None, source="run", ranks=2, requests=3,
-                          steps=2, scale=1.0), metadata={"tags": ["parameters"]}),
+                          steps=2, scale=1.0, service=None), metadata={"tags": ["parameters"]}),
     new_code_cell(_check("consecutive_requests",
                          ["device", "output_dir", "source", "ranks", "requests", "steps",
-                          "scale"], designs=("consecutive",))),
+                          "scale", "service"], designs=("consecutive",))),
     new_markdown_cell("## The run"),
     new_code_cell('run = nb.open_source(params["source"], output_dir=out, design="consecutive",\n'
                   '                     device=params["device"], ranks=params["ranks"], '
                   'steps=params["steps"],\n'
-                  '                     requests=params["requests"], scale=params["scale"])\n'
+                  '                     requests=params["requests"], scale=params["scale"],\n'
+                  '                     service=params["service"])\n'
                   "rv.show_banner(run)\n"
                   "display(Markdown(nb.describe_run(run)))"),
     new_markdown_cell(
@@ -168,19 +176,22 @@ PAIRED_PROFILE = [
         "* client E2E of the profiled pair and of the unprofiled pairs (never pooled);\n"
         "* the evidence table beside the published NPU figures.\n\n" + PARAMETERS_HELP
         + " `ranks`, `steps`, `seed`, `scale` and `pairs` set up a fresh run; a recorded run "
-        "keeps its own."),
+        "keeps its own." + SERVICE_HELP),
     new_code_cell(_params(device="auto", output_dir=None, source="run", ranks=2, steps=50,
-                          seed=2101, scale=1.0, pairs=3), metadata={"tags": ["parameters"]}),
+                          seed=2101, scale=1.0, pairs=3, service=None),
+                  metadata={"tags": ["parameters"]}),
     new_code_cell(_check("paired_profile",
                          ["device", "output_dir", "source", "ranks", "steps", "seed", "scale",
-                          "pairs"], designs=("paired-profile", "profiled-pair", "alternating"))),
+                          "pairs", "service"],
+                         designs=("paired-profile", "profiled-pair", "alternating"))),
     new_markdown_cell("## The run"),
     new_code_cell('run = nb.open_source(params["source"], output_dir=out, '
                   'design="paired-profile",\n'
                   '                     device=params["device"], ranks=params["ranks"], '
                   'steps=params["steps"],\n'
                   '                     seed=params["seed"], scale=params["scale"], '
-                  'pairs=params["pairs"])\n'
+                  'pairs=params["pairs"],\n'
+                  '                     service=params["service"])\n'
                   "rv.show_banner(run)\n"
                   "display(Markdown(nb.describe_run(run)))\n"
                   "ev = nb.paired_profile(run)"),

@@ -35,6 +35,8 @@ from residency.rundir import Manifest, write_json_atomic
 DESIGNS = ("profiled-pair", "alternating", "paired-profile", "consecutive")
 ARMS = ("baseline", "candidate")
 STOP_GRACE_S = 30.0
+BUILTIN_EXPECT = {"normal_per_request": 1, "forced_per_request": 2}
+"""Policy calls per rank per measured request of the built-in service (and H3 Ref2VA)."""
 
 
 class ExperimentError(RuntimeError):
@@ -50,7 +52,7 @@ class ExperimentInputError(ExperimentError, ValueError):
 class ServiceSpec:
     """How to start one arm's service and measure one request on it (strings are templates
     with `{port}`, `{arm}`, `{profile_dir}`, `{profiler_config}`, `{decisions_dir}`,
-    `{steps}`, `{seed}`)."""
+    `{python}` (this interpreter), `{steps}`, `{seed}`)."""
 
     name: str
     device_kind: str
@@ -73,6 +75,9 @@ class ServiceSpec:
     decisions: str = "{decisions_dir}"
     builtin: bool = False
     warmup_json: dict[str, Any] | None = None
+    version_url: str | None = None
+    source: str | None = None  # the service file this spec was read from
+    expect: dict[str, int] | None = None  # policy calls per rank per measured request
 
 
 def builtin_service(*, device_kind: str, ranks: int, scale: float = 1.0,
@@ -89,7 +94,7 @@ def builtin_service(*, device_kind: str, ranks: int, scale: float = 1.0,
         name="residency-builtin", device_kind=device_kind, ranks=ranks, command=tuple(command),
         json_body={"steps": "{steps}", "seed": "{seed}"},
         warmup_json={"steps": "{steps}", "seed": "{seed}", "warmup": True},
-        health_timeout_s=health_timeout_s, builtin=True)
+        health_timeout_s=health_timeout_s, builtin=True, expect=dict(BUILTIN_EXPECT))
 
 
 class ServiceFileError(ExperimentInputError):
@@ -166,6 +171,15 @@ def load_service_file(path: str | os.PathLike[str]) -> ServiceSpec:
     json_body = check(request, "json", dict, "request.")
     if json_body is not None:
         _check_finite(json_body, f"{path}: field `request.json")
+    expect = data.get("expect", {})
+    if not isinstance(expect, dict) or not all(
+            k in BUILTIN_EXPECT and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+            for k, v in expect.items()):
+        raise ServiceFileError(f"{path}: field `expect` must be a table of "
+                               f"{' and '.join(BUILTIN_EXPECT)} (integers >= 0)")
+    version_url = health.get("version_url")
+    if version_url is not None and not isinstance(version_url, str):
+        raise ServiceFileError(f"{path}: field `health.version_url` must be a string")
     base = path.parent
     files = {k: str((base / v).resolve())
              for k, v in (strings(request, "files", "request.") or {}).items()}
@@ -185,6 +199,7 @@ def load_service_file(path: str | os.PathLike[str]) -> ServiceSpec:
         profile_stop_timeout_s=seconds(profile, "stop_timeout_s", "profile.", 1800),
         traces=str(check(profile, "traces", str, "profile.", "{profile_dir}")),
         decisions=str(check(profile, "decisions", str, "profile.", "{decisions_dir}")),
+        version_url=version_url, source=str(path), expect=expect or None,
     )
 
 
@@ -258,6 +273,7 @@ class RunningService:
     proc: subprocess.Popen[bytes]
     values: dict[str, Any]
     log_path: Path
+    versions: dict[str, Any] | None = None  # what the service reported at `version_url`
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -289,7 +305,7 @@ def start_service(spec: ServiceSpec, arm: str, run_dir: Path, *, profiled: bool
     port = free_port()
     profile_dir = run_dir / ("trace-raw" if spec.builtin else "trace")
     values: dict[str, Any] = {
-        "port": port, "arm": arm, "decisions_dir": str(run_dir),
+        "port": port, "arm": arm, "decisions_dir": str(run_dir), "python": sys.executable,
         "profile_dir": str(profile_dir) if profiled else "",
         "profiler_config": json.dumps({"profiler": "torch",
                                        "torch_profiler_dir": str(profile_dir)}),
@@ -301,6 +317,7 @@ def start_service(spec: ServiceSpec, arm: str, run_dir: Path, *, profiled: bool
             command += ["--profile", str(profile_dir)]
     env = {**os.environ, **{k: str(v) for k, v in _fill(spec.env, values).items()},
            PARENT_PID_ENV: str(os.getpid())}
+    _check_command(spec, command[0], env)
     log_path = run_dir / "service.log"
     with open(log_path, "wb") as log:
         # the service dies with us (SIGTERM from the kernel when this process is killed,
@@ -311,10 +328,38 @@ def start_service(spec: ServiceSpec, arm: str, run_dir: Path, *, profiled: bool
     service = RunningService(proc, values, log_path)
     try:
         _wait_healthy(spec, service)
+        if spec.version_url:
+            service.versions = _reported_versions(_fill(spec.version_url, values))
     except BaseException:
         service.stop(grace_s=5)
         raise
     return service
+
+
+def _check_command(spec: ServiceSpec, executable: str, env: dict[str, str]) -> None:
+    """Refuse a `serve.command` whose program cannot be found (before anything starts)."""
+    if os.sep in executable:
+        path = Path(spec.cwd) / executable
+        found = path.is_file() and os.access(path, os.X_OK)
+    else:
+        found = shutil.which(executable, path=env.get("PATH")) is not None
+    if not found:
+        where = spec.source or spec.name
+        raise ServiceFileError(f"{where}: field `serve.command` names {executable!r}, which is "
+                               "not an executable file on the service's PATH (or relative to "
+                               f"its cwd {spec.cwd}); install it or give its absolute path")
+
+
+def _reported_versions(url: str) -> dict[str, Any]:
+    """What the service answers at its version route (JSON object, else the text)."""
+    try:
+        status, payload = _http("GET", url, timeout=30)
+    except (urllib.error.URLError, OSError, TimeoutError) as exc:
+        return {"error": f"{url}: {exc}"}
+    if status != 200:
+        return {"error": f"{url} answered {status}"}
+    data = _json_or_none(payload)
+    return data if isinstance(data, dict) else {"text": payload[:500].decode(errors="replace")}
 
 
 def _wait_healthy(spec: ServiceSpec, service: RunningService) -> None:
@@ -337,9 +382,21 @@ def _wait_healthy(spec: ServiceSpec, service: RunningService) -> None:
         time.sleep(0.25)
 
 
-def send_request(spec: ServiceSpec, values: dict[str, Any], *, warmup: bool = False
-                 ) -> tuple[int, bytes, int]:
-    """Send the measured (or warm-up) request; returns (status, body, client E2E ns)."""
+@dataclass(frozen=True)
+class Reply:
+    """One request as the client saw it: status, body, E2E on the monotonic clock, and the
+    wall-clock window `[start_wall_ns, end_wall_ns)` (`time.time_ns()`, the clock of the
+    decisions' `wall_ns`) that analysis attributes decisions by."""
+
+    status: int
+    payload: bytes
+    e2e_ns: int
+    start_wall_ns: int
+    end_wall_ns: int
+
+
+def send_request(spec: ServiceSpec, values: dict[str, Any], *, warmup: bool = False) -> Reply:
+    """Send the measured (or warm-up) request and time it."""
     url = _fill(spec.url, values)
     body: bytes | None = None
     content_type = None
@@ -348,13 +405,15 @@ def send_request(spec: ServiceSpec, values: dict[str, Any], *, warmup: bool = Fa
         body, content_type = json.dumps(_fill(template, values)).encode(), "application/json"
     elif spec.form is not None or spec.files:
         body, content_type = _multipart(_fill(spec.form or {}, values), spec.files or {})
+    start_wall_ns = time.time_ns()
     start = time.perf_counter_ns()
     try:
         status, payload = _http(spec.method, url, body=body, content_type=content_type,
                                 timeout=spec.request_timeout_s)
     except (urllib.error.URLError, OSError, TimeoutError) as exc:
         raise ExperimentError(f"request to {url} failed: {exc}") from exc
-    return status, payload, time.perf_counter_ns() - start
+    e2e_ns = time.perf_counter_ns() - start
+    return Reply(status, payload, e2e_ns, start_wall_ns, time.time_ns())
 
 
 def _post_control(url: str, values: dict[str, Any], timeout: float) -> None:
@@ -378,23 +437,25 @@ def run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, s
     values = {**service.values, "steps": steps, "seed": seed}
     measured: list[dict[str, Any]] = []
     try:
-        status, payload, warm_ns = send_request(spec, values, warmup=True)
-        if status != 200:
-            raise ExperimentError(f"{arm} warm-up answered {status}: {payload[:300]!r}; "
-                                  f"log tail:\n{service.log_tail()}")
-        warm = _json_or_none(payload)
+        warm = send_request(spec, values, warmup=True)
+        if warm.status != 200:
+            raise ExperimentError(f"{arm} warm-up answered {warm.status}: {warm.payload[:300]!r};"
+                                  f" log tail:\n{service.log_tail()}")
         if profiled and spec.profile_start_url:
             _post_control(spec.profile_start_url, values, timeout=60)
         for _ in range(requests):
-            status, payload, e2e_ns = send_request(spec, values)
-            if status != 200:
-                raise ExperimentError(f"{arm} request answered {status}: {payload[:300]!r}; "
-                                      f"log tail:\n{service.log_tail()}")
-            response = _json_or_none(payload)
+            reply = send_request(spec, values)
+            if reply.status != 200:
+                raise ExperimentError(f"{arm} request answered {reply.status}: "
+                                      f"{reply.payload[:300]!r}; log tail:\n"
+                                      f"{service.log_tail()}")
+            response = _json_or_none(reply.payload)
             measured.append({"request_id": (response or {}).get("request_id"),
-                             "e2e_ns": e2e_ns, "e2e_s": e2e_ns / 1e9,
+                             "e2e_ns": reply.e2e_ns, "e2e_s": reply.e2e_ns / 1e9,
+                             "start_wall_ns": reply.start_wall_ns,
+                             "end_wall_ns": reply.end_wall_ns,
                              "response": response if response is not None
-                             else {"bytes": len(payload)}})
+                             else {"bytes": len(reply.payload)}})
         if profiled and spec.profile_stop_url:
             _post_control(spec.profile_stop_url, values, timeout=spec.profile_stop_timeout_s)
     except ExperimentError as exc:
@@ -404,14 +465,20 @@ def run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, s
         raise
     finally:
         service.stop()
+    _check_decisions_written(spec, Path(_fill(spec.decisions, values)), arm, requests + 1)
     first = measured[0]
     if spec.builtin and profiled:
         _collect_builtin_traces(run_dir, first["request_id"])
     client = {"arm": arm, "index": index, "request": {"steps": steps, "seed": seed},
               "request_id": first["request_id"], "e2e_ns": first["e2e_ns"],
-              "e2e_s": first["e2e_s"],
-              "warmup": {"request_id": (warm or {}).get("request_id"), "e2e_ns": warm_ns},
+              "e2e_s": first["e2e_s"], "start_wall_ns": first["start_wall_ns"],
+              "end_wall_ns": first["end_wall_ns"],
+              "warmup": {"request_id": (_json_or_none(warm.payload) or {}).get("request_id"),
+                         "e2e_ns": warm.e2e_ns, "start_wall_ns": warm.start_wall_ns,
+                         "end_wall_ns": warm.end_wall_ns},
               "response": first["response"]}
+    if service.versions is not None:
+        client["service_versions"] = service.versions
     if requests > 1:
         client["requests"] = measured
     write_json_atomic(run_dir / "client.json", client)
@@ -420,6 +487,23 @@ def run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, s
     if requests > 1:
         entry["request_ids"] = [m["request_id"] for m in measured]
     return entry
+
+
+def _check_decisions_written(spec: ServiceSpec, directory: Path, arm: str, sent: int) -> None:
+    """Refuse a run whose decisions directory stayed empty: nothing could be attributed."""
+    files = sorted(directory.glob("decisions-rank*.jsonl")) if directory.is_dir() else []
+    if any(f.stat().st_size for f in files):
+        return
+    if spec.builtin:
+        raise ExperimentError(f"{directory}: the built-in {arm} service answered {sent} "
+                              "requests but wrote no decisions-rank<r>.jsonl")
+    raise ExperimentError(
+        f"{directory}: the decisions directory (field `profile.decisions` of "
+        f"{spec.source or spec.name}) stayed empty after the {arm} service answered {sent} "
+        "requests; likely cause: the residency adapter did not load in the service's workers "
+        "(residency not installed in the service's environment so its "
+        "`vllm_omni.general_plugins` entry point is missing, VLLM_PLUGINS set without "
+        "`residency`, or RESIDENCY_ARM / RESIDENCY_DECISIONS_DIR missing from `serve.env`)")
 
 
 def _json_or_none(payload: bytes) -> Any:
@@ -486,6 +570,12 @@ def versions() -> dict[str, Any]:
             "git_commit": commit}
 
 
+def _builtin_versions() -> dict[str, Any]:
+    """What the built-in service runs on: this interpreter's residency, torch and python."""
+    v = versions()
+    return {k: v[k] for k in ("residency", "torch", "torch_npu", "python")}
+
+
 def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, steps: int = 50,
                seed: int = 2101, pairs: int = 1, requests: int = 1,
                params: dict[str, Any] | None = None,
@@ -519,7 +609,12 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
         params={"ranks": spec.ranks, "steps": steps, "seed": seed,
                 "pairs": pairs if design in ("alternating", "paired-profile") else 1,
                 "requests": requests, **(params or {})},
-        versions=versions(), order=[arm for arm, _ in order])
+        versions=versions(), order=[arm for arm, _ in order],
+        extra={"service_info": {"name": spec.name, "file": spec.source,
+                                "command": list(spec.command),
+                                "versions": _builtin_versions() if spec.builtin else None,
+                                "expect": spec.expect}})
+    info = manifest.extra["service_info"]
     try:
         manifest.write(out)
     except OSError as exc:
@@ -531,6 +626,10 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
             bar.set_postfix_str(f"{arm} #{index}")
             manifest.runs.append(run_arm(spec, arm, index, out, steps=steps, seed=seed,
                                          profiled=profiled, requests=requests))
+            if info["versions"] is None:  # what the first external service reported
+                client = json.loads((out / manifest.runs[-1]["dir"] / "client.json")
+                                    .read_text(encoding="utf-8"))
+                info["versions"] = client.get("service_versions")
             manifest.write(out)
             bar.update(1)
     except BaseException as exc:
@@ -540,7 +639,9 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
         except OSError as werr:
             unsaved = f" (manifest.json could not be updated either: {werr.strerror or werr})"
         if isinstance(exc, ExperimentError):
-            raise ExperimentError(f"{exc}{unsaved}") from exc
+            if not unsaved:
+                raise
+            raise type(exc)(f"{exc}{unsaved}") from exc
         if isinstance(exc, OSError):
             raise ExperimentError(f"{out}: run incomplete: {exc.strerror or exc}: "
                                   f"{exc.filename or ''}{unsaved}") from exc
@@ -595,5 +696,6 @@ def run_pair(design: str = "profiled-pair", *, out: str | os.PathLike[str], devi
                       requests=requests, params=params, progress=progress)
 
 
-__all__ = ["ExperimentError", "ExperimentInputError", "ServiceFileError", "ServiceSpec",
-           "builtin_service", "load_service_file", "plan", "run_design", "run_pair"]
+__all__ = ["BUILTIN_EXPECT", "ExperimentError", "ExperimentInputError", "Reply",
+           "ServiceFileError", "ServiceSpec", "builtin_service", "load_service_file", "plan",
+           "run_design", "run_pair", "send_request"]

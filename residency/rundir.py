@@ -234,15 +234,51 @@ class Run:
         return check_client(path, _read_json(path))
 
     def decisions(self, run: RunEntry, *, warmup: bool = False) -> pd.DataFrame:
-        """Policy decisions of all ranks of one run, one row per call (warm-up excluded
-        unless `warmup`), snapshot fields flattened; empty frame with the columns if none."""
+        """Policy decisions of all ranks of one run, one row per call, snapshot fields
+        flattened; empty frame with the columns if none.
+
+        Without `warmup`: only the decisions attributed to a measured request
+        (`residency.attribution`: by the client's wall-clock windows when recorded, else by
+        request id), each with `request` (1.. in order) and `request_id` of that request;
+        the warm-up and decisions outside every request are left out (`attribution`
+        counts them). With `warmup`: every decision as recorded, with `request` (<NA>
+        outside every request) and `warmup` True for each one not attributed to a measured
+        request (the warm-up's and those outside every request)."""
         rows = []
         for f in sorted(run.dir.glob("decisions-rank*.jsonl")):
             rows.extend(_read_decisions(f))
         df = pd.DataFrame(rows, columns=list(DECISION_COLUMNS))
-        if not warmup:
-            df = df[~df["warmup"].astype(bool)].reset_index(drop=True)
-        return df
+        attr = self.attribution(run, decisions=df)
+        number = attr.numbers
+        keep = (number.notna() & (number != 0)).fillna(False).astype(bool)
+        if warmup:
+            return df.assign(request=number, warmup=~keep)
+        out = df[keep].assign(request=number[keep].astype("int64"))
+        out["request_id"] = [attr.request_id_of(int(n)) for n in out["request"]]
+        return out.reset_index(drop=True)
+
+    def attribution(self, run: RunEntry, *, method: str = "auto",
+                    decisions: pd.DataFrame | None = None) -> Any:
+        """`residency.attribution.Attribution` of one run: which request each decision
+        belongs to (by time when the client recorded wall-clock windows, else by id), and
+        the decisions outside every request.
+
+        Raises:
+            RunDirError: the run cannot be attributed (e.g. decisions without request ids
+                and a client record without wall-clock windows).
+        """
+        from residency import attribution as at
+
+        if decisions is None:
+            rows = []
+            for f in sorted(run.dir.glob("decisions-rank*.jsonl")):
+                rows.extend(_read_decisions(f))
+            decisions = pd.DataFrame(rows, columns=list(DECISION_COLUMNS))
+        path = run.dir / "client.json"
+        try:
+            return at.attribute(decisions, self.client(run), method=method, source=str(path))
+        except at.AttributionError as exc:
+            raise RunDirError(path, str(exc).removeprefix(f"{path}: ")) from None
 
 
 def load_run(path: str | Path, *, allow_incomplete: bool = False, verify: bool = True) -> Run:

@@ -179,7 +179,7 @@ def evidence_table(run: Run | Evidence, *, idle: Mapping[str, Mapping[str, float
             used.add(_USED[a.kind] if a.kind != "pairs" or a.n["baseline"] > 1 else "single")
         docs.append(a.to_dict())
     return _frame(rows, _title(ev.name, ev.device_kind), ev.device_kind,
-                  _footer(used, "Warm-up requests excluded."
+                  _footer(used, ev.attribution_note
                           + (f" Run digest: {ev.digest}." if ev.digest else
                              " The run is not sealed.")), docs)
 

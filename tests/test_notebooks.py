@@ -74,6 +74,15 @@ BAD = [
         "the recorded run's device kind 'emulated-npu', but 'cuda' was passed"),
     Bad({"output_dir": str(CONSECUTIVE / "manifest.json")}, "is a file"),
     Bad({"colour": "red"}, "The parameter `colour` is not one this notebook knows"),
+    Bad({"service": "/nonexistent/svc.toml"},
+        "`service` must be a usable service file, but /nonexistent/svc.toml: service file "
+        "not found"),
+    Bad({"service": 3}, "`service` must be None or a service file (TOML), but 3 was passed"),
+    Bad({"service": "@standin", "source": str(CONSECUTIVE)},
+        "`service` must be None when `source` is a recorded run directory"),
+    Bad({"service": "@standin", "source": "run", "device": "cuda"},
+        "must be 'auto' or the service file's device kind 'emulated-npu', but 'cuda'"),
+    Bad({"service": "@bad-toml"}, "`service` must be a usable service file, but "),
 ]
 
 
@@ -84,6 +93,11 @@ def test_check_parameters_refuses_with_one_sentence(case: Bad, tmp_path: Path) -
         params["source"] = str(_incomplete(tmp_path))
     elif params.get("source") == "@empty":
         params["source"] = str(tmp_path)
+    if params.get("service") == "@standin":
+        params["service"] = str(ROOT / "tests" / "data" / "services" / "standin_2r.toml")
+    elif params.get("service") == "@bad-toml":
+        (tmp_path / "bad.toml").write_text("name = \"x\"\n[serve\n")
+        params["service"] = str(tmp_path / "bad.toml")
     with pytest.raises(nb.ParameterError) as err:
         nb.check_parameters(**params)
     message = str(err.value)
@@ -164,9 +178,18 @@ def test_consecutive_table_counts_per_rank_and_request() -> None:
     assert (table["normal_checks"] == 1).all() and (table["normal_retained"] == 1).all()
     assert (table["forced"] == 2).all() and (table["forced_released"] == 2).all()
     summary = nb.consecutive_summary(run, table)
+    service = summary.pop("service")
+    attributed = summary.pop("request_attribution")
+    note = summary.pop("attribution_note")
     assert summary == {"device_kind": "emulated-npu", "ranks": 2, "requests": 3,
                        "normal_total": 6, "normal_retained": 6, "forced_total": 12,
                        "forced_released": 12, "telemetry_errors": 0, "oom": 0}
+    assert (service["kind"], service["name"]) == ("builtin", "residency-builtin")
+    # recorded before the client kept wall-clock windows: attributed by id; the service's
+    # own start-up warm-up (warmup-service, 3 calls per rank) lies outside every request
+    assert [(a["method"], a["outside_count"]) for a in attributed] == [("id", 6)]
+    assert note.startswith("Decisions attributed to requests by request id; warm-up "
+                           "requests excluded; 6 decision(s) outside every request excluded")
     notes = nb.consecutive_notes(summary)
     assert notes["normal_retained"].startswith("6 of 6 (100.0%); Clopper-Pearson 95 %")
 
@@ -342,9 +365,10 @@ def test_committed_notebooks_are_what_build_py_writes(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("name", "expected"), [
     ("api_reproduction", {"device": "auto", "output_dir": None, "source": "run"}),
     ("consecutive_requests", {"device": "auto", "output_dir": None, "source": "run",
-                              "ranks": 2, "requests": 3, "steps": 2, "scale": 1.0}),
+                              "ranks": 2, "requests": 3, "steps": 2, "scale": 1.0,
+                              "service": None}),
     ("paired_profile", {"device": "auto", "output_dir": None, "source": "run", "ranks": 2,
-                        "steps": 50, "seed": 2101, "scale": 1.0, "pairs": 3}),
+                        "steps": 50, "seed": 2101, "scale": 1.0, "pairs": 3, "service": None}),
 ])
 def test_notebook_parameters_cell(name: str, expected: dict) -> None:
     book = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)

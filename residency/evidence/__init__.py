@@ -38,9 +38,10 @@ from residency.evidence.runs import (
     load_decisions,
     measured_requests,
     reference_pair,
+    service_of,
 )
 
 __all__ = ["ARMS", "ATTRIBUTORS", "NORMAL_MARKER", "PREPARE_MARKER", "REQUEST_COLUMNS",
            "RESPONSE_SOURCE", "TRACE_SOURCE", "Attribution", "Evidence", "RunData", "Scope",
            "attributor", "build", "idle_from_traces", "load_decisions", "measured_requests",
-           "reference_pair"]
+           "reference_pair", "service_of"]

@@ -4,13 +4,14 @@ runs them over a run loaded once (`RunData`)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
 from residency import stats
 from residency.evidence.model import ARMS, Attribution, Evidence, Scope, plain
-from residency.evidence.runs import RunData, measured_requests
+from residency.evidence.runs import RunData, measured_requests, service_of
 from residency.rundir import Run, RunEntry
 
 TRACE_SOURCE = "trace window marker residency.phase[prepare]"
@@ -54,10 +55,22 @@ def build(run: Run, *, idle: Mapping[str, Mapping[str, int]] | None = None,
     pair = data.pair
     needs_idle = keys is None or any(k in keys for k in ("idle_intersection", "all_rank_idle",
                                                           "preparation_window"))
+    from residency.attribution import scope_note
+
+    attrs = data.attributions
     return Evidence(run_dir=run.path, device_kind=run.device_kind, design=run.design,
                     status=run.status,
                     reference_pair=(pair[0].name, pair[1].name) if pair else None,
                     attributions=tuple(out), idle_error=data.idle_error if needs_idle else None,
+                    attribution_note=scope_note(list(attrs.values())),
+                    request_attribution=tuple(
+                        MappingProxyType({"run": name, "method": a.method,
+                                          "outside_count": a.outside_count,
+                                          "outside_first_wall_ns": a.outside_first_wall_ns,
+                                          "outside_last_wall_ns": a.outside_last_wall_ns,
+                                          "note": a.outside_note()})
+                        for name, a in attrs.items()),
+                    service=MappingProxyType(service_of(run.manifest)),
                     digest=(run.manifest.get("seal") or {}).get("digest"))
 
 
@@ -376,12 +389,13 @@ def _requests(data: RunData) -> Attribution | None:
     released), forced releases, telemetry errors and OOM (None when not reported)."""
     rows = []
     d = data.measured
+    ranks = set(range(int((data.run.manifest.get("params") or {}).get("ranks") or 0)))
     for entry in data.entries("candidate"):
         for number, req in enumerate(measured_requests(data.run, entry), 1):
-            mine = d[(d["run"] == entry.name) & (d["request_id"] == req["request_id"])]
+            mine = d[(d["run"] == entry.name) & (d["request"] == number)]
             oom = {int(pr["rank"]): int(pr["oom"]) for pr in req["response"].get("per_rank")
                    or [] if "rank" in pr and pr.get("oom") is not None}
-            for rank in sorted(set(mine["rank"].astype(int)) | set(oom)):
+            for rank in sorted(set(mine["rank"].astype(int)) | set(oom) | ranks):
                 r = mine[mine["rank"] == rank]
                 normal, forced = r[r["kind"] == "normal"], r[r["kind"] == "forced"]
                 rows.append({
@@ -407,11 +421,37 @@ def _requests(data: RunData) -> Attribution | None:
         labels={"candidate": list(total)}, n={"candidate": len(rows)},
         judged_on="rank x measured request (plain counts)",
         scope=Scope(runs=tuple(sorted({r["run"] for r in rows})), what="candidate runs"),
-        note="Counts from the per-rank decision logs (warm-up excluded); oom from the "
+        note="Counts from the per-rank decision logs, each decision attributed to its "
+             "request (warm-up and decisions outside every request excluded); oom from the "
              "service's response (None when the service does not report it).",
         detail={"rows": rows, "totals": total,
                 "ranks": len({r["rank"] for r in rows}),
                 "requests": len({(r["run"], r["request"]) for r in rows})})
+
+
+@attributor("request_gates")
+def _request_gates(data: RunData) -> Attribution | None:
+    """The consecutive-request gates of the candidate from the attribution of decisions to
+    requests (by time for any service): every rank wrote decisions, the normal and forced
+    calls per rank and measured request the service declares, no telemetry error, no OOM
+    (`residency.attribution.consecutive_gates`)."""
+    from residency.attribution import consecutive_gates, expected_calls
+
+    entries = data.entries("candidate")
+    if not entries:
+        return None
+    failures = consecutive_gates(data.run, arm="candidate")
+    return Attribution(
+        key="request_gates", metric="consecutive-request gates of the candidate",
+        kind="gate", unit="gates", values={"candidate": [len(failures)]},
+        labels={"candidate": ["failed"]}, n={"candidate": len(entries)},
+        judged_on="rank x measured request (every one checked)",
+        scope=Scope(runs=tuple(e.name for e in entries), what="candidate runs"),
+        note=("Every rank wrote decisions; per rank and measured request the calls the "
+              "service declares; no telemetry error; no OOM where reported."
+              if not failures else " ".join(failures)),
+        detail={"failures": list(failures), "passed": not failures,
+                "expect": expected_calls(data.run.manifest)})
 
 
 @attributor("replay_gate")

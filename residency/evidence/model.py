@@ -121,6 +121,15 @@ class Evidence:
     attributions: tuple[Attribution, ...]
     idle_error: str | None = None
     digest: str | None = None  # the run's seal digest (`sha256:...`), None when unsealed
+    attribution_note: str = "Warm-up requests excluded."
+    """How decisions were attributed to requests (by time or id), that warm-ups are excluded,
+    and how many decisions lay outside every request (`residency.attribution.scope_note`)."""
+    request_attribution: tuple[Mapping[str, Any], ...] = ()
+    """Per service run: `run`, `method`, `outside_count`, `outside_first_wall_ns`,
+    `outside_last_wall_ns`, `note`."""
+    service: Mapping[str, Any] = field(default_factory=dict)
+    """Which service ran: `kind` (builtin|external), `name`, `file`, `command`, `versions`
+    (what it reported), `expect` (the manifest's `service_info`)."""
 
     @property
     def name(self) -> str:
@@ -158,7 +167,9 @@ class Evidence:
         return {"run_dir": str(self.run_dir), "device_kind": self.device_kind,
                 "device_label": self.label, "design": self.design, "status": self.status,
                 "reference_pair": list(self.reference_pair) if self.reference_pair else None,
-                "idle_error": self.idle_error,
+                "idle_error": self.idle_error, "service": plain(dict(self.service)),
+                "attribution_note": self.attribution_note,
+                "request_attribution": [dict(r) for r in self.request_attribution],
                 "attributions": {a.key: a.to_dict() for a in self.attributions}}
 
     def __repr__(self) -> str:

@@ -33,24 +33,35 @@ def load_decisions(run: Run) -> pd.DataFrame:
     """Every decision of every run entry, warm-up included, one row per policy call.
 
     The decisions columns plus `run` (entry name), `run_arm` (the entry's arm), `profiled`,
-    `run_index`, `warmup` (True for warm-up requests) and `request` (1-based order of the
-    measured request within its run; 0 for warm-up). This is the one place where a decision
-    is assigned to a request.
+    `run_index`, `warmup` (True unless the decision belongs to a measured request) and
+    `request` (1-based order of the measured request within its run; 0 for the warm-up and
+    for decisions outside every request). Which request a decision belongs to comes from
+    `Run.attribution` (`residency.attribution`: by the client's wall-clock windows when
+    recorded, so for any service, else by request id); this is the one place evidence reads
+    it.
     """
     frames = []
     for entry in run.runs:
         df = run.decisions(entry, warmup=True)
-        order = {r["request_id"]: i for i, r in enumerate(measured_requests(run, entry), 1)}
         snap = ["reserved", "allocated", "free", "total"]
         df = df.astype({k: object for k in snap})  # ints stay ints across runs (no float64)
         frames.append(df.assign(run=entry.name, run_arm=entry.arm, profiled=entry.profiled,
                                 run_index=entry.index,
-                                request=[0 if w else order.get(r, 0) for r, w in
-                                         zip(df["request_id"], df["warmup"], strict=True)]))
+                                request=df["request"].fillna(0).astype("int64")))
     cols = [*DECISION_COLUMNS, "run", "run_arm", "profiled", "run_index", "request"]
     if not frames:
         return pd.DataFrame(columns=cols)
     return pd.concat(frames, ignore_index=True)[cols]
+
+
+def service_of(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """Which service a run used, from its manifest: `kind`, `name`, `file`, `command`,
+    `versions`, `expect` (runs recorded before `service_info` give what they have)."""
+    info = manifest.get("service_info") or {}
+    return {"kind": manifest.get("service"),
+            "name": info.get("name") or manifest.get("service_name"),
+            "file": info.get("file"), "command": info.get("command"),
+            "versions": info.get("versions"), "expect": info.get("expect")}
 
 
 def reference_pair(run: Run) -> tuple[RunEntry, RunEntry] | None:
@@ -117,6 +128,11 @@ class RunData:
         """Decisions of measured requests only (the scope rule)."""
         d = self.decisions
         return d[~d["warmup"].astype(bool)].reset_index(drop=True)
+
+    @cached_property
+    def attributions(self) -> dict[str, Any]:
+        """Run name -> `residency.attribution.Attribution` of its decisions."""
+        return {e.name: self.run.attribution(e) for e in self.run.runs}
 
     @cached_property
     def pair(self) -> tuple[RunEntry, RunEntry] | None:

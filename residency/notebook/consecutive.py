@@ -16,7 +16,7 @@ from residency.rundir import Run
 __all__ = ["check_gates", "consecutive_notes", "consecutive_summary", "consecutive_table",
            "fractions", "gate_failures"]
 
-_GATE_KEYS = ("requests", "telemetry_errors", "replay_gate", "normal_call_durations")
+_GATE_KEYS = ("requests", "request_gates", "replay_gate", "normal_call_durations")
 
 
 def _evidence(run: Run | Evidence) -> Evidence:
@@ -42,9 +42,12 @@ def consecutive_summary(run: Run | Evidence, table: pd.DataFrame | None = None, 
                         ) -> dict[str, Any]:
     """The `results.json` of consecutive_requests: `device_kind`, `ranks`, `requests`,
     `normal_total`, `normal_retained`, `forced_total`, `forced_released`,
-    `telemetry_errors`, `oom` (None when not reported), plus `extra`. `table` (from
-    `consecutive_table`) is rendered when given."""
+    `telemetry_errors`, `oom` (None when not reported), `service` (which service ran and
+    what it reported), `request_attribution` (per run: how decisions were attributed to
+    requests, how many lay outside every request and when), `attribution_note`, plus
+    `extra`. `table` (from `consecutive_table`) is rendered when given."""
     t = consecutive_table(run) if table is None else table
+    ev = _evidence(run)
     ooms = t["oom"].tolist()
     kind = run.device_kind
     return {"device_kind": kind, "ranks": int(t["rank"].nunique()),
@@ -55,7 +58,9 @@ def consecutive_summary(run: Run | Evidence, table: pd.DataFrame | None = None, 
             "forced_released": int(t["forced_released"].sum()),
             "telemetry_errors": int(t["telemetry_errors"].sum()),
             "oom": None if not ooms or any(o is None for o in ooms) else int(sum(ooms)),
-            **extra}
+            "service": ev.to_dict()["service"],
+            "request_attribution": [dict(r) for r in ev.request_attribution],
+            "attribution_note": ev.attribution_note, **extra}
 
 
 def consecutive_notes(summary: Mapping[str, Any]) -> dict[str, str]:
@@ -72,8 +77,11 @@ def consecutive_notes(summary: Mapping[str, Any]) -> dict[str, str]:
 
 
 def gate_failures(run: Run | Evidence, *, arm: str = "candidate") -> list[str]:
-    """One sentence per failed gate (empty when all pass): `arm` has no normal decision, any
-    telemetry error or OOM with `arm`, or any recorded normal decision (any arm, warm-up
+    """One sentence per failed gate (empty when all pass): `arm` has no normal decision;
+    the consecutive-request gates from the attribution of decisions to requests (by time,
+    for any service: a rank without decisions and its likely cause, the normal and forced
+    calls per rank and measured request the service declares, telemetry errors, OOM; the
+    evidence's `request_gates`); or any recorded normal decision (any arm, warm-up
     included) that disagrees with the policy's bounds rule replayed on its snapshot (the one
     replay gate, `residency.whatif.consistency`)."""
     ev = _evidence(run)
@@ -82,14 +90,9 @@ def gate_failures(run: Run | Evidence, *, arm: str = "candidate") -> list[str]:
     if durations is None or not durations.n.get(arm):
         failures.append(f"The {arm} arm recorded no normal policy decision, so nothing was "
                         "checked.")
-    errors = ev.get("telemetry_errors")
-    if errors is not None and errors.values[arm][0]:
-        failures.append(f"The {arm} arm had {errors.values[arm][0]} telemetry error(s) (first: "
-                        f"{errors.detail['first_error'][arm]}).")
-    requests = ev.get("requests")
-    ooms = sum(r["oom"] or 0 for r in requests.detail["rows"]) if requests is not None else 0
-    if arm == "candidate" and ooms:
-        failures.append(f"The {arm} arm reported {ooms} out-of-memory error(s).")
+    requests = ev.get("request_gates")
+    if arm == "candidate" and requests is not None:
+        failures += list(requests.detail["failures"])
     gate = ev.get("replay_gate")
     mismatches = list(gate.detail["mismatches"]) if gate is not None else []
     if mismatches:

@@ -148,10 +148,29 @@ def describe_run(run: Run) -> str:
             f"({device_label(run.device_kind)}), {m.get('service', '?')} service; parameters "
             f"{params}; measured runs in order: {order}. Recorded {m.get('started_at')} to "
             f"{m.get('ended_at')} on host `{m.get('host')}`.")
+    text += " " + describe_service(run)
     if devices.emulated(run.device_kind):
         text += (" The emulated NPU keeps real host buffers and does its own accounting: its "
                  "durations describe this host, never an NPU.")
     return text
+
+
+def describe_service(run: Run) -> str:
+    """Markdown: which service ran (name, service file, command, the versions it reported)
+    and how its decisions were attributed to requests (outside decisions counted)."""
+    from residency.evidence import service_of
+
+    info = service_of(run.manifest)
+    name = info["name"] or info["kind"] or "?"
+    where = f" from `{info['file']}`" if info["file"] else ""
+    command = " ".join(str(c) for c in info["command"] or []) or "not recorded"
+    versions = info["versions"]
+    reported = (", ".join(f"{k} {v}" for k, v in versions.items() if v is not None)
+                if isinstance(versions, Mapping) and versions else "none reported")
+    notes = [f"{e.name}: {run.attribution(e).outside_note()}" for e in run.runs]
+    return (f"**Service** `{name}`{where} ({info['kind'] or '?'}): command `{command}`; "
+            f"versions: {reported}. **Attribution of decisions to requests** (warm-up and "
+            f"decisions outside every request excluded): {' '.join(notes) or 'no runs'}")
 
 
 def statistical_note(text: str, *, what: str | None = None) -> str:

@@ -121,6 +121,36 @@ def _check_source(value: Any, *, designs: Sequence[str] | None) -> str:
     return str(path.resolve())
 
 
+def _check_service(value: Any) -> str | None:
+    """None (the built-in service) or a service file that loads, as an absolute path."""
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+        raise ParameterError(f"The value for `service` must be None or a service file (TOML), "
+                             f"but {value!r} was passed.")
+    from residency.experiments import ExperimentError, load_service_file
+
+    try:
+        load_service_file(value)
+    except ExperimentError as exc:
+        raise ParameterError(f"The value for `service` must be a usable service file, but "
+                             f"{exc}.") from None
+    return str(Path(value).resolve())
+
+
+def _check_service_use(service: str, source: str | None, device: str) -> None:
+    if source not in (None, "run"):
+        raise ParameterError(f"The value for `service` must be None when `source` is a "
+                             f"recorded run directory (its manifest names the service that "
+                             f"ran), but {service!r} was passed.")
+    from residency.experiments import load_service_file
+
+    kind = load_service_file(service).device_kind
+    if device not in ("auto", kind):
+        raise ParameterError(f"The value for `device` must be 'auto' or the service file's "
+                             f"device kind {kind!r}, but {device!r} was passed.")
+
+
 _INT_MINIMUM = {"ranks": 1, "steps": 1, "requests": 1, "pairs": 0, "seed": 0}
 _POSITIVE = ("scale", "resident_mib")
 
@@ -133,8 +163,10 @@ def check_parameters(*, designs: Sequence[str] | None = None, **params: Any) -> 
     `source` ("run" or a complete recorded run directory, of one of `designs` when given),
     `ranks`, `steps`, `requests` (integers >= 1), `pairs`, `seed` (integers >= 0), `scale`,
     `resident_mib` (numbers > 0). With `source="run"`, an explicit `npu` or `cuda` must be
-    usable here. A recorded run must match an explicit `device`. Returns the values, with
-    `source` as "run" or an absolute path.
+    usable here. A recorded run must match an explicit `device`. `service` (None or a
+    service file that loads) goes with `source="run"` only, and an explicit `device` must be
+    its device kind. Returns the values, with `source` as "run" or an absolute path and
+    `service` as an absolute path.
     """
     out: dict[str, Any] = {}
     for name, value in params.items():
@@ -144,16 +176,21 @@ def check_parameters(*, designs: Sequence[str] | None = None, **params: Any) -> 
             out[name] = check_output_dir(value)
         elif name == "source":
             out[name] = _check_source(value, designs=designs)
+        elif name == "service":
+            out[name] = _check_service(value)
         elif name in _INT_MINIMUM:
             out[name] = _check_int(name, value, _INT_MINIMUM[name])
         elif name in _POSITIVE:
             out[name] = _check_positive(name, value)
         else:
             raise ParameterError(f"The parameter `{name}` is not one this notebook knows "
-                                 f"(known: device, output_dir, source, "
+                                 f"(known: device, output_dir, source, service, "
                                  f"{', '.join([*_INT_MINIMUM, *_POSITIVE])}).")
     device, source = out.get("device", "auto"), out.get("source")
-    if source == "run" and device in ("npu", "cuda"):
+    service = out.get("service")
+    if service is not None:
+        _check_service_use(service, source, device)
+    elif source == "run" and device in ("npu", "cuda"):
         from residency.devices import resolve  # imports torch; installs nothing
 
         try:
@@ -173,10 +210,12 @@ def check_parameters(*, designs: Sequence[str] | None = None, **params: Any) -> 
 def open_source(source: str | os.PathLike[str], *, output_dir: str | os.PathLike[str],
                 design: str, device: str = "auto", ranks: int = 2, steps: int = 50,
                 seed: int = 2101, scale: float = 1.0, pairs: int = 1, requests: int = 1,
-                resident_mib: float = 1024) -> Run:
+                resident_mib: float = 1024, service: str | os.PathLike[str] | None = None
+                ) -> Run:
     """The run to analyse: the recorded run directory `source`, or with `source="run"` a new
     run of `design` recorded into `output_dir/run` by `residency.experiments.run_pair`
-    (services start as subprocesses)."""
+    (services start as subprocesses): the built-in service, or the external one the service
+    file `service` describes (then `device`, `ranks` and `scale` come from that file)."""
     if str(source) != "run":
         return load_run(source)
     from residency.experiments import plan, run_pair
@@ -188,7 +227,7 @@ def open_source(source: str | os.PathLike[str], *, output_dir: str | os.PathLike
         warnings.filterwarnings("ignore", message=".*IProgress not found.*")
         path = run_pair(design, out=out, device=device, ranks=ranks, steps=steps, seed=seed,
                         pairs=pairs, requests=requests, scale=scale,
-                        resident_mib=resident_mib, progress=progress)
+                        resident_mib=resident_mib, service_file=service, progress=progress)
     return load_run(path)
 
 

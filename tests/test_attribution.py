@@ -1,0 +1,178 @@
+"""Attribution of decisions to requests by wall-clock time (and by id), and its gates."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from residency import attribution as at
+from residency.rundir import RunDirError, load_run
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDED = sorted((ROOT / "data" / "runs").iterdir())
+
+
+def frame(rows: list[tuple[int, str, int, str | None]]) -> pd.DataFrame:
+    """Decisions: (rank, kind, wall_ns, request_id)."""
+    return pd.DataFrame([{"rank": r, "kind": k, "outcome": "released", "reason": "forced",
+                          "wall_ns": w, "request_id": rid, "start_ns": 0, "end_ns": 5,
+                          "duration_ns": 5, "file": f"decisions-rank{r}.jsonl"}
+                         for r, k, w, rid in rows])
+
+
+CLIENT = {"warmup": {"request_id": None, "start_wall_ns": 100, "end_wall_ns": 200},
+          "requests": [{"request_id": None, "start_wall_ns": 200, "end_wall_ns": 300},
+                       {"request_id": None, "start_wall_ns": 310, "end_wall_ns": 400}]}
+
+
+@dataclass(frozen=True)
+class Case:
+    wall_ns: int
+    request: int | None  # None: outside every window
+
+
+CASES = [  # windows are half-open [start, end)
+    Case(99, None), Case(100, 0), Case(199, 0), Case(200, 1), Case(299, 1), Case(300, None),
+    Case(305, None), Case(310, 2), Case(399, 2), Case(400, None), Case(10**18, None),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: str(c.wall_ns))
+def test_time_windows_are_half_open(case: Case) -> None:
+    attr = at.attribute(frame([(0, "normal", case.wall_ns, None)]), CLIENT)
+    assert attr.method == "time"
+    got = attr.numbers.iloc[0]
+    assert (None if pd.isna(got) else int(got)) == case.request
+    assert attr.outside_count == (case.request is None)
+
+
+def test_outside_decisions_are_counted_with_first_and_last_time() -> None:
+    dec = frame([(0, "normal", 50, None), (1, "forced", 60, None), (0, "normal", 150, None),
+                 (0, "normal", 250, None), (1, "forced", 260, None), (1, "forced", 305, None)])
+    attr = at.attribute(dec, CLIENT)
+    assert (attr.outside_count, attr.outside_first_wall_ns, attr.outside_last_wall_ns) == (
+        3, 50, 305)
+    assert dict(attr.outside_by_kind) == {"normal": 1, "forced": 2}
+    assert list(attr.measured["wall_ns"]) == [250, 260]
+    assert list(attr.warmup["wall_ns"]) == [150]
+    assert list(attr.measured["offset_ns"]) == [50, 60]
+    assert set(attr.decisions.columns) == set(at.ATTRIBUTED_COLUMNS)
+    note = attr.outside_note()
+    assert note.startswith("Attributed by time") and "3 decision(s) (2 forced, 1 normal)" in note
+    counts = at.request_counts(attr, [0, 1, 2])
+    assert list(counts["rank"]) == [0, 1, 2, 0, 1, 2]  # every rank of every measured request
+    assert list(counts["normal_checks"]) == [1, 0, 0, 0, 0, 0]
+    assert list(counts["forced"]) == [0, 1, 0, 0, 0, 0]
+
+
+@pytest.mark.parametrize(("client", "words"), [
+    ({"warmup": {"request_id": "w"}, "request_id": "r", "e2e_ns": 5},
+     "field `warmup.start_wall_ns` is missing or not an integer"),
+    ({**CLIENT, "requests": [{"start_wall_ns": 150, "end_wall_ns": 300}]},
+     "field `requests[0].start_wall_ns` (150) lies inside the previous request's window"),
+    ({**CLIENT, "requests": [{"start_wall_ns": 300, "end_wall_ns": 300}]},
+     "field `requests[0].end_wall_ns` (300) is not after"),
+])
+def test_unattributable_client_records_name_the_field(client: dict, words: str) -> None:
+    with pytest.raises(at.AttributionError) as err:
+        at.attribute(frame([(0, "normal", 150, None)]), client, source="x/client.json")
+    assert str(err.value).startswith("x/client.json: ") and words in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_without_windows_ids_attribute_and_unknown_ids_lie_outside() -> None:
+    client = {"warmup": {"request_id": "warmup-1"}, "request_id": "r2"}
+    dec = frame([(0, "normal", 1, "warmup-service"), (0, "normal", 2, "warmup-1"),
+                 (0, "normal", 3, "r2"), (0, "forced", 4, "r2")])
+    attr = at.attribute(dec, client)
+    assert attr.method == "id" and attr.outside_count == 1
+    assert list(attr.numbers.fillna(-1)) == [-1, 0, 1, 1]
+    assert "their ids match no client request" in attr.outside_note()
+
+
+def test_client_without_ids_falls_back_to_the_warmup_prefix() -> None:
+    dec = frame([(0, "normal", 1, "warmup-service"), (0, "normal", 2, "warmup-0001"),
+                 (0, "normal", 3, "r0002"), (1, "forced", 4, "r0003")])
+    attr = at.attribute(dec, {"arm": "candidate", "index": 0})
+    assert attr.method == "id"
+    assert list(attr.numbers.fillna(-1)) == [-1, 0, 1, 2]
+    assert list(attr.measured["request_id"]) == ["r0002", "r0003"]
+
+
+def test_silent_rank_names_the_likely_cause() -> None:
+    counts = at.request_counts(at.attribute(frame([(0, "normal", 250, None)]), CLIENT), [0, 1])
+    failures = at.count_failures(counts, run_name="00-candidate", ranks=[0, 1],
+                                 silent_ranks={1: False}, expected_normal=1, expected_forced=2)
+    assert failures[0] == (
+        "00-candidate: rank 1 wrote no decisions-rank1.jsonl; likely cause: the residency "
+        "adapter did not load in that worker (the `vllm_omni.general_plugins` entry point "
+        "`residency` is missing from the service's environment, or VLLM_PLUGINS is set "
+        "without `residency`).")
+    assert failures[1].startswith("00-candidate: expected 1 normal + 2 forced per rank per "
+                                  "measured request, but request 1 rank 0: 1 normal, 0 forced; "
+                                  "request 2 rank 0: 0 normal, 0 forced")
+
+
+# ----------------------------------------------------------------------------- recorded runs
+@pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.name)
+def test_recorded_builtin_runs_attribute_identically_by_id_and_by_time(path: Path) -> None:
+    run = load_run(path)
+    assert run.manifest["service"] == "builtin"
+    for entry in run.runs:
+        client = run.client(entry)
+        assert at.has_wall_times(client), f"{entry.name}: recorded without wall-clock windows"
+        decisions = run.decisions(entry, warmup=True)
+        by_time = run.attribution(entry, method="time")
+        by_id = run.attribution(entry, method="id")
+        assert by_time.method == "time" and by_id.method == "id"
+        pd.testing.assert_series_equal(by_time.numbers, by_id.numbers)
+        cols = [c for c in at.ATTRIBUTED_COLUMNS if c != "offset_ns"]
+        pd.testing.assert_frame_equal(by_time.decisions[cols], by_id.decisions[cols])
+        assert by_time.outside_count == by_id.outside_count > 0  # the service's own warm-up
+        assert set(decisions[by_time.numbers.isna().to_numpy()]["request_id"]) == {
+            "warmup-service"}
+        # every decision inside a window carries the id of the request owning the window
+        inside = by_time.decisions
+        assert (inside["recorded_request_id"] == inside["request_id"]).all()
+        n_requests = len(client.get("requests") or [client])
+        counts = at.request_counts(by_time, range(run.manifest["params"]["ranks"]))
+        assert len(counts) == n_requests * run.manifest["params"]["ranks"]
+        assert (counts["normal_checks"] == 1).all() and (counts["forced"] == 2).all()
+
+
+def test_run_decisions_keep_only_measured_requests_by_time(tmp_path: Path) -> None:
+    """A built-in run with its ids erased (as the vLLM-Omni adapter writes them) still gives
+    the same measured decisions, attributed by time."""
+    src = ROOT / "data" / "runs" / "emulated-consecutive-2r2s"
+    run = load_run(src)
+    (entry,) = run.runs
+    expected = run.decisions(entry)
+    copy = tmp_path / "erased"
+    shutil.copytree(src, copy)
+    for f in (copy / "runs" / entry.name).glob("decisions-rank*.jsonl"):
+        lines = [json.loads(x) for x in f.read_text().splitlines()]
+        f.write_text("".join(json.dumps({**x, "request_id": None}) + "\n" for x in lines))
+    erased = load_run(copy, verify=False)
+    got = erased.decisions(erased.runs[0])
+    assert len(got) == len(expected) == 18  # 3 requests x 2 ranks x (1 normal + 2 forced)
+    pd.testing.assert_frame_equal(got.drop(columns=["file"]), expected.drop(columns=["file"]),
+                                  check_dtype=False)
+    assert at.consecutive_gates(erased) == []
+
+
+def test_ids_erased_without_windows_is_refused_naming_the_field(tmp_path: Path) -> None:
+    src = ROOT / "tests" / "data" / "notebooks" / "consecutive"
+    copy = tmp_path / "old"
+    shutil.copytree(src, copy)
+    for f in copy.glob("runs/*/decisions-rank*.jsonl"):
+        lines = [json.loads(x) for x in f.read_text().splitlines()]
+        f.write_text("".join(json.dumps({**x, "request_id": None}) + "\n" for x in lines))
+    run = load_run(copy, verify=False)
+    with pytest.raises(RunDirError, match=r"client\.json: field `warmup\.start_wall_ns` is "
+                                          r"missing or not an integer"):
+        run.decisions(run.runs[0])
