@@ -144,6 +144,9 @@ CONSECUTIVE_REQUESTS = [
                   "nb.check_gates(failures)"),
 ]
 
+PAIRED_PAIRS = 8  # the main job's defaults: see README "Defaults and timing"
+PAIRED_REQUESTS = 3
+
 PAIRED_PROFILE = [
     new_markdown_cell(
         "# Paired profile: what the fix changes in one profiled pair and in alternating pairs\n"
@@ -159,20 +162,24 @@ PAIRED_PROFILE = [
         "no-device-task time and the preparation window (profiled pair, from traces);\n"
         "* client E2E of the profiled pair and of the unprofiled pairs (never pooled);\n"
         "* the evidence table beside the published NPU figures.\n\n" + PARAMETERS_HELP
-        + " `ranks`, `steps`, `seed`, `scale` and `pairs` set up a fresh run; a recorded run "
-        "keeps its own."),
+        + " `ranks`, `steps`, `seed`, `scale`, `pairs` and `requests` (measured requests per "
+        "unprofiled run after its warm-up; the run's median is the unit) set up a fresh run; a "
+        "recorded run keeps its own."),
     new_code_cell(_params(device="auto", output_dir=None, source="run", ranks=2, steps=50,
-                          seed=2101, scale=1.0, pairs=3), metadata={"tags": ["parameters"]}),
+                          seed=2101, scale=1.0, pairs=PAIRED_PAIRS, requests=PAIRED_REQUESTS),
+                  metadata={"tags": ["parameters"]}),
     new_code_cell(_check("paired_profile",
                          ["device", "output_dir", "source", "ranks", "steps", "seed", "scale",
-                          "pairs"], designs=("paired-profile", "profiled-pair", "alternating"))),
+                          "pairs", "requests"],
+                         designs=("paired-profile", "profiled-pair", "alternating"))),
     new_markdown_cell("## The run"),
     new_code_cell('run = nb.open_source(params["source"], output_dir=out, '
                   'design="paired-profile",\n'
                   '                     device=params["device"], ranks=params["ranks"], '
                   'steps=params["steps"],\n'
                   '                     seed=params["seed"], scale=params["scale"], '
-                  'pairs=params["pairs"])\n'
+                  'pairs=params["pairs"],\n'
+                  '                     requests=params["requests"])\n'
                   "display(Markdown(nb.describe_run(run)))\n"
                   "ev = nb.paired_profile(run)"),
     new_markdown_cell(
