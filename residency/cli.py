@@ -70,7 +70,7 @@ def _serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-timeout", type=float, default=3600.0, metavar="S",
                    help="answer 504 and cancel a request still running after S seconds "
                         "(default 3600)")
-    from residency.emulated.model import add_model_arguments
+    from residency.devicemodel import add_model_arguments
 
     add_model_arguments(p)
 
@@ -95,7 +95,7 @@ def _pair(p: argparse.ArgumentParser) -> None:
     p.add_argument("--service", metavar="FILE", help="external service TOML file")
     p.add_argument("--out", required=True, metavar="RUN_DIR")
     p.add_argument("--no-progress", action="store_true")
-    from residency.emulated.model import add_model_arguments
+    from residency.devicemodel import add_model_arguments
 
     add_model_arguments(p)
 
@@ -268,7 +268,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ValueError("--capacity applies to the emulated NPU only")
     import os
 
-    from residency.emulated.model import ENV_VAR, DeviceModel, model_changed, model_from_args
+    from residency.devicemodel import ENV_VAR, DeviceModel, model_changed, model_from_args
 
     # the ranks (spawned processes) read the emulated NPU's model from the environment
     if model_changed(args) and kind != "emulated-npu":
@@ -289,7 +289,7 @@ def cmd_pair(args: argparse.Namespace) -> int:
     """`pair`: a paired design into a new run directory."""
     import signal
 
-    from residency.emulated.model import model_from_args
+    from residency.devicemodel import model_from_args
     from residency.experiments import ExperimentError, run_pair
 
     def on_term(signum: int, frame: Any) -> None:

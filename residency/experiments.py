@@ -621,7 +621,7 @@ def run_pair(design: str = "profiled-pair", *, out: str | os.PathLike[str], devi
             if not math.isfinite(number) or number <= 0:
                 raise ValueError(f"The value for `{name}` must be a positive finite number, "
                                  f"but {number!r} was passed.")
-        from residency.emulated.model import DeviceModel
+        from residency.devicemodel import DeviceModel
 
         kind = devices.resolve(device)
         model = None
@@ -636,7 +636,7 @@ def run_pair(design: str = "profiled-pair", *, out: str | os.PathLike[str], devi
         params = {"scale": scale, "capacity_bytes": capacity_bytes,
                   "resident_mib": resident_mib}
         if model is not None:  # the device model and the capacity it emulates
-            from residency.emulated import DEFAULT_CAPACITY_BYTES
+            from residency.devicemodel import DEFAULT_CAPACITY_BYTES
 
             params["emulated_npu"] = {**model,
                                       "capacity_bytes": capacity_bytes or DEFAULT_CAPACITY_BYTES}
