@@ -160,6 +160,9 @@ CONSECUTIVE_REQUESTS = [
                   "nb.check_gates(failures)"),
 ]
 
+PAIRED_PAIRS = 8  # the main job's defaults: see README "Defaults and timing"
+PAIRED_REQUESTS = 3
+
 PAIRED_PROFILE = [
     new_markdown_cell(
         "# Paired profile: what the fix changes in one profiled pair and in alternating pairs\n"
@@ -175,14 +178,16 @@ PAIRED_PROFILE = [
         "no-device-task time and the preparation window (profiled pair, from traces);\n"
         "* client E2E of the profiled pair and of the unprofiled pairs (never pooled);\n"
         "* the evidence table beside the published NPU figures.\n\n" + PARAMETERS_HELP
-        + " `ranks`, `steps`, `seed`, `scale` and `pairs` set up a fresh run; a recorded run "
-        "keeps its own." + SERVICE_HELP),
+        + " `ranks`, `steps`, `seed`, `scale`, `pairs` and `requests` (measured requests per "
+        "unprofiled run after its warm-up; the run's median is the unit) set up a fresh run; a "
+        "recorded run keeps its own." + SERVICE_HELP),
     new_code_cell(_params(device="auto", output_dir=None, source="run", ranks=2, steps=50,
-                          seed=2101, scale=1.0, pairs=3, service=None),
+                          seed=2101, scale=1.0, pairs=PAIRED_PAIRS, requests=PAIRED_REQUESTS,
+                          service=None),
                   metadata={"tags": ["parameters"]}),
     new_code_cell(_check("paired_profile",
                          ["device", "output_dir", "source", "ranks", "steps", "seed", "scale",
-                          "pairs", "service"],
+                          "pairs", "requests", "service"],
                          designs=("paired-profile", "profiled-pair", "alternating"))),
     new_markdown_cell("## The run"),
     new_code_cell('run = nb.open_source(params["source"], output_dir=out, '
@@ -191,6 +196,7 @@ PAIRED_PROFILE = [
                   'steps=params["steps"],\n'
                   '                     seed=params["seed"], scale=params["scale"], '
                   'pairs=params["pairs"],\n'
+                  '                     requests=params["requests"],\n'
                   '                     service=params["service"])\n'
                   "rv.show_banner(run)\n"
                   "display(Markdown(nb.describe_run(run)))\n"

@@ -47,6 +47,9 @@ def _probe(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto",
                    help="auto|cpu|cuda|npu|emulated-npu (default: auto)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--accelerator-patch", choices=("none", "vllm-ascend"), default="none",
+                   help="vllm-ascend: first apply vllm-ascend's torch.accelerator redirection "
+                   "(the emulated one on emulated-npu, the installed vllm_ascend's on npu)")
 
 
 def _serve(p: argparse.ArgumentParser) -> None:
@@ -68,14 +71,21 @@ def _serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-timeout", type=float, default=3600.0, metavar="S",
                    help="answer 504 and cancel a request still running after S seconds "
                         "(default 3600)")
+    from residency.devicemodel import add_model_arguments
+
+    add_model_arguments(p)
 
 
 def _pair(p: argparse.ArgumentParser) -> None:
-    from_designs = ("profiled-pair", "alternating", "paired-profile", "consecutive")
-    p.add_argument("--design", choices=from_designs, default="profiled-pair")
+    from_designs = ("profiled-pair", "alternating", "paired-profile", "consecutive", "aa")
+    p.add_argument("--design", choices=from_designs, default="profiled-pair",
+                   help="aa: the same arm (--aa-arm) in both slots, ABBA order: E2E noise")
     p.add_argument("--pairs", type=int, default=1, help="alternating pairs (ABBA order)")
     p.add_argument("--requests", type=int, default=1,
-                   help="consecutive requests per service (design consecutive)")
+                   help="measured requests per unprofiled service run after its warm-up "
+                   "(the run's E2E is their median; every one is recorded)")
+    p.add_argument("--aa-arm", choices=("baseline", "candidate"), default="candidate",
+                   help="the arm of both slots of --design aa")
     p.add_argument("--device", default="auto", help="auto|npu|cuda|emulated-npu")
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--steps", type=int, default=50)
@@ -86,6 +96,9 @@ def _pair(p: argparse.ArgumentParser) -> None:
     p.add_argument("--service", metavar="FILE", help="external service TOML file")
     p.add_argument("--out", required=True, metavar="RUN_DIR")
     p.add_argument("--no-progress", action="store_true")
+    from residency.devicemodel import add_model_arguments
+
+    add_model_arguments(p)
 
 
 def _idle(p: argparse.ArgumentParser) -> None:
@@ -183,15 +196,27 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
     from residency.telemetry import probe_queries
 
+    patch = args.accelerator_patch
+    if patch != "none" and kind not in ("npu", "emulated-npu"):
+        raise ValueError("--accelerator-patch needs an npu or emulated-npu device")
     if kind == "emulated-npu":
-        from residency.emulated import install_emulated_npu
+        from residency.emulated import DeviceModel, install_emulated_npu
 
-        install_emulated_npu()
+        install_emulated_npu(model=DeviceModel(compute="real", accelerator_patch=patch))
     elif kind == "npu":
         import torch_npu  # noqa: F401  - registers torch.npu
+        if patch == "vllm-ascend":
+            import importlib
+
+            try:  # importing the module applies vllm-ascend's patch, whatever it redirects
+                importlib.import_module("vllm_ascend.patch.platform.patch_torch_accelerator")
+            except ImportError as exc:
+                raise ValueError(f"--accelerator-patch vllm-ascend: vllm_ascend's patch "
+                                 f"cannot be imported ({exc})") from None
     device = {"cpu": "cpu", "cuda": "cuda:0"}.get(kind, "npu:0")
     result = {"device_kind": kind, "python": platform.python_version(),
-              "torch": torch.__version__, **probe_queries(device)}
+              "torch": torch.__version__, "accelerator_patch": patch,
+              **probe_queries(device)}
     try:
         import torch_npu  # type: ignore[import-not-found]
 
@@ -205,7 +230,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
           f"torch-npu {result['torch_npu']}")
     for source in ("generic", "registered"):
         for query, out in result[source].items():
-            print(f"  {source:<10} {query:<10} {_fmt_outcome(out)}")
+            path = f"  <- {out['path']}" if out.get("path") else ""
+            print(f"  {source:<10} {query:<10} {_fmt_outcome(out)}{path}")
     print(f"  {'registered':<10} {'mem_get_info':<10} {_fmt_outcome(result['mem_get_info'])}")
     for arm, info in result["arms"].items():
         src = info["telemetry"] or "none (releases on every call)"
@@ -241,6 +267,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     kind = _resolve(args.device)
     if args.capacity is not None and kind != "emulated-npu":
         raise ValueError("--capacity applies to the emulated NPU only")
+    import os
+
+    from residency.devicemodel import ENV_VAR, DeviceModel, model_changed, model_from_args
+
+    # the ranks (spawned processes) read the emulated NPU's model from the environment
+    if model_changed(args) and kind != "emulated-npu":
+        raise ValueError("the emulated NPU's model options apply to emulated-npu only")
+    if model_changed(args) or ENV_VAR not in os.environ:
+        os.environ[ENV_VAR] = model_from_args(args).to_env()
+    DeviceModel.from_env()  # a malformed inherited value fails here, not in every rank
     from residency.service import ServeConfig, serve
 
     cfg = ServeConfig(arm=args.arm, device_kind=kind, ranks=args.ranks,
@@ -254,18 +290,21 @@ def cmd_pair(args: argparse.Namespace) -> int:
     """`pair`: a paired design into a new run directory."""
     import signal
 
+    from residency.devicemodel import model_from_args
     from residency.experiments import ExperimentError, run_pair
 
     def on_term(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
+    emulator = model_from_args(args)  # ValueError naming the option: bad input
     signal.signal(signal.SIGTERM, on_term)
     try:
         out = run_pair(args.design, out=args.out, device=args.device, ranks=args.ranks,
                        steps=args.steps, seed=args.seed, pairs=args.pairs,
                        requests=args.requests, scale=args.scale,
                        capacity_bytes=args.capacity, resident_mib=args.resident_mib,
-                       service_file=args.service, progress=not args.no_progress)
+                       service_file=args.service, progress=not args.no_progress,
+                       emulator=emulator, aa_arm=args.aa_arm)
     except ExperimentError as exc:
         if isinstance(exc, ValueError):  # the output directory or service file: bad input
             raise

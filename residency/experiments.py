@@ -14,6 +14,7 @@ import os
 import platform
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -32,7 +33,7 @@ from residency.lifecycle import PARENT_PID_ENV, pdeathsig_preexec
 from residency.netutil import free_port
 from residency.rundir import Manifest, write_json_atomic
 
-DESIGNS = ("profiled-pair", "alternating", "paired-profile", "consecutive")
+DESIGNS = ("profiled-pair", "alternating", "paired-profile", "consecutive", "aa")
 ARMS = ("baseline", "candidate")
 STOP_GRACE_S = 30.0
 BUILTIN_EXPECT = {"normal_per_request": 1, "forced_per_request": 2}
@@ -82,17 +83,22 @@ class ServiceSpec:
 
 def builtin_service(*, device_kind: str, ranks: int, scale: float = 1.0,
                     capacity_bytes: int | None = None, resident_mib: float = 1024,
-                    health_timeout_s: float = 600.0) -> ServiceSpec:
-    """The spec of `residency serve` for these parameters."""
+                    health_timeout_s: float = 600.0,
+                    emulator: dict[str, Any] | None = None) -> ServiceSpec:
+    """The spec of `residency serve` for these parameters. `emulator` (the emulated NPU's
+    `DeviceModel.to_params()`) reaches the service's ranks in the environment."""
     command = [sys.executable, "-m", "residency.cli", "serve", "--arm", "{arm}", "--device",
                device_kind, "--ranks", str(ranks), "--port", "{port}", "--decisions-dir",
                "{decisions_dir}", "--scale", repr(scale), "--resident-mib", repr(resident_mib),
                "{profile_flag}"]
     if capacity_bytes is not None:
         command += ["--capacity", str(capacity_bytes)]
+    env = {}
+    if emulator is not None:
+        env["RESIDENCY_EMULATED_NPU"] = json.dumps(emulator, sort_keys=True)
     return ServiceSpec(
         name="residency-builtin", device_kind=device_kind, ranks=ranks, command=tuple(command),
-        json_body={"steps": "{steps}", "seed": "{seed}"},
+        env=env, json_body={"steps": "{steps}", "seed": "{seed}"},
         warmup_json={"steps": "{steps}", "seed": "{seed}", "warmup": True},
         health_timeout_s=health_timeout_s, builtin=True, expect=dict(BUILTIN_EXPECT))
 
@@ -467,12 +473,14 @@ def run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, s
         service.stop()
     _check_decisions_written(spec, Path(_fill(spec.decisions, values)), arm, requests + 1)
     first = measured[0]
+    # the unit of the E2E claim is the run: with R requests, the median of its R E2Es
+    median_ns = int(round(statistics.median(m["e2e_ns"] for m in measured)))
+    median_s = median_ns / 1e9
     if spec.builtin and profiled:
         _collect_builtin_traces(run_dir, first["request_id"])
     client = {"arm": arm, "index": index, "request": {"steps": steps, "seed": seed},
-              "request_id": first["request_id"], "e2e_ns": first["e2e_ns"],
-              "e2e_s": first["e2e_s"], "start_wall_ns": first["start_wall_ns"],
-              "end_wall_ns": first["end_wall_ns"],
+              "request_id": first["request_id"], "e2e_ns": median_ns, "e2e_s": median_s,
+              "start_wall_ns": first["start_wall_ns"], "end_wall_ns": first["end_wall_ns"],
               "warmup": {"request_id": (_json_or_none(warm.payload) or {}).get("request_id"),
                          "e2e_ns": warm.e2e_ns, "start_wall_ns": warm.start_wall_ns,
                          "end_wall_ns": warm.end_wall_ns},
@@ -482,10 +490,11 @@ def run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, s
     if requests > 1:
         client["requests"] = measured
     write_json_atomic(run_dir / "client.json", client)
-    entry = {"arm": arm, "index": index, "dir": rel, "e2e_s": first["e2e_s"],
+    entry = {"arm": arm, "index": index, "dir": rel, "e2e_s": median_s,
              "profiled": profiled, "request_id": first["request_id"]}
     if requests > 1:
         entry["request_ids"] = [m["request_id"] for m in measured]
+        entry["e2e_s_requests"] = [m["e2e_s"] for m in measured]
     return entry
 
 
@@ -524,15 +533,22 @@ def _collect_builtin_traces(run_dir: Path, request_id: str | None) -> None:
 
 # --- designs and the run directory ------------------------------------------------------------
 
-def plan(design: str, pairs: int = 1) -> list[tuple[str, bool]]:
+def plan(design: str, pairs: int = 1, *, aa_arm: str = "candidate"
+         ) -> list[tuple[str, bool]]:
     """(arm, profiled) in run order.
 
     `profiled-pair`: one profiled baseline/candidate pair. `alternating`: `pairs` unprofiled
     pairs in ABBA order. `paired-profile`: the profiled pair, then `pairs` alternating pairs
-    (0 allowed). `consecutive`: one candidate service (its requests are `requests`).
+    (0 allowed). `consecutive`: one candidate service (its requests are `requests`). `aa`:
+    `pairs` unprofiled pairs of `aa_arm` in both slots, slots in ABBA order (`aa_slots`).
     """
     if design == "consecutive":
         return [("candidate", False)]
+    if design == "aa":
+        if aa_arm not in ARMS:
+            raise ValueError(f"The value for `aa_arm` must be one of {list(ARMS)}, but "
+                             f"{aa_arm!r} was passed.")
+        return [(aa_arm, False) for _ in aa_slots(pairs)]
     if design not in DESIGNS:
         raise ValueError(f"The value for `design` must be one of {list(DESIGNS)}, but "
                          f"{design!r} was passed.")
@@ -548,6 +564,14 @@ def plan(design: str, pairs: int = 1) -> list[tuple[str, bool]]:
             arms = ARMS if i % 2 == 0 else ARMS[::-1]
             order += [(arm, False) for arm in arms]
     return order
+
+
+def aa_slots(pairs: int) -> list[str]:
+    """Slot labels of an A/A design in run order: A B, B A, A B, ... (ABBA)."""
+    if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < 1:
+        raise ValueError(f"The value for `pairs` must be an integer >= 1, but {pairs!r} was "
+                         "passed.")
+    return [s for i in range(pairs) for s in (("A", "B") if i % 2 == 0 else ("B", "A"))]
 
 
 def versions() -> dict[str, Any]:
@@ -578,19 +602,21 @@ def _builtin_versions() -> dict[str, Any]:
 
 def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, steps: int = 50,
                seed: int = 2101, pairs: int = 1, requests: int = 1,
-               params: dict[str, Any] | None = None,
+               params: dict[str, Any] | None = None, aa_arm: str = "candidate",
                progress: bool | Callable[[Iterator[Any]], Iterator[Any]] = True) -> Path:
     """Run a design into a new run directory; returns it. On any failure the directory stays
     with `status: incomplete` and the error, every service is stopped, and
-    `ExperimentError` is raised."""
+    `ExperimentError` is raised.
+
+    Each unprofiled service run measures `requests` requests after its warm-up (every one
+    recorded in client.json; the run's `e2e_s` is their median); profiled runs measure one.
+    """
     for name, value in (("steps", steps), ("requests", requests)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"The value for `{name}` must be an integer >= 1, but {value!r} "
                              "was passed.")
-    if design != "consecutive" and requests != 1:
-        raise ValueError("The value for `requests` must be 1 unless design is 'consecutive', "
-                         f"but {requests!r} was passed.")
-    order = plan(design, pairs)
+    order = plan(design, pairs, aa_arm=aa_arm)
+    slots = aa_slots(pairs) if design == "aa" else None
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExperimentInputError(f"{out}: run directory exists and is not empty; choose a "
@@ -607,8 +633,9 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
         design=design, device_kind=spec.device_kind,
         service="builtin" if spec.builtin else "external", service_name=spec.name,
         params={"ranks": spec.ranks, "steps": steps, "seed": seed,
-                "pairs": pairs if design in ("alternating", "paired-profile") else 1,
-                "requests": requests, **(params or {})},
+                "pairs": pairs if design in ("alternating", "paired-profile", "aa") else 1,
+                "requests": requests, **({"aa_arm": aa_arm} if design == "aa" else {}),
+                **(params or {})},
         versions=versions(), order=[arm for arm, _ in order],
         extra={"service_info": {"name": spec.name, "file": spec.source,
                                 "command": list(spec.command),
@@ -624,8 +651,11 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
     try:
         for index, (arm, profiled) in enumerate(order):
             bar.set_postfix_str(f"{arm} #{index}")
-            manifest.runs.append(run_arm(spec, arm, index, out, steps=steps, seed=seed,
-                                         profiled=profiled, requests=requests))
+            entry = run_arm(spec, arm, index, out, steps=steps, seed=seed, profiled=profiled,
+                            requests=1 if profiled else requests)
+            if slots is not None:
+                entry["slot"] = slots[index]
+            manifest.runs.append(entry)
             if info["versions"] is None:  # what the first external service reported
                 client = json.loads((out / manifest.runs[-1]["dir"] / "client.json")
                                     .read_text(encoding="utf-8"))
@@ -666,8 +696,13 @@ def run_pair(design: str = "profiled-pair", *, out: str | os.PathLike[str], devi
              ranks: int = 2, steps: int = 50, seed: int = 2101, pairs: int = 1,
              requests: int = 1,
              scale: float = 1.0, capacity_bytes: int | None = None, resident_mib: float = 1024,
-             service_file: str | os.PathLike[str] | None = None, progress: bool = True) -> Path:
-    """`residency pair` as a function: the built-in service unless `service_file` is given."""
+             service_file: str | os.PathLike[str] | None = None, progress: bool = True,
+             emulator: Any = None, aa_arm: str = "candidate") -> Path:
+    """`residency pair` as a function: the built-in service unless `service_file` is given.
+
+    `emulator` is the emulated NPU's `DeviceModel` (default `DeviceModel()`: modelled device
+    time); it is recorded in the manifest's params as `emulated_npu`.
+    """
     if service_file is not None:
         spec = load_service_file(service_file)
         params: dict[str, Any] = {"service_file": str(service_file)}
@@ -687,15 +722,29 @@ def run_pair(design: str = "profiled-pair", *, out: str | os.PathLike[str], devi
             if not math.isfinite(number) or number <= 0:
                 raise ValueError(f"The value for `{name}` must be a positive finite number, "
                                  f"but {number!r} was passed.")
+        from residency.devicemodel import DeviceModel
+
         kind = devices.resolve(device)
+        model = None
+        if kind == "emulated-npu":
+            model = (emulator or DeviceModel()).to_params()
+        elif emulator is not None and emulator != DeviceModel():
+            raise ValueError(f"the emulated NPU's model options apply to device emulated-npu "
+                             f"only, not {kind}")
         spec = builtin_service(device_kind=kind, ranks=ranks, scale=scale,
-                               capacity_bytes=capacity_bytes, resident_mib=resident_mib)
+                               capacity_bytes=capacity_bytes, resident_mib=resident_mib,
+                               emulator=model)
         params = {"scale": scale, "capacity_bytes": capacity_bytes,
                   "resident_mib": resident_mib}
+        if model is not None:  # the device model and the capacity it emulates
+            from residency.devicemodel import DEFAULT_CAPACITY_BYTES
+
+            params["emulated_npu"] = {**model,
+                                      "capacity_bytes": capacity_bytes or DEFAULT_CAPACITY_BYTES}
     return run_design(design, out, spec=spec, steps=steps, seed=seed, pairs=pairs,
-                      requests=requests, params=params, progress=progress)
+                      requests=requests, params=params, aa_arm=aa_arm, progress=progress)
 
 
 __all__ = ["BUILTIN_EXPECT", "ExperimentError", "ExperimentInputError", "Reply",
-           "ServiceFileError", "ServiceSpec", "builtin_service", "load_service_file", "plan",
-           "run_design", "run_pair", "send_request"]
+           "ServiceFileError", "ServiceSpec", "aa_slots", "builtin_service", "load_service_file",
+           "plan", "run_design", "run_pair", "send_request"]

@@ -1,9 +1,13 @@
 """What a comparison of two arms can and cannot claim, as small immutable results.
 
-Four entry points, one per shape of evidence:
+Entry points, one per shape of evidence:
 
 * `compare_groups`: per-rank values of one run pair (exact Mann-Whitney U test);
 * `compare_pairs`: arm-level paired measurements (exact Wilcoxon signed-rank sign-flip test);
+* `equivalence_pairs`: the same pairs tested for equivalence within a declared margin
+  (TOST: two one-sided exact signed-rank tests);
+* `aa_noise`: the spread of A/A (same-arm) pairs, the noise an A/B delta is read against;
+* `e2e_verdict`: the E2E attribution's verdict from a difference and an equivalence test;
 * `proportion`: k of n with a Clopper-Pearson 95 % interval;
 * `single`: one value per arm, no test possible.
 
@@ -28,11 +32,15 @@ from scipy import stats as _sps
 ALPHA = 0.05
 MIN_REPETITIONS = 9  # Google Benchmark compare.py warns below this
 MIN_CI_PAIRS = 10  # no interval for paired deltas below this many pairs
+E2E_MARGIN_FRACTION = 0.02
+"""The declared E2E equivalence margin: 2 % of the baseline median E2E."""
 _MAX_ENUMERATION = 200_000  # exact permutation enumeration limit for tied groups
 
 __all__ = [
-    "GroupComparison", "PairComparison", "Proportion", "Single",
-    "compare_groups", "compare_pairs", "proportion", "single", "pairs_floor_note",
+    "E2E_MARGIN_FRACTION", "AANoise", "Equivalence", "GroupComparison", "PairComparison",
+    "Proportion", "Single",
+    "aa_noise", "compare_groups", "compare_pairs", "e2e_verdict", "equivalence_pairs",
+    "proportion", "single", "pairs_floor_note",
     "fmt_num", "fmt_p", "fmt_speed", "robust_spread",
 ]
 
@@ -374,6 +382,194 @@ def compare_pairs(
         n=n, deltas=tuple(float(x) for x in d), baseline_median=bm, candidate_median=cm,
         delta=md, relative=md / bm if bm > 0 else None, ratio=_ratio(cm, bm), unit=unit,
         p_value=p, min_p=min_p, ci=ci, pairs_needed=needed, test=test, note=" ".join(parts))
+
+
+# ----------------------------------------------------------------------------- equivalence
+@dataclass(frozen=True, repr=False)
+class Equivalence(_Result):
+    """Paired deltas tested for equivalence within +-`margin` (TOST, exact signed-rank)."""
+
+    n: int
+    deltas: tuple[float, ...]  # candidate - baseline, per pair
+    delta: float  # median of the paired deltas
+    margin: float  # declared equivalence margin, in `unit`
+    margin_label: str  # how the margin was declared, e.g. "2 % of the baseline median E2E"
+    p_lower: float | None  # H0: delta <= -margin
+    p_upper: float | None  # H0: delta >= +margin
+    p_value: float | None  # max(p_lower, p_upper): equivalence when < 0.05
+    equivalent: bool
+    min_p: float | None  # smallest reachable TOST p at this n: 2^-n
+    pairs_needed: int | None
+    unit: str
+    test: str
+    ci: None
+    note: str
+
+    def _summary(self) -> str:
+        p = "p=None" if self.p_value is None else f"p={fmt_p(self.p_value)}"
+        verdict = "equivalent" if self.equivalent else "not shown equivalent"
+        return (f"n={self.n} pairs: median delta {self.delta:+.6f} {self.unit} vs margin "
+                f"+-{fmt_num(self.margin)} {self.unit}: {verdict}, TOST {p}")
+
+
+def _signed_rank_one_sided(d: np.ndarray, alternative: str) -> float:
+    """Exact one-sided Wilcoxon signed-rank p over all 2^n sign flips (zeros dropped):
+    `greater` tests whether the deltas lie above 0, `less` below."""
+    d = d[d != 0]
+    if d.size == 0:
+        return 1.0
+    r2 = np.rint(2 * _sps.rankdata(np.abs(d))).astype(np.int64)  # midranks, doubled
+    counts = np.zeros(int(r2.sum()) + 1)
+    counts[0] = 1.0
+    for r in r2:
+        shifted = np.zeros_like(counts)
+        shifted[r:] = counts[:-r] if r else counts
+        counts = counts + shifted
+    probs = counts / counts.sum()
+    observed = int(r2[d > 0].sum())
+    sums = np.arange(probs.size)
+    tail = sums >= observed if alternative == "greater" else sums <= observed
+    return float(min(1.0, probs[tail].sum()))
+
+
+def _equivalence_pairs_needed(mean: float, sd: float | None, margin: float) -> int | None:
+    """Pairs for 80 % power of the TOST at the 5 % level, normal approximation; at least 5."""
+    if abs(mean) >= margin:
+        return None
+    if not sd:
+        return 5
+    z = NormalDist().inv_cdf(0.95) + NormalDist().inv_cdf(0.90 if mean == 0 else 0.80)
+    return max(5, math.ceil((z * sd / (margin - abs(mean))) ** 2))
+
+
+def equivalence_pairs(
+    baseline: Sequence[float], candidate: Sequence[float], *, margin: float,
+    unit: str = "s", margin_label: str | None = None,
+) -> Equivalence:
+    """TOST on paired measurements: is candidate - baseline within +-`margin`?
+
+    Two one-sided exact Wilcoxon signed-rank tests at the 5 % level: the deltas plus the
+    margin lie above 0 (p_lower) and the deltas minus the margin lie below 0 (p_upper); the
+    TOST p is the larger. Equivalence is claimed only when it is below 0.05; otherwise the
+    note says "cannot tell" and how many pairs would. `margin_label` says how the margin was
+    declared (e.g. "2 % of the baseline median E2E").
+
+    Raises:
+        ValueError: empty, NaN, infinite or negative inputs; unequal lengths; margin <= 0.
+    """
+    b, c = _values("baseline", baseline), _values("candidate", candidate)
+    if b.size != c.size:
+        raise ValueError(f"The value for `candidate` must have as many values as `baseline` "
+                         f"({b.size}), but a sequence of length {c.size} was passed.")
+    m = _scalar("margin", margin)
+    if m <= 0:
+        raise ValueError(f"The value for `margin` must be > 0, but {margin!r} was passed.")
+    label = margin_label or f"+-{fmt_num(m)} {unit}"
+    n, d = int(b.size), c - b
+    md, mean = float(np.median(d)), float(np.mean(d))
+    test = ("TOST: two one-sided Wilcoxon signed-rank tests (exact sign-flip), 5 % level each")
+    if n < 2:
+        return Equivalence(
+            n=n, deltas=tuple(float(x) for x in d), delta=md, margin=m, margin_label=label,
+            p_lower=None, p_upper=None, p_value=None, equivalent=False, min_p=None,
+            pairs_needed=None, unit=unit, test="none (single pair)", ci=None,
+            note=(f"Equivalence within {label}: cannot tell from one pair (no test possible; "
+                  "at least 5 pairs needed)."))
+    p_lower = _signed_rank_one_sided(d + m, "greater")
+    p_upper = _signed_rank_one_sided(d - m, "less")
+    p = max(p_lower, p_upper)
+    floor = 2.0 ** -n
+    sd = float(np.std(d, ddof=1))
+    needed = _equivalence_pairs_needed(mean, sd, m)
+    given = "" if margin_label is None else f" (+-{fmt_num(m)} {unit})"
+    head = (f"{test}, {n} pairs, margin {label}{given}: median delta "
+            f"{md:+.6f} {unit}; p(delta <= -margin) = {fmt_p(p_lower)}, p(delta >= +margin) = "
+            f"{fmt_p(p_upper)}, TOST p = {fmt_p(p)}.")
+    if p < ALPHA:
+        tail = f" Equivalent within {label} at the 5 % level."
+    else:
+        reach = ("" if floor < ALPHA else f" With {n} pairs p < 0.05 is unreachable (smallest "
+                 f"TOST p = 2^-{n} = {fmt_p(floor)}).")
+        more = (f" About {needed} pairs would show equivalence if the mean delta stays "
+                f"{mean:+.6f} {unit} at SD {fmt_num(sd)} {unit} (normal approximation, 80 % "
+                "power)." if needed is not None else
+                f" The mean delta {mean:+.6f} {unit} is outside the margin: more pairs would "
+                "not show equivalence at this margin.")
+        tail = f" Cannot tell: not shown equivalent within {label}.{reach}{more}"
+    return Equivalence(
+        n=n, deltas=tuple(float(x) for x in d), delta=md, margin=m, margin_label=label,
+        p_lower=p_lower, p_upper=p_upper, p_value=p, equivalent=p < ALPHA, min_p=floor,
+        pairs_needed=needed, unit=unit, test=test, ci=None, note=head + tail)
+
+
+@dataclass(frozen=True, repr=False)
+class AANoise(_Result):
+    """The spread of A/A pairs (same arm in both slots): what an A/B delta is read against."""
+
+    n: int
+    deltas: tuple[float, ...]  # slot B - slot A, per pair
+    spread: float  # median |delta|
+    max_abs: float
+    cv: float | None  # SD of every run's value / their mean
+    unit: str
+    p_value: None
+    ci: None
+    note: str
+
+    def _summary(self) -> str:
+        cv = "" if self.cv is None else f", CV {self.cv:.2%}"
+        return (f"A/A n={self.n} pairs: median |delta| {fmt_num(self.spread)} {self.unit}, "
+                f"max {fmt_num(self.max_abs)} {self.unit}{cv}")
+
+
+def aa_noise(slot_a: Sequence[float], slot_b: Sequence[float], *, unit: str = "s") -> AANoise:
+    """A/A noise from pairs of same-arm runs: pair i = (slot_a[i], slot_b[i]).
+
+    Raises:
+        ValueError: empty, NaN, infinite or negative inputs; unequal lengths.
+    """
+    a, b = _values("slot_a", slot_a), _values("slot_b", slot_b)
+    if a.size != b.size:
+        raise ValueError(f"The value for `slot_b` must have as many values as `slot_a` "
+                         f"({a.size}), but a sequence of length {b.size} was passed.")
+    d = b - a
+    both = np.concatenate([a, b])
+    cv = float(np.std(both, ddof=1) / np.mean(both)) if both.size > 1 and np.mean(both) else None
+    spread, mx = float(np.median(np.abs(d))), float(np.max(np.abs(d)))
+    note = (f"A/A: the same arm in both slots, {a.size} pair(s): median |delta| "
+            f"{fmt_num(spread)} {unit}, largest {fmt_num(mx)} {unit}"
+            + ("" if cv is None else f", coefficient of variation of the runs {cv:.2%}")
+            + ". An A/B delta within this spread is not distinguishable from noise.")
+    return AANoise(n=int(a.size), deltas=tuple(float(x) for x in d), spread=spread,
+                   max_abs=mx, cv=cv, unit=unit, p_value=None, ci=None, note=note)
+
+
+def e2e_verdict(difference: PairComparison, equivalence: Equivalence, *,
+                expected: str = "faster") -> str:
+    """One sentence: a significant delta in the `expected` direction ("faster": candidate
+    below baseline), a significant delta against it, equivalence within the margin, or
+    "no verdict" with what would give one."""
+    if expected not in ("faster", "slower"):
+        raise ValueError(f"The value for `expected` must be one of ['faster', 'slower'], but "
+                         f"{expected!r} was passed.")
+    u = difference.unit
+    p = difference.p_value
+    if p is not None and p < ALPHA and difference.delta != 0:
+        direction = "faster" if difference.delta < 0 else "slower"
+        where = ("in the expected direction" if direction == expected
+                 else "AGAINST the expected direction")
+        return (f"Verdict: the candidate is {direction} in E2E, {where}: median delta "
+                f"{difference.delta:+.6f} {u} over {difference.n} pairs, {difference.test} "
+                f"p = {fmt_p(p)}.")
+    if equivalence.equivalent:
+        return (f"Verdict: E2E equivalent within {equivalence.margin_label}: median delta "
+                f"{equivalence.delta:+.6f} {u} over {equivalence.n} pairs, TOST p = "
+                f"{fmt_p(equivalence.p_value or 1.0)}.")
+    needs = [f"about {x} pairs for the difference" for x in [difference.pairs_needed] if x]
+    needs += [f"about {x} for equivalence" for x in [equivalence.pairs_needed] if x]
+    return ("No verdict: neither a significant E2E delta nor equivalence within "
+            f"{equivalence.margin_label} with {difference.n} pairs"
+            + (f" ({'; '.join(needs)})." if needs else "."))
 
 
 # ----------------------------------------------------------------------------- counts

@@ -37,18 +37,23 @@ class MemorySnapshot:
 
 
 class TelemetryUnavailable(RuntimeError):
-    """Telemetry could not be read; carries the original exception's type and message."""
+    """Telemetry could not be read; carries the original exception's type and message, and
+    the query that raised it when known (e.g. `torch.accelerator.memory_allocated`)."""
 
-    def __init__(self, source: str, error_type: str, error_message: str) -> None:
+    def __init__(self, source: str, error_type: str, error_message: str,
+                 query: str | None = None) -> None:
         self.source = source
         self.error_type = error_type
         self.error_message = error_message
-        super().__init__(f"{source} telemetry unavailable: {error_type}: {error_message}")
+        self.query = query
+        where = f" [query: {query}]" if query else ""
+        super().__init__(f"{source} telemetry unavailable: {error_type}: {error_message}{where}")
 
     @classmethod
-    def wrap(cls, source: str, exc: BaseException) -> TelemetryUnavailable:
-        """Wrap `exc` raised while reading `source` telemetry."""
-        return cls(source, type(exc).__name__, str(exc))
+    def wrap(cls, source: str, exc: BaseException,
+             query: str | None = None) -> TelemetryUnavailable:
+        """Wrap `exc` raised while reading `source` telemetry (in `query`, when known)."""
+        return cls(source, type(exc).__name__, str(exc), query)
 
 
 @runtime_checkable
@@ -82,13 +87,16 @@ class GenericTelemetry:
     def snapshot(self, device: Any) -> MemorySnapshot:
         import torch
 
+        query = "torch.accelerator.memory_reserved"  # queried in this order, as upstream
         try:
             device = as_device(device)
             reserved = int(torch.accelerator.memory_reserved(device))
+            query = "torch.accelerator.memory_allocated"
             allocated = int(torch.accelerator.memory_allocated(device))
+            query = "mem_get_info"
             free, total = _free_total(device)
         except Exception as exc:  # any failure of the device stack means "unavailable"
-            raise TelemetryUnavailable.wrap(self.name, exc) from exc
+            raise TelemetryUnavailable.wrap(self.name, exc, query) from exc
         return MemorySnapshot(reserved, allocated, free, total)
 
     def __repr__(self) -> str:
@@ -122,6 +130,33 @@ def telemetry_for(device: Any) -> Telemetry:
     if as_device(device).type == "npu":
         return RegisteredModuleTelemetry()
     return GenericTelemetry()
+
+
+_GENERIC_QUERIES = {"allocated": "memory_allocated", "reserved": "memory_reserved",
+                    "memory_stats": "memory_stats", "empty_cache": "empty_cache"}
+
+
+def query_paths() -> dict[str, dict[str, Any]]:
+    """Which function answers each generic `torch.accelerator` query in this process.
+
+    Per query: `function` (module-qualified name of what `torch.accelerator.<name>` is now)
+    and `redirected` (True when a patch such as vllm-ascend's replaced PyTorch's own). Read
+    from the live objects: detected, never assumed.
+    """
+    import torch
+
+    out: dict[str, dict[str, Any]] = {}
+    for key, name in _GENERIC_QUERIES.items():
+        fn = getattr(torch.accelerator, name, None)
+        if fn is None:
+            out[key] = {"function": None, "redirected": False}
+            continue
+        owner = getattr(fn, "__self__", None)
+        module = getattr(fn, "__module__", None) or type(owner).__module__
+        qualname = getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))
+        out[key] = {"function": f"{module}.{qualname}",
+                    "redirected": not str(module).startswith("torch.accelerator")}
+    return out
 
 
 def _outcome(call: Any) -> dict[str, Any]:
@@ -165,6 +200,10 @@ def probe_queries(device: Any) -> dict[str, Any]:
     arms["always-release"] = {"telemetry": None, "snapshot": None, "error": None}
     generic_ok = all(v["ok"] for v in generic.values())
     module_ok = all(v["ok"] for v in module.values())
+    paths = query_paths()
+    for key, outcome in generic.items():
+        outcome["path"] = paths[key]["function"]
+        outcome["redirected"] = paths[key]["redirected"]
     return {
         "device": str(device),
         "generic": generic,
@@ -173,8 +212,18 @@ def probe_queries(device: Any) -> dict[str, Any]:
         "arms": arms,
         # the bug: generic query fails where the registered module answers
         "bug_present": (not generic_ok) and module_ok,
-        "verdict": _verdict(generic_ok, module_ok),
+        "verdict": _verdict(generic_ok, module_ok) + _sequence(generic),
     }
+
+
+def _sequence(generic: dict[str, dict[str, Any]]) -> str:
+    """The vllm-ascend sequence, when it is what the generic queries show."""
+    reserved, allocated = generic["reserved"], generic["allocated"]
+    if reserved["ok"] and not allocated["ok"]:
+        how = " (redirected to the device module)" if reserved.get("redirected") else ""
+        return (f"; the generic sequence fails on its second query: memory_reserved answers"
+                f"{how}, memory_allocated raises")
+    return ""
 
 
 def _verdict(generic_ok: bool, module_ok: bool) -> str:

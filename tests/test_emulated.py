@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -29,12 +31,14 @@ from residency.emulated import (
     OVERSIZE_SLACK_BYTES,
     Block,
     CachingHostAllocator,
+    DeviceModel,
     DeviceTaskError,
     EmulatedNPU,
     round_size,
 )
 
 MiB = 1024**2
+REAL = DeviceModel(compute="real")
 
 
 def check_invariants(alloc: CachingHostAllocator, live: dict) -> None:
@@ -202,7 +206,7 @@ def test_module_reports_the_allocator_numbers() -> None:
 
 
 def test_copies_round_trip_through_device_tasks() -> None:
-    npu = EmulatedNPU(capacity_bytes=64 * MiB)
+    npu = EmulatedNPU(capacity_bytes=64 * MiB, model=REAL)
     source = torch.arange(12, dtype=torch.float64).reshape(3, 4)
     on_device = npu.to_device(source)
     out = npu.empty(on_device.shape, on_device.dtype)
@@ -541,3 +545,167 @@ def test_real_torch_npu_or_another_backend_blocks_the_emulation(
     assert "is_available() is False" in result["npu_unavailable"]
     assert "torch_npu" in result["install"]
     assert "'foo'" in result["install_foo"]
+
+
+# -- the device model: modelled time, real memory ----------------------------------------------
+
+
+def _matmul_task(n: int) -> tuple[Callable[[], object], int]:
+    a, b, out = torch.ones(n, n), torch.ones(n, n), torch.empty(n, n)
+    return (lambda: torch.mm(a, b, out=out)), 2 * n**3
+
+
+def test_modelled_task_leaves_the_host_free() -> None:
+    """A task of modelled 200 ms costs its worker almost no CPU: a host thread does 150 ms of
+    CPU work meanwhile. With real compute the same task burns its worker's CPU (the matmul is
+    17 GFLOP), which is what this test would see if the stream computed again."""
+    fn, flops = _matmul_task(2048)
+    model = DeviceModel(flops_per_s=flops / 0.2, bytes_per_s=1e15, launch_ns=0)
+    npu = EmulatedNPU(capacity_bytes=64 * MiB, model=model)
+    task = npu.launch("dit.step", fn)
+    host_start_ns = time.thread_time_ns()
+    while time.thread_time_ns() - host_start_ns < 150_000_000:  # 150 ms of host CPU work
+        sum(range(1000))
+    host_cpu_ns = time.thread_time_ns() - host_start_ns
+    npu.synchronize()
+    assert task.cost is not None and task.cost.flops == flops
+    assert task.end_ns - task.start_ns >= 200_000_000          # the modelled time was waited out
+    assert host_cpu_ns >= 150_000_000
+    assert task.cpu_ns < 50_000_000                             # ...without holding a core
+
+
+def test_real_compute_is_kept_as_an_option() -> None:
+    fn, _ = _matmul_task(256)
+    a = torch.arange(6.0).reshape(2, 3)
+    out = torch.empty(2, 3)
+    npu = EmulatedNPU(capacity_bytes=64 * MiB, model=REAL)
+    task = npu.launch("double", lambda: torch.mul(a, 2, out=out))
+    npu.synchronize()
+    assert torch.equal(out, a * 2) and task.cost is None
+    modelled = EmulatedNPU(capacity_bytes=64 * MiB)
+    out.zero_()
+    task = modelled.launch("double", lambda: torch.mul(a, 2, out=out))
+    modelled.synchronize()
+    assert torch.equal(out, torch.zeros(2, 3))                  # shape-only: nothing computed
+    assert (task.cost.flops, task.cost.bytes) == (6, 48)        # 6 elements, 24 B in + 24 B out
+
+
+def test_modelled_copies_use_the_link_and_to_host_stays_real() -> None:
+    npu = EmulatedNPU(capacity_bytes=64 * MiB,
+                      model=DeviceModel(link_bytes_per_s=1e9, launch_ns=0))
+    t, source = npu.empty((1024, 1024)), torch.full((1024, 1024), 3.0)
+    task = npu.launch("Memcpy HtoD", lambda: t.host.copy_(source), category="gpu_memcpy")
+    npu.synchronize()
+    assert task.cost.written_bytes == 4 * MiB
+    assert task.end_ns - task.start_ns >= 4 * MiB                # 4 MiB at 1e9 B/s, in ns
+    small = npu.to_device(torch.arange(4.0))
+    assert torch.equal(small.to_host(), torch.zeros(4))         # upload modelled, readback real
+    assert npu.empty((0, 5)).to_host().shape == (0, 5)
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="needs Linux /proc")
+def test_modelled_device_faults_new_memory_in_and_empty_cache_unmaps_it() -> None:
+    def rss() -> int:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    npu = EmulatedNPU(capacity_bytes=1024 * MiB)                # modelled: no task touches it
+    before = rss()
+    tensor = npu.empty((256 * MiB,), torch.uint8)
+    faulted = rss()
+    assert faulted - before >= 200 * MiB                        # allocation mapped the pages
+    tensor.free()
+    npu.empty_cache()
+    assert faulted - rss() >= 200 * MiB                         # and empty_cache unmapped them
+
+
+@pytest.mark.parametrize("kwargs, named", [
+    ({"compute": "fast"}, "compute"), ({"flops_per_s": 0}, "flops_per_s"),
+    ({"bytes_per_s": float("inf")}, "bytes_per_s"), ({"launch_ns": -1}, "launch_ns"),
+    ({"accelerator_patch": "x"}, "accelerator_patch")])
+def test_bad_model_values_are_named(kwargs: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=f"`{named}`"):
+        DeviceModel(**kwargs)
+
+
+def test_model_round_trips_through_the_environment() -> None:
+    from residency.emulated import ENV_VAR
+
+    model = DeviceModel(compute="real", flops_per_s=1e12, accelerator_patch="vllm-ascend")
+    assert DeviceModel.from_env({ENV_VAR: model.to_env()}) == model
+    assert DeviceModel.from_env({}) == DeviceModel()
+    with pytest.raises(ValueError, match=ENV_VAR):
+        DeviceModel.from_env({ENV_VAR: '{"speed": 1}'})
+
+
+def test_vllm_ascend_patch_reserved_answers_allocated_raises(
+        subprocess_python: Callable[..., dict]) -> None:
+    result = subprocess_python("""
+        import json, torch
+        from residency.emulated import DeviceModel, install_emulated_npu
+        from residency.policy import ListRecorder, policy_for
+        from residency.telemetry import query_paths
+
+        npu = install_emulated_npu(model=DeviceModel(accelerator_patch="vllm-ascend"))
+        d = torch.device("npu:0")
+        kept = npu.empty((1024, 1024), device=d)
+        out = {"reserved": torch.accelerator.memory_reserved(d)}
+        try:
+            torch.accelerator.memory_allocated(d)
+        except RuntimeError as exc:
+            out["allocated_error"] = str(exc)
+        out["paths"] = query_paths()
+        recorder = ListRecorder()
+        policy_for("baseline", d, recorder=recorder, rank=0).release_if_needed()
+        decision = recorder.decisions[0]
+        out["decision"] = [decision.outcome, decision.reason, decision.error]
+        print(json.dumps(out))
+    """)
+    assert result["reserved"] == 4 * MiB
+    assert "Allocator for npu is not a DeviceAllocator" in result["allocated_error"]
+    assert result["paths"]["reserved"]["redirected"] is True
+    assert result["paths"]["allocated"]["redirected"] is False
+    outcome, reason, error = result["decision"]
+    assert (outcome, reason) == ("released", "telemetry-unavailable")
+    assert "memory_allocated" in error and "not a DeviceAllocator" in error
+
+
+@pytest.mark.parametrize(("patch", "reserved_ok", "reserved_redirected"), [
+    ("none", False, False), ("vllm-ascend", True, True)])
+def test_probe_shows_which_function_answered_each_query(
+        patch: str, reserved_ok: bool, reserved_redirected: bool) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "residency.cli", "probe", "--device", "emulated-npu", "--json",
+         "--accelerator-patch", patch], capture_output=True, text=True, check=False,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    generic = result["generic"]
+    assert result["accelerator_patch"] == patch and result["bug_present"] is True
+    assert (generic["reserved"]["ok"], generic["reserved"]["redirected"]) == (
+        reserved_ok, reserved_redirected)
+    assert generic["allocated"]["ok"] is False and generic["allocated"]["redirected"] is False
+    assert generic["allocated"]["path"] == "torch.accelerator.memory.memory_allocated"
+    assert ("second query" in result["verdict"]) is reserved_ok
+    if reserved_redirected:
+        assert generic["reserved"]["path"].endswith("EmulatedNPU.memory_reserved")
+
+
+def test_probe_patch_needs_an_npu_device() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "residency.cli", "probe", "--device", "cpu",
+         "--accelerator-patch", "vllm-ascend"], capture_output=True, text=True, check=False,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("residency probe: error: --accelerator-patch")
+
+
+def test_model_options_errors_name_the_option() -> None:
+    import argparse
+
+    from residency.emulated.model import add_model_arguments, model_from_args
+
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser)
+    assert model_from_args(parser.parse_args([])) == DeviceModel()
+    with pytest.raises(ValueError, match="`--link-bandwidth`"):
+        model_from_args(parser.parse_args(["--link-bandwidth", "0"]))

@@ -14,6 +14,7 @@ import pytest
 
 from residency.experiments import (
     ExperimentError,
+    aa_slots,
     builtin_service,
     load_service_file,
     plan,
@@ -43,6 +44,33 @@ def test_plan_orders() -> None:
         plan("interleaved", 2)
     with pytest.raises(ValueError, match="pairs"):
         plan("alternating", 0)
+    assert plan("aa", 2) == [("candidate", False)] * 4
+    assert plan("aa", 1, aa_arm="baseline") == [("baseline", False)] * 2
+    assert aa_slots(3) == ["A", "B", "B", "A", "A", "B"]
+    with pytest.raises(ValueError, match="aa_arm"):
+        plan("aa", 1, aa_arm="always-release")
+
+
+def test_aa_design_with_requests_per_run_records_every_request(tmp_path) -> None:
+    """A/A: the same arm in both slots (ABBA), R requests per service run after its warm-up,
+    every request recorded, the run's E2E their median; the device model is in the params."""
+    from residency.emulated import DeviceModel
+
+    out = run_pair("aa", out=tmp_path / "aa", device="emulated-npu", ranks=2, steps=2,
+                   pairs=2, requests=3, progress=False, **SMALL)
+    m = manifest(out)
+    assert m["status"] == "complete" and m["design"] == "aa"
+    assert [(r["arm"], r["slot"]) for r in m["runs"]] == [
+        ("candidate", "A"), ("candidate", "B"), ("candidate", "B"), ("candidate", "A")]
+    assert m["params"]["emulated_npu"] == {**DeviceModel().to_params(),
+                                           "capacity_bytes": 4 * 1024**3}
+    assert m["params"]["emulated_npu"]["compute"] == "modelled"
+    for entry in m["runs"]:
+        client = json.loads((out / entry["dir"] / "client.json").read_text())
+        e2es = [r["e2e_s"] for r in client["requests"]]
+        assert len(e2es) == 3 and entry["e2e_s_requests"] == e2es
+        assert entry["e2e_s"] == sorted(e2es)[1] == client["e2e_s"]  # the run's median
+        assert [r["request_id"] for r in client["requests"]] == entry["request_ids"]
 
 
 def test_consecutive_requests_on_one_candidate_service(tmp_path) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -186,3 +188,83 @@ def test_power_estimate_of_a_vanishing_median_delta_is_none() -> None:
     # found by hypothesis: median delta 9e-161 against a spread of about 1
     r = stats.compare_pairs([0.0, 0.0, 1.0], [1.0, 9.45647775056107e-161, 0.0])
     assert r.pairs_needed is None and "Estimate" not in r.note
+
+
+def test_analysis_modules_do_not_import_torch() -> None:
+    code = ("import sys, residency.stats, residency.rundir, residency.tables; "
+            "sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+# ----------------------------------------------------------------------------- equivalence
+@dataclass(frozen=True)
+class TostCase:
+    name: str
+    deltas: list[float]
+    margin: float
+    p_lower: float | None
+    p_upper: float | None
+    equivalent: bool
+    note_has: tuple[str, ...] = field(default=())
+
+
+# Hand-computed: with every shifted delta on one side, the one-sided exact signed-rank p is
+# 1/2^n. Deltas 1..5 with margin 3.5: d - 3.5 = -2.5, -1.5, -0.5, 0.5, 1.5; |.| midranks
+# 5, 3.5, 1.5, 1.5, 3.5; W+ = 1.5 + 3.5 = 5; of the 32 sign patterns, 11 have W+ <= 5
+# ({}, {1.5} x2, {3.5} x2, {5}, {1.5, 1.5}, {1.5, 3.5} x4), so p_upper = 11/32.
+TOST_CASES = [
+    TostCase("six pairs inside the margin", [0.1, -0.2, 0.3, 0.05, -0.1, 0.2], 0.5,
+             1 / 64, 1 / 64, True, ("Equivalent within", "TOST p = 0.0156")),
+    TostCase("upper bound not excluded", [1, 2, 3, 4, 5], 3.5, 1 / 32, 11 / 32, False,
+             ("Cannot tell", "pairs would show equivalence")),
+    TostCase("four pairs cannot reach 0.05", [0.0, 0.01, -0.01, 0.02], 1.0, 1 / 16, 1 / 16,
+             False, ("unreachable", "2^-4 = 0.0625")),
+    TostCase("mean delta outside the margin", [2, 3, 2.5, 3.5, 2.2, 2.8], 1.0, 1 / 64, 1.0,
+             False, ("outside the margin",)),
+    TostCase("one pair", [0.1], 1.0, None, None, False, ("cannot tell from one pair",)),
+]
+
+
+@pytest.mark.parametrize("case", TOST_CASES, ids=lambda c: c.name)
+def test_tost_known_answers(case: TostCase) -> None:
+    baseline = [10.0] * len(case.deltas)
+    candidate = [10.0 + d for d in case.deltas]
+    r = stats.equivalence_pairs(baseline, candidate, margin=case.margin)
+    for got, want in ((r.p_lower, case.p_lower), (r.p_upper, case.p_upper)):
+        assert (got is None and want is None) or got == pytest.approx(want, abs=1e-12)
+    assert r.equivalent is case.equivalent
+    if case.p_lower is not None:
+        assert r.p_value == pytest.approx(max(case.p_lower, case.p_upper), abs=1e-12)
+    for text in case.note_has:
+        assert text in r.note
+
+
+def test_tost_margin_label_and_bad_input() -> None:
+    r = stats.equivalence_pairs([10] * 6, [10.1] * 6, margin=0.2,
+                                margin_label="2 % of the baseline median E2E")
+    assert "2 % of the baseline median E2E (+-0.2 s)" in r.note and r.equivalent
+    with pytest.raises(ValueError, match="`margin`"):
+        stats.equivalence_pairs([1, 2], [1, 2], margin=0)
+    with pytest.raises(ValueError, match="`candidate`"):
+        stats.equivalence_pairs([1, 2], [1], margin=1)
+
+
+def test_aa_noise_and_the_e2e_verdict() -> None:
+    noise = stats.aa_noise([10.0, 10.2, 9.9], [10.1, 10.0, 10.0])
+    assert noise.deltas == pytest.approx((0.1, -0.2, 0.1))
+    assert noise.spread == pytest.approx(0.1) and noise.max_abs == pytest.approx(0.2)
+    base = [10.0, 10.2, 9.9, 10.1, 10.0, 10.3]
+    faster = [b - 0.4 for b in base]
+    diff = stats.compare_pairs(base, faster)
+    eq = stats.equivalence_pairs(base, faster, margin=0.2)
+    assert stats.e2e_verdict(diff, eq).startswith("Verdict: the candidate is faster")
+    assert "AGAINST" in stats.e2e_verdict(stats.compare_pairs(faster, base),
+                                          stats.equivalence_pairs(faster, base, margin=0.2))
+    same = [b + d for b, d in zip(base, [0.01, -0.02, 0.015, -0.01, 0.02, -0.005],
+                                  strict=True)]
+    verdict = stats.e2e_verdict(stats.compare_pairs(base, same),
+                                stats.equivalence_pairs(base, same, margin=0.2))
+    assert verdict.startswith("Verdict: E2E equivalent within")
+    three = stats.compare_pairs(base[:3], same[:3])
+    assert stats.e2e_verdict(three, stats.equivalence_pairs(base[:3], same[:3], margin=0.2)
+                             ).startswith("No verdict")

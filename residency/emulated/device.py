@@ -17,6 +17,7 @@ import torch
 
 from residency import markers
 from residency.emulated.allocator import Block, check_positive_int
+from residency.emulated.model import DeviceModel, modelled_cost
 from residency.emulated.streams import TASK_CATEGORIES, Device, Stream, Task
 from residency.emulated.streams import Event as _Event
 from residency.emulated.trace import Tracer, TraceRecord, kineto_trace
@@ -72,8 +73,9 @@ class DeviceTensor:
         """A CPU copy, made by a device task on the current stream after all earlier work."""
         source = self.host
         out = torch.empty_like(source)
+        # the host receives real bytes: this copy runs even on a modelled device
         task = self._npu.launch("Memcpy DtoH", lambda: out.copy_(source), self.device_index,
-                                category="gpu_memcpy")
+                                category="gpu_memcpy", model=False)
         task.wait()
         self._npu._devices[self.device_index].raise_error()
         return out
@@ -95,6 +97,10 @@ class DeviceTensor:
                 f"device=npu:{self.device_index}{state})")
 
 
+def _WARM_UP_TASK() -> None:  # noqa: N802 - a constant-like task
+    torch.mm(torch.ones(2, 2), torch.ones(2, 2)).add_(1).sum()
+
+
 _DEVICE_STRING = re.compile(r"(?:npu|privateuseone)(?::(\d+))?")
 
 
@@ -104,9 +110,12 @@ class EmulatedNPU(types.ModuleType):
     `device` arguments accept None (the current device), an int, "npu[:i]" or a torch.device
     of the PrivateUse1 type. The current device is process-wide; the current stream is
     per thread. Builds without registering anything; `install_emulated_npu` registers one.
+    `model` says how device tasks take time (`DeviceModel`: modelled by default, or real
+    compute on host threads).
     """
 
-    def __init__(self, devices: int = 1, capacity_bytes: int = DEFAULT_CAPACITY_BYTES) -> None:
+    def __init__(self, devices: int = 1, capacity_bytes: int = DEFAULT_CAPACITY_BYTES,
+                 *, model: DeviceModel | None = None) -> None:
         super().__init__("residency.emulated.npu", "Emulated NPU device module (host-backed).")
         check_positive_int("devices", devices)
         self._capacity_bytes = check_positive_int("capacity_bytes", capacity_bytes)
@@ -114,7 +123,13 @@ class EmulatedNPU(types.ModuleType):
         self._tracer = Tracer()
         self.Stream = type("Stream", (Stream,), {"_npu": self, "__module__": __name__})
         self.Event = type("Event", (_Event,), {"_npu": self, "__module__": __name__})
-        self._devices = [Device(i, capacity_bytes, self._tracer, self.Stream)
+        if model is not None and not isinstance(model, DeviceModel):
+            raise ValueError(f"The value for `model` must be a DeviceModel or None, but "
+                             f"{model!r} was passed.")
+        self._model = model or DeviceModel()
+        if self._model.modelled:  # the first shape-only run imports and sets up for ~1 s CPU:
+            modelled_cost(_WARM_UP_TASK, self._model)  # pay it here, not in the first task
+        self._devices = [Device(i, capacity_bytes, self._tracer, self.Stream, self._model)
                          for i in range(devices)]
         self._current_index = 0
         self._local = threading.local()
@@ -123,6 +138,11 @@ class EmulatedNPU(types.ModuleType):
     def capacity_bytes(self) -> int:
         """Capacity of each device, bytes."""
         return self._capacity_bytes
+
+    @property
+    def model(self) -> DeviceModel:
+        """How device tasks take time (modelled or real compute) and the accelerator patch."""
+        return self._model
 
     def _device(self, device: Any) -> Device:
         return self._devices[self._index(device)]
@@ -282,10 +302,13 @@ class EmulatedNPU(types.ModuleType):
             self.set_stream(previous)
 
     def launch(self, name: str, fn: Callable[[], Any], device: Any = None, *,
-               category: str = "kernel", stream: Stream | None = None) -> Task:
+               category: str = "kernel", stream: Stream | None = None,
+               model: bool = True) -> Task:
         """Enqueue `fn` as a device task on `stream` (default: the current stream of `device`).
 
-        Raises the device's sticky error if an earlier task failed.
+        On a modelled device `fn` runs with its torch operators shape-only and the stream
+        waits out their modelled time; `model=False` computes it anyway (results the host
+        must receive). Raises the device's sticky error if an earlier task failed.
         """
         if not isinstance(name, str) or not name:
             raise ValueError(f"The value for `name` must be a non-empty string, but {name!r} "
@@ -300,7 +323,7 @@ class EmulatedNPU(types.ModuleType):
         elif device is not None and self._index(device) != stream.device_index:
             raise ValueError(f"stream {stream!r} is not on device {device!r}")
         stream._dev.raise_error()
-        return stream.submit(Task(name, category, stream, fn))
+        return stream.submit(Task(name, category, stream, fn, model=model))
 
     # -- tracing --------------------------------------------------------------------------
     def start_trace(self) -> None:
@@ -356,4 +379,4 @@ class EmulatedNPU(types.ModuleType):
 
     def __repr__(self) -> str:
         return (f"<EmulatedNPU devices={len(self._devices)} "
-                f"capacity_bytes={self._capacity_bytes}>")
+                f"capacity_bytes={self._capacity_bytes} compute={self._model.compute}>")

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from residency.emulated.allocator import CachingHostAllocator
+from residency.emulated.model import Cost, DeviceModel, modelled_cost
 from residency.emulated.trace import DEVICE_PID_BASE, Tracer, TraceRecord
 
 if TYPE_CHECKING:
@@ -36,19 +37,27 @@ class DeviceTaskError(RuntimeError):
 
 
 class Task:
-    """A submitted device task; `start_ns`/`end_ns` (perf_counter_ns) are set once it ran."""
+    """A submitted device task; `start_ns`/`end_ns` (perf_counter_ns) are set once it ran.
 
-    __slots__ = ("name", "category", "stream", "start_ns", "end_ns", "skipped", "_fn",
-                 "_internal", "_done")
+    On a modelled device (`DeviceModel.compute == "modelled"`) a task with `model=True` is
+    not computed: `cost` holds its FLOPs and bytes and the worker waits out the modelled
+    duration. `cpu_ns` is the worker thread's CPU time spent on the task.
+    """
+
+    __slots__ = ("name", "category", "stream", "start_ns", "end_ns", "skipped", "model",
+                 "cost", "cpu_ns", "_fn", "_internal", "_done")
 
     def __init__(self, name: str, category: str, stream: Stream, fn: Callable[[], Any],
-                 internal: bool = False) -> None:
+                 internal: bool = False, *, model: bool = True) -> None:
         self.name = name
         self.category = category
         self.stream = stream
         self.start_ns: int | None = None
         self.end_ns: int | None = None
         self.skipped = False  # True when a sticky error kept it from running
+        self.model = model
+        self.cost: Cost | None = None
+        self.cpu_ns: int | None = None
         self._fn: Callable[[], Any] | None = fn
         self._internal = internal
         self._done = threading.Event()
@@ -69,13 +78,16 @@ class Device:
     """State of one emulated device: allocator, streams and sticky error."""
 
     def __init__(self, index: int, capacity_bytes: int, tracer: Tracer,
-                 stream_cls: type[Stream]) -> None:
+                 stream_cls: type[Stream], model: DeviceModel | None = None) -> None:
         self.index = index
         self.tracer = tracer
+        self.model = model or DeviceModel()
+        # a modelled device copies nothing, so new memory is faulted in when it is allocated
         self.allocator = CachingHostAllocator(
             capacity_bytes, device_index=index, before_release=self.wait_idle,
             on_change=lambda delta, allocated, reserved: tracer.on_memory(
-                index, delta, allocated, reserved))
+                index, delta, allocated, reserved),
+            prefault=self.model.modelled)
         self.streams: list[Stream] = []
         self.error: tuple[str, BaseException] | None = None
         self._lock = threading.Lock()
@@ -206,13 +218,23 @@ class Stream:
         if self._dev.error is not None:
             task.skipped = True
             return
+        model = self._dev.model
         task.start_ns = time.perf_counter_ns()
+        cpu_start_ns = time.thread_time_ns()
         try:
-            fn()
+            if model.modelled and task.model:
+                task.cost = modelled_cost(fn, model)
+                end_ns = task.start_ns + model.duration_ns(task.cost, task.category)
+                remaining_ns = end_ns - time.perf_counter_ns()
+                if remaining_ns > 0:  # the device "computes"; this thread holds no core
+                    time.sleep(remaining_ns / 1e9)
+            else:
+                fn()
         except BaseException as exc:  # noqa: BLE001 - a device records any failure, stickily
             if self._dev.error is None:
                 self._dev.error = (task.name, exc)
         finally:
+            task.cpu_ns = time.thread_time_ns() - cpu_start_ns
             task.end_ns = time.perf_counter_ns()
             self._dev.tracer.add(TraceRecord(
                 task.name, task.category, task.start_ns, task.end_ns,

@@ -1,0 +1,179 @@
+"""The emulated NPU's device model (torch-free): rates, compute mode, accelerator patch.
+
+The emulated NPU's device model: how long a device task takes, without computing it.
+
+A real accelerator computes on its own silicon while the host goes on; an emulated device
+that runs its kernels on host threads competes with the host for the same cores. With
+`compute="modelled"` (the default) a stream worker does not compute: it runs the task's
+Python with every torch operator intercepted (`ShapeOnlyMode`: outputs get their shapes, no
+data is computed), adds up each operator's FLOPs and bytes, and waits out the modelled time
+
+    launch_ns + sum over operators of max(FLOPs / flops_per_s, bytes / bytes_per_s)
+
+(copies: bytes written / link_bytes_per_s) in a sleep, leaving the host's cores free.
+Memory stays real: allocations map and fault their pages on the host (`prefault`), and
+`empty_cache` unmaps them, since that host-side cost is what the retention policy saves.
+`compute="real"` runs the kernels on the worker threads as real torch CPU ops (values are
+computed; timings are noisier, as device work then competes with the host).
+
+Configuration travels to service processes in the environment variable `ENV_VAR` (JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+ENV_VAR = "RESIDENCY_EMULATED_NPU"
+COMPUTE_MODES = ("modelled", "real")
+ACCELERATOR_PATCHES = ("none", "vllm-ascend")
+
+DEFAULT_FLOPS_PER_S = 100e12
+"""Device compute throughput (FLOP/s): the order of an Ascend 910B's dense fp16 figure."""
+DEFAULT_BYTES_PER_S = 1.6e12
+"""Device memory bandwidth (bytes/s): HBM2e of the 910B class."""
+DEFAULT_LINK_BYTES_PER_S = 25e9
+"""Host <-> device copy bandwidth (bytes/s): an effective PCIe 4.0 x16 link."""
+DEFAULT_CAPACITY_BYTES = 4 * 1024**3
+"""Capacity of each emulated device (bytes)."""
+DEFAULT_LAUNCH_NS = 5_000
+"""Fixed cost of every device task (ns): launch and scheduling."""
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """Throughput, bandwidth and compute mode of the emulated NPU, plus the accelerator patch.
+
+    `accelerator_patch="vllm-ascend"` applies vllm-ascend's `torch.accelerator` redirection
+    (before its PR #12344) when the module is installed: `memory_reserved`, `memory_stats`,
+    `empty_cache` and `get_memory_info` answer from the device module, `memory_allocated`
+    keeps raising PyTorch's DeviceAllocator error.
+    """
+
+    compute: str = "modelled"
+    flops_per_s: float = DEFAULT_FLOPS_PER_S
+    bytes_per_s: float = DEFAULT_BYTES_PER_S
+    link_bytes_per_s: float = DEFAULT_LINK_BYTES_PER_S
+    launch_ns: int = DEFAULT_LAUNCH_NS
+    accelerator_patch: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.compute not in COMPUTE_MODES:
+            raise ValueError(f"The value for `compute` must be one of {list(COMPUTE_MODES)}, "
+                             f"but {self.compute!r} was passed.")
+        if self.accelerator_patch not in ACCELERATOR_PATCHES:
+            raise ValueError(f"The value for `accelerator_patch` must be one of "
+                             f"{list(ACCELERATOR_PATCHES)}, but {self.accelerator_patch!r} "
+                             "was passed.")
+        for name in ("flops_per_s", "bytes_per_s", "link_bytes_per_s"):
+            value = getattr(self, name)
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value) or value <= 0):
+                raise ValueError(f"The value for `{name}` must be a positive finite number, "
+                                 f"but {value!r} was passed.")
+        if (isinstance(self.launch_ns, bool) or not isinstance(self.launch_ns, int)
+                or self.launch_ns < 0):
+            raise ValueError(f"The value for `launch_ns` must be a non-negative integer, but "
+                             f"{self.launch_ns!r} was passed.")
+
+    @property
+    def modelled(self) -> bool:
+        """Whether device tasks wait out a modelled time instead of computing."""
+        return self.compute == "modelled"
+
+    def duration_ns(self, cost: Any, category: str) -> int:
+        """Modelled duration of a task with `cost` (a `residency.emulated.model.Cost`: its
+        `roofline_s`, and `written_bytes` over the link bandwidth for copies)."""
+        if category == "gpu_memcpy":
+            seconds = cost.written_bytes / self.link_bytes_per_s
+        else:
+            seconds = cost.roofline_s
+        return self.launch_ns + int(round(seconds * 1e9))
+
+    def to_params(self) -> dict[str, Any]:
+        """The model as plain values for a run manifest's `params`."""
+        return asdict(self)
+
+    def to_env(self) -> str:
+        """The JSON value of `ENV_VAR` that `from_env` reads back."""
+        return json.dumps(self.to_params(), sort_keys=True)
+
+    @classmethod
+    def from_params(cls, data: dict[str, Any]) -> DeviceModel:
+        """Inverse of `to_params`; ValueError naming an unknown field."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown emulated-NPU model field(s) {unknown}; known: "
+                             f"{sorted(known)}")
+        return cls(**data)
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> DeviceModel:
+        """The model in `ENV_VAR` (defaults when unset); ValueError naming the variable."""
+        raw = (os.environ if environ is None else environ).get(ENV_VAR)
+        if not raw:
+            return cls()
+        try:
+            data = json.loads(raw)
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+            return cls.from_params(data)
+        except ValueError as exc:
+            raise ValueError(f"environment variable {ENV_VAR}: {exc}") from None
+
+
+# -- command line ---------------------------------------------------------------------------
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the emulated NPU's model options (`--device-compute`, rates, `--accelerator-patch`)."""
+    g = parser.add_argument_group("emulated NPU model (device emulated-npu only)")
+    g.add_argument("--device-compute", choices=COMPUTE_MODES, default="modelled",
+                   help="modelled: device tasks wait out FLOPs/bytes over the rates below, "
+                   "leaving host cores free (default); real: compute on host threads (noisier)")
+    g.add_argument("--device-flops", type=float, default=DEFAULT_FLOPS_PER_S, metavar="FLOP/S",
+                   help=f"device compute throughput (default {DEFAULT_FLOPS_PER_S:g})")
+    g.add_argument("--device-bandwidth", type=float, default=DEFAULT_BYTES_PER_S,
+                   metavar="BYTES/S",
+                   help=f"device memory bandwidth (default {DEFAULT_BYTES_PER_S:g})")
+    g.add_argument("--link-bandwidth", type=float, default=DEFAULT_LINK_BYTES_PER_S,
+                   metavar="BYTES/S",
+                   help=f"host<->device copy bandwidth (default {DEFAULT_LINK_BYTES_PER_S:g})")
+    g.add_argument("--accelerator-patch", choices=ACCELERATOR_PATCHES, default="none",
+                   help="vllm-ascend: redirect torch.accelerator.memory_reserved (not "
+                   "memory_allocated) to the device module, as vllm-ascend does")
+
+
+def model_from_args(args: argparse.Namespace) -> DeviceModel:
+    """The `DeviceModel` of parsed `add_model_arguments` options (ValueError naming the
+    option if invalid)."""
+    try:
+        return DeviceModel(compute=args.device_compute, flops_per_s=args.device_flops,
+                           bytes_per_s=args.device_bandwidth,
+                           link_bytes_per_s=args.link_bandwidth,
+                           accelerator_patch=args.accelerator_patch)
+    except ValueError as exc:
+        text = str(exc)
+        for field_name, option in _OPTIONS.items():
+            text = text.replace(f"`{field_name}`", f"`{option}`")
+        raise ValueError(text) from None
+
+
+_OPTIONS = {"compute": "--device-compute", "flops_per_s": "--device-flops",
+            "bytes_per_s": "--device-bandwidth", "link_bytes_per_s": "--link-bandwidth",
+            "accelerator_patch": "--accelerator-patch"}
+
+
+def model_changed(args: argparse.Namespace) -> bool:
+    """Whether any model option differs from its default (they apply to emulated-npu only)."""
+    return model_from_args(args) != DeviceModel()
+
+
+__all__ = ["ACCELERATOR_PATCHES", "COMPUTE_MODES", "DEFAULT_BYTES_PER_S",
+           "DEFAULT_CAPACITY_BYTES", "DEFAULT_FLOPS_PER_S", "DEFAULT_LAUNCH_NS",
+           "DEFAULT_LINK_BYTES_PER_S", "DeviceModel", "ENV_VAR", "add_model_arguments",
+           "model_changed", "model_from_args"]
