@@ -871,8 +871,8 @@ def decimal_us_to_ns(text: str) -> int | None:
         us = Decimal(text)
     except InvalidOperation:
         return None
-    if not us.is_finite() or us.adjusted() > 18:  # |us| >= 1e19: out of range anyway
-        return None
+    if not us.is_finite() or (us and us.adjusted() > 18):  # |us| >= 1e19: out of range
+        return None  # (a zero with any exponent, "0E20", is 0)
     # us * 1000 must not round before the rounding to ns: 28 digits (the default context)
     # hold 24 characters' worth; longer text gets a context with room for every digit
     scaled = us * 1000 if len(text) <= 24 else Context(prec=len(text) + 4).multiply(us, 1000)

@@ -111,6 +111,17 @@ def test_ascend_numeric_epoch_times_are_exact(tmp_path):
     assert t.range_names.tolist() == ["e"]  # a process without a name is a host process
 
 
+def test_zero_with_a_large_exponent_is_zero(tmp_path):
+    # "0E20" is 0 (hypothesis's regex of numbers found it: the event was refused as out of range)
+    assert [traces.decimal_us_to_ns(t) for t in ("0E20", "-0.000E25", "0E999999999")] == [0] * 3
+    meta = '{"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "Ascend Hardware"}}'
+    write_ascend(tmp_path / "h_1_ascend_pt", 0, f"""[{meta},
+        {{"ph": "X", "name": "a", "pid": 7, "ts": "1764500000000000.000", "dur": "0E20"}},
+        {{"ph": "X", "name": "b", "pid": 7, "ts": "0e30", "dur": 1}}]""")
+    t = load_traces(tmp_path, cache=False).ranks[0]
+    assert t.device.tolist() == [[0, 1000], [EPOCH_NS, EPOCH_NS]] and t.rejected_events == 0
+
+
 def test_run_directory_with_trace_subdir(tmp_path):
     run = tmp_path / "runs" / "00-baseline"
     copy_fixture("kineto_basic", run)
