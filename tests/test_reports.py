@@ -8,6 +8,7 @@ import json
 import re
 import threading
 from dataclasses import dataclass
+from datetime import datetime
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -127,6 +128,17 @@ def test_for_people_drops_the_index_and_raw_containers() -> None:
 
 
 # ----------------------------------------------------------------------------- banner
+def _recorded_ms(key: str, scale: float = 1.0) -> dict[str, str]:
+    """The recorded paired run's attribution `key` per arm in ms, as people read it (computed
+    by the evidence model, independent of the figure and table code under test)."""
+    from residency.evidence import build
+    from residency.humanize import sig
+    from residency.rundir import load_run
+
+    values = build(load_run(RECORDED))[key].to_dict()["values"]
+    return {arm: sig(v[0] * scale) for arm, v in values.items()}
+
+
 def _manifest() -> dict:
     return json.loads((RECORDED / "manifest.json").read_text())
 
@@ -138,8 +150,10 @@ def test_banner_says_the_device_kind_before_any_number() -> None:
     assert texts[0] == f"emulated-npu: {LABEL}"
     assert not re.search(r"\d", texts[0])
     prov = " ".join(texts[1:])
+    took_s = int((datetime.fromisoformat(m["ended_at"])
+                  - datetime.fromisoformat(m["started_at"])).total_seconds())
     for part in (m["versions"]["git_commit"][:12], m["versions"]["torch"], m["host"],
-                 m["started_at"], m["ended_at"], "(4 min 11 s)"):
+                 m["started_at"], m["ended_at"], f"({took_s // 60} min {took_s % 60} s)"):
         assert part in prov
     assert banner.banner_line(m).startswith(f"emulated-npu: {LABEL} · paired-profile")
     md = banner.banner_markdown(m)
@@ -264,9 +278,10 @@ def test_timeline_figure(timelines: tuple) -> None:
 
     fig = timeline_figure(*timelines)
     titles = [ax.get_title(loc="left") or ax.get_title() for ax in fig.axes]
-    assert titles[0].startswith("baseline: all-rank no-device-task time 355.7 ms; normal "
-                                "release ∩ that time 63.74 ms")
-    assert titles[2].startswith("candidate: all-rank no-device-task time 284.9 ms")
+    idle, inter = _recorded_ms("all_rank_idle", 1000.0), _recorded_ms("idle_intersection")
+    assert titles[0].startswith(f"baseline: all-rank no-device-task time {idle['baseline']} ms;"
+                                f" normal release ∩ that time {inter['baseline']} ms")
+    assert titles[2].startswith(f"candidate: all-rank no-device-task time {idle['candidate']} ms")
     assert "zoom: first normal release" in titles[1]
     assert LABEL in fig._suptitle.get_text()
     assert fig.axes[0].get_xlim() == fig.axes[2].get_xlim()  # one time axis
@@ -477,7 +492,9 @@ def test_evidence_side_by_side_aligns_rows_and_labels_columns() -> None:
         "published scope"]
     rows = table.set_index("quantity")
     inter = rows.loc["normal-release markers ∩ all-rank no-device-task time"]
-    assert inter.tolist() == ["63.74 ms", "0.2009 ms", "221.3 ms", "3.165 ms", "isolated pair"]
+    ours = _recorded_ms("idle_intersection")
+    assert inter.tolist() == [f"{ours['baseline']} ms", f"{ours['candidate']} ms", "221.3 ms",
+                              "3.165 ms", "isolated pair"]
     assert rows.loc["telemetry errors, OOM"].tolist()[2:] == ["—", "—", "—"]
     assert rows.loc["consecutive requests, candidate"].tolist()[:3] == ["—", "—", "—"]
     assert rows.loc["client E2E, profiled pair"].tolist()[2:4] == ["2249 s", "2244 s"]
