@@ -170,3 +170,17 @@ def test_missing_attribution_names_what_is_present() -> None:
     assert ev.get("normal_call_per_rank") is None
     with pytest.raises(KeyError, match="present: .*requests"):
         ev["normal_call_per_rank"]
+
+
+def test_unprofiled_e2e_carries_the_equivalence_test_and_a_verdict() -> None:
+    """Issue 16: the E2E claim is a significant delta, equivalence within a declared margin
+    (TOST), or an honest 'no verdict' -- stated under the attribution in every view."""
+    ev = evidence.build(load_run(PAIRED), keys=("e2e_unprofiled",))
+    a = ev["e2e_unprofiled"]
+    base = sorted(a.values["baseline"])
+    margin = 0.02 * base[len(base) // 2]
+    assert a.detail["equivalence_margin_s"] == pytest.approx(margin)
+    assert "TOST" in a.note and "2% of the baseline median E2E" in a.note
+    assert ("Verdict:" in a.note) != ("No verdict:" in a.note)
+    assert a.detail["equivalent"] is (a.detail["equivalence_p"] is not None
+                                      and a.detail["equivalence_p"] < 0.05)

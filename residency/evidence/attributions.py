@@ -355,6 +355,17 @@ def _e2e_pairs(data: RunData, profiled: bool) -> Attribution | None:
         metric = "client E2E, profiled pair" if profiled else "client E2E per unprofiled pair"
     else:
         metric = "client E2E per pair"
+    verdict, detail = "", {}
+    if not profiled:  # the E2E claim: a significant delta, equivalence, or no verdict
+        base = [p[2] for p in pairs]
+        margin = stats.E2E_MARGIN_FRACTION * float(sorted(base)[len(base) // 2])
+        if margin > 0:
+            eq = stats.equivalence_pairs(
+                base, [p[3] for p in pairs], margin=margin, unit="s",
+                margin_label=f"{stats.E2E_MARGIN_FRACTION:.0%} of the baseline median E2E")
+            verdict = " " + eq.note + " " + stats.e2e_verdict(result, eq)
+            detail = {"equivalence_margin_s": margin, "equivalence_p": eq.p_value,
+                      "equivalent": eq.equivalent}
     return Attribution(
         key=key, metric=metric, kind="pairs", unit="s",
         values={"baseline": [p[2] for p in pairs], "candidate": [p[3] for p in pairs]},
@@ -363,10 +374,10 @@ def _e2e_pairs(data: RunData, profiled: bool) -> Attribution | None:
         judged_on="pair (pair i: the i-th run of each arm; ABBA order)", result=result,
         scope=Scope(runs=tuple(e.name for p in pairs for e in p[:2]),
                     what="profiled runs" if profiled else "unprofiled runs"),
-        note=result.note + extra,
+        note=result.note + verdict + extra,
         detail={"deltas_s": list(result.deltas), "delta_of_medians_s":
                 result.candidate_median - result.baseline_median,
-                "median_of_deltas_s": result.delta})
+                "median_of_deltas_s": result.delta, **detail})
 
 
 @attributor("e2e_profiled")
