@@ -136,6 +136,13 @@ class Manifest:
                               f"{data['device_kind']!r}", field="device_kind")
         if not isinstance(data["runs"], list):
             raise RunDirError(path, "must be a list", field="runs")
+        for key, types, what in _FIELD_TYPES:
+            if key in data and data[key] is not None and not isinstance(data[key], types):
+                raise RunDirError(path, f"must be {what} or null, got "
+                                  f"{type(data[key]).__name__}", field=key)
+        if isinstance(data.get("order"), list) and not all(
+                isinstance(a, str) for a in data["order"]):
+            raise RunDirError(path, "must be a list of arm names", field="order")
         known = {k: data[k] for k in cls._FIELDS if k in data}
         extra = {k: v for k, v in data.items() if k not in cls._FIELDS}
         return cls(**{k: v for k, v in known.items() if v is not None or k in (
@@ -166,6 +173,17 @@ class Manifest:
         self.seal = seal_manifest(self.to_dict())
         self.write(root)
         return str(self.seal["digest"])
+
+
+# fields of manifest.json other than the required four: the JSON type each must have
+_FIELD_TYPES = (
+    ("design", str, "a string"), ("service", str, "a string"),
+    ("service_name", str, "a string"), ("params", dict, "an object"),
+    ("versions", dict, "an object"), ("host", str, "a string"),
+    ("started_at", str, "a string"), ("ended_at", str, "a string"),
+    ("order", list, "a list"), ("artifacts", dict, "an object"), ("error", str, "a string"),
+    ("seal", dict, "an object"), ("service_info", dict, "an object"),
+)
 
 
 class RunDirError(ValueError):
