@@ -293,6 +293,7 @@ PAIRED_PROFILE = [
                   "evidence, published = nb.evidence_tables(ev)\n"
                   'nb.write_tables(out, {"evidence": evidence, "published": published})\n'
                   "rv.show_table(side_by_side(evidence, published))\n"
+                  "display(Markdown(f\"*{evidence.attrs['footer']}*\"))\n"
                   'results = nb.finish(out, nb.paired_results(ev, source=params["source"], '
                   'notebook="paired_profile",\n'
                   "                                             parameters=params))"),

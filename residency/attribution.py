@@ -124,10 +124,11 @@ def request_windows(client: Mapping[str, Any], *, source: str = "client.json"
 
 
 def _iso(wall_ns: int | None) -> str:
+    """UTC ISO time to the millisecond, for people (the exact ns stay in the columns)."""
     if wall_ns is None:
         return "none"
     stamp = datetime.fromtimestamp(wall_ns // 1_000_000_000, tz=timezone.utc)
-    return f"{stamp:%Y-%m-%dT%H:%M:%S}.{wall_ns % 1_000_000_000:09d}Z"
+    return f"{stamp:%Y-%m-%dT%H:%M:%S}.{wall_ns % 1_000_000_000 // 1_000_000:03d}Z"
 
 
 @dataclass(frozen=True)
