@@ -221,6 +221,19 @@ PAIRED_PROFILE = [
         "reads see none) are ticks on the axis."),
     new_code_cell("memory = rv.write_memory(run, out)"),
     new_markdown_cell(
+        "## All-rank no-device-task time by cause\n\n"
+        "For each arm of the profiled pair, which host range was running while no rank ran a "
+        "device task (the innermost range at each instant, so the rows add up to the all-rank "
+        "no-device-task time; \"(no host range)\" is time no range covered). With the "
+        "baseline the normal release should lead; with the candidate it should vanish."),
+    new_code_cell("causes = rv.write_causes(reference_pair(run), out)"),
+    new_markdown_cell(
+        "## What else changed: device tasks, baseline vs candidate\n\n"
+        "Count and total time of device tasks per phase and task-name group in the profiled "
+        "pair, largest change first, so a reviewer sees whether anything other than the "
+        "release moved. One pair of runs: a description, not a test."),
+    new_code_cell("diff = rv.write_trace_diff(reference_pair(run), out)"),
+    new_markdown_cell(
         "## Normal-call duration per rank\n\n"
         "Summed duration of each rank's normal policy calls in the measured request of the "
         "profiled pair (warm-up excluded): every rank, in this run pair, a description with "

@@ -28,8 +28,8 @@ FIGURE_DPI = 120
 
 __all__ = ["MAX_ROWS", "bytes_or_text", "decisions_frame", "show_banner", "show_figure",
            "show_note", "show_probe_banner", "show_table", "show_text", "timeline_pair",
-           "e2e_pairs", "write_e2e", "write_effect", "write_memory", "write_timeline",
-           "write_whatif"]
+           "e2e_pairs", "write_causes", "write_e2e", "write_effect", "write_memory",
+           "write_timeline", "write_trace_diff", "write_whatif"]
 
 
 def _display(*objs: Any) -> None:
@@ -108,6 +108,56 @@ def write_timeline(run: Run, pair: Sequence[RunEntry] | None,
         print("No timeline: the profiled pair recorded no traces.")
         return None
     return show_figure(timeline_figure(*pair_tl), output_dir, name)
+
+
+def _pair_traces(pair: Sequence[RunEntry] | None) -> tuple[Any, Any] | None:
+    from residency.traces import load_traces
+
+    if not pair or len(pair) != 2 or any(e.trace_dir is None for e in pair):
+        return None
+    return load_traces(pair[0].trace_dir), load_traces(pair[1].trace_dir)
+
+
+def write_causes(pair: Sequence[RunEntry] | None, output_dir: str | os.PathLike[str], *,
+                 rows: int = 8, name: str = "idle_by_cause") -> Path | None:
+    """All-rank no-device-task time of each arm of the profiled pair by the host range
+    running during it (`residency.causes.idle_by_cause`, innermost range): the first `rows`
+    causes per arm displayed, every cause of both arms saved as `<name>.csv`; None without
+    traces."""
+    from residency.causes import idle_by_cause
+
+    traces = _pair_traces(pair)
+    if traces is None or pair is None:
+        print("No idle-by-cause table: the profiled pair recorded no traces.")
+        return None
+    frames = [idle_by_cause(t).assign(arm=e.arm) for e, t in zip(pair, traces, strict=True)]
+    full = pd.concat(frames, ignore_index=True)
+    path = Path(output_dir) / f"{name}.csv"
+    full.to_csv(path, index=False)
+    shown = pd.concat([f.head(rows) for f in frames], ignore_index=True)
+    show_table(shown[["arm", "cause", "kind", "idle_ms", "share_of_idle", "ranks"]],
+               caption="All-rank no-device-task time by cause (innermost host range), profiled "
+               f"pair; all rows in `{path.name}`")
+    return path
+
+
+def write_trace_diff(pair: Sequence[RunEntry] | None, output_dir: str | os.PathLike[str], *,
+                     rows: int = 12, name: str = "trace_diff") -> Path | None:
+    """Baseline vs candidate device tasks of the profiled pair per phase and task-name group
+    (`residency.tracediff.trace_diff`), largest change first: `rows` displayed, all saved as
+    `<name>.csv`; None without traces."""
+    from residency.tracediff import trace_diff
+
+    traces = _pair_traces(pair)
+    if traces is None:
+        print("No trace diff: the profiled pair recorded no traces.")
+        return None
+    diff = trace_diff(*traces)
+    path = Path(output_dir) / f"{name}.csv"
+    diff.to_csv(path, index=False)
+    show_table(diff.head(rows), caption="Device tasks, baseline vs candidate, per phase and "
+               f"task-name group, largest change first; all {len(diff)} rows in `{path.name}`")
+    return path
 
 
 def decisions_frame(run: Run, *, warmup: bool = False) -> pd.DataFrame:

@@ -110,6 +110,26 @@ def test_paired_report_shows_the_timeline_and_memory_figures(
 
 
 @pytest.mark.slow
+def test_paired_report_ranks_idle_causes_and_diffs_the_traces(
+        rendered: dict[str, Rendered]) -> None:
+    """Issue 17 in the report: the baseline's top cause of all-rank no-device-task time is the
+    normal release; the trace diff of the profiled pair is saved and shown."""
+    import pandas as pd
+
+    r = rendered["paired_profile"]
+    assert {"idle_by_cause.csv", "trace_diff.csv"} <= set(r.results["files"])
+    causes = pd.read_csv(r.out / "idle_by_cause.csv")
+    base = causes[causes["arm"] == "baseline"].sort_values("idle_ns", ascending=False)
+    assert base.iloc[0]["cause"] == "residency.release[normal]"
+    cand = causes[(causes["arm"] == "candidate")
+                  & (causes["cause"] == "residency.release[normal]")]
+    assert cand["idle_ns"].sum() < base.iloc[0]["idle_ns"]
+    diff = pd.read_csv(r.out / "trace_diff.csv")
+    assert len(diff) > 0 and diff["delta_ms"].abs().is_monotonic_decreasing
+    assert "All-rank no-device-task time by cause" in r.text
+
+
+@pytest.mark.slow
 def test_whatif_report_saves_the_full_grid_and_shows_a_small_table(
         rendered: dict[str, Rendered]) -> None:
     r = rendered["policy_whatif"]
