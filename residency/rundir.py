@@ -140,6 +140,8 @@ class Manifest:
             if key in data and data[key] is not None and not isinstance(data[key], types):
                 raise RunDirError(path, f"must be {what} or null, got "
                                   f"{type(data[key]).__name__}", field=key)
+        if isinstance(data.get("params"), dict):
+            _check_params(path, data["params"])
         if isinstance(data.get("order"), list) and not all(
                 isinstance(a, str) for a in data["order"]):
             raise RunDirError(path, "must be a list of arm names", field="order")
@@ -184,6 +186,21 @@ _FIELD_TYPES = (
     ("order", list, "a list"), ("artifacts", dict, "an object"), ("error", str, "a string"),
     ("seal", dict, "an object"), ("service_info", dict, "an object"),
 )
+
+
+_INT_PARAMS = ("ranks", "steps", "seed", "pairs", "requests", "capacity_bytes")
+
+
+def _check_params(path: Path, params: dict[str, Any]) -> None:
+    """Integer parameters are int64 integers >= 0; every other number is finite."""
+    for key, value in params.items():
+        where = f"params.{key}"
+        if key in _INT_PARAMS and value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+                raise RunDirError(path, f"must be an integer >= 0, got {value!r}"[:200],
+                                  field=where)
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise RunDirError(path, f"must be a finite number, got {value!r}", field=where)
 
 
 class RunDirError(ValueError):
