@@ -226,13 +226,13 @@ PAIRED_PROFILE = [
         "device task (the innermost range at each instant, so the rows add up to the all-rank "
         "no-device-task time; \"(no host range)\" is time no range covered). With the "
         "baseline the normal release should lead; with the candidate it should vanish."),
-    new_code_cell("causes = rv.write_causes(reference_pair(run), out)"),
+    new_code_cell("causes = rv.write_causes(run, reference_pair(run), out)"),
     new_markdown_cell(
         "## What else changed: device tasks, baseline vs candidate\n\n"
         "Count and total time of device tasks per phase and task-name group in the profiled "
         "pair, largest change first, so a reviewer sees whether anything other than the "
         "release moved. One pair of runs: a description, not a test."),
-    new_code_cell("diff = rv.write_trace_diff(reference_pair(run), out)"),
+    new_code_cell("diff = rv.write_trace_diff(run, reference_pair(run), out)"),
     new_markdown_cell(
         "## Normal-call duration per rank\n\n"
         "Summed duration of each rank's normal policy calls in the measured request of the "

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from residency import humanize
+from residency import devices, humanize
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -118,8 +118,9 @@ def _pair_traces(pair: Sequence[RunEntry] | None) -> tuple[Any, Any] | None:
     return load_traces(pair[0].trace_dir), load_traces(pair[1].trace_dir)
 
 
-def write_causes(pair: Sequence[RunEntry] | None, output_dir: str | os.PathLike[str], *,
-                 rows: int = 8, name: str = "idle_by_cause") -> Path | None:
+def write_causes(run: Run, pair: Sequence[RunEntry] | None,
+                 output_dir: str | os.PathLike[str], *, rows: int = 8,
+                 name: str = "idle_by_cause") -> Path | None:
     """All-rank no-device-task time of each arm of the profiled pair by the host range
     running during it (`residency.causes.idle_by_cause`, innermost range): the first `rows`
     causes per arm displayed, every cause of both arms saved as `<name>.csv`; None without
@@ -136,13 +137,15 @@ def write_causes(pair: Sequence[RunEntry] | None, output_dir: str | os.PathLike[
     full.to_csv(path, index=False)
     shown = pd.concat([f.head(rows) for f in frames], ignore_index=True)
     show_table(shown[["arm", "cause", "kind", "idle_ms", "share_of_idle", "ranks"]],
-               caption="All-rank no-device-task time by cause (innermost host range), profiled "
-               f"pair; all rows in `{path.name}`")
+               caption=f"{run.device_kind} ({devices.label(run.device_kind)}): all-rank "
+               "no-device-task time by cause (innermost host range, ms), profiled pair, n = 1 "
+               f"run per arm; all rows in `{path.name}`")
     return path
 
 
-def write_trace_diff(pair: Sequence[RunEntry] | None, output_dir: str | os.PathLike[str], *,
-                     rows: int = 12, name: str = "trace_diff") -> Path | None:
+def write_trace_diff(run: Run, pair: Sequence[RunEntry] | None,
+                     output_dir: str | os.PathLike[str], *, rows: int = 12,
+                     name: str = "trace_diff") -> Path | None:
     """Baseline vs candidate device tasks of the profiled pair per phase and task-name group
     (`residency.tracediff.trace_diff`), largest change first: `rows` displayed, all saved as
     `<name>.csv`; None without traces."""
@@ -155,8 +158,10 @@ def write_trace_diff(pair: Sequence[RunEntry] | None, output_dir: str | os.PathL
     diff = trace_diff(*traces)
     path = Path(output_dir) / f"{name}.csv"
     diff.to_csv(path, index=False)
-    show_table(diff.head(rows), caption="Device tasks, baseline vs candidate, per phase and "
-               f"task-name group, largest change first; all {len(diff)} rows in `{path.name}`")
+    show_table(diff.head(rows), caption=f"{run.device_kind} ({devices.label(run.device_kind)}):"
+               " device tasks, baseline vs candidate (ms), per phase and task-name group, "
+               f"profiled pair, n = 1 run per arm, largest change first; all {len(diff)} rows in "
+               f"`{path.name}`")
     return path
 
 
