@@ -68,14 +68,16 @@ def _pairs(run: Run) -> list[tuple[RunEntry, RunEntry]]:
     return list(zip(b, c, strict=False))
 
 
-def run_main_job(out: Path) -> tuple[float, str, str]:
-    """Run the default main job into `out`; returns (wall s, load before, load after)."""
+def run_main_job(out: Path, aa: Path | None = None) -> tuple[float, str, str]:
+    """Run the default main job into `out` (with `aa_source` = `aa`, so its report reads
+    the E2E delta against this A/A run); returns (wall s, load before, load after)."""
     load_before = _load()
     start = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "papermill", "-k", "python3",
          str(ROOT / "notebooks" / "paired_profile.ipynb"), str(out / "paired_profile.ipynb"),
-         "-p", "output_dir", str(out), "-r", "device", "emulated-npu"],
+         "-p", "output_dir", str(out), "-r", "device", "emulated-npu",
+         *(["-r", "aa_source", str(aa)] if aa is not None else [])],
         capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
@@ -125,7 +127,7 @@ def main() -> None:
         else:
             main_dir = base / "main"
             main_dir.mkdir(parents=True, exist_ok=True)
-            wall, before, after = run_main_job(main_dir)
+            wall, before, after = run_main_job(main_dir, aa=base / "aa")
         ab = load_run(main_dir / "run")
         _report_ab(ab, noise)
         if wall is not None:

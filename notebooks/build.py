@@ -160,8 +160,8 @@ CONSECUTIVE_REQUESTS = [
                   "nb.check_gates(failures)"),
 ]
 
-PAIRED_PAIRS = 8  # the main job's defaults: see README "Defaults and timing"
-PAIRED_REQUESTS = 3
+PAIRED_PAIRS = 10  # the main job's defaults: see README "Defaults and timing"
+PAIRED_REQUESTS = 5
 
 PAIRED_PROFILE = [
     new_markdown_cell(
@@ -180,14 +180,16 @@ PAIRED_PROFILE = [
         "* the evidence table beside the published NPU figures.\n\n" + PARAMETERS_HELP
         + " `ranks`, `steps`, `seed`, `scale`, `pairs` and `requests` (measured requests per "
         "unprofiled run after its warm-up; the run's median is the unit) set up a fresh run; a "
-        "recorded run keeps its own." + SERVICE_HELP),
+        "recorded run keeps its own. `aa_source` (None or an A/A run directory recorded with "
+        "`residency pair --design aa` on the same device kind) adds that run's E2E noise: the "
+        "unprofiled E2E delta is then read against the A/A spread." + SERVICE_HELP),
     new_code_cell(_params(device="auto", output_dir=None, source="run", ranks=2, steps=50,
                           seed=2101, scale=1.0, pairs=PAIRED_PAIRS, requests=PAIRED_REQUESTS,
-                          service=None),
+                          service=None, aa_source=None),
                   metadata={"tags": ["parameters"]}),
     new_code_cell(_check("paired_profile",
                          ["device", "output_dir", "source", "ranks", "steps", "seed", "scale",
-                          "pairs", "requests", "service"],
+                          "pairs", "requests", "service", "aa_source"],
                          designs=("paired-profile", "profiled-pair", "alternating"))),
     new_markdown_cell("## The run"),
     new_code_cell('run = nb.open_source(params["source"], output_dir=out, '
@@ -200,7 +202,7 @@ PAIRED_PROFILE = [
                   '                     service=params["service"])\n'
                   "rv.show_banner(run)\n"
                   "display(Markdown(nb.describe_run(run)))\n"
-                  "ev = nb.paired_profile(run)"),
+                  'ev = nb.paired_profile(run, aa=params["aa_source"])'),
     new_markdown_cell(
         "## Timeline of the profiled pair\n\n"
         "The picture the attribution rests on: baseline above candidate, each on its own run's "
@@ -293,7 +295,9 @@ PAIRED_PROFILE = [
                   "rv.write_e2e(profiled, unprofiled, device_kind=run.device_kind, "
                   "output_dir=out)\n"
                   'rv.show_note(nb.note(ev, "e2e_profiled"))\n'
-                  'rv.show_note(nb.note(ev, "e2e_unprofiled"))'),
+                  'rv.show_note(nb.note(ev, "e2e_unprofiled"))\n'
+                  'if "e2e_aa" in ev:\n'
+                  '    rv.show_note(nb.note(ev, "e2e_aa"))'),
     new_markdown_cell(
         "## Evidence beside the published NPU figures\n\n"
         "This run's evidence and the published figures (8 x Ascend 910B1), row by row on the "

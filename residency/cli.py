@@ -137,6 +137,9 @@ def _tables(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=("md", "csv", "json"), default="md")
     p.add_argument("--published", action="store_true",
                    help="also print the published NPU figures in the same format")
+    p.add_argument("--aa", metavar="AA_RUN_DIR",
+                   help="an A/A run (`pair --design aa`, same device kind): adds its E2E "
+                   "noise row and reads the unprofiled E2E delta against it")
     _run_reading(p)
 
 
@@ -368,7 +371,9 @@ def cmd_tables(args: argparse.Namespace) -> int:
     if args.run_dir is not None:
         run = load_run(args.run_dir, allow_incomplete=args.allow_incomplete,
                        verify=not args.no_verify)
-        out.append(tables.evidence_table(run))
+        aa = None if args.aa is None else load_run(
+            args.aa, allow_incomplete=args.allow_incomplete, verify=not args.no_verify)
+        out.append(tables.evidence_table(run, aa=aa))
     if args.published:
         out.append(tables.published_table())
     sys.stdout.write(tables.render(out, args.format).rstrip("\n") + "\n")

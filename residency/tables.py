@@ -31,6 +31,7 @@ _TESTS = {
     "pairs": "Wilcoxon signed-rank (exact sign-flip, two-sided) on paired E2E",
     "counts": "Clopper-Pearson 95 % intervals on counts",
     "single": "single observations: no test",
+    "aa": "A/A noise: median |delta| of same-arm pairs (no test)",
 }
 
 __all__ = ["evidence_table", "markdown_table", "published_table", "to_markdown", "to_csv",
@@ -108,6 +109,16 @@ def _pairs_row(a: Attribution) -> dict[str, str]:
                 f"{r.n} pairs", a.note)
 
 
+def _aa_row(a: Attribution) -> dict[str, str]:
+    r = a.result
+    med = {slot: float(np.median(a.values[slot])) for slot in ("A", "B")}
+    cv = "" if r.cv is None else f", CV {r.cv:.2%}".replace("%", " %")
+    return _row(a.metric, f"slot A: median {_num(med['A'], a.unit)}",
+                f"slot B: median {_num(med['B'], a.unit)}",
+                f"median |delta| {_num(r.spread, a.unit)}, largest {_num(r.max_abs, a.unit)}"
+                f"{cv}", f"{r.n} A/A pairs", a.note)
+
+
 def _errors_row(errors: Attribution, oom: Attribution | None) -> dict[str, str]:
     cells = []
     for arm in ARMS:
@@ -119,12 +130,12 @@ def _errors_row(errors: Attribution, oom: Attribution | None) -> dict[str, str]:
 
 
 _RENDER = {"description": _description_row, "groups": _groups_row, "counts": _counts_row,
-           "single": _single_row, "pairs": _pairs_row}
+           "single": _single_row, "pairs": _pairs_row, "aa": _aa_row}
 ROW_ORDER = ("normal_call_per_rank", "normal_call_per_run", "normal_released",
              "forced_released", "telemetry_errors", "idle_intersection", "all_rank_idle",
-             "preparation_window", "e2e_profiled", "e2e_unprofiled")
+             "preparation_window", "e2e_profiled", "e2e_unprofiled", "e2e_aa")
 _USED = {"description": "description", "groups": "groups", "pairs": "pairs",
-         "counts": "counts", "single": "single"}
+         "counts": "counts", "single": "single", "aa": "aa"}
 
 
 def _title(name: str, device_kind: str) -> str:
@@ -136,7 +147,8 @@ def _footer(used: set, extra: str = "") -> str:
     tests = "; ".join(_TESTS[k] for k in _TESTS if k in used)
     return ("Units: ms = milliseconds, s = seconds, pp = percentage points; every number carries "
             "its unit. n: ranks per arm for per-rank rows, runs per arm for per-run rows, calls "
-            "per arm for counts, pairs for E2E, 1 per arm for single observations. Tests: "
+            "per arm for counts, pairs for E2E (A/A pairs for the noise row), 1 per arm for "
+            "single observations. Tests: "
             f"{tests or 'none'}; 5 % level. {extra}").strip()
 
 
@@ -149,16 +161,19 @@ def _frame(rows: list, title: str, device_kind: str, footer: str,
 
 
 def evidence_table(run: Run | Evidence, *, idle: Mapping[str, Mapping[str, float]] | None = None,
-                   idle_error: str | None = None) -> pd.DataFrame:
+                   idle_error: str | None = None, aa: Run | str | Path | None = None
+                   ) -> pd.DataFrame:
     """The evidence table of a run: one row per attribution of its `Evidence`.
 
     `run` is a loaded run (its evidence is built here, traces analysed) or an `Evidence`
     already built. `idle`/`idle_error` replace the trace analysis (see
-    `residency.evidence.build`). Title, device kind, footer and each row's attribution
-    (JSON-ready, same order as the rows) are in `DataFrame.attrs`.
+    `residency.evidence.build`); `aa` (an A/A run) adds its E2E noise row. Title, device
+    kind, footer and each row's attribution (JSON-ready, same order as the rows) are in
+    `DataFrame.attrs`.
     """
+    extra = {} if aa is None else {"aa": aa}
     ev = run if isinstance(run, Evidence) else build_evidence(run, idle=idle,
-                                                             idle_error=idle_error)
+                                                             idle_error=idle_error, **extra)
     used: set[str] = set()
     rows, docs = [], []
     for key in ROW_ORDER:

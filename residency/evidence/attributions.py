@@ -4,6 +4,7 @@ runs them over a run loaded once (`RunData`)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -17,7 +18,7 @@ from residency.rundir import Run, RunEntry
 TRACE_SOURCE = "trace window marker residency.phase[prepare]"
 RESPONSE_SOURCE = "service response, max over ranks of per_rank prepare_ns"
 
-__all__ = ["ATTRIBUTORS", "REQUEST_COLUMNS", "attributor", "build"]
+__all__ = ["ATTRIBUTORS", "REQUEST_COLUMNS", "aa_pairs", "attributor", "build"]
 
 
 ATTRIBUTORS: dict[str, Callable[[RunData], Attribution | None]] = {}
@@ -40,9 +41,14 @@ def build(run: Run, *, idle: Mapping[str, Mapping[str, int]] | None = None,
 
     `idle` (arm -> idle figures in ns) and `idle_error` replace the trace analysis of the
     reference pair; `traces=False` skips it. `keys` limits the attributions computed.
-    Further keyword arguments reach the attributors as `RunData.inputs` (e.g. `aa=Run` for
-    an attribution that compares E2E with an A/A run).
+    Further keyword arguments reach the attributors as `RunData.inputs`: `aa` (a loaded
+    `Run` or a run directory recorded with `--design aa`) adds the `e2e_aa` attribution and
+    reads the unprofiled E2E delta against its spread.
     """
+    if isinstance(inputs.get("aa"), (str, Path)):
+        from residency.rundir import load_run
+
+        inputs["aa"] = load_run(inputs["aa"])
     data = RunData(run, idle_override=idle, idle_error_override=idle_error, traces=traces,
                    inputs=inputs)
     out = []
@@ -340,6 +346,94 @@ def _e2e(data: RunData, entry: RunEntry) -> float | None:
     return None if v is None else float(v)
 
 
+def aa_pairs(run: Run) -> tuple[list[float], list[float], list[str]]:
+    """The E2E pairs of an A/A run (`design` "aa"): slot A values, slot B values (s) and a
+    label per pair, pair i = the i-th run of each slot (ABBA order).
+
+    Raises:
+        ValueError: the run is not an A/A run, a run has no slot or no E2E, or the slots
+            are unbalanced.
+    """
+    if run.design != "aa":
+        raise ValueError(f"{run.path}: not an A/A run (design {run.design!r}; record one with "
+                         "`residency pair --design aa`)")
+    slots: dict[str, list[tuple[str, float]]] = {"A": [], "B": []}
+    for i, entry in enumerate(run.manifest.get("runs") or []):
+        slot, e2e = entry.get("slot"), entry.get("e2e_s")
+        if slot not in slots or e2e is None:
+            raise ValueError(f"{run.path}: manifest field runs[{i}] has no slot A/B with an "
+                             "e2e_s")
+        slots[slot].append((Path(str(entry.get("dir", i))).name, float(e2e)))
+    if not slots["A"] or len(slots["A"]) != len(slots["B"]):
+        raise ValueError(f"{run.path}: an A/A run needs as many slot-A as slot-B runs (got "
+                         f"{len(slots['A'])} and {len(slots['B'])})")
+    labels = [f"{a} / {b}" for (a, _), (b, _) in zip(slots["A"], slots["B"], strict=True)]
+    return [v for _, v in slots["A"]], [v for _, v in slots["B"]], labels
+
+
+def _aa_source(data: RunData) -> Run | None:
+    """The A/A run an E2E claim is read against: the run itself when it is one, else the
+    `aa` input of `build` (a loaded `Run`)."""
+    if data.run.design == "aa":
+        return data.run
+    aa = data.inputs.get("aa")
+    if aa is None:
+        return None
+    if aa.device_kind != data.run.device_kind:
+        raise ValueError(f"{aa.path}: the A/A run's device kind {aa.device_kind} differs from "
+                         f"the run's ({data.run.device_kind}): noise of one device says nothing "
+                         "about another")
+    return aa
+
+
+def _aa_noise(data: RunData) -> tuple[Run, stats.AANoise, list[float], list[float],
+                                      list[str]] | None:
+    aa = _aa_source(data)
+    if aa is None:
+        return None
+    a, b, labels = aa_pairs(aa)
+    return aa, stats.aa_noise(a, b, unit="s"), a, b, labels
+
+
+_SAME_SETUP = ("ranks", "steps", "scale", "requests")
+
+
+@attributor("e2e_aa")
+def _e2e_aa(data: RunData) -> Attribution | None:
+    """The E2E noise of an A/A run (the same arm in both slots, ABBA order): median |delta|
+    of its pairs and the runs' coefficient of variation, the spread an A/B E2E delta is read
+    against; from the run itself (design aa) or the `aa` input of `build`."""
+    found = _aa_noise(data)
+    if found is None:
+        return None
+    aa, noise, a, b, labels = found
+    arm = next((e.arm for e in aa.runs), "?")
+    own = aa is data.run
+    setup = (aa.manifest.get("params") or {}), (data.run.manifest.get("params") or {})
+    differs = [k for k in _SAME_SETUP if not own and setup[0].get(k) != setup[1].get(k)]
+    where = "this run" if own else f"A/A run {aa.path.name}"
+    note = (f"{noise.note} Source: {where} ({arm} in both slots, {len(a)} pair(s), "
+            f"{2 * len(a)} service runs, each run's E2E the median of its measured requests).")
+    if differs:
+        note += (" Set up differently from this run (" + ", ".join(
+            f"{k} {setup[0].get(k)} vs {setup[1].get(k)}" for k in differs)
+            + "): read the comparison with care.")
+    ab = data.run.design != "aa" and data.entries("baseline", profiled=False)
+    if ab:
+        note += (" The unprofiled A/B E2E note compares its median delta with this spread.")
+    return Attribution(
+        key="e2e_aa", metric=f"client E2E noise, A/A ({arm} in both slots)", kind="aa",
+        unit="s", values={"A": a, "B": b}, n={"A": len(a), "B": len(b)},
+        labels={"A": labels, "B": labels},
+        judged_on="pair of same-arm runs (A/A; no test: the spread an A/B delta is read "
+                  "against)", result=noise,
+        scope=Scope(runs=tuple(e.name for e in aa.runs), what=where), note=note,
+        source=str(aa.path),
+        detail={"deltas_s": list(noise.deltas), "spread_s": noise.spread,
+                "max_abs_s": noise.max_abs, "cv": noise.cv, "arm": arm,
+                "setup_differs": differs})
+
+
 def _e2e_pairs(data: RunData, profiled: bool) -> Attribution | None:
     runs = tuple(data.entries(a, profiled=profiled) for a in ARMS)
     both = [(b, c, _e2e(data, b), _e2e(data, c)) for b, c in zip(*runs, strict=False)]
@@ -348,7 +442,9 @@ def _e2e_pairs(data: RunData, profiled: bool) -> Attribution | None:
         return None
     left = len(runs[0]) + len(runs[1]) - 2 * len(pairs)
     extra = f" {left} run(s) without a complete pair left out." if left else ""
-    result = stats.compare_pairs([p[2] for p in pairs], [p[3] for p in pairs], unit="s")
+    aa = None if profiled else _aa_noise(data)
+    result = stats.compare_pairs([p[2] for p in pairs], [p[3] for p in pairs], unit="s",
+                                 noise=None if aa is None else aa[1].spread)
     present = {r.profiled for r in data.run.runs}
     key = "e2e_profiled" if profiled else "e2e_unprofiled"
     if len(present) > 1:
@@ -366,6 +462,10 @@ def _e2e_pairs(data: RunData, profiled: bool) -> Attribution | None:
             verdict = " " + eq.note + " " + stats.e2e_verdict(result, eq)
             detail = {"equivalence_margin_s": margin, "equivalence_p": eq.p_value,
                       "equivalent": eq.equivalent}
+    if aa is not None:
+        detail["aa_spread_s"] = aa[1].spread
+        detail["aa_run"] = aa[0].path.name
+        verdict += f" (A/A noise from {aa[0].path.name}: {aa[1].n} same-arm pair(s).)"
     return Attribution(
         key=key, metric=metric, kind="pairs", unit="s",
         values={"baseline": [p[2] for p in pairs], "candidate": [p[3] for p in pairs]},

@@ -23,19 +23,22 @@ ATTRIBUTIONS = {  # evidence key -> words (also the consecutive notebook's count
     "preparation_window": "preparation window",
     "e2e_profiled": "client E2E, profiled pair",
     "e2e_unprofiled": "client E2E, unprofiled pairs",
+    "e2e_aa": "client E2E noise, A/A run",
     "normal_retained": "normal checks retained",
 }
 NOTE_KEYS = ("normal_call_per_rank", "normal_call_per_run", "normal_released",
              "forced_released", "idle_intersection", "all_rank_idle", "preparation_window",
-             "e2e_profiled", "e2e_unprofiled")
+             "e2e_profiled", "e2e_unprofiled", "e2e_aa")
 
 __all__ = ["ATTRIBUTIONS", "e2e_frame", "evidence_tables", "idle_frame", "normal_call_frame",
            "note", "paired_profile", "paired_results", "per_run_frame", "releases_frame"]
 
 
-def paired_profile(run: Run) -> Evidence:
-    """The evidence of a paired-profile run (`residency.evidence.build`, traces analysed)."""
-    return evidence.build(run)
+def paired_profile(run: Run, aa: Run | str | None = None) -> Evidence:
+    """The evidence of a paired-profile run (`residency.evidence.build`, traces analysed);
+    with `aa` (an A/A run or its directory) also its E2E noise, which the unprofiled E2E
+    delta is read against."""
+    return evidence.build(run) if aa is None else evidence.build(run, aa=aa)
 
 
 def note(ev: Evidence, key: str) -> str:
@@ -168,6 +171,9 @@ def paired_results(ev: Evidence, **extra: Any) -> dict[str, Any]:
         "e2e_s_source": f"{source} pairs",
         "e2e_s_profiled": _e2e_lists(ev, "e2e_profiled"),
         "e2e_s_unprofiled": unprofiled,
+        "e2e_aa_s": ({"slot_a": list(aa.values["A"]), "slot_b": list(aa.values["B"]),
+                      "spread": aa.detail["spread_s"], "cv": aa.detail["cv"],
+                      "run": aa.source} if (aa := ev.get("e2e_aa")) else None),
         "normal_calls": counts("normal_released"), "forced_calls": counts("forced_released"),
         "all_rank_idle_s": per_arm("all_rank_idle"),
         "preparation_window_s": per_arm("preparation_window"),

@@ -95,27 +95,29 @@ def check_output_dir(value: Any) -> str | None:
     return str(path)
 
 
-def _check_source(value: Any, *, designs: Sequence[str] | None) -> str:
+def _check_source(value: Any, *, designs: Sequence[str] | None, name: str = "source",
+                  live: bool = True) -> str:
+    what = "\"run\" or a recorded run directory" if live else "None or a recorded run directory"
     if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
-        raise ParameterError(f"The value for `source` must be \"run\" or a recorded run "
-                             f"directory, but {value!r} was passed.")
-    if str(value) == "run":
+        raise ParameterError(f"The value for `{name}` must be {what}, but {value!r} was "
+                             "passed.")
+    if live and str(value) == "run":
         return "run"
     path = Path(value)
     if not path.is_dir():
-        raise ParameterError(f"The value for `source` must be \"run\" or a recorded run "
-                             f"directory, but {str(path)!r} does not exist.")
+        raise ParameterError(f"The value for `{name}` must be {what}, but {str(path)!r} does "
+                             "not exist.")
     try:
         run = load_run(path, allow_incomplete=True)
     except RunDirError as exc:
-        raise ParameterError(f"The value for `source` must be a readable run directory, but "
+        raise ParameterError(f"The value for `{name}` must be a readable run directory, but "
                              f"{exc}.") from None
     if run.status != "complete":
-        raise ParameterError(f"The value for `source` must be a complete run directory, but "
+        raise ParameterError(f"The value for `{name}` must be a complete run directory, but "
                              f"{str(path)!r} is marked {run.status!r} in its manifest.json "
                              f"(error: {run.manifest.get('error') or 'none recorded'}).")
     if designs is not None and run.design not in designs:
-        raise ParameterError(f"The value for `source` must be a run of design "
+        raise ParameterError(f"The value for `{name}` must be a run of design "
                              f"{' or '.join(repr(d) for d in designs)}, but {str(path)!r} "
                              f"has design {run.design!r}.")
     return str(path.resolve())
@@ -165,8 +167,9 @@ def check_parameters(*, designs: Sequence[str] | None = None, **params: Any) -> 
     `resident_mib` (numbers > 0). With `source="run"`, an explicit `npu` or `cuda` must be
     usable here. A recorded run must match an explicit `device`. `service` (None or a
     service file that loads) goes with `source="run"` only, and an explicit `device` must be
-    its device kind. Returns the values, with `source` as "run" or an absolute path and
-    `service` as an absolute path.
+    its device kind. `aa_source` (None or a complete A/A run directory, `--design aa`) is
+    the E2E noise the unprofiled E2E delta is read against. Returns the values, with
+    `source` as "run" or an absolute path and `service` as an absolute path.
     """
     out: dict[str, Any] = {}
     for name, value in params.items():
@@ -178,13 +181,16 @@ def check_parameters(*, designs: Sequence[str] | None = None, **params: Any) -> 
             out[name] = _check_source(value, designs=designs)
         elif name == "service":
             out[name] = _check_service(value)
+        elif name == "aa_source":
+            out[name] = None if value is None else _check_source(
+                value, designs=("aa",), name=name, live=False)
         elif name in _INT_MINIMUM:
             out[name] = _check_int(name, value, _INT_MINIMUM[name])
         elif name in _POSITIVE:
             out[name] = _check_positive(name, value)
         else:
             raise ParameterError(f"The parameter `{name}` is not one this notebook knows "
-                                 f"(known: device, output_dir, source, service, "
+                                 f"(known: device, output_dir, source, service, aa_source, "
                                  f"{', '.join([*_INT_MINIMUM, *_POSITIVE])}).")
     device, source = out.get("device", "auto"), out.get("source")
     service = out.get("service")

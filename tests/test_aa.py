@@ -1,0 +1,108 @@
+"""A/A noise in the evidence: the spread of same-arm pairs from an A/A run, as its own
+attribution and as what the unprofiled A/B E2E delta is read against (issue 16, item 3)."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from residency import cli, evidence, tables
+from residency import notebook as nb
+from residency.notebook.params import ParameterError
+from residency.rundir import load_run
+
+ROOT = Path(__file__).resolve().parent.parent
+AA = ROOT / "data" / "runs" / "emulated-aa-2r50s"
+PAIRED = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
+
+
+def _slots(run_dir: Path) -> tuple[list[float], list[float]]:
+    """Slot A and slot B E2E values (s) in run order, read straight from manifest.json."""
+    runs = json.loads((run_dir / "manifest.json").read_text())["runs"]
+    return ([r["e2e_s"] for r in runs if r["slot"] == "A"],
+            [r["e2e_s"] for r in runs if r["slot"] == "B"])
+
+
+@pytest.fixture(scope="module")
+def with_aa() -> evidence.Evidence:
+    return evidence.build(load_run(PAIRED), aa=load_run(AA), traces=False)
+
+
+def test_aa_run_alone_gives_its_noise_with_known_answers() -> None:
+    a, b = _slots(AA)
+    assert len(a) == len(b) >= 3
+    deltas = [y - x for x, y in zip(a, b, strict=True)]
+    every = a + b
+    ev = evidence.build(load_run(AA), traces=False)
+    noise = ev["e2e_aa"]
+    assert noise.kind == "aa" and noise.n == {"A": len(a), "B": len(b)}
+    assert noise.detail["spread_s"] == pytest.approx(float(np.median(np.abs(deltas))))
+    assert noise.detail["max_abs_s"] == pytest.approx(max(abs(d) for d in deltas))
+    assert noise.detail["cv"] == pytest.approx(np.std(every, ddof=1) / np.mean(every))
+    assert noise.scope.what == "this run" and "no test" in noise.judged_on
+    assert "e2e_unprofiled" not in ev  # no A/B pairs in an A/A run
+
+
+def test_ab_note_reads_the_delta_against_the_aa_spread(with_aa) -> None:
+    ab = with_aa["e2e_unprofiled"]
+    spread = with_aa["e2e_aa"].detail["spread_s"]
+    assert ab.detail["aa_spread_s"] == pytest.approx(spread)
+    assert ab.detail["aa_run"] == AA.name
+    assert "A/A noise" in ab.note and AA.name in ab.note
+    md = abs(ab.detail["median_of_deltas_s"])
+    assert ("within the noise" in ab.note) is (md <= spread)
+    without = evidence.build(load_run(PAIRED), traces=False)
+    assert "e2e_aa" not in without and "A/A noise" not in without["e2e_unprofiled"].note
+
+
+def test_evidence_table_has_the_aa_row_and_says_its_test(with_aa) -> None:
+    t = tables.evidence_table(with_aa)
+    row = t[t["metric"].str.startswith("client E2E noise, A/A")]
+    assert len(row) == 1
+    a, _ = _slots(AA)
+    assert row.iloc[0]["n"] == f"{len(a)} A/A pairs"
+    assert "A/A noise: median |delta| of same-arm pairs" in t.attrs["footer"]
+
+
+def test_cli_tables_aa_adds_the_row() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        rc = cli.main(["tables", str(PAIRED), "--aa", str(AA), "--format", "json"])
+    assert rc == 0, err.getvalue()
+    assert "client E2E noise, A/A" in out.getvalue()
+
+
+def test_an_ab_run_given_as_aa_is_refused_naming_it() -> None:
+    with pytest.raises(ValueError, match="not an A/A run"):
+        evidence.build(load_run(PAIRED), aa=load_run(PAIRED), traces=False)
+    err = io.StringIO()
+    with redirect_stderr(err), redirect_stdout(io.StringIO()):
+        rc = cli.main(["tables", str(PAIRED), "--aa", str(PAIRED)])
+    assert rc == 2 and "not an A/A run" in err.getvalue()
+
+
+def test_aa_of_another_device_kind_is_refused(tmp_path) -> None:
+    other = tmp_path / "aa"
+    shutil.copytree(AA, other)
+    m = json.loads((other / "manifest.json").read_text())
+    m["device_kind"] = "cuda"
+    (other / "manifest.json").write_text(json.dumps(m))
+    aa = load_run(other, verify=False)
+    with pytest.raises(ValueError, match="device kind cuda differs"):
+        evidence.build(load_run(PAIRED), aa=aa, traces=False)
+
+
+def test_notebook_parameter_aa_source_is_checked() -> None:
+    ok = nb.check_parameters(aa_source=str(AA))
+    assert ok["aa_source"] == str(AA.resolve())
+    assert nb.check_parameters(aa_source=None)["aa_source"] is None
+    with pytest.raises(ParameterError, match="`aa_source` must be a run of design 'aa'"):
+        nb.check_parameters(aa_source=str(PAIRED))
+    with pytest.raises(ParameterError, match="`aa_source` must be None or a recorded run"):
+        nb.check_parameters(aa_source="run")
