@@ -202,7 +202,8 @@ PAIRED_PROFILE = [
                   '                     service=params["service"])\n'
                   "rv.show_banner(run)\n"
                   "display(Markdown(nb.describe_run(run)))\n"
-                  'ev = nb.paired_profile(run, aa=params["aa_source"])'),
+                  'ev = nb.paired_profile(run, aa=params["aa_source"])\n'
+                  "display(Markdown(nb.headline(ev, run)))"),
     new_markdown_cell(
         "## Timeline of the profiled pair\n\n"
         "The picture the attribution rests on: baseline above candidate, each on its own run's "

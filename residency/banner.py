@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 BANNER_CLASS = "residency-banner"
@@ -20,7 +20,8 @@ _STYLE = {  # border colour per device kind: the emulated NPU is never mistaken 
     "emulated-npu": "#b45309", "npu": "#1d4ed8", "cuda": "#15803d"}
 
 __all__ = ["BANNER_CLASS", "BANNER_METADATA", "banner_html", "banner_line", "banner_markdown",
-           "device_heading", "display_banner", "live_manifest", "provenance_lines"]
+           "device_heading", "display_banner", "elapsed_s", "humanize_s", "live_manifest",
+           "provenance_lines"]
 
 
 def device_heading(device_kind: str | None) -> str:
@@ -34,17 +35,32 @@ def device_heading(device_kind: str | None) -> str:
     return f"{device_kind}: {label}" if label != device_kind else device_kind
 
 
-def _duration(start: str | None, end: str | None) -> str | None:
+def elapsed_s(manifest: Mapping[str, Any]) -> float | None:
+    """Seconds from the manifest's `started_at` to `ended_at` (None when either is missing,
+    unreadable, or the end precedes the start)."""
     try:
-        s, e = datetime.fromisoformat(str(start)), datetime.fromisoformat(str(end))
+        s = datetime.fromisoformat(str(manifest.get("started_at")))
+        e = datetime.fromisoformat(str(manifest.get("ended_at")))
+        seconds = (e - s).total_seconds()
     except (TypeError, ValueError):
         return None
-    seconds = int(round((e - s).total_seconds()))
-    if seconds < 0:
+    return seconds if seconds >= 0 else None
+
+
+def _duration(start: str | None, end: str | None) -> str | None:
+    total = elapsed_s({"started_at": start, "ended_at": end})
+    if total is None:
         return None
+    seconds = int(round(total))
     h, rest = divmod(seconds, 3600)
     m, s_ = divmod(rest, 60)
     return (f"{h} h {m} min" if h else f"{m} min {s_} s" if m else f"{s_} s")
+
+
+def humanize_s(seconds: float) -> str:
+    """e.g. `3 min 12 s`, `1 h 2 min`, `45 s`."""
+    return _duration("2000-01-01T00:00:00", (datetime(2000, 1, 1) + timedelta(
+        seconds=seconds)).isoformat()) or f"{seconds:g} s"
 
 
 def provenance_lines(manifest: Mapping[str, Any]) -> list[str]:

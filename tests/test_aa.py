@@ -106,3 +106,18 @@ def test_notebook_parameter_aa_source_is_checked() -> None:
         nb.check_parameters(aa_source=str(PAIRED))
     with pytest.raises(ParameterError, match="`aa_source` must be None or a recorded run"):
         nb.check_parameters(aa_source="run")
+
+
+def test_headline_states_the_verdict_the_aa_spread_and_the_recording_time(with_aa) -> None:
+    run = load_run(PAIRED)
+    text = nb.headline(with_aa, run)
+    verdict = with_aa["e2e_unprofiled"].detail["verdict"]
+    assert verdict.startswith(("Verdict:", "No verdict:")) and verdict in text
+    assert f"{with_aa['e2e_aa'].detail['spread_s']:.3g} s" in text
+    m = json.loads((PAIRED / "manifest.json").read_text())
+    from datetime import datetime
+    secs = (datetime.fromisoformat(m["ended_at"])
+            - datetime.fromisoformat(m["started_at"])).total_seconds()
+    minutes, s = divmod(int(round(secs)), 60)
+    assert f"recording the run took {minutes} min {s} s" in text
+    assert ("met;" in text) is (secs <= 600) and "emulated NPU" in text

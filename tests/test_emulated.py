@@ -574,6 +574,56 @@ def test_modelled_task_leaves_the_host_free() -> None:
     assert task.cpu_ns < 50_000_000                             # ...without holding a core
 
 
+def test_modelled_time_is_the_devices_clock_not_the_workers_wake_up() -> None:
+    """Back-to-back modelled tasks follow each other on the device's own clock: each starts
+    exactly where the previous one ended and lasts exactly its modelled time, even while the
+    host keeps the worker thread from running (a real device does not wait for the host's
+    scheduler). Before the device clock, each task started whenever its worker woke up, so
+    host load stretched the device timeline."""
+    fn, flops = _matmul_task(64)
+    model = DeviceModel(flops_per_s=flops / 0.002, bytes_per_s=1e15, launch_ns=0)
+    npu = EmulatedNPU(capacity_bytes=64 * MiB, model=model)
+    tasks = [npu.launch(f"step{i}", fn) for i in range(20)]
+    host_start_ns = time.thread_time_ns()
+    while time.thread_time_ns() - host_start_ns < 60_000_000:  # the host holds the GIL
+        sum(range(1000))
+    npu.synchronize()
+    durations = {t.end_ns - t.start_ns for t in tasks}
+    assert durations == {model.duration_ns(tasks[0].cost, "kernel")}
+    assert all(b.start_ns == a.end_ns for a, b in zip(tasks, tasks[1:], strict=False))
+    assert tasks[0].start_ns >= tasks[0].submit_ns
+
+
+def test_an_event_waited_on_moves_the_waiting_streams_clock() -> None:
+    fn, flops = _matmul_task(64)
+    model = DeviceModel(flops_per_s=flops / 0.005, bytes_per_s=1e15, launch_ns=0)
+    npu = EmulatedNPU(capacity_bytes=64 * MiB, model=model)
+    side = npu.Stream("npu:0")
+    first = npu.launch("side", fn, stream=side)
+    event = side.record_event()
+    npu.current_stream().wait_event(event)
+    after = npu.launch("after", fn)
+    npu.synchronize()
+    assert after.start_ns >= first.end_ns  # the dependency holds on the device clock
+
+
+def test_a_task_traced_once_reuses_its_cost_for_the_same_shapes() -> None:
+    """Tracing a task shape-only is the emulator's own host work: the same code on the same
+    shapes (every denoising step) is traced once; other shapes or captured objects it cannot
+    describe are traced every time."""
+    from residency.emulated.model import cost_key, modelled_cost
+
+    model = DeviceModel()
+    first, _ = _matmul_task(96)
+    again, _ = _matmul_task(96)
+    other, _ = _matmul_task(48)
+    a = modelled_cost(first, model)
+    assert modelled_cost(again, model) is a          # reused, not traced again
+    assert modelled_cost(other, model).flops == 2 * 48**3 != a.flops
+    box = object()
+    assert cost_key(lambda: box) is None             # an opaque capture: never cached
+
+
 def test_real_compute_is_kept_as_an_option() -> None:
     fn, _ = _matmul_task(256)
     a = torch.arange(6.0).reshape(2, 3)

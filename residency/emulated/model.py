@@ -134,14 +134,68 @@ def _rebuild(meta_out: Any, written: list[torch.Tensor]) -> Any:
     return tree_map_only(torch.Tensor, take, meta_out)
 
 
+_UNCACHEABLE = object()
+_COST_CACHE: dict[Any, Cost] = {}
+_COST_CACHE_MAX = 4096
+
+
+def _describe(value: Any, depth: int = 0) -> Any:
+    """What the cost of a task can depend on, for one captured value: a tensor's shape,
+    strides and dtype; scalars themselves; sequences element-wise; anything else (or too
+    deep) makes the task uncacheable."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), tuple(value.stride()), value.dtype)
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype)):
+        return value
+    if isinstance(value, (list, tuple)) and depth < 2 and len(value) <= 256:
+        parts = tuple(_describe(v, depth + 1) for v in value)
+        return _UNCACHEABLE if any(p is _UNCACHEABLE for p in parts) else (type(value), parts)
+    return _UNCACHEABLE
+
+
+def cost_key(fn: Callable[[], Any]) -> Any:
+    """A key under which `fn`'s cost can be reused: its code and the shapes of everything
+    its closure captured; None when a captured value is not a tensor, scalar or sequence of
+    them (the task is traced every time)."""
+    code = getattr(fn, "__code__", None)
+    if code is None or getattr(fn, "__defaults__", None) or getattr(fn, "__kwdefaults__", None):
+        return None
+    parts = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            part = _describe(cell.cell_contents)
+        except ValueError:  # an empty cell
+            return None
+        if part is _UNCACHEABLE:
+            return None
+        parts.append(part)
+    return code, tuple(parts)
+
+
 def modelled_cost(fn: Callable[[], Any], model: DeviceModel) -> Cost:
-    """Run `fn` with its torch operators shape-only; the FLOPs and bytes they add up to."""
+    """Run `fn` with its torch operators shape-only; the FLOPs and bytes they add up to.
+
+    A task whose code and captured shapes were traced before (e.g. the same denoising step
+    every step) reuses that cost instead of tracing again: tracing is the emulator's own host
+    work, which a real device does not cost the host.
+    """
+    key = cost_key(fn)
+    if key is not None:
+        key = (key, model.flops_per_s, model.bytes_per_s)
+        cached = _COST_CACHE.get(key)
+        if cached is not None:
+            return cached
     mode = ShapeOnlyMode(model.flops_per_s, model.bytes_per_s)
     with mode:
         fn()
-    return mode.cost()
+    cost = mode.cost()
+    if key is not None:
+        if len(_COST_CACHE) >= _COST_CACHE_MAX:
+            _COST_CACHE.clear()
+        _COST_CACHE[key] = cost
+    return cost
 
 
 __all__ = ["ACCELERATOR_PATCHES", "COMPUTE_MODES", "ENV_VAR", "Cost", "DeviceModel",
-           "ShapeOnlyMode", "add_model_arguments", "model_changed", "model_from_args",
-           "modelled_cost"]
+           "ShapeOnlyMode", "add_model_arguments", "cost_key", "model_changed",
+           "model_from_args", "modelled_cost"]

@@ -39,19 +39,25 @@ class DeviceTaskError(RuntimeError):
 class Task:
     """A submitted device task; `start_ns`/`end_ns` (perf_counter_ns) are set once it ran.
 
+    On a modelled device they are the device's own clock: a task starts when the previous
+    task of its stream ended on the device or when it was submitted, whichever is later, and
+    ends its modelled duration after that, however late the worker thread got a core (a
+    real device does not wait for the host's scheduler); the worker sleeps until that end.
+
     On a modelled device (`DeviceModel.compute == "modelled"`) a task with `model=True` is
     not computed: `cost` holds its FLOPs and bytes and the worker waits out the modelled
     duration. `cpu_ns` is the worker thread's CPU time spent on the task.
     """
 
-    __slots__ = ("name", "category", "stream", "start_ns", "end_ns", "skipped", "model",
-                 "cost", "cpu_ns", "_fn", "_internal", "_done")
+    __slots__ = ("name", "category", "stream", "submit_ns", "start_ns", "end_ns", "skipped",
+                 "model", "cost", "cpu_ns", "_fn", "_internal", "_done")
 
     def __init__(self, name: str, category: str, stream: Stream, fn: Callable[[], Any],
                  internal: bool = False, *, model: bool = True) -> None:
         self.name = name
         self.category = category
         self.stream = stream
+        self.submit_ns = 0  # set by Stream.submit
         self.start_ns: int | None = None
         self.end_ns: int | None = None
         self.skipped = False  # True when a sticky error kept it from running
@@ -138,6 +144,7 @@ class Stream:
         self._cond = threading.Condition()
         self._queue: deque[Task] = deque()
         self._pending = 0
+        self._clock_ns = 0  # the device clock: end of this stream's last task (worker-owned)
         self._thread: threading.Thread | None = None
         self.stream_id = device.add_stream(self)
 
@@ -153,6 +160,7 @@ class Stream:
 
     def submit(self, task: Task) -> Task:
         """Enqueue a task built for this stream; returns it."""
+        task.submit_ns = time.perf_counter_ns()
         with self._cond:
             self._queue.append(task)
             self._pending += 1
@@ -178,8 +186,15 @@ class Stream:
     def wait_event(self, event: Event) -> None:
         """Make later tasks of this stream wait until `event` completed."""
         task = event._task
-        if task is not None:
-            self.submit(Task("wait_event", "internal", self, task._done.wait, internal=True))
+        if task is None:
+            return
+
+        def wait_for() -> None:  # runs on this stream's worker: it owns `_clock_ns`
+            task._done.wait()
+            if task.end_ns is not None:  # the event's point on its own stream's clock
+                self._clock_ns = max(self._clock_ns, task.end_ns)
+
+        self.submit(Task("wait_event", "internal", self, wait_for, internal=True))
 
     def wait_stream(self, stream: Stream) -> None:
         """Make later tasks of this stream wait for everything submitted to `stream` so far."""
@@ -213,29 +228,38 @@ class Stream:
         fn = task._fn
         assert fn is not None
         if task._internal:
+            self._clock_ns = max(self._clock_ns, task.submit_ns)
             fn()
+            task.start_ns = task.end_ns = self._clock_ns
             return
         if self._dev.error is not None:
             task.skipped = True
             return
         model = self._dev.model
-        task.start_ns = time.perf_counter_ns()
+        picked_ns = time.perf_counter_ns()
         cpu_start_ns = time.thread_time_ns()
         try:
             if model.modelled and task.model:
                 task.cost = modelled_cost(fn, model)
-                end_ns = task.start_ns + model.duration_ns(task.cost, task.category)
+                start_ns = max(self._clock_ns, task.submit_ns)
+                end_ns = start_ns + model.duration_ns(task.cost, task.category)
+                task.start_ns, task.end_ns = start_ns, end_ns
                 remaining_ns = end_ns - time.perf_counter_ns()
                 if remaining_ns > 0:  # the device "computes"; this thread holds no core
                     time.sleep(remaining_ns / 1e9)
             else:
+                task.start_ns = max(picked_ns, self._clock_ns)
                 fn()
         except BaseException as exc:  # noqa: BLE001 - a device records any failure, stickily
             if self._dev.error is None:
                 self._dev.error = (task.name, exc)
         finally:
             task.cpu_ns = time.thread_time_ns() - cpu_start_ns
-            task.end_ns = time.perf_counter_ns()
+            if task.start_ns is None:
+                task.start_ns = picked_ns
+            if task.end_ns is None:  # real work (or a failure): the host's clock
+                task.end_ns = max(time.perf_counter_ns(), task.start_ns)
+            self._clock_ns = max(self._clock_ns, task.end_ns)
             self._dev.tracer.add(TraceRecord(
                 task.name, task.category, task.start_ns, task.end_ns,
                 DEVICE_PID_BASE + self._dev.index, self.stream_id, self._dev.index))
@@ -285,11 +309,11 @@ class Event:
                 raise TypeError("pass a stream, or create the event with `npu.Event(...)`")
             stream = npu.current_stream()
         self._time_ns = None
-        self._task = stream.submit(Task("record_event", "internal", stream, self._stamp,
-                                        internal=True))
+        self._task = stream.submit(Task("record_event", "internal", stream,
+                                        lambda: self._stamp(stream), internal=True))
 
-    def _stamp(self) -> None:
-        self._time_ns = time.perf_counter_ns()
+    def _stamp(self, stream: Stream) -> None:
+        self._time_ns = stream._clock_ns  # where the device is: the stream's clock
 
     def query(self) -> bool:
         """True once everything before the recorded point ran (or if never recorded)."""

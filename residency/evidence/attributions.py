@@ -459,9 +459,10 @@ def _e2e_pairs(data: RunData, profiled: bool) -> Attribution | None:
             eq = stats.equivalence_pairs(
                 base, [p[3] for p in pairs], margin=margin, unit="s",
                 margin_label=f"{stats.E2E_MARGIN_FRACTION:.0%} of the baseline median E2E")
-            verdict = " " + eq.note + " " + stats.e2e_verdict(result, eq)
+            sentence = stats.e2e_verdict(result, eq)
+            verdict = " " + eq.note + " " + sentence
             detail = {"equivalence_margin_s": margin, "equivalence_p": eq.p_value,
-                      "equivalent": eq.equivalent}
+                      "equivalent": eq.equivalent, "verdict": sentence}
     if aa is not None:
         detail["aa_spread_s"] = aa[1].spread
         detail["aa_run"] = aa[0].path.name

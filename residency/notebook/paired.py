@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from residency import evidence
+from residency import devices, evidence
 from residency.evidence import ARMS, Evidence
 from residency.notebook.outputs import statistical_note
 from residency.rundir import Run
@@ -30,7 +30,8 @@ NOTE_KEYS = ("normal_call_per_rank", "normal_call_per_run", "normal_released",
              "forced_released", "idle_intersection", "all_rank_idle", "preparation_window",
              "e2e_profiled", "e2e_unprofiled", "e2e_aa")
 
-__all__ = ["ATTRIBUTIONS", "e2e_frame", "evidence_tables", "idle_frame", "normal_call_frame",
+__all__ = ["ATTRIBUTIONS", "e2e_frame", "evidence_tables", "headline", "idle_frame",
+           "normal_call_frame",
            "note", "paired_profile", "paired_results", "per_run_frame", "releases_frame"]
 
 
@@ -39,6 +40,34 @@ def paired_profile(run: Run, aa: Run | str | None = None) -> Evidence:
     with `aa` (an A/A run or its directory) also its E2E noise, which the unprofiled E2E
     delta is read against."""
     return evidence.build(run) if aa is None else evidence.build(run, aa=aa)
+
+
+MAIN_JOB_TARGET_S = 600  # issue 16: the default main job on the emulated NPU, 2 cores
+
+
+def headline(ev: Evidence, run: Run) -> str:
+    """Markdown, two lines for the top of the report: the E2E verdict of the unprofiled
+    pairs (or why there is none) and how long recording the run took, with the 10-minute
+    target of the default main job when the device is the emulated NPU."""
+    from residency.banner import elapsed_s, humanize_s
+
+    a = ev.get("e2e_unprofiled")
+    verdict = (a.detail.get("verdict") if a is not None else None) or (
+        "No verdict: this run has no unprofiled pairs." if a is None else
+        "No verdict: E2E of the unprofiled pairs is not positive.")
+    aa = ev.get("e2e_aa")
+    if aa is not None and a is not None:
+        verdict += (f" A/A noise (median |delta| of {aa.n['A']} same-arm pairs): "
+                    f"{aa.detail['spread_s']:.3g} s.")
+    secs = elapsed_s(run.manifest)
+    line = ("recording time not in the manifest" if secs is None else
+            f"recording the run took {humanize_s(secs)}")
+    if secs is not None and devices.emulated(run.device_kind):
+        line += (f" (the default main job's target on the emulated NPU with 2 cores: at most "
+                 f"{MAIN_JOB_TARGET_S // 60} min, "
+                 f"{'met' if secs <= MAIN_JOB_TARGET_S else 'NOT met'}; the notebook's own "
+                 f"analysis adds to it)")
+    return f"**E2E verdict** (unprofiled pairs, {ev.label}): {verdict}\n\n**Time**: {line}."
 
 
 def note(ev: Evidence, key: str) -> str:
