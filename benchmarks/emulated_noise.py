@@ -151,7 +151,7 @@ def _report_ab(ab: Run, noise: stats.AANoise) -> None:
           f"order {[e.arm for e in ab.runs if not e.profiled]}):")
     print("  pair  E2E delta (s)  normal-call saving (s)  prepare  denoise  decode "
           "(deltas, s; candidate - baseline)")
-    signs, deltas, savings = [], [], []
+    signs, deltas, savings, phase_deltas = [], [], [], []
     for i, (b, c) in enumerate(pairs, 1):
         pb, pc = _per_run(ab, b), _per_run(ab, c)
         delta = float(c.e2e_s or 0) - float(b.e2e_s or 0)
@@ -160,16 +160,22 @@ def _report_ab(ab: Run, noise: stats.AANoise) -> None:
         signs.append(delta < 0)
         deltas.append(delta)
         savings.append(saving)
+        phase_deltas.append(phases)
         print(f"  {i:>4}  {delta:+13.3f}  {saving:22.3f}  {phases[0]:+7.3f}  "
               f"{phases[1]:+7.3f}  {phases[2]:+6.3f}")
-    if deltas and statistics.median(deltas) < 0:
-        share = statistics.median(savings) / -statistics.median(deltas)
-        print(f"  the release calls (median saving {statistics.median(savings):.3f} s) explain "
-              f"{share:.0%} of the median E2E delta ({statistics.median(deltas):+.3f} s); the "
-              "rest is in the later phases (re-acquiring and re-faulting released memory), "
-              "as the phase deltas show")
-    else:
-        print("  the median E2E delta is not in the fix's direction: no share to attribute")
+    if deltas:
+        med = statistics.median(deltas)
+        release = -statistics.median(savings)
+        prep, den, dec = (statistics.median(p[k] for p in phase_deltas) for k in range(3))
+        parts = [("the normal release calls", release),
+                 ("the rest of the preparation window (re-acquiring and re-faulting what the "
+                  "baseline released)", prep - release),
+                 ("denoise", den), ("decode", dec)]
+        print(f"  where the median E2E delta ({med:+.3f} s) comes from, medians over pairs "
+              "(slowest rank per request, median per run; the parts need not add up exactly):")
+        for name, value in parts:
+            share = f" ({value / med:.0%} of it)" if med else ""
+            print(f"    {name}: {value:+.3f} s{share}")
     print(f"  the fix's sign (candidate faster) in {sum(signs)} of {len(signs)} pairs "
           f"(target: every pair: {'met' if signs and all(signs) else 'NOT met'})")
     b = [float(x.e2e_s or 0) for x, _ in pairs]

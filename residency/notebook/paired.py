@@ -173,7 +173,8 @@ def paired_results(ev: Evidence, **extra: Any) -> dict[str, Any]:
     `normal_call_ms` (per-rank lists by rank, profiled pair), `normal_call_per_run_ms`,
     `idle_intersection_ms`, `e2e_s` (the unprofiled pairs when there are any, else the
     profiled pair; `e2e_s_source` says which), `notes`, counts, the other idle figures, both
-    E2E lists, `evidence` (every attribution with values, n, unit, statistical unit, scope,
+    E2E lists, `e2e_verdict` (one sentence, unprofiled pairs), `e2e_aa_s` (the A/A noise when
+    given), `evidence` (every attribution with values, n, unit, statistical unit, scope,
     p-value and note) and `extra`."""
     def per_arm(key: str) -> dict[str, Any]:
         a = ev.get(key)
@@ -200,6 +201,8 @@ def paired_results(ev: Evidence, **extra: Any) -> dict[str, Any]:
         "e2e_s_source": f"{source} pairs",
         "e2e_s_profiled": _e2e_lists(ev, "e2e_profiled"),
         "e2e_s_unprofiled": unprofiled,
+        "e2e_verdict": (ev["e2e_unprofiled"].detail.get("verdict")
+                        if "e2e_unprofiled" in ev else None),
         "e2e_aa_s": ({"slot_a": list(aa.values["A"]), "slot_b": list(aa.values["B"]),
                       "spread": aa.detail["spread_s"], "cv": aa.detail["cv"],
                       "run": aa.source} if (aa := ev.get("e2e_aa")) else None),
