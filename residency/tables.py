@@ -147,8 +147,9 @@ def _footer(used: set, extra: str = "") -> str:
     tests = "; ".join(_TESTS[k] for k in _TESTS if k in used)
     return ("Units: ms = milliseconds, s = seconds, pp = percentage points; every number carries "
             "its unit. n: ranks per arm for per-rank rows, runs per arm for per-run rows, calls "
-            "per arm for counts, pairs for E2E (A/A pairs for the noise row), 1 per arm for "
-            "single observations. Tests: "
+            "per arm for counts, pairs for E2E"
+            + (" (A/A pairs for the noise row)" if "aa" in used else "")
+            + ", 1 per arm for single observations. Tests: "
             f"{tests or 'none'}; 5 % level. {extra}").strip()
 
 

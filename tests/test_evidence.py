@@ -153,13 +153,13 @@ def test_a_new_attribution_is_one_function() -> None:
             values={a: [len(data.entries(a))] for a in evidence.ARMS},
             n={a: len(data.entries(a)) for a in evidence.ARMS}, judged_on="run",
             scope=evidence.Scope(runs=tuple(e.name for e in data.run.runs)),
-            note=f"Runs; compared with {data.inputs.get('aa', 'no A/A run')}.")
+            note=f"Runs; compared with {data.inputs.get('reference', 'nothing')}.")
 
     try:
         ev = evidence.build(load_run(PAIRED), traces=False, keys=("test_run_count",),
-                            aa="an A/A run")  # extra inputs reach the attributors
+                            reference="another run")  # extra inputs reach the attributors
         assert ev.keys() == ("test_run_count",)
-        assert ev["test_run_count"].note == "Runs; compared with an A/A run."
+        assert ev["test_run_count"].note == "Runs; compared with another run."
         assert ev["test_run_count"].values == {"baseline": (4,), "candidate": (4,)}
     finally:
         del evidence.ATTRIBUTORS["test_run_count"]
