@@ -317,11 +317,18 @@ def cmd_pair(args: argparse.Namespace) -> int:
     from residency.rundir import load_run
     from residency.seal import SEAL_FIELD
 
-    digest = (load_run(out).manifest.get(SEAL_FIELD) or {}).get("digest")
+    run = load_run(out)
+    digest = (run.manifest.get(SEAL_FIELD) or {}).get("digest")
     print(f"run complete: {out}")
     if digest:
         print(f"digest: {digest} (quote it in the pull request; check a copy with "
               f"`residency verify RUN_DIR --digest {digest}`)")
+    if args.design == "aa":
+        from residency.evidence import build
+
+        noise = build(run, traces=False, keys=("e2e_aa",)).get("e2e_aa")
+        if noise is not None:
+            print(f"{noise.note} Use it with `residency tables RUN_DIR --aa {out}`.")
     return 0
 
 

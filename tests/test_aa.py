@@ -121,3 +121,21 @@ def test_headline_states_the_verdict_the_aa_spread_and_the_recording_time(with_a
     minutes, s = divmod(int(round(secs)), 60)
     assert f"recording the run took {minutes} min {s} s" in text
     assert ("met;" in text) is (secs <= 600) and "emulated NPU" in text
+
+
+@pytest.mark.slow
+def test_pair_design_aa_prints_its_noise(tmp_path) -> None:
+    out_dir = tmp_path / "aa"
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        rc = cli.main(["pair", "--design", "aa", "--pairs", "1", "--requests", "2",
+                       "--device", "emulated-npu", "--ranks", "2", "--steps", "2",
+                       "--scale", "0.02", "--resident-mib", "256", "--out", str(out_dir),
+                       "--no-progress"])
+    assert rc == 0, err.getvalue()
+    a, b = _slots(out_dir)
+    spread = abs(b[0] - a[0])
+    assert "A/A: the same arm in both slots, 1 pair(s)" in out.getvalue()
+    assert f"`residency tables RUN_DIR --aa {out_dir}`" in out.getvalue()
+    assert evidence.build(load_run(out_dir), traces=False)["e2e_aa"].detail[
+        "spread_s"] == pytest.approx(spread)
