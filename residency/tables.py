@@ -194,8 +194,12 @@ def evidence_table(run: Run | Evidence, *, idle: Mapping[str, Mapping[str, float
             rows.append(_RENDER[a.kind](a))
             used.add(_USED[a.kind] if a.kind != "pairs" or a.n["baseline"] > 1 else "single")
         docs.append(a.to_dict())
+    aa = ev.get("e2e_aa")
+    design = (f" A/A run: the {aa.detail['arm']} arm in both slots, so only the noise row "
+              "compares; the other arm's column is empty by design." if ev.design == "aa"
+              and aa is not None else "")
     return _frame(rows, _title(ev.name, ev.device_kind), ev.device_kind,
-                  _footer(used, ev.attribution_note
+                  _footer(used, ev.attribution_note + design
                           + (f" Run digest: {ev.digest}." if ev.digest else
                              " The run is not sealed.")), docs)
 

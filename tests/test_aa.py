@@ -139,3 +139,10 @@ def test_pair_design_aa_prints_its_noise(tmp_path) -> None:
     assert f"`residency tables RUN_DIR --aa {out_dir}`" in out.getvalue()
     assert evidence.build(load_run(out_dir), traces=False)["e2e_aa"].detail[
         "spread_s"] == pytest.approx(spread)
+
+
+def test_an_aa_runs_table_says_its_other_column_is_empty_by_design() -> None:
+    t = tables.evidence_table(evidence.build(load_run(AA), traces=False))
+    assert "A/A run: the candidate arm in both slots" in t.attrs["footer"]
+    assert "A/A run" not in tables.evidence_table(
+        evidence.build(load_run(PAIRED), traces=False)).attrs["footer"]
