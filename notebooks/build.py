@@ -294,7 +294,8 @@ PAIRED_PROFILE = [
                   "rv.show_table(table)\n"
                   "profiled, unprofiled = rv.e2e_pairs(ev)\n"
                   "rv.write_e2e(profiled, unprofiled, device_kind=run.device_kind, "
-                  "output_dir=out)\n"
+                  "output_dir=out,\n"
+                  "             aa_spread=rv.aa_spread(ev))\n"
                   'rv.show_note(nb.note(ev, "e2e_profiled"))\n'
                   'rv.show_note(nb.note(ev, "e2e_unprofiled"))\n'
                   'if "e2e_aa" in ev:\n'

@@ -298,12 +298,13 @@ def _pairs(lists: Mapping[str, Sequence[float]]) -> list[tuple[float, float]]:
 
 def e2e_slopegraph(profiled: Mapping[str, Sequence[float]],
                    unprofiled: Mapping[str, Sequence[float]], *, device_kind: str,
-                   unit: str = "s") -> Figure:
+                   unit: str = "s", aa_spread: float | None = None) -> Figure:
     """Client E2E per pair as a slopegraph (a line from baseline to candidate per pair):
     profiled and unprofiled pairs in separate panels on one axis starting at zero, pairs
     numbered once across both (profiled first), and a third panel of the paired deltas
-    (candidate − baseline) with each panel's median delta marked. Inputs: arm -> values
-    (pair i is the i-th value of each arm)."""
+    (candidate − baseline) with each panel's median delta marked and, given `aa_spread`
+    (an A/A run's median |delta|, in `unit`), a band of ±that spread around 0. Inputs:
+    arm -> values (pair i is the i-th value of each arm)."""
     groups = {"profiled": _pairs(profiled), "unprofiled": _pairs(unprofiled)}
     fig = _figure(figsize=(13, 4.6))
     axes = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1, 1.4, 1.2]})
@@ -328,6 +329,9 @@ def e2e_slopegraph(profiled: Mapping[str, Sequence[float]],
             ax.text(0.5, 0.5, "none in this run", ha="center", transform=ax.transAxes)
     dax = axes[2]
     dax.axhline(0, color="black", lw=0.8)
+    if aa_spread is not None:
+        dax.axhspan(-aa_spread, aa_spread, color="tab:blue", alpha=0.15, lw=0,
+                    label=f"A/A noise: ±median |delta| ({quantity(aa_spread, unit)})")
     for k, items in enumerate(deltas.values()):
         if not items:
             continue
@@ -347,7 +351,7 @@ def e2e_slopegraph(profiled: Mapping[str, Sequence[float]],
     dax.set_title("paired deltas (below 0: candidate faster)", fontsize=10)
     dax.grid(axis="y", alpha=0.3)
     _sig_axis(dax)
-    if any(deltas.values()):
+    if any(deltas.values()) or aa_spread is not None:
         dax.legend(fontsize=8, loc="best")
     n_all = sum(len(p) for p in groups.values())
     fig.suptitle(figure_title("Client end-to-end time per pair (profiled and unprofiled never "

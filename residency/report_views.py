@@ -26,10 +26,10 @@ if TYPE_CHECKING:
 MAX_ROWS = 40  # an HTML table in a report never has more rows
 FIGURE_DPI = 120
 
-__all__ = ["MAX_ROWS", "bytes_or_text", "decisions_frame", "show_banner", "show_figure",
-           "show_note", "show_probe_banner", "show_table", "show_text", "timeline_pair",
-           "e2e_pairs", "write_causes", "write_e2e", "write_effect", "write_memory",
-           "write_timeline", "write_trace_diff", "write_whatif"]
+__all__ = ["MAX_ROWS", "aa_spread", "bytes_or_text", "decisions_frame", "e2e_pairs",
+           "show_banner", "show_figure", "show_note", "show_probe_banner", "show_table",
+           "show_text", "timeline_pair", "write_causes", "write_e2e", "write_effect",
+           "write_memory", "write_timeline", "write_trace_diff", "write_whatif"]
 
 
 def _display(*objs: Any) -> None:
@@ -195,13 +195,20 @@ def e2e_pairs(ev: Any) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
 
 def write_e2e(profiled: Mapping[str, Sequence[float]],
               unprofiled: Mapping[str, Sequence[float]], *, device_kind: str,
-              output_dir: str | os.PathLike[str], name: str = "e2e") -> Path:
-    """The E2E slopegraph (profiled and unprofiled pairs, paired deltas), saved and
-    displayed."""
+              output_dir: str | os.PathLike[str], name: str = "e2e",
+              aa_spread: float | None = None) -> Path:
+    """The E2E slopegraph (profiled and unprofiled pairs, paired deltas; with `aa_spread`,
+    the A/A noise band on the deltas), saved and displayed."""
     from residency.report_figures import e2e_slopegraph
 
-    return show_figure(e2e_slopegraph(profiled, unprofiled, device_kind=device_kind),
-                       output_dir, name)
+    return show_figure(e2e_slopegraph(profiled, unprofiled, device_kind=device_kind,
+                                      aa_spread=aa_spread), output_dir, name)
+
+
+def aa_spread(ev: Any) -> float | None:
+    """The A/A noise (median |delta|, s) of an `Evidence`, None without an A/A run."""
+    a = ev.get("e2e_aa")
+    return None if a is None else float(a.detail["spread_s"])
 
 
 # ----------------------------------------------------------------------------- what-if

@@ -146,3 +146,22 @@ def test_an_aa_runs_table_says_its_other_column_is_empty_by_design() -> None:
     assert "A/A run: the candidate arm in both slots" in t.attrs["footer"]
     assert "A/A run" not in tables.evidence_table(
         evidence.build(load_run(PAIRED), traces=False)).attrs["footer"]
+
+
+def test_e2e_figure_draws_the_aa_band(with_aa) -> None:
+    from residency import report_views as rv
+    from residency.report_figures import e2e_slopegraph
+
+    spread = rv.aa_spread(with_aa)
+    assert spread == pytest.approx(with_aa["e2e_aa"].detail["spread_s"])
+    fig = e2e_slopegraph(*rv.e2e_pairs(with_aa), device_kind=with_aa.device_kind,
+                         aa_spread=spread)
+    deltas = fig.axes[2]
+    band = [p for p in deltas.patches if "A/A noise" in str(p.get_label())]
+    assert len(band) == 1
+    rect = band[0]  # axhspan: y and height in data units
+    assert rect.get_y() == pytest.approx(-spread)
+    assert rect.get_y() + rect.get_height() == pytest.approx(spread)
+    plain = e2e_slopegraph(*rv.e2e_pairs(with_aa), device_kind=with_aa.device_kind)
+    assert not [p for p in plain.axes[2].patches if "A/A" in str(p.get_label())]
+    assert rv.aa_spread(evidence.build(load_run(PAIRED), traces=False)) is None
