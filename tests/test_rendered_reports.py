@@ -51,7 +51,7 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ren
         out = tmp_path_factory.mktemp(name)
         cmd = [sys.executable, "-m", "papermill", str(ROOT / "notebooks" / f"{name}.ipynb"),
                str(out / f"{name}.ipynb"), "-k", "python3", "-r", "source", str(source),
-               "-r", "output_dir", str(out)]
+               "-r", "output_dir", str(out), *EXTRA.get(name, ())]
         log = open(out / ".papermill.log", "w")  # noqa: SIM115 - closed below
         procs[name] = (out, log, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                                   stdin=subprocess.DEVNULL, cwd=out, env=env))
@@ -73,6 +73,8 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ren
 
 
 NAMES = sorted(SOURCES)
+AA = RUNS / "emulated-aa-2r50s"
+EXTRA = {"paired_profile": ("-r", "aa_source", str(AA))}  # the E2E read against an A/A run
 
 
 @pytest.mark.slow
@@ -107,6 +109,23 @@ def test_paired_report_shows_the_timeline_and_memory_figures(
     for name in ("timeline.png", "memory.png", "e2e.png"):
         assert name in files and (r.out / name).stat().st_size > 20_000
     assert r.text.count("<img") >= 4
+
+
+@pytest.mark.slow
+def test_paired_report_opens_with_the_verdict_and_reads_e2e_against_the_aa_run(
+        rendered: dict[str, Rendered]) -> None:
+    """Issue 16: the report prints the E2E verdict and the run's time; given `aa_source`,
+    the A/A noise is a row, a note and a band on the E2E figure."""
+    r = rendered["paired_profile"]
+    verdict = r.results["e2e_verdict"]
+    assert verdict.startswith(("Verdict:", "No verdict:"))
+    assert "E2E verdict" in r.text and "recording the run took" in r.text
+    assert r.text.index("E2E verdict") < r.text.index("Timeline of the profiled pair")
+    aa = r.results["e2e_aa_s"]
+    assert aa["run"] == str(AA.resolve()) and len(aa["slot_a"]) == len(aa["slot_b"]) == 3
+    assert "client E2E noise, A/A" in r.text and "A/A noise" in r.text
+    assert r.results["evidence"]["attributions"]["e2e_unprofiled"]["detail"][
+        "aa_spread_s"] == pytest.approx(aa["spread"])
 
 
 @pytest.mark.slow
