@@ -56,29 +56,45 @@ API_REPRODUCTION = [
     new_markdown_cell(
         "# API reproduction: which allocator-telemetry query answers on this device\n\n"
         "The retention policy needs allocated and reserved bytes. Before the fix it read them "
-        "through `torch.accelerator.memory_allocated/memory_reserved` (the *generic* path) on "
+        "through `torch.accelerator.memory_reserved/memory_allocated` (the *generic* path) on "
         "every device; on Ascend with torch-npu up to the 2.12 line that raises `Allocator for "
         "npu is not a DeviceAllocator`, so every normal call released the cache. The fix reads "
         "the *registered* device module (`torch.get_device_module(device)`) on NPU.\n\n"
+        "Inside a real vLLM-Omni process on Ascend, vllm-ascend's `patch_torch_accelerator.py` "
+        "redirects `torch.accelerator.memory_reserved`, `memory_stats`, `empty_cache` and "
+        "`get_memory_info` to `torch.npu`; before its PR #12344 it leaves `memory_allocated` "
+        "alone, so the generic sequence's first query answers and the second raises.\n\n"
         "This notebook calls both paths (and `mem_get_info`) on the device, in a separate "
-        "process, and reports each outcome: the value, or the exception type and message. It "
-        "shows the versions, which telemetry each arm reads, and a verdict that the bug is "
-        "present or absent, **detected, never assumed**. With `device=\"auto\"` it also probes "
-        "`cpu` for comparison. With a recorded run as `source`, the outcomes are read from "
-        "that run's recorded decisions instead.\n\n" + PARAMETERS_HELP),
-    new_code_cell(_params(device="auto", output_dir=None, source="run"),
+        "process, and reports for each query the function that ran (PyTorch's own, a "
+        "redirection, or the registered device module) and its outcome: the value, or the "
+        "exception type and message. `accelerator_patch` selects the probes: `\"none\"` "
+        "(plain PyTorch), `\"vllm-ascend\"` (under vllm-ascend's redirection: on the emulated "
+        "NPU the emulated one, on a real NPU the installed vllm-ascend's own patch module, "
+        "whatever that version redirects) or `\"both\"`. Whether vllm-ascend is installed, "
+        "and whether its patch redirects `memory_allocated`, is **detected, never assumed**; "
+        "so is the verdict that the bug is present or absent. With `device=\"auto\"` it also "
+        "probes `cpu` for comparison. With a recorded run as `source`, the outcomes are read "
+        "from that run's recorded decisions instead (under the run's own patch).\n\n"
+        + PARAMETERS_HELP),
+    new_code_cell(_params(device="auto", output_dir=None, source="run",
+                          accelerator_patch="both"),
                   metadata={"tags": ["parameters"]}),
-    new_code_cell(_check("api_reproduction", ["device", "output_dir", "source"])),
+    new_code_cell(_check("api_reproduction", ["device", "output_dir", "source",
+                                              "accelerator_patch"])),
     new_markdown_cell("## Versions"),
-    new_code_cell('probes = nb.api_reproduction(params["source"], params["device"])\n'
+    new_code_cell('probes = nb.api_reproduction(params["source"], params["device"],\n'
+                  '                             accelerator_patch=params["accelerator_patch"])\n'
                   'rv.show_probe_banner(probes, params["source"])\n'
                   "versions = nb.versions_table(probes)\n"
                   'nb.write_tables(out, {"versions": versions})\n'
                   "rv.show_table(versions)"),
     new_markdown_cell(
         "## Query outcomes\n\n"
-        "One row per device kind, path and query: `ok` with the value in bytes, or `error` "
-        "with the exception type and message exactly as raised."),
+        "One row per probe (device kind and accelerator patch), path and query: the function "
+        "that ran (`(redirected)` when a patch replaced PyTorch's own), and `ok` with the "
+        "value in bytes, or `error` with the exception type and message exactly as raised. A "
+        "probe that could not run here (no vllm-ascend installed, a device that is not an "
+        "NPU) is one `not probed` row saying why."),
     new_code_cell("outcomes = nb.probe_table(probes)\n"
                   'nb.write_tables(out, {"query_outcomes": outcomes})\n'
                   'column = "value (bytes) or exception"\n'

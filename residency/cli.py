@@ -197,29 +197,12 @@ def cmd_probe(args: argparse.Namespace) -> int:
     kind = "cpu" if args.device == "cpu" else _resolve(args.device)
     import torch
 
-    from residency.telemetry import probe_queries
+    from residency.telemetry import probe_queries, setup_probe
 
-    patch = args.accelerator_patch
-    if patch != "none" and kind not in ("npu", "emulated-npu"):
-        raise ValueError("--accelerator-patch needs an npu or emulated-npu device")
-    if kind == "emulated-npu":
-        from residency.emulated import DeviceModel, install_emulated_npu
-
-        install_emulated_npu(model=DeviceModel(compute="real", accelerator_patch=patch))
-    elif kind == "npu":
-        import torch_npu  # noqa: F401  - registers torch.npu
-        if patch == "vllm-ascend":
-            import importlib
-
-            try:  # importing the module applies vllm-ascend's patch, whatever it redirects
-                importlib.import_module("vllm_ascend.patch.platform.patch_torch_accelerator")
-            except ImportError as exc:
-                raise ValueError(f"--accelerator-patch vllm-ascend: vllm_ascend's patch "
-                                 f"cannot be imported ({exc})") from None
+    patch_info = setup_probe(kind, args.accelerator_patch)  # ValueError: bad input
     device = {"cpu": "cpu", "cuda": "cuda:0"}.get(kind, "npu:0")
     result = {"device_kind": kind, "python": platform.python_version(),
-              "torch": torch.__version__, "accelerator_patch": patch,
-              **probe_queries(device)}
+              "torch": torch.__version__, **patch_info, **probe_queries(device)}
     try:
         import torch_npu  # type: ignore[import-not-found]
 
@@ -230,12 +213,15 @@ def cmd_probe(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2))
         return 0
     print(f"device {result['device']} ({kind}); torch {result['torch']}, "
-          f"torch-npu {result['torch_npu']}")
+          f"torch-npu {result['torch_npu']}, vllm-ascend {result['vllm_ascend']}")
+    if result["patch_source"]:
+        print(f"accelerator patch: {result['accelerator_patch']}, applied by "
+              f"{result['patch_source']}")
     for source in ("generic", "registered"):
         for query, out in result[source].items():
             path = f"  <- {out['path']}" if out.get("path") else ""
-            print(f"  {source:<10} {query:<10} {_fmt_outcome(out)}{path}")
-    print(f"  {'registered':<10} {'mem_get_info':<10} {_fmt_outcome(result['mem_get_info'])}")
+            print(f"  {source:<10} {query:<15} {_fmt_outcome(out)}{path}")
+    print(f"  {'registered':<10} {'mem_get_info':<15} {_fmt_outcome(result['mem_get_info'])}")
     for arm, info in result["arms"].items():
         src = info["telemetry"] or "none (releases on every call)"
         state = "n/a" if info["telemetry"] is None else (

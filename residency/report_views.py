@@ -307,5 +307,5 @@ def show_probe_banner(probes: Mapping[str, Mapping[str, Any]], source: str) -> N
         return
     from residency.experiments import versions  # no torch at import
 
-    kind = next(iter(probes))
-    show_banner(live_manifest(kind, versions=versions()))
+    label, first = next(iter(probes.items()))
+    show_banner(live_manifest(str(first.get("device_kind", label)), versions=versions()))

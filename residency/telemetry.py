@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -133,7 +134,15 @@ def telemetry_for(device: Any) -> Telemetry:
 
 
 _GENERIC_QUERIES = {"allocated": "memory_allocated", "reserved": "memory_reserved",
-                    "memory_stats": "memory_stats", "empty_cache": "empty_cache"}
+                    "memory_stats": "memory_stats", "get_memory_info": "get_memory_info",
+                    "empty_cache": "empty_cache"}
+
+POLICY_QUERIES = ("allocated", "reserved")
+"""The two queries the policy's telemetry makes; `bug_present` is decided on these."""
+
+EXTRA_GENERIC_QUERIES = ("memory_stats", "get_memory_info")
+"""Read-only generic queries the probe also calls, because vllm-ascend redirects them
+(`empty_cache` is redirected too, but the probe never calls it: it changes the cache)."""
 
 
 def query_paths() -> dict[str, dict[str, Any]]:
@@ -159,20 +168,90 @@ def query_paths() -> dict[str, dict[str, Any]]:
     return out
 
 
+VLLM_ASCEND_PATCH_MODULE = "vllm_ascend.patch.platform.patch_torch_accelerator"
+"""Importing it applies vllm-ascend's `torch.accelerator` redirection."""
+
+
+def _dist_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def setup_probe(kind: str, patch: str = "none") -> dict[str, Any]:
+    """Install `kind`'s device stack in this process and apply the accelerator `patch`.
+
+    `patch="vllm-ascend"`: on `emulated-npu` the emulated redirection
+    (`residency.emulated.patches`), on `npu` the installed vllm-ascend's own patch module,
+    whatever that version redirects. Returns `accelerator_patch`, `patch_source` (what applied
+    it, None without a patch) and `vllm_ascend` (the installed distribution's version, or None:
+    detected, never assumed).
+
+    Raises:
+        ValueError: a patch on a kind other than `npu`/`emulated-npu`, an unknown patch, or
+            vllm-ascend's patch module cannot be imported (with the reason).
+    """
+    from residency.devicemodel import ACCELERATOR_PATCHES
+
+    if patch not in ACCELERATOR_PATCHES:
+        raise ValueError(f"The value for `--accelerator-patch` must be one of "
+                         f"{list(ACCELERATOR_PATCHES)}, but {patch!r} was passed.")
+    if patch != "none" and kind not in ("npu", "emulated-npu"):
+        raise ValueError("--accelerator-patch needs an npu or emulated-npu device")
+    installed = _dist_version("vllm-ascend")
+    source = None
+    if kind == "emulated-npu":
+        from residency.emulated import DeviceModel, install_emulated_npu
+
+        install_emulated_npu(model=DeviceModel(compute="real", accelerator_patch=patch))
+        source = "residency.emulated.patches (emulated vllm-ascend redirection)" \
+            if patch != "none" else None
+    elif kind == "npu":
+        import importlib
+
+        import torch_npu  # noqa: F401  - registers torch.npu
+        if patch == "vllm-ascend":
+            if installed is None:
+                raise ValueError("--accelerator-patch vllm-ascend: vllm-ascend is not "
+                                 "installed here (no distribution `vllm-ascend`)")
+            try:  # importing the module applies vllm-ascend's patch, whatever it redirects
+                importlib.import_module(VLLM_ASCEND_PATCH_MODULE)
+            except Exception as exc:  # noqa: BLE001 - any failure: the patch cannot be applied
+                raise ValueError(f"--accelerator-patch vllm-ascend: vllm-ascend {installed}'s "
+                                 f"patch cannot be imported ({type(exc).__name__}: {exc})"
+                                 ) from None
+            source = f"{VLLM_ASCEND_PATCH_MODULE} (vllm-ascend {installed})"
+    return {"accelerator_patch": patch, "patch_source": source, "vllm_ascend": installed}
+
+
 def _outcome(call: Any) -> dict[str, Any]:
     try:
         value = call()
     except Exception as exc:  # the outcome of a failing query is the evidence
         return {"ok": False, "error_type": type(exc).__name__, "error": str(exc)}
+    if isinstance(value, Mapping):  # memory_stats: how many counters, not the counters
+        return {"ok": True, "value": f"{len(value)} counters"}
     value = [int(v) for v in value] if isinstance(value, tuple) else int(value)
     return {"ok": True, "value": value}
+
+
+def _module_name(module: Any) -> str:
+    name = getattr(module, "__name__", None)
+    return name if isinstance(name, str) else f"{type(module).__module__}." \
+        f"{type(module).__qualname__}"
 
 
 def probe_queries(device: Any) -> dict[str, Any]:
     """Outcome of every query path on `device`: value, or exception type and message.
 
-    Keys: `generic` and `registered` (each `allocated`, `reserved`), `mem_get_info`,
-    `arms` (which telemetry each arm reads and whether a snapshot succeeds), `bug_present`.
+    Keys: `generic` (`allocated`, `reserved`, then `memory_stats` and `get_memory_info`;
+    each also with `path`, the function that answered or raised, and `redirected`),
+    `registered` (`allocated`, `reserved`) and `registered_module` (the module's name),
+    `mem_get_info`, `arms` (which telemetry each arm reads and whether a snapshot succeeds),
+    `bug_present` (decided on `POLICY_QUERIES`) and `verdict`.
     """
     import torch
 
@@ -181,10 +260,11 @@ def probe_queries(device: Any) -> dict[str, Any]:
     def registered(name: str) -> Any:
         return lambda: getattr(torch.get_device_module(device), name)(device)
 
-    generic = {
-        "allocated": _outcome(lambda: torch.accelerator.memory_allocated(device)),
-        "reserved": _outcome(lambda: torch.accelerator.memory_reserved(device)),
-    }
+    def generic_call(name: str) -> Any:  # looked up at call time: a patch may replace it
+        return lambda: getattr(torch.accelerator, name)(device)
+
+    generic = {query: _outcome(generic_call(_GENERIC_QUERIES[query]))
+               for query in (*POLICY_QUERIES, *EXTRA_GENERIC_QUERIES)}
     module = {
         "allocated": _outcome(registered("memory_allocated")),
         "reserved": _outcome(registered("memory_reserved")),
@@ -198,16 +278,21 @@ def probe_queries(device: Any) -> dict[str, Any]:
             snapshot, error = None, str(exc)
         arms[arm] = {"telemetry": source.name, "snapshot": snapshot, "error": error}
     arms["always-release"] = {"telemetry": None, "snapshot": None, "error": None}
-    generic_ok = all(v["ok"] for v in generic.values())
+    generic_ok = all(generic[q]["ok"] for q in POLICY_QUERIES)
     module_ok = all(v["ok"] for v in module.values())
     paths = query_paths()
     for key, outcome in generic.items():
         outcome["path"] = paths[key]["function"]
         outcome["redirected"] = paths[key]["redirected"]
+    try:
+        module_name: str | None = _module_name(torch.get_device_module(device))
+    except Exception:  # no module registered for this device type: the outcomes say so
+        module_name = None
     return {
         "device": str(device),
         "generic": generic,
         "registered": module,
+        "registered_module": module_name,
         "mem_get_info": _outcome(registered("mem_get_info")),
         "arms": arms,
         # the bug: generic query fails where the registered module answers
@@ -223,6 +308,9 @@ def _sequence(generic: dict[str, dict[str, Any]]) -> str:
         how = " (redirected to the device module)" if reserved.get("redirected") else ""
         return (f"; the generic sequence fails on its second query: memory_reserved answers"
                 f"{how}, memory_allocated raises")
+    if allocated["ok"] and allocated.get("redirected"):
+        return ("; memory_allocated is redirected too (as vllm-ascend's PR #12344 does), so "
+                "the generic sequence answers")
     return ""
 
 

@@ -738,6 +738,15 @@ def test_probe_shows_which_function_answered_each_query(
     assert ("second query" in result["verdict"]) is reserved_ok
     if reserved_redirected:
         assert generic["reserved"]["path"].endswith("EmulatedNPU.memory_reserved")
+    # the other queries vllm-ascend redirects: answered through the patch, raised without it
+    for query in ("memory_stats", "get_memory_info"):
+        assert (generic[query]["ok"], generic[query]["redirected"]) == (
+            reserved_ok, reserved_redirected), query
+    if not reserved_ok:
+        assert "not a DeviceAllocator" in generic["get_memory_info"]["error"]
+    assert result["registered_module"] == "residency.emulated.npu"  # the module's __name__
+    assert result["vllm_ascend"] is None  # detected: not installed here
+    assert (result["patch_source"] is not None) is reserved_redirected
 
 
 def test_probe_patch_needs_an_npu_device() -> None:

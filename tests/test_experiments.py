@@ -113,6 +113,42 @@ def test_profiled_pair_and_alternating_complete(tmp_path) -> None:
     assert len(m["runs"]) == 4 and not any(r["profiled"] for r in m["runs"])
 
 
+def test_pair_under_the_vllm_ascend_patch_records_the_second_querys_error(tmp_path) -> None:
+    """`residency pair --accelerator-patch vllm-ascend`: the baseline's normal calls fail on
+    memory_allocated after memory_reserved answered (as inside a real vLLM-Omni process on
+    Ascend), the candidate still retains, and the API notebook reads that sequence back."""
+    import subprocess
+
+    from residency import notebook as nb
+    from residency.rundir import load_run
+
+    out = tmp_path / "patched"
+    proc = subprocess.run(
+        [sys.executable, "-m", "residency.cli", "pair", "--design", "alternating",
+         "--pairs", "1", "--device", "emulated-npu", "--ranks", "2", "--steps", "2",
+         "--scale", "0.02", "--resident-mib", "256", "--no-progress", "--out", str(out),
+         "--accelerator-patch", "vllm-ascend"], capture_output=True, text=True, check=False,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert proc.returncode == 0, proc.stderr
+    m = manifest(out)
+    assert m["params"]["emulated_npu"]["accelerator_patch"] == "vllm-ascend"
+    normal = {}
+    for entry in m["runs"]:
+        rows = [json.loads(x) for x in
+                (out / entry["dir"] / "decisions-rank0.jsonl").read_text().splitlines()]
+        normal[entry["arm"]] = [r for r in rows if r["kind"] == "normal"]
+    assert normal["baseline"] and all(
+        r["reason"] == "telemetry-unavailable"
+        and r["error"].endswith("not a DeviceAllocator. [query: "
+                                "torch.accelerator.memory_allocated]")
+        for r in normal["baseline"]), normal["baseline"][0]["error"]
+    assert {r["outcome"] for r in normal["candidate"]} == {"retained"}
+    entry = nb.api_from_run(load_run(out))
+    assert entry["accelerator_patch"] == "vllm-ascend" and entry["bug_present"] is True
+    assert entry["generic"]["reserved"]["ok"] is True
+    assert entry["generic"]["allocated"]["ok"] is False
+
+
 def test_external_service_file_runs_the_builtin_as_stand_in(tmp_path) -> None:
     service_file = tmp_path / "builtin.toml"
     service_file.write_text(f"""

@@ -74,6 +74,8 @@ BAD = [
         "the recorded run's device kind 'emulated-npu', but 'cuda' was passed"),
     Bad({"output_dir": str(CONSECUTIVE / "manifest.json")}, "is a file"),
     Bad({"colour": "red"}, "The parameter `colour` is not one this notebook knows"),
+    Bad({"accelerator_patch": "yes"},
+        "`accelerator_patch` must be one of ['none', 'vllm-ascend', 'both'], but 'yes'"),
     Bad({"service": "/nonexistent/svc.toml"},
         "`service` must be a usable service file, but /nonexistent/svc.toml: service file "
         "not found"),
@@ -348,6 +350,103 @@ def test_api_from_a_recorded_run_detects_the_bug() -> None:
     assert "never assumed" in nb.verdict_markdown(probes)
 
 
+def _cell(table: Any, patch: str, call: str) -> dict:
+    (row,) = table[(table["accelerator patch"] == patch) & (table["call"] == call)].to_dict(
+        "records")
+    return row
+
+
+def test_api_from_a_run_under_the_vllm_ascend_patch_shows_the_second_query_raising(
+        tmp_path: Path) -> None:
+    """A run whose baseline failed on `[query: torch.accelerator.memory_allocated]` (as
+    under vllm-ascend's patch): reserved answered, allocated raised; the row names the
+    patch the manifest recorded."""
+    run = tmp_path / "patched"
+    shutil.copytree(PAIRED, run)
+    m = json.loads((run / "manifest.json").read_text())
+    m["params"]["emulated_npu"] = {"accelerator_patch": "vllm-ascend"}
+    (run / "manifest.json").write_text(json.dumps(m))
+    for path in run.glob("runs/*-baseline/decisions-rank*.jsonl"):
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        for r in rows:
+            if r["error"]:
+                r["error"] += " [query: torch.accelerator.memory_allocated]"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    entry = nb.api_from_run(load_run(run, verify=False))  # edited: no longer matches its seal
+    probes = {nb.row_label(entry): entry}
+    assert list(probes) == ["emulated-npu + vllm-ascend"]
+    assert entry["generic"]["reserved"] == {"ok": True, "value": None}
+    assert entry["generic"]["allocated"]["ok"] is False
+    assert entry["generic"]["allocated"]["error"].endswith("not a DeviceAllocator.")
+    assert entry["bug_present"] is True and "second query" in entry["verdict"]
+    table = nb.probe_table(probes)
+    reserved = _cell(table, "vllm-ascend", "torch.accelerator.memory_reserved(d)")
+    assert (reserved["outcome"], reserved["value (bytes) or exception"]) == (
+        "ok", "answered (value not recorded)")
+
+
+def test_api_probe_detects_what_it_cannot_run_under_the_patch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a real NPU without vllm-ascend, or on CUDA, the patched probe is not run, and its
+    row says why (detected from the plain probe, never assumed)."""
+    from residency.notebook import api
+
+    calls: list[tuple[str, str]] = []
+
+    def fake(spec: str, *, patch: str = "none", timeout_s: float) -> dict:
+        calls.append((spec, patch))
+        kind = {"auto": "npu"}.get(spec, spec)
+        return {"device_kind": kind, "accelerator_patch": patch, "vllm_ascend": None,
+                "generic": {}, "registered": {}, "bug_present": False, "verdict": "x"}
+
+    monkeypatch.setattr(api, "_run_probe", fake)
+    probes = nb.probe("auto")
+    assert list(probes) == ["npu", "npu + vllm-ascend", "cpu"]
+    assert calls == [("auto", "none"), ("cpu", "none")]  # no patched probe was started
+    assert probes["npu + vllm-ascend"]["skipped"].startswith("vllm-ascend is not installed")
+    table = nb.probe_table(probes)
+    assert _cell(table, "vllm-ascend", "")["outcome"] == "not probed"
+    cuda = nb.probe("cuda", accelerator_patch="vllm-ascend")
+    assert list(cuda) == ["cuda + vllm-ascend"]
+    assert "NPU devices only" in cuda["cuda + vllm-ascend"]["skipped"]
+    assert nb.api_results(cuda)["device_kind"] == "cuda"
+
+
+def test_api_probe_on_the_emulated_npu_shows_both_rows() -> None:
+    """Plain PyTorch: both generic queries raise. Under the emulated vllm-ascend patch:
+    memory_reserved answers through the redirect, memory_allocated raises PyTorch's own
+    error."""
+    probes = nb.probe("emulated-npu")  # accelerator_patch="both" by default
+    assert list(probes) == ["emulated-npu", "emulated-npu + vllm-ascend"]
+    table = nb.probe_table(probes)
+    detail = "value (bytes) or exception"
+    plain = _cell(table, "none", "torch.accelerator.memory_reserved(d)")
+    assert plain["outcome"] == "error" and "not a DeviceAllocator" in plain[detail]
+    assert plain["function that ran"].endswith("memory_reserved (PyTorch's own)")
+    reserved = _cell(table, "vllm-ascend", "torch.accelerator.memory_reserved(d)")
+    assert reserved["outcome"] == "ok" and reserved[detail].isdigit()
+    assert reserved["function that ran"] == \
+        "residency.emulated.device.EmulatedNPU.memory_reserved (redirected)"
+    allocated = _cell(table, "vllm-ascend", "torch.accelerator.memory_allocated(d)")
+    assert allocated["outcome"] == "error"
+    assert "Allocator for npu is not a DeviceAllocator" in allocated[detail]
+    assert allocated["function that ran"] == \
+        "torch.accelerator.memory.memory_allocated (PyTorch's own)"
+    for patch in ("none", "vllm-ascend"):
+        module = _cell(table, patch, "torch.get_device_module(d).memory_allocated(d)")
+        assert module["outcome"] == "ok"
+    results = nb.api_results(probes)
+    assert (results["device_kind"], results["accelerator_patch"]) == ("emulated-npu", "none")
+    patched = results["comparison"]["emulated-npu + vllm-ascend"]
+    assert patched["bug_present"] is True and "second query" in patched["verdict"]
+    verdict = nb.verdict_markdown(probes)
+    assert "with the vllm-ascend patch, applied by residency.emulated.patches" in verdict
+    assert ("Redirected: `reserved`, `memory_stats`, `get_memory_info`; PyTorch's own: "
+            "`allocated`.") in verdict
+    arms = nb.arms_table(probes)
+    assert set(arms["accelerator patch"]) == {"none", "vllm-ascend"}
+
+
 def test_probe_refuses_an_unknown_device_before_starting_anything() -> None:
     with pytest.raises(nb.ParameterError, match="`device` must be one of"):
         nb.probe("tpu")
@@ -363,7 +462,8 @@ def test_committed_notebooks_are_what_build_py_writes(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("name", "expected"), [
-    ("api_reproduction", {"device": "auto", "output_dir": None, "source": "run"}),
+    ("api_reproduction", {"device": "auto", "output_dir": None, "source": "run",
+                          "accelerator_patch": "both"}),
     ("consecutive_requests", {"device": "auto", "output_dir": None, "source": "run",
                               "ranks": 2, "requests": 3, "steps": 2, "scale": 1.0,
                               "service": None}),
@@ -541,7 +641,10 @@ def test_api_reproduction_notebook_detects_the_bug(executions: dict[str, Papermi
     r = json.loads((run.cwd / "results.json").read_text())
     assert (r["device_kind"], r["bug_present"]) == ("emulated-npu", True)
     assert r["generic"]["allocated"]["ok"] is False and r["registered"]["allocated"]["ok"]
-    assert list(r["comparison"]) == ["cpu"] and r["comparison"]["cpu"]["bug_present"] is False
+    assert list(r["comparison"]) == ["emulated-npu + vllm-ascend", "cpu"]
+    assert r["comparison"]["cpu"]["bug_present"] is False
+    patched = r["comparison"]["emulated-npu + vllm-ascend"]
+    assert patched["generic"]["reserved"]["ok"] and not patched["generic"]["allocated"]["ok"]
 
 
 @pytest.mark.slow

@@ -26,6 +26,7 @@ from residency.notebook.api import (
     arms_table,
     probe,
     probe_table,
+    row_label,
     verdict_markdown,
     versions_table,
 )
@@ -65,6 +66,7 @@ from residency.notebook.paired import (
     releases_frame,
 )
 from residency.notebook.params import (
+    ACCELERATOR_PATCH_CHOICES,
     DEVICE_SPECS,
     NOTEBOOKS,
     GateError,
@@ -75,7 +77,8 @@ from residency.notebook.params import (
 from residency.notebook.whatif import WhatIf, check_ranges, policy_whatif, whatif_results
 
 __all__ = [
-    "ARMS", "ATTRIBUTIONS", "DEVICE_SPECS", "EMULATED_LABEL", "NOTEBOOKS", "RESULTS_FILE",
+    "ACCELERATOR_PATCH_CHOICES", "ARMS", "ATTRIBUTIONS", "DEVICE_SPECS", "EMULATED_LABEL",
+    "NOTEBOOKS", "RESULTS_FILE",
     "GateError", "ParameterError", "WhatIf", "api_from_run", "api_reproduction", "api_results",
     "arms_table", "check_gates", "check_parameters", "check_ranges", "consecutive_notes",
     "consecutive_summary", "consecutive_table", "describe_run", "describe_service",
@@ -84,6 +87,6 @@ __all__ = [
     "markdown_table", "normal_call_frame", "note", "open_source", "paired_profile",
     "paired_results", "per_run_frame", "plot_fractions", "plot_idle",
     "plot_normal_calls", "policy_whatif", "prepare_output_dir", "probe", "probe_table",
-    "releases_frame", "save_figure", "statistical_note", "verdict_markdown",
+    "releases_frame", "row_label", "save_figure", "statistical_note", "verdict_markdown",
     "versions_table", "whatif_figure", "whatif_results", "write_results", "write_tables",
 ]

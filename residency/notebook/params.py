@@ -18,8 +18,12 @@ from residency.rundir import Run, RunDirError, load_run
 DEVICE_SPECS = devices.SPECS
 NOTEBOOKS = ("api_reproduction", "consecutive_requests", "paired_profile", "policy_whatif")
 
-__all__ = ["DEVICE_SPECS", "NOTEBOOKS", "GateError", "ParameterError", "check_parameters",
-           "check_output_dir", "check_device", "open_source"]
+ACCELERATOR_PATCH_CHOICES = ("none", "vllm-ascend", "both")
+"""API notebook's `accelerator_patch`: probe without a patch, with vllm-ascend's, or both."""
+
+__all__ = ["ACCELERATOR_PATCH_CHOICES", "DEVICE_SPECS", "NOTEBOOKS", "GateError",
+           "ParameterError", "check_accelerator_patch", "check_parameters", "check_output_dir",
+           "check_device", "open_source"]
 
 
 # ----------------------------------------------------------------------------- errors
@@ -79,6 +83,13 @@ def check_device(value: Any) -> str:
     if not isinstance(value, str) or value not in DEVICE_SPECS:
         raise ParameterError(f"The value for `device` must be one of {list(DEVICE_SPECS)}, "
                              f"but {value!r} was passed.")
+    return value
+
+
+def check_accelerator_patch(value: Any) -> str:
+    if not isinstance(value, str) or value not in ACCELERATOR_PATCH_CHOICES:
+        raise ParameterError(f"The value for `accelerator_patch` must be one of "
+                             f"{list(ACCELERATOR_PATCH_CHOICES)}, but {value!r} was passed.")
     return value
 
 
@@ -164,12 +175,13 @@ def check_parameters(*, designs: Sequence[str] | None = None, **params: Any) -> 
     Known names: `device` (auto|npu|cuda|emulated-npu), `output_dir` (None or a folder),
     `source` ("run" or a complete recorded run directory, of one of `designs` when given),
     `ranks`, `steps`, `requests` (integers >= 1), `pairs`, `seed` (integers >= 0), `scale`,
-    `resident_mib` (numbers > 0). With `source="run"`, an explicit `npu` or `cuda` must be
-    usable here. A recorded run must match an explicit `device`. `service` (None or a
-    service file that loads) goes with `source="run"` only, and an explicit `device` must be
-    its device kind. `aa_source` (None or a complete A/A run directory, `--design aa`) is
-    the E2E noise the unprofiled E2E delta is read against. Returns the values, with
-    `source` as "run" or an absolute path and `service` as an absolute path.
+    `resident_mib` (numbers > 0), `accelerator_patch` (none|vllm-ascend|both). With
+    `source="run"`, an explicit `npu` or `cuda` must be usable here. A recorded run must
+    match an explicit `device`. `service` (None or a service file that loads) goes with
+    `source="run"` only, and an explicit `device` must be its device kind. `aa_source`
+    (None or a complete A/A run directory, `--design aa`) is the E2E noise the unprofiled
+    E2E delta is read against. Returns the values, with `source` as "run" or an absolute
+    path and `service` as an absolute path.
     """
     out: dict[str, Any] = {}
     for name, value in params.items():
@@ -184,6 +196,8 @@ def check_parameters(*, designs: Sequence[str] | None = None, **params: Any) -> 
         elif name == "aa_source":
             out[name] = None if value is None else _check_source(
                 value, designs=("aa",), name=name, live=False)
+        elif name == "accelerator_patch":
+            out[name] = check_accelerator_patch(value)
         elif name in _INT_MINIMUM:
             out[name] = _check_int(name, value, _INT_MINIMUM[name])
         elif name in _POSITIVE:
@@ -191,6 +205,7 @@ def check_parameters(*, designs: Sequence[str] | None = None, **params: Any) -> 
         else:
             raise ParameterError(f"The parameter `{name}` is not one this notebook knows "
                                  f"(known: device, output_dir, source, service, aa_source, "
+                                 f"accelerator_patch, "
                                  f"{', '.join([*_INT_MINIMUM, *_POSITIVE])}).")
     device, source = out.get("device", "auto"), out.get("source")
     service = out.get("service")
