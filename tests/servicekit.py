@@ -7,9 +7,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -56,6 +58,31 @@ def service(tmp: Path, *args: str, ready_timeout: float = 240):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
         log.close()
+
+
+def wait_for(condition: Callable[[], bool], *, what: str,
+             proc: subprocess.Popen | None = None, thread: threading.Thread | None = None,
+             hang_guard_s: float = 300.0) -> None:
+    """Return once `condition()` holds. Fail naming `what` as soon as `proc` exits or
+    `thread` ends without it; `hang_guard_s` only stops a hung test, it is no speed check."""
+    give_up = time.monotonic() + hang_guard_s
+    while not condition():
+        if thread is not None and not thread.is_alive() and not condition():
+            raise AssertionError(f"{what}: never happened; the request ended first")
+        if proc is None:
+            time.sleep(0.05)
+        else:
+            try:
+                code = proc.wait(timeout=0.05)  # wakes at once when the process exits
+            except subprocess.TimeoutExpired:
+                pass
+            else:
+                if not condition():
+                    raise AssertionError(f"{what}: never happened; the process exited with "
+                                         f"code {code} first")
+        if time.monotonic() > give_up:
+            raise AssertionError(f"{what}: still not seen after {hang_guard_s:g} s while "
+                                 "everything kept running (hung: a guard, not a speed check)")
 
 
 def alive(pid: int) -> bool:

@@ -10,13 +10,12 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from residency.experiments import ExperimentError, run_pair
-from tests.servicekit import SMALL, alive, http, service
+from tests.servicekit import SMALL, alive, http, service, wait_for
 
 pytestmark = pytest.mark.slow
 HANGING_SERVER = r"""
@@ -58,11 +57,9 @@ def test_rank_killed_mid_request(tmp_path) -> None:
             "r", http("POST", url + "/v1/generate", {"steps": 2000, "seed": 1})))
         t.start()
         # mid-request: both ranks have recorded a decision of r0001 (no sleep to hope for it)
-        deadline = time.monotonic() + 120
-        while not all('"request_id":"r0001"' in (p.read_text() if p.exists() else "")
-                      for p in (markers / f"decisions-rank{r}.jsonl" for r in (0, 1))):
-            assert time.monotonic() < deadline, "r0001 never started"
-            time.sleep(0.05)
+        wait_for(lambda: all('"request_id":"r0001"' in (p.read_text() if p.exists() else "")
+                             for p in (markers / f"decisions-rank{r}.jsonl" for r in (0, 1))),
+                 what="both ranks recording a decision of request r0001", proc=proc, thread=t)
         os.kill(pids[1], signal.SIGKILL)
         t.join(timeout=60)
         code, body = result["r"]
@@ -150,10 +147,15 @@ def test_sigterm_during_profiling(tmp_path) -> None:
          "--device", "emulated-npu", "--ranks", "2", "--steps", "3000", "--scale", "0.02",
          "--resident-mib", "256", "--out", str(out), "--no-progress"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and not (out / "runs" / "00-baseline" / "trace-raw").is_dir():
-        time.sleep(0.2)
-    time.sleep(8.0)  # past warm-up: the measured, profiled request is running
+    decisions = out / "runs" / "00-baseline" / "decisions-rank0.jsonl"
+
+    def measured_request_running() -> bool:  # past warm-up: a measured request's decision
+        text = decisions.read_text() if decisions.exists() else ""
+        ids = [json.loads(line)["request_id"] for line in text.split("\n")[:-1]]  # whole lines
+        return any(i and not i.startswith("warmup-") for i in ids)
+
+    wait_for(measured_request_running, what="the baseline's measured, profiled request",
+             proc=proc)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "interrupted" in err
