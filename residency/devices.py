@@ -24,6 +24,7 @@ class DeviceKind:
     torch_type: str  # torch.device type of its devices
     backend: str  # torch.distributed backend of its ranks
     measurement: bool  # False: its figures are never presented as device measurements
+    device_package: str | None = None  # importing it registers torch's device module
 
 
 REGISTRY: dict[str, DeviceKind] = {}
@@ -35,7 +36,7 @@ def register(kind: DeviceKind) -> DeviceKind:
     return kind
 
 
-register(DeviceKind("npu", "Ascend NPU", "npu", "hccl", True))
+register(DeviceKind("npu", "Ascend NPU", "npu", "hccl", True, device_package="torch_npu"))
 register(DeviceKind("cuda", "CUDA GPU", "cuda", "nccl", True))
 register(DeviceKind("emulated-npu", EMULATED_LABEL, "npu", "gloo", False))
 register(DeviceKind("cpu", "CPU", "cpu", "gloo", True))

@@ -9,6 +9,7 @@ evidence. Weights are seeded random (no downloads); sizes follow `scale`.
 
 from __future__ import annotations
 
+import importlib
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -16,6 +17,7 @@ from typing import Any, Protocol
 
 import torch
 
+from residency import devices as device_kinds
 from residency import markers
 from residency.policy import BoundedAllocatorCache, Decision
 
@@ -311,9 +313,23 @@ def _add_scaled(ops: DeviceOps, target: Any, value: torch.Tensor) -> Callable[[]
 class TorchOps:
     """DeviceOps on a real torch device (cuda, npu): tensors live on the device."""
 
+    kinds = ("npu", "cuda")
+
     def __init__(self, kind: str, device: torch.device) -> None:
         self.kind, self.device = kind, device
         self._module = torch.get_device_module(device)
+
+    @classmethod
+    def open(cls, kind: str, index: int, *, devices: int = 1,
+             capacity_bytes: int | None = None) -> TorchOps:
+        """Device `index` of `kind`, made current (its registered `device_package`, e.g.
+        torch_npu, imported first)."""
+        package = device_kinds.info(kind).device_package
+        if package is not None:
+            importlib.import_module(package)  # registers torch's device module
+        device = device_kinds.torch_device(kind, index)
+        torch.get_device_module(device).set_device(index)
+        return cls(kind, device)
 
     def upload(self, host: torch.Tensor, name: str) -> torch.Tensor:
         return host.to(self.device, non_blocking=False)
@@ -341,9 +357,22 @@ class EmulatedOps:
     """DeviceOps on the emulated NPU: host-backed blocks, tasks on the device's stream."""
 
     kind = "emulated-npu"
+    kinds = ("emulated-npu",)
 
     def __init__(self, module: Any, device: torch.device) -> None:
         self.module, self.device = module, device
+
+    @classmethod
+    def open(cls, kind: str, index: int, *, devices: int = 1,
+             capacity_bytes: int | None = None) -> EmulatedOps:
+        """Device `index` of the emulated NPU, installed in this process (`devices` devices
+        of `capacity_bytes`, default 4 GiB) and made current."""
+        from residency.emulated import DEFAULT_CAPACITY_BYTES, install_emulated_npu
+
+        module = install_emulated_npu(devices=devices,
+                                      capacity_bytes=capacity_bytes or DEFAULT_CAPACITY_BYTES)
+        module.set_device(index)
+        return cls(module, device_kinds.torch_device(kind, index))
 
     def upload(self, host: torch.Tensor, name: str) -> Any:
         return self.module.to_device(host, self.device)
@@ -367,25 +396,15 @@ class EmulatedOps:
         self.module.synchronize(self.device)
 
 
+DEVICE_OPS: dict[str, type[TorchOps] | type[EmulatedOps]] = {
+    kind: cls for cls in (TorchOps, EmulatedOps) for kind in cls.kinds}
+"""Device kind -> its DeviceOps class (a new kind: one class registered here and one
+`DeviceKind` in `residency.devices`)."""
+
+
 def open_device(kind: str, index: int, *, devices: int = 1,
                 capacity_bytes: int | None = None) -> DeviceOps:
-    """DeviceOps for device `index` of `kind` (installs the emulated NPU in this process)."""
-    if kind == "emulated-npu":
-        from residency.emulated import DEFAULT_CAPACITY_BYTES, install_emulated_npu
-
-        module = install_emulated_npu(devices=devices,
-                                      capacity_bytes=capacity_bytes or DEFAULT_CAPACITY_BYTES)
-        module.set_device(index)
-        return EmulatedOps(module, torch.device("npu", index))
-    if kind == "npu":
-        import torch_npu  # noqa: F401  - registers torch.npu
-
-        torch.npu.set_device(index)
-        return TorchOps(kind, torch.device("npu", index))
-    if kind == "cuda":
-        torch.cuda.set_device(index)
-        return TorchOps(kind, torch.device("cuda", index))
-    from residency.devices import check_kind
-
-    check_kind(kind)
-    raise AssertionError(f"no device operations for registered kind {kind!r}")
+    """DeviceOps for device `index` of `kind`, through `DEVICE_OPS` (installs the emulated
+    NPU in this process). ValueError naming `device_kind` for a kind a run cannot use."""
+    return DEVICE_OPS[device_kinds.check_kind(kind)].open(
+        kind, index, devices=devices, capacity_bytes=capacity_bytes)
