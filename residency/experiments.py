@@ -36,6 +36,7 @@ from residency.rundir import Manifest, write_json_atomic
 DESIGNS = ("profiled-pair", "alternating", "paired-profile", "consecutive", "aa")
 ARMS = ("baseline", "candidate")
 STOP_GRACE_S = 30.0
+SERVICE_TMP = "tmp"  # the built-in service's TMPDIR inside its run directory, while it runs
 BUILTIN_EXPECT = {"normal_per_request": 1, "forced_per_request": 2}
 """Policy calls per rank per measured request of the built-in service (and H3 Ref2VA)."""
 
@@ -280,6 +281,7 @@ class RunningService:
     values: dict[str, Any]
     log_path: Path
     versions: dict[str, Any] | None = None  # what the service reported at `version_url`
+    tmp_dir: Path | None = None  # the service's TMPDIR, removed by `stop`
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -297,6 +299,8 @@ class RunningService:
         _signal_group(self.proc.pid, signal.SIGKILL)  # stragglers of the group, if any
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
+        if self.tmp_dir is not None:  # what a killed service could not remove itself
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
         return self.proc.returncode
 
 
@@ -325,13 +329,23 @@ def start_service(spec: ServiceSpec, arm: str, run_dir: Path, *, profiled: bool
            PARENT_PID_ENV: str(os.getpid())}
     _check_command(spec, command[0], env)
     log_path = run_dir / "service.log"
-    with open(log_path, "wb") as log:
-        # the service dies with us (SIGTERM from the kernel when this process is killed,
-        # even by SIGKILL), and the built-in one also watches our pid: no orphans
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                cwd=spec.cwd, start_new_session=True,
-                                preexec_fn=pdeathsig_preexec(signal.SIGTERM))
-    service = RunningService(proc, values, log_path)
+    tmp_dir = None
+    if spec.builtin:  # its temporary files (the rendezvous) go where `stop` removes them
+        tmp_dir = run_dir / SERVICE_TMP
+        tmp_dir.mkdir()
+        env["TMPDIR"] = str(tmp_dir)
+    try:
+        with open(log_path, "wb") as log:
+            # the service dies with us (SIGTERM from the kernel when this process is killed,
+            # even by SIGKILL), and the built-in one also watches our pid: no orphans
+            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                    cwd=spec.cwd, start_new_session=True,
+                                    preexec_fn=pdeathsig_preexec(signal.SIGTERM))
+    except BaseException:
+        if tmp_dir is not None:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise
+    service = RunningService(proc, values, log_path, tmp_dir=tmp_dir)
     try:
         _wait_healthy(spec, service)
         if spec.version_url:

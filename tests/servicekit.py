@@ -38,8 +38,11 @@ def service(tmp: Path, *args: str, ready_timeout: float = 240):
     cmd = [sys.executable, "-m", "residency.cli", "serve", "--device", "emulated-npu",
            "--port", "0", "--decisions-dir", str(markers), *args]
     log = open(tmp / "service.log", "w")  # noqa: SIM115
+    service_tmp = tmp / "service-tmp"  # its rendezvous directory outlives a SIGKILL
+    service_tmp.mkdir(exist_ok=True)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
-                            start_new_session=True)
+                            start_new_session=True,
+                            env={**os.environ, "TMPDIR": str(service_tmp)})
     try:
         deadline = time.monotonic() + ready_timeout
         url = None

@@ -20,6 +20,7 @@ from residency.experiments import (
     plan,
     run_design,
     run_pair,
+    start_service,
 )
 from tests.servicekit import alive
 
@@ -147,6 +148,30 @@ def test_pair_under_the_vllm_ascend_patch_records_the_second_querys_error(tmp_pa
     assert entry["accelerator_patch"] == "vllm-ascend" and entry["bug_present"] is True
     assert entry["generic"]["reserved"]["ok"] is True
     assert entry["generic"]["allocated"]["ok"] is False
+
+
+def test_a_sigkilled_builtin_service_leaves_no_temporary_directory(tmp_path,
+                                                                   monkeypatch) -> None:
+    """The service's rendezvous directory lives in its run directory's `tmp/` (its TMPDIR),
+    which the launcher removes after the process group is gone, even after a SIGKILL that
+    the service itself cannot clean up after."""
+    system_tmp = tmp_path / "system-tmp"  # stands in for /tmp
+    system_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(system_tmp))
+    spec = builtin_service(device_kind="emulated-npu", ranks=2, **SMALL)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    service = start_service(spec, "candidate", run_dir, profiled=False)
+    try:
+        rendezvous = list((run_dir / "tmp").glob("residency-rdzv-*"))
+        assert len(rendezvous) == 1, sorted(p.name for p in run_dir.iterdir())
+        os.killpg(service.proc.pid, signal.SIGKILL)
+        service.proc.wait(timeout=60)
+        assert rendezvous[0].is_dir()  # the killed service left it behind
+    finally:
+        service.stop()
+    assert not (run_dir / "tmp").exists()
+    assert list(system_tmp.iterdir()) == []
 
 
 def test_external_service_file_runs_the_builtin_as_stand_in(tmp_path) -> None:
