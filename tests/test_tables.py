@@ -99,8 +99,10 @@ def test_csv_and_json_round_trip() -> None:
 
 
 def test_published_table_holds_every_brief_figure() -> None:
+    """The CSV keeps every published figure at full precision; the Markdown, for people,
+    shows 4 significant digits (as the reports do)."""
     table = tables.published_table()
-    md = tables.to_markdown(table)
+    csv, md = tables.to_csv(table), tables.to_markdown(table)
     assert table.attrs["device_kind"] == "npu" and "emulated" not in table.attrs["title"]
     for figure in ("216.822-251.161 ms", "1.334-1.579 ms", "8/8 released", "0/8 released",
                    "16/16 released", "221.296680 ms", "3.164550 ms", "-218.132130 ms",
@@ -108,7 +110,13 @@ def test_published_table_holds_every_brief_figure() -> None:
                    "48/48 forced releases released", "0 telemetry errors", "0 OOM",
                    "2253.664743 s", "2239.304066 s", "-14.360677 s", "6.631556 s",
                    "3.039535 s", "3.670694 s", "0.941927 s", "every rank, in this run pair"):
+        assert figure in csv, figure
+    for figure in ("216.8-251.2 ms", "1.334-1.579 ms", "8/8 released", "221.3 ms",
+                   "3.165 ms", "-218.1 ms", "2249 s", "2244 s", "24/24 normal checks retained",
+                   "2254 s", "2239 s", "-14.36 s", "6.632 s", "0.9419 s",
+                   "every rank, in this run pair"):
         assert figure in md, figure
+    assert "221.29668" not in md and "2248.795837" not in md
     assert "2/C(16,8)" not in md  # ranks of one run: a description, no p-value
 
 
@@ -134,7 +142,7 @@ def test_cli_uses_trace_analysis_and_survives_its_failure(run_copy: Path, monkey
     monkeypatch.setitem(__import__("sys").modules, "residency.idle",
                         types.SimpleNamespace(idle_summary=summary))
     rc, out, err = _cli(str(run_copy))
-    assert (rc, err) == (0, "") and "| 180.25 ms | 2.125 ms |" in out
+    assert (rc, err) == (0, "") and "| 180.2 ms | 2.125 ms |" in out  # 4 significant digits
 
     def broken(*args: object, **kwargs: object) -> dict:
         raise ValueError("ranks do not overlap")

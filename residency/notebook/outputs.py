@@ -107,7 +107,7 @@ def write_tables(output_dir: str | os.PathLike[str], tables: Mapping[str, pd.Dat
         md = Path(output_dir) / f"{name}.md"
         csv = Path(output_dir) / f"{name}.csv"
         if "title" in table.attrs:  # for people: 4 significant digits; the CSV keeps all
-            md.write_text(humanize.round_numbers(tb.to_markdown(table)), encoding="utf-8")
+            md.write_text(tb.to_markdown(table), encoding="utf-8")
             csv.write_text(tb.to_csv(table), encoding="utf-8")
         else:
             md.write_text(humanize.markdown_table(table), encoding="utf-8")
