@@ -169,7 +169,9 @@ def query_paths() -> dict[str, dict[str, Any]]:
 
 
 VLLM_ASCEND_PATCH_MODULE = "vllm_ascend.patch.platform.patch_torch_accelerator"
-"""Importing it applies vllm-ascend's `torch.accelerator` redirection."""
+"""vllm-ascend's module that redirects `torch.accelerator` functions to `torch.npu`."""
+
+VLLM_ASCEND_PATCH_FILE = ("patch", "platform", "patch_torch_accelerator.py")
 
 
 def _dist_version(name: str) -> str | None:
@@ -181,18 +183,59 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
+def vllm_ascend_installed() -> str | None:
+    """The installed vllm-ascend's version, "installed (version unknown)" for an importable
+    `vllm_ascend` without distribution metadata, or None; imports nothing."""
+    import importlib.util
+
+    version = _dist_version("vllm-ascend")
+    if version is not None:
+        return version
+    return "installed (version unknown)" if importlib.util.find_spec("vllm_ascend") else None
+
+
+def apply_vllm_ascend_patch() -> str:
+    """Run the installed vllm-ascend's `patch/platform/patch_torch_accelerator.py` alone, as
+    the module `VLLM_ASCEND_PATCH_MODULE`: whatever that version redirects is redirected.
+    Its package `__init__`s (vLLM and every other platform patch) are not run. Needs torch's
+    `npu` device module registered first. Returns the file's path.
+
+    Raises:
+        ValueError: vllm-ascend is not installed, has no such file, or running it failed.
+    """
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("vllm_ascend")  # a top-level name: nothing is imported
+    if spec is None:
+        raise ValueError("vllm-ascend is not installed here (no importable `vllm_ascend`)")
+    places = [str(p) for p in (spec.submodule_search_locations or [])]
+    path = next((f for f in (Path(p, *VLLM_ASCEND_PATCH_FILE) for p in places)
+                 if f.is_file()), None)
+    if path is None:
+        raise ValueError(f"vllm-ascend has no {'/'.join(VLLM_ASCEND_PATCH_FILE)} (looked in "
+                         f"{', '.join(places) or 'no package directory'})")
+    module_spec = importlib.util.spec_from_file_location(VLLM_ASCEND_PATCH_MODULE, path)
+    assert module_spec is not None and module_spec.loader is not None
+    try:
+        module_spec.loader.exec_module(importlib.util.module_from_spec(module_spec))
+    except Exception as exc:  # noqa: BLE001 - any failure: the patch cannot be applied
+        raise ValueError(f"{path} failed: {type(exc).__name__}: {exc}") from None
+    return str(path)
+
+
 def setup_probe(kind: str, patch: str = "none") -> dict[str, Any]:
     """Install `kind`'s device stack in this process and apply the accelerator `patch`.
 
     `patch="vllm-ascend"`: on `emulated-npu` the emulated redirection
-    (`residency.emulated.patches`), on `npu` the installed vllm-ascend's own patch module,
-    whatever that version redirects. Returns `accelerator_patch`, `patch_source` (what applied
-    it, None without a patch) and `vllm_ascend` (the installed distribution's version, or None:
-    detected, never assumed).
+    (`residency.emulated.patches`), on `npu` the installed vllm-ascend's own patch file
+    (`apply_vllm_ascend_patch`), whatever that version redirects. Returns
+    `accelerator_patch`, `patch_source` (what applied it, None without a patch) and
+    `vllm_ascend` (`vllm_ascend_installed()`: detected, never assumed).
 
     Raises:
         ValueError: a patch on a kind other than `npu`/`emulated-npu`, an unknown patch, or
-            vllm-ascend's patch module cannot be imported (with the reason).
+            vllm-ascend's patch cannot be applied (with the reason).
     """
     from residency.devicemodel import ACCELERATOR_PATCHES
 
@@ -201,7 +244,7 @@ def setup_probe(kind: str, patch: str = "none") -> dict[str, Any]:
                          f"{list(ACCELERATOR_PATCHES)}, but {patch!r} was passed.")
     if patch != "none" and kind not in ("npu", "emulated-npu"):
         raise ValueError("--accelerator-patch needs an npu or emulated-npu device")
-    installed = _dist_version("vllm-ascend")
+    installed = vllm_ascend_installed()
     source = None
     if kind == "emulated-npu":
         from residency.emulated import DeviceModel, install_emulated_npu
@@ -210,20 +253,12 @@ def setup_probe(kind: str, patch: str = "none") -> dict[str, Any]:
         source = "residency.emulated.patches (emulated vllm-ascend redirection)" \
             if patch != "none" else None
     elif kind == "npu":
-        import importlib
-
         import torch_npu  # noqa: F401  - registers torch.npu
         if patch == "vllm-ascend":
-            if installed is None:
-                raise ValueError("--accelerator-patch vllm-ascend: vllm-ascend is not "
-                                 "installed here (no distribution `vllm-ascend`)")
-            try:  # importing the module applies vllm-ascend's patch, whatever it redirects
-                importlib.import_module(VLLM_ASCEND_PATCH_MODULE)
-            except Exception as exc:  # noqa: BLE001 - any failure: the patch cannot be applied
-                raise ValueError(f"--accelerator-patch vllm-ascend: vllm-ascend {installed}'s "
-                                 f"patch cannot be imported ({type(exc).__name__}: {exc})"
-                                 ) from None
-            source = f"{VLLM_ASCEND_PATCH_MODULE} (vllm-ascend {installed})"
+            try:
+                source = f"{apply_vllm_ascend_patch()} (vllm-ascend {installed})"
+            except ValueError as exc:
+                raise ValueError(f"--accelerator-patch vllm-ascend: {exc}") from None
     return {"accelerator_patch": patch, "patch_source": source, "vllm_ascend": installed}
 
 

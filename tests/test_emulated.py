@@ -749,6 +749,59 @@ def test_probe_shows_which_function_answered_each_query(
     assert (result["patch_source"] is not None) is reserved_redirected
 
 
+FAKE_VLLM_ASCEND_PATCH = """
+import torch
+
+def patch_empty_cache() -> None:
+    torch.npu.empty_cache()
+
+torch.accelerator.empty_cache = patch_empty_cache
+torch.accelerator.memory_stats = torch.npu.memory_stats
+torch.accelerator.memory_reserved = torch.npu.memory_reserved
+torch.accelerator.get_memory_info = torch.npu.mem_get_info
+"""
+
+
+@pytest.mark.parametrize("redirects_allocated", [False, True])
+def test_the_installed_vllm_ascend_patch_file_runs_alone_and_is_detected(
+        tmp_path: Path, subprocess_python: Callable[..., dict],
+        redirects_allocated: bool) -> None:
+    """What `residency probe --device npu --accelerator-patch vllm-ascend` does, on the
+    emulated NPU: vllm-ascend is detected without importing it, and only its
+    patch_torch_accelerator.py runs (its package __init__s import vLLM and every other
+    patch); the probe then shows what that version redirects, allocated included or not
+    (its PR #12344)."""
+    package = tmp_path / "site" / "vllm_ascend"
+    (package / "patch" / "platform").mkdir(parents=True)
+    for init in (package, package / "patch", package / "patch" / "platform"):
+        (init / "__init__.py").write_text("raise ImportError('package __init__ ran')\n")
+    extra = ("torch.accelerator.memory_allocated = torch.npu.memory_allocated\n"
+             if redirects_allocated else "")
+    (package / "patch" / "platform" / "patch_torch_accelerator.py").write_text(
+        FAKE_VLLM_ASCEND_PATCH + extra)
+    root = Path(__file__).resolve().parent.parent
+    result = subprocess_python("""
+        import json
+        from residency.emulated import install_emulated_npu
+        from residency.telemetry import (apply_vllm_ascend_patch, probe_queries,
+                                         vllm_ascend_installed)
+
+        before = vllm_ascend_installed()
+        install_emulated_npu()
+        path = apply_vllm_ascend_patch()
+        print(json.dumps({"before": before, "path": path, **probe_queries("npu:0")}))
+    """, env={**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{root}"})
+    assert result["before"] == "installed (version unknown)"
+    assert result["path"].endswith("vllm_ascend/patch/platform/patch_torch_accelerator.py")
+    generic = result["generic"]
+    assert generic["reserved"]["ok"] and generic["reserved"]["redirected"]
+    assert (generic["allocated"]["ok"], generic["allocated"]["redirected"]) == (
+        redirects_allocated, redirects_allocated)
+    assert result["bug_present"] is (not redirects_allocated)
+    assert ("memory_allocated is redirected too" in result["verdict"]) is redirects_allocated
+    assert ("second query" in result["verdict"]) is (not redirects_allocated)
+
+
 def test_probe_patch_needs_an_npu_device() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "residency.cli", "probe", "--device", "cpu",

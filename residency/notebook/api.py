@@ -57,7 +57,7 @@ def _patched_probe(kind: str, plain: Mapping[str, Any], *, timeout_s: float
                            f"devices only, and this device is {kind}")
     if not devices.emulated(kind) and plain.get("vllm_ascend") is None:
         return _not_probed(kind, _PATCH, "vllm-ascend is not installed here (no "
-                           "distribution `vllm-ascend`)")
+                           "importable `vllm_ascend`)")
     try:
         return _run_probe(kind, patch=_PATCH, timeout_s=timeout_s)
     except RuntimeError as exc:
