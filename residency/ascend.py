@@ -22,14 +22,17 @@ Layouts read (torch-npu 2.x, ``tensorboard_trace_handler`` / ``ExportType``; vLL
   The collection times in ``profiler_info_<rank>.json`` are not the reference the PR
   subtracts, so using them would misalign ranks silently.
 
-SQLite schema (`read_db`): tables and columns as torch-npu writes them
-(``torch_npu/profiler/analysis/prof_common_func/_constant.py``: ``DbConstant``,
-``TableColumnsManager``) and msprof's unified database
-(``analysis/csrc/viewer/database/finals/task_processor.cpp``: ``TASK(startNs, endNs, deviceId,
-connectionId, globalTaskId, globalPid, taskType, contextId, streamId, taskId, modelId)``,
-``taskType`` a ``STRING_IDS`` id of the host task type, or of the device SQE type for FFTS+ /
-unknown host types), read the way msprof-analyze's cluster_time_summary recipe reads them
-(``prof_exports/cluster_time_summary_export.py``: computing = ``TASK`` joined with
+SQLite schema (`read_db`): tables and columns as torch-npu writes them (Ascend/pytorch
+``torch_npu/profiler/analysis/prof_common_func/_constant.py``: ``DbConstant``,
+``TableColumnsManager``: ``STRING_IDS``, ``RANK_DEVICE_MAP``, ``PYTORCH_API``, ``CANN_API``)
+and msprof's database (Ascend/msprof ``analysis/csrc/application/database/msprof_db.cpp``:
+``TASK(startNs, endNs, deviceId, connectionId, globalTaskId, globalPid, taskType, contextId,
+streamId, taskId, modelId)``, ``COMPUTE_TASK_INFO(name, globalTaskId, blockNum, mixBlockNum,
+taskType, opType, ...)``, ``COMMUNICATION_TASK_INFO``, ``COMMUNICATION_OP``, ``MSTX_EVENTS``;
+``TASK.taskType`` a ``STRING_IDS`` id of ``TaskProcessor::GetTaskType``'s type: the host task
+type, or the device SQE type for FFTS+ / unknown host types; ``COMPUTE_TASK_INFO.taskType``
+the GE task type the text export shows), read the way msprof-analyze's cluster_time_summary
+recipe reads them (``prof_exports/cluster_time_summary_export.py``: computing = ``TASK`` joined with
 ``COMPUTE_TASK_INFO``, communication = ``COMMUNICATION_OP``, memory = ``MEMCPY_ASYNC`` tasks).
 """
 
@@ -247,13 +250,17 @@ def _is_relative(p: Any) -> bool:
 # -- SQLite export -----------------------------------------------------------------------------
 
 _REQUIRED = ("STRING_IDS", "TASK")
+# the type: the compute task's GE task type (AI_CORE, ...) when it has one, else the TASK's,
+# as msprof's text export chooses it (AscendHardwareAssembler::GetTaskType; module doc)
 _DEVICE_SQL = """
 SELECT t.startNs, t.endNs,
        COALESCE((SELECT s.value FROM {compute} ci JOIN STRING_IDS s ON s.id = ci.name
                  WHERE ci.globalTaskId = t.globalTaskId LIMIT 1),
                 (SELECT s.value FROM {comm} c JOIN STRING_IDS s ON s.id = c.name
                  WHERE c.globalTaskId = t.globalTaskId LIMIT 1), tt.value, ''),
-       COALESCE(tt.value, ''),
+       COALESCE((SELECT s.value FROM {compute} ci JOIN STRING_IDS s ON s.id = ci.taskType
+                 WHERE ci.globalTaskId = t.globalTaskId AND s.value != 'N/A' LIMIT 1),
+                tt.value, ''),
        EXISTS (SELECT 1 FROM {comm} c WHERE c.globalTaskId = t.globalTaskId)
 FROM TASK t
 LEFT JOIN STRING_IDS tt ON tt.id = t.taskType
@@ -275,11 +282,13 @@ _COMM_LANE = "Communication"
 def read_db(path: Path) -> Parsed:
     """Read a torch-npu ``ascend_pytorch_profiler_<rank>.db`` (or msprof database) with the
     standard library, into the columns a text export gives: every ``TASK`` row a device task
-    (type from ``STRING_IDS``; its name, from ``COMPUTE_TASK_INFO``, kept as
-    ``device_names``), except those listed in ``COMMUNICATION_TASK_INFO``, which with the
-    ``COMMUNICATION_OP`` operations are ranges of the ``Communication`` lane as in the text
-    export; ``PYTORCH_API`` (lane ``Python``), ``CANN_API`` (``CANN``) and ``MSTX_EVENTS``
-    (``MsTx``) rows host ranges; the rank from ``RANK_DEVICE_MAP``.
+    (type: its ``COMPUTE_TASK_INFO.taskType`` when it has one, else ``TASK.taskType``, both
+    through ``STRING_IDS``, as the text export's ``Task Type``; its name, from
+    ``COMPUTE_TASK_INFO``, kept as ``device_names``), except those listed in
+    ``COMMUNICATION_TASK_INFO``, which with the ``COMMUNICATION_OP`` operations are ranges of
+    the ``Communication`` lane as in the text export; ``PYTORCH_API`` (lane ``Python``),
+    ``CANN_API`` (``CANN``) and ``MSTX_EVENTS`` (``MsTx``) rows host ranges; the rank from
+    ``RANK_DEVICE_MAP``.
 
     Raises:
         TraceError: not a SQLite database, or a required table (``STRING_IDS``, ``TASK``)
@@ -296,7 +305,7 @@ def read_db(path: Path) -> Parsed:
                 raise TraceError(path, f"no table {table}: not a torch-npu profiler database "
                                  f"(tables: {', '.join(sorted(tables)) or 'none'})")
         compute = ("COMPUTE_TASK_INFO" if "COMPUTE_TASK_INFO" in tables else
-                   "(SELECT NULL AS globalTaskId, NULL AS name WHERE 0)")
+                   "(SELECT NULL AS globalTaskId, NULL AS name, NULL AS taskType WHERE 0)")
         comm = ("COMMUNICATION_TASK_INFO" if "COMMUNICATION_TASK_INFO" in tables else
                 "(SELECT NULL AS globalTaskId, NULL AS name WHERE 0)")
         rows = con.execute(_DEVICE_SQL.format(compute=compute, comm=comm)).fetchall()
