@@ -531,6 +531,50 @@ def test_views_write_and_show_the_paired_figures(tmp_path: Path, shown: list) ->
     assert rv.write_timeline(run, (run.runs[2], run.runs[3]), tmp_path) is None  # no traces
 
 
+def test_views_memory_timeline_of_the_profiled_pair(tmp_path: Path, shown: list,
+                                                   capsys: pytest.CaptureFixture) -> None:
+    """Emulated-NPU traces with memory records: the figure is written and shown with the
+    device kind, every record saved, and what each release handed back (the baseline's
+    empty_cache returns the reserved block; the candidate's release returns nothing)."""
+    from types import SimpleNamespace
+
+    from residency import report_views as rv
+    from residency.rundir import load_run
+    from tests.memorytraces import record
+
+    held = {}
+    pair = []
+    for arm, release in (("baseline", True), ("candidate", False)):
+        trace_dir = tmp_path / arm / "trace"
+        held[arm] = record(trace_dir / "rank0.trace.json", release=release)
+        pair.append(SimpleNamespace(arm=arm, trace_dir=trace_dir))
+    run = SimpleNamespace(device_kind="emulated-npu")
+    out = tmp_path / "out"
+    out.mkdir()
+    assert rv.write_memory_timeline(run, pair, out) == out / "memory_timeline.png"
+    assert reports.png_size(out / "memory_timeline.png")[1] > 300
+    fig, table = shown
+    assert LABEL in fig._suptitle.get_text() and "Kineto [memory] events" in (
+        fig._suptitle.get_text())
+    assert [ax.get_title() for ax in fig.axes] == [
+        f"baseline, rank 0: peak reserved {humanize.bytes_text(held['baseline'])}",
+        f"candidate, rank 0: peak reserved {humanize.bytes_text(held['candidate'])}"]
+    labels = {t.get_text() for t in fig.legends[0].get_texts()}
+    assert labels == {"reserved", "allocated", "normal release"}
+    records = pd.read_csv(out / "memory_timeline.csv")
+    assert set(records["arm"]) == {"baseline", "candidate"} and set(records["rank"]) == {0}
+    released = pd.read_csv(out / "memory_timeline_releases.csv").set_index("arm")
+    assert released.loc["baseline", "released_bytes"] == held["baseline"] > 0
+    assert released.loc["candidate", "released_bytes"] == 0
+    assert LABEL in table.data and humanize.bytes_text(held["baseline"]) in table.data
+    # the recorded runs were profiled before the export wrote memory records: it says so
+    recorded = load_run(RECORDED)
+    shown.clear()
+    assert rv.write_memory_timeline(recorded, (recorded.runs[0], recorded.runs[1]),
+                                    tmp_path) is None
+    assert "hold no device-memory records" in capsys.readouterr().out and not shown
+
+
 def test_views_whatif_small_tables_and_full_csv(tmp_path: Path, shown: list) -> None:
     from residency import report_views as rv
     from residency import whatif

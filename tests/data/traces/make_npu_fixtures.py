@@ -121,8 +121,11 @@ def profiler_info(rank: int) -> str:
                        "rank_id": rank, "torch_npu_version": "2.10.0"}) + "\n"
 
 
-# memory_record.csv of rank 0 (profile_memory=True): (component, us, allocated MB, reserved MB)
+# memory_record.csv of rank 0 (profile_memory=True): (component, us, allocated MB, reserved MB);
+# torch-npu (MemoryViewParser) also writes PTA+GE sums and APP rows (the process as the driver
+# sees it, whose allocated column holds KB, unconverted)
 MEMORY = [("PTA", 100, "512.000", "1024.000"), ("GE", 120, "4.000", "8.000"),
+          ("PTA+GE", 120, "516.000", "1032.000"), ("APP", 130, "2097152", "2048.000"),
           ("PTA", 500, "512.500", "1024.000"), ("PTA", 690, "256.250", "256.250")]
 
 
