@@ -308,10 +308,11 @@ def memory_timeline_figure(memory: Mapping[str, pd.DataFrame],
     arms = [a for a in ARMS if a in memory] + [a for a in memory if a not in ARMS]
     ranks = sorted({int(r) for m in memory.values() for r in m["rank"].unique()}
                    | {int(r) for m in releases.values() for r in m["rank"].unique()}) or [0]
-    fig = _figure(figsize=(6.2 * len(ranks), 3.4 * max(1, len(arms))))
+    fig = _figure(figsize=(max(10.0, 6.2 * len(ranks)), 3.4 * max(1, len(arms))))
     axes = fig.subplots(max(1, len(arms)), len(ranks), squeeze=False, sharex=True,
                         sharey=True)
     peak = max([float(m["reserved_bytes"].max()) for m in memory.values() if len(m)] or [GIB])
+    unit, scale = ("GiB", GIB) if peak >= GIB else ("MiB", float(1 << 20))
     records = 0
     for i, arm in enumerate(arms):
         origin = int(origins_ns.get(arm, 0))
@@ -331,10 +332,10 @@ def memory_timeline_figure(memory: Mapping[str, pd.DataFrame],
                 ax.axvline((int(start) - origin) / 1e9, color=RELEASE[kind], lw=0.8, zorder=2)
             if len(mine):
                 xs = (mine["ts_ns"].to_numpy(np.int64) - origin) / 1e9
-                ax.step(xs, mine["reserved_bytes"].to_numpy(float) / GIB, where="post",
-                        color="tab:blue", lw=1.4, label="reserved", zorder=3)
-                ax.step(xs, mine["allocated_bytes"].to_numpy(float) / GIB, where="post",
-                        color="tab:green", lw=1.2, ls="--", label="allocated", zorder=3)
+                ax.step(xs, mine["reserved_bytes"].to_numpy(float) / scale, where="post",
+                        color="tab:blue", lw=2.2, label="reserved", zorder=3)
+                ax.step(xs, mine["allocated_bytes"].to_numpy(float) / scale, where="post",
+                        color="tab:green", lw=1.2, ls="--", label="allocated", zorder=4)
                 ax.set_title(f"{arm}, rank {rank}: peak reserved "
                              f"{bytes_text(mine['reserved_bytes'].max())}", fontsize=10)
             else:
@@ -343,16 +344,17 @@ def memory_timeline_figure(memory: Mapping[str, pd.DataFrame],
             if i == len(arms) - 1:
                 ax.set_xlabel("s from the request start (each arm's own run)")
             if j == 0:
-                ax.set_ylabel("GiB")
-            ax.set_ylim(-0.03 * peak / GIB, peak / GIB * 1.08)
+                ax.set_ylabel(unit)
+            ax.set_ylim(-0.03 * peak / scale, peak / scale * 1.08)
             ax.grid(alpha=0.3)
             _sig_axis(ax)
             _sig_axis(ax, "x")
     _legend(fig, [ax for row in axes for ax in row], loc="outside right center")
     fig.suptitle(figure_title(
-        "Device memory over time from the profiled pair's traces: the caching allocator's "
-        "reserved and allocated bytes after each change, with the releases", device_kind,
-        f"n = 1 profiled run per arm, {len(ranks)} ranks, {records} records; {source}"))
+        "Device memory in the profiled pair's traces: the caching allocator's reserved and "
+        "allocated bytes after each change, with the releases", device_kind,
+        f"n = 1 profiled run per arm, {len(ranks)} rank{'s' * (len(ranks) != 1)}, "
+        f"{records} records; {source}"))
     return fig
 
 
