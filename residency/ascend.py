@@ -52,7 +52,7 @@ from residency.tracefiles import TraceError
 from residency.traceformats import Parsed
 
 __all__ = ["AscendSession", "RELATIVE_LIMIT_NS", "align_clocks", "choose_sessions",
-           "find_sessions", "read_db"]
+           "find_sessions", "read_db", "read_db_memory"]
 
 OUTPUT_DIR = "ASCEND_PROFILER_OUTPUT"
 TRACE_VIEW = "trace_view.json"
@@ -334,6 +334,40 @@ def read_db(path: Path) -> Parsed:
                   _times(path, [r[:2] for r in host]), _texts([r[2] for r in host]), 0, task,
                   np.full(len(host), -1, np.int16), lane, tuple(types), tuple(lanes),
                   device_names=_texts([r[2] for r in device]))
+
+
+_MEMORY_SQL = """
+SELECT m.timestamp, m.totalAllocated, m.totalReserved, COALESCE(s.value, '')
+FROM MEMORY_RECORD m LEFT JOIN STRING_IDS s ON s.id = m.component
+ORDER BY m.timestamp
+"""
+
+
+def read_db_memory(path: Path) -> list[tuple[int, int, int, str]]:
+    """The ``MEMORY_RECORD`` rows of a torch-npu database (``profile_memory=True``), as
+    ``(ts_ns, allocated_bytes, reserved_bytes, component)``: torch-npu writes ``timestamp`` in
+    ns and the totals in bytes, ``component`` a ``STRING_IDS`` id of PTA, GE, PTA+GE or
+    WORKSPACE (``prof_view/prof_db_parse/_memory_db_parser.py``, ``TableColumnsManager``).
+    No such table: no rows. Rows whose values are not integers are left out.
+
+    Raises:
+        TraceError: not a SQLite database, or the table cannot be read.
+    """
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise TraceError(path, f"cannot open the database: {exc}") from None
+    try:
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "MEMORY_RECORD" not in tables:
+            return []
+        rows = con.execute(_MEMORY_SQL).fetchall()
+    except sqlite3.DatabaseError as exc:
+        raise TraceError(path, f"cannot read the table MEMORY_RECORD: {exc}") from None
+    finally:
+        con.close()
+    return [(t, a, r, str(c)) for t, a, r, c in rows
+            if type(t) is int and type(a) is int and type(r) is int]
 
 
 def _times(path: Path, rows: list[tuple[Any, Any]]) -> np.ndarray:

@@ -12,6 +12,8 @@ Sources, read for each rank of a loaded `TraceSet`:
   The ``PTA`` component is the PyTorch caching allocator; ``GE``, ``PTA+GE`` and ``APP`` are
   kept with their component named (torch-npu's ``MemoryViewParser`` in
   ``torch_npu/profiler/analysis/prof_view/_memory_view_parser.py`` writes them all).
+* torch-npu's SQLite export (``ExportType.Db``): the ``MEMORY_RECORD`` table of
+  ``ascend_pytorch_profiler_<rank>.db`` (ns, bytes; read by `residency.ascend.read_db_memory`).
 
 Release markers (`release_markers`) are the host ranges matching ``residency.release[...]``.
 `release_drops` says, per release marker, how much reserved memory the allocator handed back
@@ -148,6 +150,10 @@ def memory_timeline(traces: TraceSet) -> pd.DataFrame:
     for rank, t in traces.ranks.items():
         if traces.format == "kineto":
             rows, source = _kineto_rows(t.source), t.source
+        elif t.source.suffix == ".db":  # the SQLite export: its MEMORY_RECORD table
+            from residency.ascend import read_db_memory
+
+            rows, source = read_db_memory(t.source), t.source
         else:
             source = t.source.parent / MEMORY_RECORD
             rows = _record_rows(source) if source.is_file() else []

@@ -97,6 +97,18 @@ def test_release_drops_on_kineto_memory_events(tmp_path):
     assert drops["released_bytes"].isna().tolist() == [False, True]
 
 
+def test_memory_of_the_db_export_is_the_text_exports():
+    """The DB's MEMORY_RECORD table (ns, bytes) holds rank 0's records but APP (the driver's
+    view goes to other tables): the same rows as memory_record.csv, to the byte."""
+    text = memory_timeline(load(DATA / "ascend_real"))
+    db = memory_timeline(load(DATA / "ascend_real_db"))
+    cols = ["rank", "ts_ns", "allocated_bytes", "reserved_bytes", "component"]
+    assert db[cols].values.tolist() == text[text["component"] != "APP"][cols].values.tolist()
+    assert db["source"].str.endswith("ascend_pytorch_profiler_0.db").all()
+    assert allocator_memory(db)["reserved_bytes"].tolist() == [
+        1024 * MIB, 1024 * MIB, 256 * MIB + MIB // 4]
+
+
 def test_memory_record_without_a_column_names_it(tmp_path):
     d = copy("ascend_real", tmp_path)
     record = next(d.glob("*/ASCEND_PROFILER_OUTPUT/memory_record.csv"))

@@ -12,7 +12,8 @@
   of torch-npu's ``TableColumnsManager`` and msprof's ``TASK`` table (host task types in
   ``TASK.taskType``, as msprof's ``TaskProcessor::GetTaskType`` stores them).
 * ascend_real/'s rank 0 also has ``ASCEND_PROFILER_OUTPUT/memory_record.csv`` (torch-npu's
-  header; timestamps end in a tab, as torch-npu writes them).
+  header; timestamps end in a tab, as torch-npu writes them), and ascend_real_db/'s rank 0 the
+  same records (but APP) in its ``MEMORY_RECORD`` table (ns, bytes).
 
 Times: integer microseconds after EPOCH_US, so tests can check them on a 1-us grid.
 """
@@ -178,7 +179,15 @@ SCHEMA = {  # torch-npu's own tables (_constant.py, TableColumnsManager) and msp
     "CANN_API": "startNs INTEGER, endNs INTEGER, type INTEGER, globalTid INTEGER, "
                 "connectionId INTEGER, name INTEGER",
     "RANK_DEVICE_MAP": "rankId INTEGER, deviceId INTEGER",
+    "MEMORY_RECORD": "component INTEGER, timestamp INTEGER, totalAllocated INTEGER, "
+                     "totalReserved INTEGER, totalActive INTEGER, streamPtr INTEGER, "
+                     "deviceId INTEGER",
 }
+
+
+def mib_bytes(text: str) -> int:
+    whole, _, frac = text.partition(".")
+    return int(whole) * 1024**2 + int(frac or 0) * 1024**2 // 10 ** len(frac or "")
 
 
 def ns(offset_us: int) -> int:
@@ -233,6 +242,12 @@ def write_db(path: Path, rank: int) -> None:
             con.execute("INSERT INTO CANN_API VALUES (?,?,?,?,?,?)",
                         (ns(start), ns(end), 20000, 5, 12, sid(name)))
     con.execute("INSERT INTO RANK_DEVICE_MAP VALUES (?, ?)", (rank, rank))
+    if rank == 0:  # rank 0's memory_record.csv as the DB holds it: ns, bytes; no APP rows
+        for component, t, alloc, res in MEMORY:
+            if component != "APP":
+                con.execute("INSERT INTO MEMORY_RECORD VALUES (?,?,?,?,?,?,?)",
+                            (sid(component), ns(t), mib_bytes(alloc), mib_bytes(res),
+                             mib_bytes(alloc), 94571714520304, rank))
     con.commit()
     con.close()
 
