@@ -13,8 +13,9 @@ Layouts read (torch-npu 2.x, ``tensorboard_trace_handler`` / ``ExportType``; vLL
   different processes, so one group is analysed at a time.
 * Rank: ``profiler_info_<rank>.json`` (a plain ``profiler_info.json``, written without
   torch.distributed, is rank 0), else ``ascend_pytorch_profiler_<rank>.db``, else a
-  ``rank<N>`` folder *below* the given root, never the ``*_ascend_pt`` directory's own name
-  (it starts with the host name: ``gpu-rank7-a_...`` is not rank 7).
+  ``[<group>_]rank<N>`` folder *below* the given root, never the ``*_ascend_pt`` directory's
+  own name (it starts with the host name: ``gpu-rank7-a_...`` is not rank 7) nor a folder
+  named after a host (``gpu-rank7/``: host names have no ``_``).
 * Times: torch-npu writes absolute epoch microseconds. Ascend/pytorch PR #156 (open) would
   write them as numbers relative to the trace's own start (its ``_normalize_timestamps``),
   recording no offset; `align_clocks` detects times that cannot be epoch microseconds and
@@ -59,7 +60,9 @@ TRACE_VIEW = "trace_view.json"
 _DIR_RE = re.compile(r"^(?P<worker>.+)_(?P<pid>\d+)_(?P<time>\d{17})_ascend_pt$")
 _INFO_RE = re.compile(r"profiler_info_(\d+)\.json")
 _DB_RE = re.compile(r"ascend_pytorch_profiler_(\d+)\.db")
-_COMPONENT_RE = re.compile(r"^(?:(?P<group>.*?)[_\-.])?rank[_-]?(?P<rank>\d+)$", re.IGNORECASE)
+# "[<group>_]rank<N>": "_" never occurs in host names (RFC 1123), so a folder named after a host
+# ("gpu-rank7", "node.rank7") is no rank folder
+_COMPONENT_RE = re.compile(r"^(?:(?P<group>\w+?)_)?rank[_-]?(?P<rank>\d+)$", re.IGNORECASE)
 RELATIVE_LIMIT_NS = 10**17  # 1e17 ns after the epoch is in 1973: earlier, not epoch times
 
 

@@ -175,6 +175,13 @@ def test_hostname_with_rank7_is_never_a_rank(tmp_path):
         info.unlink()
     with pytest.raises(TraceError, match=r"cannot tell the rank of .*gpu-rank7-a_1001"):
         load_traces(d, cache=False)
+    for i, sub in enumerate(sorted(d.iterdir())):  # folders named after hosts: no rank either
+        host = d / ("gpu-rank7", "node.rank8")[i]
+        host.mkdir()
+        sub.rename(host / sub.name)
+    with pytest.raises(TraceError, match=r"cannot tell the rank of .*gpu-rank7/gpu-rank7-a_1001"
+                                         r".*node\.rank8/gpu-rank7-a_1002"):
+        load_traces(d, cache=False)
 
 
 def test_rank_from_a_folder_below_the_root_and_groups(tmp_path):
