@@ -109,6 +109,21 @@ def test_memory_of_the_db_export_is_the_text_exports():
         1024 * MIB, 1024 * MIB, 256 * MIB + MIB // 4]
 
 
+def test_db_memory_table_without_a_column_names_the_table(tmp_path):
+    import sqlite3
+
+    d = copy("ascend_real_db", tmp_path)
+    db = next(d.glob("*_1001_*/ASCEND_PROFILER_OUTPUT/*.db"))
+    con = sqlite3.connect(db)
+    con.execute("DROP TABLE MEMORY_RECORD")
+    con.execute("CREATE TABLE MEMORY_RECORD (component INTEGER, totalReserved INTEGER)")
+    con.commit()
+    con.close()
+    with pytest.raises(TraceError, match=r"ascend_pytorch_profiler_0\.db: cannot read the table "
+                                         r"MEMORY_RECORD: no such column"):
+        memory_timeline(load(d))
+
+
 def test_memory_record_without_a_column_names_it(tmp_path):
     d = copy("ascend_real", tmp_path)
     record = next(d.glob("*/ASCEND_PROFILER_OUTPUT/memory_record.csv"))
