@@ -292,6 +292,32 @@ def memory_figure(decisions: pd.DataFrame, *, device_kind: str,
     return fig
 
 
+def _envelope(ts_ns: np.ndarray, *series: np.ndarray, bins: int = PIXELS) -> np.ndarray:
+    """Indices of the points to draw of step series sampled at `ts_ns` (sorted): all of them
+    when there are at most 4 * `bins`, else per time bin the first and last point and each
+    series' minimum and maximum, so the drawn steps keep every peak and trough a pixel can
+    show. The figures' numbers come from the full series, never from what is drawn."""
+    n = len(ts_ns)
+    if n <= 4 * bins:
+        return np.arange(n)
+    lo, hi = int(ts_ns[0]), int(ts_ns[-1])
+    edges = np.searchsorted(ts_ns, np.linspace(lo, hi, bins + 1)[1:-1], side="left")
+    starts = np.r_[0, edges]
+    keep = [starts, np.r_[edges - 1, n - 1]]
+    for values in series:
+        order = np.lexsort((np.arange(n), values))  # by value; the bin is found by position
+        ranks = np.empty(n, np.int64)
+        ranks[order] = np.arange(n)
+        bin_of = np.searchsorted(edges, np.arange(n), side="right")
+        first_min = np.full(bins, n, np.int64)
+        np.minimum.at(first_min, bin_of, ranks)
+        last_max = np.full(bins, -1, np.int64)
+        np.maximum.at(last_max, bin_of, ranks)
+        keep += [order[first_min[first_min < n]], order[last_max[last_max >= 0]]]
+    out = np.unique(np.concatenate(keep))
+    return out[out >= 0]
+
+
 def _release_kind(name: str) -> str:
     return next((k for k in RELEASE if f"[{k}]" in name), "normal")
 
@@ -331,10 +357,14 @@ def memory_timeline_figure(memory: Mapping[str, pd.DataFrame],
                            label=f"{kind} release", zorder=1)
                 ax.axvline((int(start) - origin) / 1e9, color=RELEASE[kind], lw=0.8, zorder=2)
             if len(mine):
-                xs = (mine["ts_ns"].to_numpy(np.int64) - origin) / 1e9
-                ax.step(xs, mine["reserved_bytes"].to_numpy(float) / scale, where="post",
+                ts = mine["ts_ns"].to_numpy(np.int64)
+                reserved = mine["reserved_bytes"].to_numpy(np.int64)
+                allocated = mine["allocated_bytes"].to_numpy(np.int64)
+                drawn = _envelope(ts, reserved, allocated)
+                xs = (ts[drawn] - origin) / 1e9
+                ax.step(xs, reserved[drawn] / scale, where="post",
                         color="tab:blue", lw=2.2, label="reserved", zorder=3)
-                ax.step(xs, mine["allocated_bytes"].to_numpy(float) / scale, where="post",
+                ax.step(xs, allocated[drawn] / scale, where="post",
                         color="tab:green", lw=1.2, ls="--", label="allocated", zorder=4)
                 ax.set_title(f"{arm}, rank {rank}: peak reserved "
                              f"{bytes_text(mine['reserved_bytes'].max())}", fontsize=10)

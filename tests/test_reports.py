@@ -307,6 +307,34 @@ def test_memory_figure_from_recorded_decisions() -> None:
             "free floor: 5 % of total", "normal call retained"} <= labels
 
 
+def test_memory_timeline_figure_draws_the_envelope_of_a_long_series() -> None:
+    """100 001 records on one rank: at most 6 points per bin of 2000 are drawn, and the one
+    spike of reserved memory and the one dip of allocated memory are among them."""
+    from residency.report_figures import memory_timeline_figure
+
+    n = 100_001
+    reserved = np.full(n, 4 << 30, np.int64)
+    reserved[54_321] = 9 << 30
+    allocated = np.full(n, 2 << 30, np.int64)
+    allocated[77_777] = 0
+    frame = pd.DataFrame({"rank": 0, "ts_ns": np.arange(n, dtype=np.int64) * 1000,
+                          "allocated_bytes": allocated, "reserved_bytes": reserved,
+                          "component": "", "source": "x"})
+    marks = pd.DataFrame({"rank": [0], "name": ["residency.release[forced]"],
+                          "start_ns": [5_000_000], "end_ns": [6_000_000]})
+    fig = memory_timeline_figure({"baseline": frame}, {"baseline": marks}, {"baseline": 0},
+                                 device_kind="cuda", source="Kineto [memory] events")
+    lines = {ln.get_label(): ln for ln in fig.axes[0].get_lines() if ln.get_label() in (
+        "reserved", "allocated")}
+    xs, ys = lines["reserved"].get_data()
+    assert len(xs) <= 6 * 2000 and xs[0] == 0 and xs[-1] == pytest.approx((n - 1) / 1e6)
+    assert max(ys) == 9 and min(lines["allocated"].get_data()[1]) == 0
+    assert fig.axes[0].get_title() == "baseline, rank 0: peak reserved 9 GiB"
+    labels = {t.get_text() for t in fig.legends[0].get_texts()}
+    assert labels == {"reserved", "allocated", "forced release"}
+    assert "n = 1 profiled run per arm, 1 rank, 100001 records" in fig._suptitle.get_text()
+
+
 def test_e2e_slopegraph_shares_a_zero_based_axis_and_numbers_pairs_once() -> None:
     from residency.report_figures import e2e_slopegraph
 
