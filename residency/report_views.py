@@ -207,17 +207,20 @@ def write_memory_timeline(run: Run, pair: Sequence[RunEntry] | None,
     if all(m.empty for m in memory.values()):
         print(f"No memory timeline: the profiled pair's traces ({head}) hold no device-memory "
               "records. torch.profiler writes them with profile_memory=True ([memory] events), "
-              "torch-npu as ASCEND_PROFILER_OUTPUT/memory_record.csv, the emulated NPU's "
-              "export from its allocator; traces recorded before the profilers did so have "
-              "none.")
+              "torch-npu as ASCEND_PROFILER_OUTPUT/memory_record.csv (MEMORY_RECORD in its "
+              "database export), the emulated NPU's export from its allocator; traces "
+              "recorded before the profilers did so have none.")
         return None
     out = Path(output_dir)
     pd.concat([m.assign(arm=a) for a, m in memory.items()], ignore_index=True).to_csv(
         out / f"{name}.csv", index=False, lineterminator="\n")
     released = pd.concat(drops, ignore_index=True)
     released.to_csv(out / f"{name}_releases.csv", index=False, lineterminator="\n")
+    files = {str(f) for m in memory.values() for f in m["source"].unique()}
+    table = ("the database's MEMORY_RECORD" if any(f.endswith(".db") for f in files)
+             else "memory_record.csv")
     source = ("Kineto [memory] events" if traces[0].format == "kineto"
-              else "torch-npu memory_record.csv, component PTA")
+              else f"torch-npu {table}, component PTA")
     path = show_figure(memory_timeline_figure(memory, releases, origins,
                                               device_kind=run.device_kind, source=source),
                        out, name)

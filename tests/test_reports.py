@@ -603,6 +603,32 @@ def test_views_memory_timeline_of_the_profiled_pair(tmp_path: Path, shown: list,
     assert "hold no device-memory records" in capsys.readouterr().out and not shown
 
 
+def test_views_memory_timeline_of_a_torch_npu_database_pair(tmp_path: Path,
+                                                            shown: list) -> None:
+    """torch-npu's DB export as both arms: rank 0's MEMORY_RECORD (PTA rows) plotted with the
+    source named, and its normal release [400, 700) us handing back 1024 - 256.25 MiB."""
+    import shutil
+    from types import SimpleNamespace
+
+    from residency import report_views as rv
+
+    pair = []
+    for arm in ("baseline", "candidate"):
+        d = shutil.copytree(ROOT / "tests" / "data" / "traces" / "ascend_real_db",
+                            tmp_path / arm, ignore=shutil.ignore_patterns("*.parquet.cache"))
+        pair.append(SimpleNamespace(arm=arm, trace_dir=Path(d)))
+    assert rv.write_memory_timeline(SimpleNamespace(device_kind="npu"), pair,
+                                    tmp_path) == tmp_path / "memory_timeline.png"
+    fig, table = shown
+    title = fig._suptitle.get_text()
+    assert "npu: " in title and "torch-npu the database's MEMORY_RECORD, component PTA" in title
+    assert [ax.get_title() for ax in fig.axes] == [  # rank 1 recorded neither
+        "baseline, rank 0: peak reserved 1 GiB", "candidate, rank 0: peak reserved 1 GiB"]
+    released = pd.read_csv(tmp_path / "memory_timeline_releases.csv")
+    assert released["released_bytes"].tolist() == [(1024 - 256.25) * 2**20] * 2
+    assert humanize.bytes_text((1024 - 256.25) * 2**20) in table.data
+
+
 def test_views_whatif_small_tables_and_full_csv(tmp_path: Path, shown: list) -> None:
     from residency import report_views as rv
     from residency import whatif
