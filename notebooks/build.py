@@ -240,6 +240,15 @@ PAIRED_PROFILE = [
         "reads see none) are ticks on the axis."),
     new_code_cell("memory = rv.write_memory(run, out)"),
     new_markdown_cell(
+        "## Device memory over time in the profiled pair\n\n"
+        "From the traces themselves (torch.profiler's `[memory]` events, torch-npu's "
+        "`memory_record.csv`, the emulated NPU's allocator): per rank, the caching "
+        "allocator's reserved and allocated bytes after every change, with the release "
+        "markers shaded. With the baseline, reserved memory should fall to allocated at each "
+        "normal release and be acquired again afterwards; with the candidate it should stay "
+        "level through them. The table sums what the releases handed back."),
+    new_code_cell("memory_timeline = rv.write_memory_timeline(run, reference_pair(run), out)"),
+    new_markdown_cell(
         "## All-rank no-device-task time by cause\n\n"
         "For each arm of the profiled pair, which host range was running while no rank ran a "
         "device task (the innermost range at each instant, so the rows add up to the all-rank "

@@ -13,8 +13,9 @@ Layouts read (torch-npu 2.x, ``tensorboard_trace_handler`` / ``ExportType``; vLL
   different processes, so one group is analysed at a time.
 * Rank: ``profiler_info_<rank>.json`` (a plain ``profiler_info.json``, written without
   torch.distributed, is rank 0), else ``ascend_pytorch_profiler_<rank>.db``, else a
-  ``rank<N>`` folder *below* the given root, never the ``*_ascend_pt`` directory's own name
-  (it starts with the host name: ``gpu-rank7-a_...`` is not rank 7).
+  ``[<group>_]rank<N>`` folder *below* the given root, never the ``*_ascend_pt`` directory's
+  own name (it starts with the host name: ``gpu-rank7-a_...`` is not rank 7) nor a folder
+  named after a host (``gpu-rank7/``: host names have no ``_``).
 * Times: torch-npu writes absolute epoch microseconds. Ascend/pytorch PR #156 (open) would
   write them as numbers relative to the trace's own start (its ``_normalize_timestamps``),
   recording no offset; `align_clocks` detects times that cannot be epoch microseconds and
@@ -22,14 +23,17 @@ Layouts read (torch-npu 2.x, ``tensorboard_trace_handler`` / ``ExportType``; vLL
   The collection times in ``profiler_info_<rank>.json`` are not the reference the PR
   subtracts, so using them would misalign ranks silently.
 
-SQLite schema (`read_db`): tables and columns as torch-npu writes them
-(``torch_npu/profiler/analysis/prof_common_func/_constant.py``: ``DbConstant``,
-``TableColumnsManager``) and msprof's unified database
-(``analysis/csrc/viewer/database/finals/task_processor.cpp``: ``TASK(startNs, endNs, deviceId,
-connectionId, globalTaskId, globalPid, taskType, contextId, streamId, taskId, modelId)``,
-``taskType`` a ``STRING_IDS`` id of the host task type, or of the device SQE type for FFTS+ /
-unknown host types), read the way msprof-analyze's cluster_time_summary recipe reads them
-(``prof_exports/cluster_time_summary_export.py``: computing = ``TASK`` joined with
+SQLite schema (`read_db`): tables and columns as torch-npu writes them (Ascend/pytorch
+``torch_npu/profiler/analysis/prof_common_func/_constant.py``: ``DbConstant``,
+``TableColumnsManager``: ``STRING_IDS``, ``RANK_DEVICE_MAP``, ``PYTORCH_API``, ``CANN_API``)
+and msprof's database (Ascend/msprof ``analysis/csrc/application/database/msprof_db.cpp``:
+``TASK(startNs, endNs, deviceId, connectionId, globalTaskId, globalPid, taskType, contextId,
+streamId, taskId, modelId)``, ``COMPUTE_TASK_INFO(name, globalTaskId, blockNum, mixBlockNum,
+taskType, opType, ...)``, ``COMMUNICATION_TASK_INFO``, ``COMMUNICATION_OP``, ``MSTX_EVENTS``;
+``TASK.taskType`` a ``STRING_IDS`` id of ``TaskProcessor::GetTaskType``'s type: the host task
+type, or the device SQE type for FFTS+ / unknown host types; ``COMPUTE_TASK_INFO.taskType``
+the GE task type the text export shows), read the way msprof-analyze's cluster_time_summary
+recipe reads them (``prof_exports/cluster_time_summary_export.py``: computing = ``TASK`` joined with
 ``COMPUTE_TASK_INFO``, communication = ``COMMUNICATION_OP``, memory = ``MEMCPY_ASYNC`` tasks).
 """
 
@@ -49,14 +53,16 @@ from residency.tracefiles import TraceError
 from residency.traceformats import Parsed
 
 __all__ = ["AscendSession", "RELATIVE_LIMIT_NS", "align_clocks", "choose_sessions",
-           "find_sessions", "read_db"]
+           "find_sessions", "read_db", "read_db_memory"]
 
 OUTPUT_DIR = "ASCEND_PROFILER_OUTPUT"
 TRACE_VIEW = "trace_view.json"
 _DIR_RE = re.compile(r"^(?P<worker>.+)_(?P<pid>\d+)_(?P<time>\d{17})_ascend_pt$")
 _INFO_RE = re.compile(r"profiler_info_(\d+)\.json")
 _DB_RE = re.compile(r"ascend_pytorch_profiler_(\d+)\.db")
-_COMPONENT_RE = re.compile(r"^(?:(?P<group>.*?)[_\-.])?rank[_-]?(?P<rank>\d+)$", re.IGNORECASE)
+# "[<group>_]rank<N>": "_" never occurs in host names (RFC 1123), so a folder named after a host
+# ("gpu-rank7", "node.rank7") is no rank folder
+_COMPONENT_RE = re.compile(r"^(?:(?P<group>\w+?)_)?rank[_-]?(?P<rank>\d+)$", re.IGNORECASE)
 RELATIVE_LIMIT_NS = 10**17  # 1e17 ns after the epoch is in 1973: earlier, not epoch times
 
 
@@ -247,13 +253,17 @@ def _is_relative(p: Any) -> bool:
 # -- SQLite export -----------------------------------------------------------------------------
 
 _REQUIRED = ("STRING_IDS", "TASK")
+# the type: the compute task's GE task type (AI_CORE, ...) when it has one, else the TASK's,
+# as msprof's text export chooses it (AscendHardwareAssembler::GetTaskType; module doc)
 _DEVICE_SQL = """
 SELECT t.startNs, t.endNs,
        COALESCE((SELECT s.value FROM {compute} ci JOIN STRING_IDS s ON s.id = ci.name
                  WHERE ci.globalTaskId = t.globalTaskId LIMIT 1),
                 (SELECT s.value FROM {comm} c JOIN STRING_IDS s ON s.id = c.name
                  WHERE c.globalTaskId = t.globalTaskId LIMIT 1), tt.value, ''),
-       COALESCE(tt.value, ''),
+       COALESCE((SELECT s.value FROM {compute} ci JOIN STRING_IDS s ON s.id = ci.taskType
+                 WHERE ci.globalTaskId = t.globalTaskId AND s.value != 'N/A' LIMIT 1),
+                tt.value, ''),
        EXISTS (SELECT 1 FROM {comm} c WHERE c.globalTaskId = t.globalTaskId)
 FROM TASK t
 LEFT JOIN STRING_IDS tt ON tt.id = t.taskType
@@ -275,11 +285,13 @@ _COMM_LANE = "Communication"
 def read_db(path: Path) -> Parsed:
     """Read a torch-npu ``ascend_pytorch_profiler_<rank>.db`` (or msprof database) with the
     standard library, into the columns a text export gives: every ``TASK`` row a device task
-    (type from ``STRING_IDS``; its name, from ``COMPUTE_TASK_INFO``, kept as
-    ``device_names``), except those listed in ``COMMUNICATION_TASK_INFO``, which with the
-    ``COMMUNICATION_OP`` operations are ranges of the ``Communication`` lane as in the text
-    export; ``PYTORCH_API`` (lane ``Python``), ``CANN_API`` (``CANN``) and ``MSTX_EVENTS``
-    (``MsTx``) rows host ranges; the rank from ``RANK_DEVICE_MAP``.
+    (type: its ``COMPUTE_TASK_INFO.taskType`` when it has one, else ``TASK.taskType``, both
+    through ``STRING_IDS``, as the text export's ``Task Type``; its name, from
+    ``COMPUTE_TASK_INFO``, kept as ``device_names``), except those listed in
+    ``COMMUNICATION_TASK_INFO``, which with the ``COMMUNICATION_OP`` operations are ranges of
+    the ``Communication`` lane as in the text export; ``PYTORCH_API`` (lane ``Python``),
+    ``CANN_API`` (``CANN``) and ``MSTX_EVENTS`` (``MsTx``) rows host ranges; the rank from
+    ``RANK_DEVICE_MAP``.
 
     Raises:
         TraceError: not a SQLite database, or a required table (``STRING_IDS``, ``TASK``)
@@ -296,7 +308,7 @@ def read_db(path: Path) -> Parsed:
                 raise TraceError(path, f"no table {table}: not a torch-npu profiler database "
                                  f"(tables: {', '.join(sorted(tables)) or 'none'})")
         compute = ("COMPUTE_TASK_INFO" if "COMPUTE_TASK_INFO" in tables else
-                   "(SELECT NULL AS globalTaskId, NULL AS name WHERE 0)")
+                   "(SELECT NULL AS globalTaskId, NULL AS name, NULL AS taskType WHERE 0)")
         comm = ("COMMUNICATION_TASK_INFO" if "COMMUNICATION_TASK_INFO" in tables else
                 "(SELECT NULL AS globalTaskId, NULL AS name WHERE 0)")
         rows = con.execute(_DEVICE_SQL.format(compute=compute, comm=comm)).fetchall()
@@ -325,6 +337,40 @@ def read_db(path: Path) -> Parsed:
                   _times(path, [r[:2] for r in host]), _texts([r[2] for r in host]), 0, task,
                   np.full(len(host), -1, np.int16), lane, tuple(types), tuple(lanes),
                   device_names=_texts([r[2] for r in device]))
+
+
+_MEMORY_SQL = """
+SELECT m.timestamp, m.totalAllocated, m.totalReserved, COALESCE(s.value, '')
+FROM MEMORY_RECORD m LEFT JOIN STRING_IDS s ON s.id = m.component
+ORDER BY m.timestamp
+"""
+
+
+def read_db_memory(path: Path) -> list[tuple[int, int, int, str]]:
+    """The ``MEMORY_RECORD`` rows of a torch-npu database (``profile_memory=True``), as
+    ``(ts_ns, allocated_bytes, reserved_bytes, component)``: torch-npu writes ``timestamp`` in
+    ns and the totals in bytes, ``component`` a ``STRING_IDS`` id of PTA, GE, PTA+GE or
+    WORKSPACE (``prof_view/prof_db_parse/_memory_db_parser.py``, ``TableColumnsManager``).
+    No such table: no rows. Rows whose values are not integers are left out.
+
+    Raises:
+        TraceError: not a SQLite database, or the table cannot be read.
+    """
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise TraceError(path, f"cannot open the database: {exc}") from None
+    try:
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "MEMORY_RECORD" not in tables:
+            return []
+        rows = con.execute(_MEMORY_SQL).fetchall()
+    except sqlite3.DatabaseError as exc:
+        raise TraceError(path, f"cannot read the table MEMORY_RECORD: {exc}") from None
+    finally:
+        con.close()
+    return [(t, a, r, str(c)) for t, a, r, c in rows
+            if type(t) is int and type(a) is int and type(r) is int]
 
 
 def _times(path: Path, rows: list[tuple[Any, Any]]) -> np.ndarray:

@@ -2,33 +2,55 @@
 
 A device task's *type* (`RankTimeline.device_types`) falls in one class:
 
-* ``compute``: torch-npu device (SQE) types AI_CORE, AI_CPU, AIV_SQE, AI_VECTOR_CORE, MIX_AIC,
-  MIX_AIV, FFTS_PLUS (and the FFTS+ subtask types AIC, AIV); the host task types the SQLite
-  export stores for them, KERNEL_AICORE, KERNEL_AICPU, KERNEL_AIVEC, KERNEL_MIX_AIC,
-  KERNEL_MIX_AIV; Kineto ``kernel``.
-* ``memcpy``: SDMA_SQE, PCIE_DMA_SQE, MEMCPY_ASYNC; Kineto ``gpu_memcpy`` / ``memcpy``.
+* ``compute``: the Task Types of compute tasks in the text export, AI_CORE, AI_VECTOR_CORE,
+  AI_CPU, MIX_AIC, MIX_AIV, FFTS_PLUS (GE's task types) and the SQE types AI_CORE, AI_CPU,
+  AIV_SQE (FFTS+ subtasks: AIC, AIV); the runtime's host task types KERNEL_AICORE,
+  KERNEL_AICPU, KERNEL_AIVEC, KERNEL_MIX_AIC, KERNEL_MIX_AIV, KERNEL_FUSION, KERNEL_SIMT;
+  Kineto ``kernel``.
+* ``memcpy``: SDMA_SQE, PCIE_DMA_SQE, MEMCPY_ASYNC, REDUCE_ASYNC_V2 (an SDMA reduce);
+  Kineto ``gpu_memcpy`` / ``memcpy``.
 * ``memset``: Kineto ``gpu_memset`` / ``memset``.
 * ``communication``: the ranges of the Communication (formerly HCCL) lane, operations and
-  plane tasks (reported as `residency.traces.COMMUNICATION_LANE`), and ROCCE_SQE (RDMA).
-* ``sync``: EVENT_RECORD_SQE, EVENT_WAIT_SQE, NOTIFY_RECORD_SQE, NOTIFY_WAIT_SQE,
-  PLACE_HOLDER_SQE, WRITE_VALUE_SQE; host types EVENT_RECORD, STREAM_WAIT_EVENT, NOTIFY_RECORD,
-  NOTIFY_WAIT, Notify Wait, Notify Record, PROFILING_ENABLE, PROFILING_DISABLE, MsTx: a stream
-  waiting or signalling, not working.
-* ``other``: the remaining SQE types of the table (VQ6_SQE, TOF_SQE, VPC_SQE, JPEGE_SQE,
-  JPEGD_SQE, DSA_SQE, HOST_CPU_SQE, CDQM_SQE, C_CORE_SQE): engines doing work that
-  msprof-analyze does not count as computing.
-* ``unknown``: anything else, an empty type included; counted busy and reported with counts.
+  plane tasks (reported as `residency.traces.COMMUNICATION_LANE`); GE's COMMUNICATION and
+  HCCL_AI_CPU; ROCCE_SQE, RDMA_SEND, RDMA_DB_SEND, CCU_LAUNCH.
+* ``sync``: a stream waiting or signalling, not working: the SQE types EVENT_RECORD_SQE,
+  EVENT_WAIT_SQE, NOTIFY_RECORD_SQE, NOTIFY_WAIT_SQE, PLACE_HOLDER_SQE, WRITE_VALUE_SQE; the
+  host task types EVENT_RECORD, EVENT_WAIT (the runtime's name for STREAM_WAIT_EVENT, kept
+  too), EVENT_RESET, REMOTE_EVENT_WAIT, IPC_EVENT_RECORD, IPC_EVENT_WAIT, CAPTURE_RECORD,
+  CAPTURE_WAIT, DAVID_EVENT_RECORD, DAVID_EVENT_WAIT, DAVID_EVENT_RESET, NOTIFY_RECORD,
+  NOTIFY_WAIT, MEM_WAIT_VALUE, MEM_WRITE_VALUE, WriteValueTask, BARRIER, NOP,
+  PROFILING_ENABLE, PROFILING_DISABLE, PROFILER_TRACE, PROFILER_TRACE_EX; the Communication
+  plane's Notify Wait / Notify Record; MsTx markers.
+* ``other``: engines doing work msprof-analyze does not count as computing: the remaining SQE
+  types (VQ6_SQE, TOF_SQE, VPC_SQE, JPEGE_SQE, JPEGD_SQE, DSA_SQE, HOST_CPU_SQE, CDQM_SQE,
+  C_CORE_SQE) and GE's WRITE_BACK, DVPP, FUSION.
+* ``unknown``: anything else, an empty type included (msprof's fallback ``Other``, an
+  ``INVALID`` or ``MAX_SQE`` type, a raw number); counted busy and reported with counts.
 
-Where the lists come from: the SQE type table of msprof's unified database
-(``analysis/csrc/viewer/database/finals/unified_db_constant.h``, ``STARS_SQE_TYPE_TABLE`` and
-``HW_SQE_TYPE_TABLE``; the FFTS+ map in ``analysis/csrc/domain/services/...``), msprof-analyze's
-compare tool (``compare_backend/compare_bean/origin_data_bean/trace_event_bean.py``:
-``is_compute_event`` = AI_CORE, MIX_AIC, MIX_AIV, AI_CPU, AI_VECTOR_CORE, FFTS_PLUS;
-``is_sdma_event`` = SDMA_SQE, PCIE_DMA_SQE), msprof's host task types
-(``Constant.COMP_TASK_TYPE`` = KERNEL_AICORE, KERNEL_AIVEC, FFTS_PLUS, KERNEL_MIX_AIC,
-KERNEL_MIX_AIV; PROFILING_ENABLE/DISABLE; ``RtsTaskTypeMap`` adds KERNEL_AICPU), the runtime's
-task enum (``TS_TASK_TYPE_EVENT_RECORD``, ``_STREAM_WAIT_EVENT``, ``_NOTIFY_WAIT``,
-``_NOTIFY_RECORD``) and msprof-analyze's cluster_time_summary recipe (MEMCPY_ASYNC as memory).
+Where the lists come from (read in the projects' sources; repository and path):
+
+* What the text export's ``Task Type`` holds: msprof (Ascend/msprof)
+  ``analysis/csrc/application/timeline/ascend_hardware_assembler.cpp``
+  (``AscendHardwareAssembler::GetTaskType``: the task's GE task type when it has one, else
+  the TASK type; MEMCPY_ASYNC tasks carry the device SQE type) and
+  ``analysis/csrc/domain/data_process/ai_task/task_processor.cpp``
+  (``TaskProcessor::GetTaskType``: the host task type, the device type for FFTS_PLUS, the SQE
+  table's name for UNKNOWN host types, else ``Other``); the same type is ``TASK.taskType`` of
+  the database export, and the GE type ``COMPUTE_TASK_INFO.taskType``
+  (``analysis/csrc/application/database/db_assembler.cpp``, ``SaveComputeTaskInfo``).
+* SQE types: ``analysis/csrc/viewer/database/finals/unified_db_constant.h``
+  (``STARS_SQE_TYPE_TABLE``, ``HW_SQE_TYPE_TABLE``). GE task types:
+  ``analysis/csrc/domain/services/persistence/host/number_mapping.cpp`` (``geTaskTypeMap``).
+  KERNEL_SIMT: ``analysis/csrc/infrastructure/utils/common_constant.h``.
+* Host task types: the CANN runtime (hicann/runtime)
+  ``src/runtime/feature/src/common/profiling_agent.cc`` (``RegisterProfTypeInfo``: e.g.
+  ``TS_TASK_TYPE_STREAM_WAIT_EVENT`` is registered as ``EVENT_WAIT``).
+* msprof-analyze (Ascend/mstt, ``profiler/msprof_analyze``):
+  ``compare_tools/compare_backend/compare_bean/origin_data_bean/trace_event_bean.py``
+  (compute = AI_CORE, MIX_AIC, MIX_AIV, AI_CPU, AI_VECTOR_CORE, FFTS_PLUS; SDMA = SDMA_SQE,
+  PCIE_DMA_SQE) and ``prof_exports/cluster_time_summary_export.py`` (computing = ``TASK``
+  joined with ``COMPUTE_TASK_INFO``, communication = ``COMMUNICATION_OP``, memory =
+  ``MEMCPY_ASYNC`` tasks).
 
 Definitions (`DEFINITIONS`): ``ascend`` (default for torch-npu) counts compute, memory copies,
 communication, other and unknown; ``msprof`` counts what msprof-analyze's free-time analyses
@@ -53,19 +75,25 @@ if TYPE_CHECKING:
 __all__ = ["CLASSES", "DEFINITIONS", "BusyDefinition", "BusyTasks", "busy_tasks",
            "classify", "resolve"]
 
-_TYPES = {
+_TYPES = {  # sources: module doc
     "compute": ("AI_CORE", "AI_CPU", "AIV_SQE", "AI_VECTOR_CORE", "MIX_AIC", "MIX_AIV",
                 "FFTS_PLUS", "AIC", "AIV", "KERNEL_AICORE", "KERNEL_AICPU", "KERNEL_AIVEC",
-                "KERNEL_MIX_AIC", "KERNEL_MIX_AIV", "kernel"),
-    "memcpy": ("SDMA_SQE", "PCIE_DMA_SQE", "MEMCPY_ASYNC", "gpu_memcpy", "memcpy"),
+                "KERNEL_MIX_AIC", "KERNEL_MIX_AIV", "KERNEL_FUSION", "KERNEL_SIMT", "kernel"),
+    "memcpy": ("SDMA_SQE", "PCIE_DMA_SQE", "MEMCPY_ASYNC", "REDUCE_ASYNC_V2", "gpu_memcpy",
+               "memcpy"),
     "memset": ("gpu_memset", "memset"),
-    "communication": (COMMUNICATION_LANE, "ROCCE_SQE"),
+    "communication": (COMMUNICATION_LANE, "COMMUNICATION", "HCCL_AI_CPU", "ROCCE_SQE",
+                      "RDMA_SEND", "RDMA_DB_SEND", "CCU_LAUNCH"),
     "sync": ("EVENT_RECORD_SQE", "EVENT_WAIT_SQE", "NOTIFY_RECORD_SQE", "NOTIFY_WAIT_SQE",
-             "PLACE_HOLDER_SQE", "WRITE_VALUE_SQE", "EVENT_RECORD", "STREAM_WAIT_EVENT",
-             "NOTIFY_RECORD", "NOTIFY_WAIT", "Notify Wait", "Notify Record",
-             "PROFILING_ENABLE", "PROFILING_DISABLE", "MsTx"),
+             "PLACE_HOLDER_SQE", "WRITE_VALUE_SQE", "EVENT_RECORD", "EVENT_WAIT",
+             "STREAM_WAIT_EVENT", "EVENT_RESET", "REMOTE_EVENT_WAIT", "IPC_EVENT_RECORD",
+             "IPC_EVENT_WAIT", "CAPTURE_RECORD", "CAPTURE_WAIT", "DAVID_EVENT_RECORD",
+             "DAVID_EVENT_WAIT", "DAVID_EVENT_RESET", "NOTIFY_RECORD", "NOTIFY_WAIT",
+             "MEM_WAIT_VALUE", "MEM_WRITE_VALUE", "WriteValueTask", "BARRIER", "NOP",
+             "Notify Wait", "Notify Record", "PROFILING_ENABLE", "PROFILING_DISABLE",
+             "PROFILER_TRACE", "PROFILER_TRACE_EX", "MsTx"),
     "other": ("VQ6_SQE", "TOF_SQE", "VPC_SQE", "JPEGE_SQE", "JPEGD_SQE", "DSA_SQE",
-              "HOST_CPU_SQE", "CDQM_SQE", "C_CORE_SQE"),
+              "HOST_CPU_SQE", "CDQM_SQE", "C_CORE_SQE", "WRITE_BACK", "DVPP", "FUSION"),
 }
 _CLASS_OF = {t.lower(): c for c, types in _TYPES.items() for t in types}
 CLASSES = (*_TYPES, "unknown")

@@ -9,10 +9,18 @@ Sources, read for each rank of a loaded `TraceSet`:
   rank's trace, columns ``Component, Timestamp(us), Total Allocated(MB), Total Reserved(MB),
   Total Active(MB), ...`` (header as torch-npu and msprof-analyze's ``MemoryRecordBean`` /
   ``GeMemoryRecordBean`` read it); MB is 1024**2 bytes (torch-npu's ``Constant.B_TO_MB``).
-  The ``PTA`` component is the PyTorch caching allocator; ``GE`` and ``PTA+GE`` are kept with
-  their component named.
+  The ``PTA`` component is the PyTorch caching allocator; ``GE``, ``PTA+GE`` and ``APP`` are
+  kept with their component named (torch-npu's ``MemoryViewParser`` in
+  ``torch_npu/profiler/analysis/prof_view/_memory_view_parser.py`` writes them all).
+* torch-npu's SQLite export (``ExportType.Db``): the ``MEMORY_RECORD`` table of
+  ``ascend_pytorch_profiler_<rank>.db`` (ns, bytes; read by `residency.ascend.read_db_memory`).
 
 Release markers (`release_markers`) are the host ranges matching ``residency.release[...]``.
+`release_drops` says, per release marker, how much reserved memory the allocator handed back
+during it. `allocator_memory` keeps the rows of the PyTorch caching allocator (the memory
+``empty_cache`` hands back): every Kineto row and torch-npu's ``PTA`` rows; ``GE`` is the
+graph engine's, ``PTA+GE`` their sum, ``APP`` the whole process as the driver sees it (its
+allocated column holds KB, unconverted, in torch-npu's ``NpuMemoryBean``).
 Analysis only: returns DataFrames with unit-suffixed columns; no torch, no plotting.
 """
 
@@ -35,10 +43,12 @@ if TYPE_CHECKING:
 
     from residency.traces import TraceSet
 
-__all__ = ["MEMORY_RECORD", "MIB", "memory_timeline", "release_markers"]
+__all__ = ["ALLOCATOR_COMPONENTS", "MEMORY_RECORD", "MIB", "allocator_memory", "memory_timeline",
+           "release_drops", "release_markers"]
 
 MEMORY_RECORD = "memory_record.csv"
 MIB = 1024**2
+ALLOCATOR_COMPONENTS = ("", "PTA")  # Kineto rows carry no component; torch-npu's allocator: PTA
 _COLUMNS = ["rank", "ts_ns", "allocated_bytes", "reserved_bytes", "component", "source"]
 
 
@@ -140,6 +150,10 @@ def memory_timeline(traces: TraceSet) -> pd.DataFrame:
     for rank, t in traces.ranks.items():
         if traces.format == "kineto":
             rows, source = _kineto_rows(t.source), t.source
+        elif t.source.suffix == ".db":  # the SQLite export: its MEMORY_RECORD table
+            from residency.ascend import read_db_memory
+
+            rows, source = read_db_memory(t.source), t.source
         else:
             source = t.source.parent / MEMORY_RECORD
             rows = _record_rows(source) if source.is_file() else []
@@ -173,3 +187,37 @@ def release_markers(traces: TraceSet, pattern: str = r"^residency\.release\[") -
     out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
         columns=["rank", "name", "start_ns", "end_ns"])
     return out.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)
+
+
+def allocator_memory(timeline: pd.DataFrame) -> pd.DataFrame:
+    """The rows of `timeline` (`memory_timeline`) that describe the PyTorch caching allocator:
+    component in `ALLOCATOR_COMPONENTS` (module doc); a new frame, `timeline` is unchanged."""
+    keep = timeline["component"].isin(ALLOCATOR_COMPONENTS)
+    return timeline[keep].reset_index(drop=True)
+
+
+def release_drops(timeline: pd.DataFrame, markers: pd.DataFrame) -> pd.DataFrame:
+    """Per release marker (`release_markers` rows): the caching allocator's reserved bytes
+    before it (the last record of its rank before ``start_ns``) and at its end (the last record
+    at or before ``end_ns``), and ``released_bytes``, their difference (positive: memory handed
+    back). Records are `allocator_memory`'s rows of `timeline`; a marker with no record before
+    it has ``<NA>`` before and released. Columns: ``rank``, ``name``, ``start_ns``, ``end_ns``,
+    ``reserved_before_bytes``, ``reserved_after_bytes``, ``released_bytes`` (nullable int64)."""
+    import pandas as pd
+
+    mem = allocator_memory(timeline)
+    by_rank = {int(r): (g["ts_ns"].to_numpy(np.int64), g["reserved_bytes"].to_numpy(np.int64))
+               for r, g in mem.groupby("rank", sort=False)}
+    before, after = [], []
+    for rank, start, end in zip(markers["rank"], markers["start_ns"], markers["end_ns"],
+                                strict=True):
+        ts, reserved = by_rank.get(int(rank), (np.empty(0, np.int64), np.empty(0, np.int64)))
+        i = int(np.searchsorted(ts, int(start), side="left")) - 1
+        j = int(np.searchsorted(ts, int(end), side="right")) - 1
+        before.append(int(reserved[i]) if i >= 0 else None)
+        after.append(int(reserved[j]) if j >= 0 else None)
+    out = markers[["rank", "name", "start_ns", "end_ns"]].reset_index(drop=True).copy()
+    out["reserved_before_bytes"] = pd.array(before, dtype="Int64")
+    out["reserved_after_bytes"] = pd.array(after, dtype="Int64")
+    out["released_bytes"] = out["reserved_before_bytes"] - out["reserved_after_bytes"]
+    return out

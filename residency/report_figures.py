@@ -6,6 +6,8 @@
   markers (normal, forced), phases, and a zoomed panel around each arm's first normal release;
 * `memory_figure`: per rank, reserved and allocated bytes at each policy call with a snapshot
   against the 25 % / 5 % bounds;
+* `memory_timeline_figure`: per arm and rank, the caching allocator's reserved and allocated
+  bytes over time from the profiled pair's traces, with the release markers;
 * `e2e_slopegraph`: client E2E per pair, profiled and unprofiled panels on one axis from zero,
   pairs numbered once, and the paired deltas with their median;
 * `neighbour_table`: the run's own what-if setting and its neighbours, a small table beside
@@ -40,8 +42,8 @@ RELEASE = {"normal": "#c0392b", "forced": "#7d3c98"}
 PHASES = {"prepare": "#d5e8d4", "denoise": "#dae8fc", "decode": "#ffe6cc"}
 GIB = float(1 << 30)
 
-__all__ = ["e2e_slopegraph", "figure_title", "memory_figure", "neighbour_table",
-           "neighbour_rows", "timeline_figure"]
+__all__ = ["e2e_slopegraph", "figure_title", "memory_figure", "memory_timeline_figure",
+           "neighbour_table", "neighbour_rows", "timeline_figure"]
 
 
 def figure_title(what: str, device_kind: str | None, n: str) -> str:
@@ -287,6 +289,102 @@ def memory_figure(decisions: pd.DataFrame, *, device_kind: str,
         "Memory at each policy call against the bounds (retain while reserved <= ceiling "
         "and free >= floor)", device_kind,
         f"n = {snaps} calls with a snapshot, {len(ranks)} ranks; {scope}"))
+    return fig
+
+
+def _envelope(ts_ns: np.ndarray, *series: np.ndarray, bins: int = PIXELS) -> np.ndarray:
+    """Indices of the points to draw of step series sampled at `ts_ns` (sorted): all of them
+    when there are at most 4 * `bins`, else per time bin the first and last point and each
+    series' minimum and maximum, so the drawn steps keep every peak and trough a pixel can
+    show. The figures' numbers come from the full series, never from what is drawn."""
+    n = len(ts_ns)
+    if n <= 4 * bins:
+        return np.arange(n)
+    lo, hi = int(ts_ns[0]), int(ts_ns[-1])
+    edges = np.searchsorted(ts_ns, np.linspace(lo, hi, bins + 1)[1:-1], side="left")
+    starts = np.r_[0, edges]
+    keep = [starts, np.r_[edges - 1, n - 1]]
+    for values in series:
+        order = np.lexsort((np.arange(n), values))  # by value; the bin is found by position
+        ranks = np.empty(n, np.int64)
+        ranks[order] = np.arange(n)
+        bin_of = np.searchsorted(edges, np.arange(n), side="right")
+        first_min = np.full(bins, n, np.int64)
+        np.minimum.at(first_min, bin_of, ranks)
+        last_max = np.full(bins, -1, np.int64)
+        np.maximum.at(last_max, bin_of, ranks)
+        keep += [order[first_min[first_min < n]], order[last_max[last_max >= 0]]]
+    out = np.unique(np.concatenate(keep))
+    return out[out >= 0]
+
+
+def _release_kind(name: str) -> str:
+    return next((k for k in RELEASE if f"[{k}]" in name), "normal")
+
+
+def memory_timeline_figure(memory: Mapping[str, pd.DataFrame],
+                           releases: Mapping[str, pd.DataFrame],
+                           origins_ns: Mapping[str, int], *, device_kind: str,
+                           source: str) -> Figure:
+    """Per arm (rows) and rank (columns): the caching allocator's reserved and allocated
+    bytes after each change, as steps over time (s from the arm's `origins_ns`), with its
+    normal and forced release markers shaded. `memory`: arm -> `residency.memory.
+    allocator_memory` rows; `releases`: arm -> `release_markers` rows; `source` names where the
+    records come from (shown in the title). A panel without records says so."""
+    arms = [a for a in ARMS if a in memory] + [a for a in memory if a not in ARMS]
+    ranks = sorted({int(r) for m in memory.values() for r in m["rank"].unique()}
+                   | {int(r) for m in releases.values() for r in m["rank"].unique()}) or [0]
+    fig = _figure(figsize=(max(10.0, 6.2 * len(ranks)), 3.4 * max(1, len(arms))))
+    axes = fig.subplots(max(1, len(arms)), len(ranks), squeeze=False, sharex=True,
+                        sharey=True)
+    peak = max([float(m["reserved_bytes"].max()) for m in memory.values() if len(m)] or [GIB])
+    unit, scale = ("GiB", GIB) if peak >= GIB else ("MiB", float(1 << 20))
+    records = 0
+    for i, arm in enumerate(arms):
+        origin = int(origins_ns.get(arm, 0))
+        for j, rank in enumerate(ranks):
+            ax = axes[i][j]
+            mine = memory[arm][memory[arm]["rank"] == rank]
+            records += len(mine)
+            marks = releases.get(arm, pd.DataFrame(columns=["rank", "name", "start_ns",
+                                                            "end_ns"]))
+            marks = marks[marks["rank"] == rank]
+            for name, start, end in zip(marks["name"], marks["start_ns"], marks["end_ns"],
+                                        strict=True):
+                kind = _release_kind(str(name))
+                ax.axvspan((int(start) - origin) / 1e9, (int(end) - origin) / 1e9,
+                           color=RELEASE[kind], alpha=0.25, lw=0,
+                           label=f"{kind} release", zorder=1)
+                ax.axvline((int(start) - origin) / 1e9, color=RELEASE[kind], lw=0.8, zorder=2)
+            if len(mine):
+                ts = mine["ts_ns"].to_numpy(np.int64)
+                reserved = mine["reserved_bytes"].to_numpy(np.int64)
+                allocated = mine["allocated_bytes"].to_numpy(np.int64)
+                drawn = _envelope(ts, reserved, allocated)
+                xs = (ts[drawn] - origin) / 1e9
+                ax.step(xs, reserved[drawn] / scale, where="post",
+                        color="tab:blue", lw=2.2, label="reserved", zorder=3)
+                ax.step(xs, allocated[drawn] / scale, where="post",
+                        color="tab:green", lw=1.2, ls="--", label="allocated", zorder=4)
+                ax.set_title(f"{arm}, rank {rank}: peak reserved "
+                             f"{bytes_text(mine['reserved_bytes'].max())}", fontsize=10)
+            else:
+                ax.set_title(f"{arm}, rank {rank}", fontsize=10)
+                ax.text(0.5, 0.55, "no memory records", ha="center", transform=ax.transAxes)
+            if i == len(arms) - 1:
+                ax.set_xlabel("s from the request start (each arm's own run)")
+            if j == 0:
+                ax.set_ylabel(unit)
+            ax.set_ylim(-0.03 * peak / scale, peak / scale * 1.08)
+            ax.grid(alpha=0.3)
+            _sig_axis(ax)
+            _sig_axis(ax, "x")
+    _legend(fig, [ax for row in axes for ax in row], loc="outside right center")
+    fig.suptitle(figure_title(
+        "Device memory in the profiled pair's traces: the caching allocator's reserved and "
+        "allocated bytes after each change, with the releases", device_kind,
+        f"n = 1 profiled run per arm, {len(ranks)} rank{'s' * (len(ranks) != 1)}, "
+        f"{records} records; {source}"))
     return fig
 
 

@@ -29,7 +29,8 @@ FIGURE_DPI = 120
 __all__ = ["MAX_ROWS", "aa_spread", "bytes_or_text", "decisions_frame", "e2e_pairs",
            "show_banner", "show_figure", "show_note", "show_probe_banner", "show_table",
            "show_text", "timeline_pair", "write_causes", "write_e2e", "write_effect",
-           "write_memory", "write_timeline", "write_trace_diff", "write_whatif"]
+           "write_memory", "write_memory_timeline", "write_timeline", "write_trace_diff",
+           "write_whatif"]
 
 
 def _display(*objs: Any) -> None:
@@ -162,6 +163,82 @@ def write_trace_diff(run: Run, pair: Sequence[RunEntry] | None,
                " device tasks, baseline vs candidate (ms), per phase and task-name group, "
                f"profiled pair, n = 1 run per arm, largest change first; all {len(diff)} rows in "
                f"`{path.name}`")
+    return path
+
+
+def _origin_ns(traces: Any, memory: pd.DataFrame) -> int:
+    """Time zero of an arm's memory panels: its earliest request marker, else its first
+    memory record."""
+    from residency.timeline import REQUEST_MARKER
+
+    starts = [int(t.ranges[t.range_names == REQUEST_MARKER, 0].min())
+              for t in traces.ranks.values() if (t.range_names == REQUEST_MARKER).any()]
+    return min(starts) if starts else int(memory["ts_ns"].min()) if len(memory) else 0
+
+
+def write_memory_timeline(run: Run, pair: Sequence[RunEntry] | None,
+                          output_dir: str | os.PathLike[str], *,
+                          name: str = "memory_timeline") -> Path | None:
+    """Device memory over time in the profiled pair's traces (`residency.memory`): per arm and
+    rank the caching allocator's reserved and allocated bytes with the release markers, saved
+    as `<name>.png` and displayed, every record as `<name>.csv`, and what each release handed
+    back as `<name>_releases.csv` with a small table per arm and release kind. None, with a
+    line saying why, when the pair has no traces or its traces hold no memory records."""
+    from residency.memory import (
+        allocator_memory,
+        memory_timeline,
+        release_drops,
+        release_markers,
+    )
+    from residency.report_figures import memory_timeline_figure
+
+    head = f"{run.device_kind} ({devices.label(run.device_kind)})"
+    traces = _pair_traces(pair)
+    if traces is None or pair is None:
+        print("No memory timeline: the profiled pair recorded no traces.")
+        return None
+    memory, releases, origins, drops = {}, {}, {}, []
+    for entry, t in zip(pair, traces, strict=True):
+        memory[entry.arm] = allocator_memory(memory_timeline(t))
+        releases[entry.arm] = release_markers(t)
+        origins[entry.arm] = _origin_ns(t, memory[entry.arm])
+        drops.append(release_drops(memory[entry.arm], releases[entry.arm])
+                     .assign(arm=entry.arm))
+    if all(m.empty for m in memory.values()):
+        print(f"No memory timeline: the profiled pair's traces ({head}) hold no device-memory "
+              "records. torch.profiler writes them with profile_memory=True ([memory] events), "
+              "torch-npu as ASCEND_PROFILER_OUTPUT/memory_record.csv (MEMORY_RECORD in its "
+              "database export), the emulated NPU's export from its allocator; traces "
+              "recorded before the profilers did so have none.")
+        return None
+    out = Path(output_dir)
+    pd.concat([m.assign(arm=a) for a, m in memory.items()], ignore_index=True).to_csv(
+        out / f"{name}.csv", index=False, lineterminator="\n")
+    released = pd.concat(drops, ignore_index=True)
+    released.to_csv(out / f"{name}_releases.csv", index=False, lineterminator="\n")
+    files = {str(f) for m in memory.values() for f in m["source"].unique()}
+    table = ("the database's MEMORY_RECORD" if any(f.endswith(".db") for f in files)
+             else "memory_record.csv")
+    source = ("Kineto [memory] events" if traces[0].format == "kineto"
+              else f"torch-npu {table}, component PTA")
+    path = show_figure(memory_timeline_figure(memory, releases, origins,
+                                              device_kind=run.device_kind, source=source),
+                       out, name)
+    if len(released):
+        kind = released["name"].str.extract(r"\[(\w+)\]", expand=False).fillna("other")
+        summary = (released.assign(kind=kind)
+                   .groupby(["arm", "kind"], sort=True)
+                   .agg(releases=("name", "size"),
+                        with_records=("released_bytes", "count"),
+                        released=("released_bytes", "sum"))
+                   .reset_index())
+        summary["released"] = [bytes_or_text(int(v)) if v >= 0 else
+                               f"-{bytes_or_text(int(-v))}" for v in summary["released"]]
+        show_table(summary.rename(columns={"with_records": "with a record before",
+                                           "released": "reserved memory handed back"}),
+                   caption=f"{head}: reserved memory the caching allocator handed back during "
+                   f"the release markers, summed over ranks, profiled pair, n = 1 run per "
+                   f"arm; per marker in `{name}_releases.csv`")
     return path
 
 

@@ -7,7 +7,9 @@ content itself. It is used only when all of them match: a trace changed in any w
 edited in any way (without recomputing its digest), is parsed anew and the cache rewritten. A
 cache that cannot be read is ignored. Cache files are read as regular files only, with a size
 limit. Version history: 1 (size and mtime only), 2 (digests, task types and lanes), 3 (the
-torch-npu Overlap Analysis slices kept as rows of their lane; device rows named).
+torch-npu Overlap Analysis slices kept as rows of their lane; device rows named), 4 (the
+SQLite export's task type is a compute task's ``COMPUTE_TASK_INFO.taskType``, as the text
+export shows it).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from residency.traceformats import Parsed, object_array
 __all__ = ["CACHE_DIR", "cache_path", "read_cache", "write_cache"]
 
 CACHE_DIR = "residency.parquet.cache"
-_VERSION = 3
+_VERSION = 4
 _NO_CODE = -1
 
 

@@ -69,7 +69,9 @@ COMMUNICATION_LANE = "[Communication]"  # the task type `residency.busy` gives t
 
 _PARALLEL_MIN_BYTES = 16 << 20  # below this, starting worker processes costs more than it saves
 _PART_MIN_BYTES = 32 << 20  # a file is split into parts of at least this much
-_RANK_RE = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+# a path component that names a rank: "[<group>_]rank<N>" and nothing else; "_" never occurs
+# in host names (RFC 1123), so "gpu-rank7" or "gpu-rank7-a_123" never match
+_RANK_RE = re.compile(r"(?:\w+_)?rank[_-]?(?P<rank>\d+)", re.IGNORECASE)
 _EMPTY_CODES = np.empty(0, np.int16)
 
 
@@ -165,7 +167,9 @@ def load_traces(path: str | os.PathLike[str], *, cache: bool = True,
 
     `path` is a trace file, a directory of rank traces of one format (searched recursively),
     or a run directory whose ``trace/`` subdirectory holds them. A Kineto file's rank is its
-    ``distributedInfo.rank``, else a ``rank<N>`` in its name (then in its folders' names); a
+    ``distributedInfo.rank``, else the deepest path component below `path` named exactly
+    ``[<group>_]rank<N>`` (``rank3.trace.json``, ``diffusion_rank3/``), never a host name
+    that contains ``rank<N>`` (``gpu-rank7-a_123.pt.trace.json`` names no rank); a
     torch-npu directory's rank is in its ``profiler_info_<rank>.json``, else a ``rank<N>``
     folder below `path` (vLLM-Omni writes ``diffusion_rank<N>/``), never the directory's own
     name (a host name). Several sessions of a rank are chosen with `session`, vLLM-Omni groups
@@ -231,7 +235,8 @@ def load_traces(path: str | os.PathLike[str], *, cache: bool = True,
                                    p.task_types, p.lanes, *arrays[6:], label, names)
     if unknown:
         listed = ", ".join(str(u) for u in unknown)
-        where = ("no distributedInfo.rank and no rank<N> in the name" if fmt == "kineto"
+        where = ("no distributedInfo.rank and no path component named [<group>_]rank<N> "
+                 "below the given path" if fmt == "kineto"
                  else "no profiler_info_<rank>.json, no ascend_pytorch_profiler_<rank>.db and "
                  "no rank<N> folder below the given path")
         raise TraceError(root, f"cannot tell the rank of {listed} ({where})")
@@ -283,13 +288,20 @@ def _discover(path: Path) -> tuple[Literal["kineto", "ascend"], list[Path]]:
 
 
 def _rank_from_path(p: Path, root: Path) -> int | None:
+    """The rank named by the deepest path component of `p` below `root` that is exactly
+    ``[<group>_]rank<N>`` (a folder, or a file name before its first dot: ``rank3.trace.json``,
+    ``trace_rank3.json.gz``, ``diffusion_rank3/``). A name that merely contains ``rank<N>``
+    (Kineto's default ``<host>_<pid>.<time>.pt.trace.json`` with a host ``gpu-rank7-a``) names
+    no rank."""
     try:
         parts = p.relative_to(root).parts
     except ValueError:
         parts = (p.name,)
-    for part in reversed(parts or (p.name,)):
-        if m := _RANK_RE.search(part):
-            return int(m.group(1))
+    parts = parts or (p.name,)
+    for i, part in enumerate(reversed(parts)):
+        name = part.split(".", 1)[0] if i == 0 and p.is_file() else part
+        if m := _RANK_RE.fullmatch(name):
+            return int(m.group("rank"))
     return None
 
 

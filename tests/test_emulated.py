@@ -347,6 +347,41 @@ def test_trace_export_is_kineto_shaped(tmp_path: Path) -> None:
     assert [r.name for r in npu.trace_events() if r.device is not None] == ["Memcpy HtoD", "scale"]
 
 
+def test_trace_export_records_memory_and_the_drop_at_empty_cache(tmp_path: Path) -> None:
+    """The [memory] events of the export follow the allocator: reserved stays up after a free
+    and falls to what is allocated (0) at the empty_cache inside the normal release."""
+    from tests.memorytraces import record
+
+    path = tmp_path / "rank0.trace.json"
+    reserved_before = record(path, release=True)
+    trace = json.loads(path.read_text())
+    release = next(e for e in trace["traceEvents"]
+                   if e["ph"] == "X" and e["name"] == markers.RELEASE_NORMAL)
+    start, end = release["ts"], release["ts"] + release["dur"]
+    memory = [e for e in trace["traceEvents"] if e["name"] == "[memory]"]
+    totals = [(e["ts"], e["args"]["Total Allocated"], e["args"]["Total Reserved"])
+              for e in memory]
+    assert all(e["ph"] == "i" and e["args"]["Device Id"] == 0 for e in memory)
+    before = [t for t in totals if t[0] < start]
+    inside = [t for t in totals if start <= t[0] <= end]
+    after = [t for t in totals if t[0] > end]
+    assert reserved_before >= 8 * MiB
+    assert before[-1][1:] == (0, reserved_before)  # freed: allocated 0, the block cached
+    assert inside == [(inside[0][0], 0, 0)]  # empty_cache: reserved falls to allocated
+    assert after[0][1] >= 8 * MiB and after[0][2] >= after[0][1]  # acquired again
+    assert after[-1][1] == 0 and after[-1][2] == after[0][2]
+
+
+def test_trace_export_without_empty_cache_keeps_reserved(tmp_path: Path) -> None:
+    from tests.memorytraces import record
+
+    path = tmp_path / "rank0.trace.json"
+    reserved_before = record(path, release=False)
+    memory = [e["args"] for e in json.loads(path.read_text())["traceEvents"]
+              if e["name"] == "[memory]"]
+    assert {m["Total Reserved"] for m in memory} == {reserved_before}
+
+
 def _span_in_thread() -> None:
     with markers.span("thread-range"):
         pass

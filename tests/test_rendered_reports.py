@@ -146,6 +146,12 @@ def test_paired_report_ranks_idle_causes_and_diffs_the_traces(
     diff = pd.read_csv(r.out / "trace_diff.csv")
     assert len(diff) > 0 and diff["delta_ms"].abs().is_monotonic_decreasing
     assert "All-rank no-device-task time by cause" in r.text
+    # the memory timeline from the traces: plotted when they hold memory records, else said so
+    # (the recorded runs were profiled before the emulated export wrote [memory] events)
+    if "memory_timeline.png" in r.results["files"]:
+        assert (r.out / "memory_timeline.png").stat().st_size > 20_000
+    else:
+        assert "hold no device-memory records" in r.text
 
 
 @pytest.mark.slow

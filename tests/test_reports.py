@@ -307,6 +307,34 @@ def test_memory_figure_from_recorded_decisions() -> None:
             "free floor: 5 % of total", "normal call retained"} <= labels
 
 
+def test_memory_timeline_figure_draws_the_envelope_of_a_long_series() -> None:
+    """100 001 records on one rank: at most 6 points per bin of 2000 are drawn, and the one
+    spike of reserved memory and the one dip of allocated memory are among them."""
+    from residency.report_figures import memory_timeline_figure
+
+    n = 100_001
+    reserved = np.full(n, 4 << 30, np.int64)
+    reserved[54_321] = 9 << 30
+    allocated = np.full(n, 2 << 30, np.int64)
+    allocated[77_777] = 0
+    frame = pd.DataFrame({"rank": 0, "ts_ns": np.arange(n, dtype=np.int64) * 1000,
+                          "allocated_bytes": allocated, "reserved_bytes": reserved,
+                          "component": "", "source": "x"})
+    marks = pd.DataFrame({"rank": [0], "name": ["residency.release[forced]"],
+                          "start_ns": [5_000_000], "end_ns": [6_000_000]})
+    fig = memory_timeline_figure({"baseline": frame}, {"baseline": marks}, {"baseline": 0},
+                                 device_kind="cuda", source="Kineto [memory] events")
+    lines = {ln.get_label(): ln for ln in fig.axes[0].get_lines() if ln.get_label() in (
+        "reserved", "allocated")}
+    xs, ys = lines["reserved"].get_data()
+    assert len(xs) <= 6 * 2000 and xs[0] == 0 and xs[-1] == pytest.approx((n - 1) / 1e6)
+    assert max(ys) == 9 and min(lines["allocated"].get_data()[1]) == 0
+    assert fig.axes[0].get_title() == "baseline, rank 0: peak reserved 9 GiB"
+    labels = {t.get_text() for t in fig.legends[0].get_texts()}
+    assert labels == {"reserved", "allocated", "forced release"}
+    assert "n = 1 profiled run per arm, 1 rank, 100001 records" in fig._suptitle.get_text()
+
+
 def test_e2e_slopegraph_shares_a_zero_based_axis_and_numbers_pairs_once() -> None:
     from residency.report_figures import e2e_slopegraph
 
@@ -529,6 +557,76 @@ def test_views_write_and_show_the_paired_figures(tmp_path: Path, shown: list) ->
                for n in ("timeline", "memory", "e2e"))
     assert len(shown) == 3
     assert rv.write_timeline(run, (run.runs[2], run.runs[3]), tmp_path) is None  # no traces
+
+
+def test_views_memory_timeline_of_the_profiled_pair(tmp_path: Path, shown: list,
+                                                   capsys: pytest.CaptureFixture) -> None:
+    """Emulated-NPU traces with memory records: the figure is written and shown with the
+    device kind, every record saved, and what each release handed back (the baseline's
+    empty_cache returns the reserved block; the candidate's release returns nothing)."""
+    from types import SimpleNamespace
+
+    from residency import report_views as rv
+    from residency.rundir import load_run
+    from tests.memorytraces import record
+
+    held = {}
+    pair = []
+    for arm, release in (("baseline", True), ("candidate", False)):
+        trace_dir = tmp_path / arm / "trace"
+        held[arm] = record(trace_dir / "rank0.trace.json", release=release)
+        pair.append(SimpleNamespace(arm=arm, trace_dir=trace_dir))
+    run = SimpleNamespace(device_kind="emulated-npu")
+    out = tmp_path / "out"
+    out.mkdir()
+    assert rv.write_memory_timeline(run, pair, out) == out / "memory_timeline.png"
+    assert reports.png_size(out / "memory_timeline.png")[1] > 300
+    fig, table = shown
+    assert LABEL in fig._suptitle.get_text() and "Kineto [memory] events" in (
+        fig._suptitle.get_text())
+    assert [ax.get_title() for ax in fig.axes] == [
+        f"baseline, rank 0: peak reserved {humanize.bytes_text(held['baseline'])}",
+        f"candidate, rank 0: peak reserved {humanize.bytes_text(held['candidate'])}"]
+    labels = {t.get_text() for t in fig.legends[0].get_texts()}
+    assert labels == {"reserved", "allocated", "normal release"}
+    records = pd.read_csv(out / "memory_timeline.csv")
+    assert set(records["arm"]) == {"baseline", "candidate"} and set(records["rank"]) == {0}
+    released = pd.read_csv(out / "memory_timeline_releases.csv").set_index("arm")
+    assert released.loc["baseline", "released_bytes"] == held["baseline"] > 0
+    assert released.loc["candidate", "released_bytes"] == 0
+    assert LABEL in table.data and humanize.bytes_text(held["baseline"]) in table.data
+    # the recorded runs were profiled before the export wrote memory records: it says so
+    recorded = load_run(RECORDED)
+    shown.clear()
+    assert rv.write_memory_timeline(recorded, (recorded.runs[0], recorded.runs[1]),
+                                    tmp_path) is None
+    assert "hold no device-memory records" in capsys.readouterr().out and not shown
+
+
+def test_views_memory_timeline_of_a_torch_npu_database_pair(tmp_path: Path,
+                                                            shown: list) -> None:
+    """torch-npu's DB export as both arms: rank 0's MEMORY_RECORD (PTA rows) plotted with the
+    source named, and its normal release [400, 700) us handing back 1024 - 256.25 MiB."""
+    import shutil
+    from types import SimpleNamespace
+
+    from residency import report_views as rv
+
+    pair = []
+    for arm in ("baseline", "candidate"):
+        d = shutil.copytree(ROOT / "tests" / "data" / "traces" / "ascend_real_db",
+                            tmp_path / arm, ignore=shutil.ignore_patterns("*.parquet.cache"))
+        pair.append(SimpleNamespace(arm=arm, trace_dir=Path(d)))
+    assert rv.write_memory_timeline(SimpleNamespace(device_kind="npu"), pair,
+                                    tmp_path) == tmp_path / "memory_timeline.png"
+    fig, table = shown
+    title = fig._suptitle.get_text()
+    assert "npu: " in title and "torch-npu the database's MEMORY_RECORD, component PTA" in title
+    assert [ax.get_title() for ax in fig.axes] == [  # rank 1 recorded neither
+        "baseline, rank 0: peak reserved 1 GiB", "candidate, rank 0: peak reserved 1 GiB"]
+    released = pd.read_csv(tmp_path / "memory_timeline_releases.csv")
+    assert released["released_bytes"].tolist() == [(1024 - 256.25) * 2**20] * 2
+    assert humanize.bytes_text((1024 - 256.25) * 2**20) in table.data
 
 
 def test_views_whatif_small_tables_and_full_csv(tmp_path: Path, shown: list) -> None:

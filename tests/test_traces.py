@@ -284,6 +284,30 @@ def test_ascend_rank_from_vllm_omni_directory_name(tmp_path):
     assert list(load_traces(d, cache=False).ranks) == [5, 6]
 
 
+def test_kineto_rank_never_from_a_host_name(tmp_path):
+    """Kineto's default file name is <host>_<pid>.<time>.pt.trace.json: a host called
+    gpu-rank7-a (or gpu-rank7) names no rank; distributedInfo.rank, or a path component named
+    exactly [<group>_]rank<N> below the given path, does."""
+    host = tmp_path / "host"
+    write_kineto(host / "gpu-rank7-a_12345.1764500000000.pt.trace.json", [kernel(1, 1)])
+    write_kineto(host / "gpu-rank7_12346.1764500000000.pt.trace.json", [kernel(1, 1)])
+    with pytest.raises(TraceError, match=r"cannot tell the rank of .*gpu-rank7-a_12345.*"
+                                         r"no distributedInfo\.rank"):
+        load_traces(host, cache=False)
+    named = tmp_path / "named"
+    write_kineto(named / "gpu-rank7-a_12345.1764500000000.pt.trace.json", [kernel(1, 1)],
+                 rank=2)  # the trace's own rank wins over anything in the path
+    write_kineto(named / "diffusion_rank4" / "gpu-rank7-a_12346.1.pt.trace.json",
+                 [kernel(1, 1)])  # a rank folder below the root
+    write_kineto(named / "trace_rank5.json.gz", [kernel(1, 1)], gz=True)  # vLLM-Omni's name
+    write_kineto(named / "gpu-rank7-a" / "rank6.trace.json", [kernel(1, 1)])
+    assert list(load_traces(named, cache=False).ranks) == [2, 4, 5, 6]
+    inside = tmp_path / "rank9" / "gpu-rank7-a_1.pt.trace.json"
+    write_kineto(inside, [kernel(1, 1)])
+    with pytest.raises(TraceError, match="cannot tell the rank"):  # the root's own name: no
+        load_traces(tmp_path / "rank9", cache=False)
+
+
 def test_rank_without_device_tasks_warns(tmp_path):
     write_kineto(tmp_path / "rank0.json", [kernel(1, 1)])
     write_kineto(tmp_path / "rank1.json", [kernel(1, 1, cat="user_annotation", name="m")])

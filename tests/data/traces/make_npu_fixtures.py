@@ -12,7 +12,8 @@
   of torch-npu's ``TableColumnsManager`` and msprof's ``TASK`` table (host task types in
   ``TASK.taskType``, as msprof's ``TaskProcessor::GetTaskType`` stores them).
 * ascend_real/'s rank 0 also has ``ASCEND_PROFILER_OUTPUT/memory_record.csv`` (torch-npu's
-  header; timestamps end in a tab, as torch-npu writes them).
+  header; timestamps end in a tab, as torch-npu writes them), and ascend_real_db/'s rank 0 the
+  same records (but APP) in its ``MEMORY_RECORD`` table (ns, bytes).
 
 Times: integer microseconds after EPOCH_US, so tests can check them on a 1-us grid.
 """
@@ -28,21 +29,27 @@ HERE = Path(__file__).resolve().parent
 EPOCH_US = 1_764_500_000_000_000
 HOST = "gpu-rank7-a"  # a host name that contains "rank7": never a rank
 
-# device tasks: (name, Task Type as trace_view writes it, host task type as the DB stores it,
-# start us, end us); "FUTURE_SQE" stands for a type no list knows
+# device tasks: (name, Task Type as trace_view writes it, TASK.taskType as the DB stores it,
+# start us, end us). As msprof writes them (ascend_hardware_assembler.cpp, task_processor.cpp):
+# a compute task's text type is its GE task type, also COMPUTE_TASK_INFO.taskType, while
+# TASK.taskType holds its host type (KERNEL_*); a task with a host type the runtime registers
+# (EVENT_WAIT, the runtime's name for STREAM_WAIT_EVENT) shows it in both; one with an UNKNOWN
+# host type shows its SQE type in both; a MEMCPY_ASYNC task shows its device (SQE) type in
+# the text export. "FUTURE_SQE" stands for a type no list knows.
 DEVICE = {
     0: [("MatMul_1", "AI_CORE", "KERNEL_AICORE", 100, 200),
-        ("EVENT_WAIT_SQE", "EVENT_WAIT_SQE", "STREAM_WAIT_EVENT", 200, 600),
+        ("EVENT_WAIT_SQE", "EVENT_WAIT_SQE", "EVENT_WAIT_SQE", 200, 600),
         ("Add_2", "AI_VECTOR_CORE", "KERNEL_AIVEC", 600, 650),
-        ("MemcpyAsync", "SDMA_SQE", "MEMCPY_ASYNC", 650, 700),
-        ("EVENT_RECORD_SQE", "EVENT_RECORD_SQE", "EVENT_RECORD", 700, 701),
+        ("MEMCPY_ASYNC", "SDMA_SQE", "MEMCPY_ASYNC", 650, 700),
+        ("EVENT_RECORD_SQE", "EVENT_RECORD_SQE", "EVENT_RECORD_SQE", 700, 701),
         ("MatMul_3", "MIX_AIC", "KERNEL_MIX_AIC", 800, 1000)],
     1: [("MatMul_1", "AI_CORE", "KERNEL_AICORE", 100, 150),
-        ("NOTIFY_WAIT_SQE", "NOTIFY_WAIT_SQE", "NOTIFY_WAIT", 150, 500),
+        ("NOTIFY_WAIT_SQE", "NOTIFY_WAIT_SQE", "NOTIFY_WAIT_SQE", 150, 500),
         ("MatMul_2", "AI_CORE", "KERNEL_AICORE", 500, 550),
-        ("MemcpyAsync", "PCIE_DMA_SQE", "MEMCPY_ASYNC", 550, 580),
+        ("MEMCPY_ASYNC", "PCIE_DMA_SQE", "MEMCPY_ASYNC", 550, 580),
+        ("EVENT_WAIT", "EVENT_WAIT", "EVENT_WAIT", 600, 940),
         ("Sort_4", "AI_CPU", "KERNEL_AICPU", 950, 1000),
-        ("Future_5", "FUTURE_SQE", "FUTURE_SQE", 960, 970)],
+        ("FUTURE_SQE", "FUTURE_SQE", "FUTURE_SQE", 960, 970)],
 }
 COMPUTE_DB_TYPES = {"KERNEL_AICORE", "KERNEL_AIVEC", "KERNEL_MIX_AIC", "KERNEL_AICPU"}
 # Communication lane: (name, thread, start, end); plane tasks lie inside their operation
@@ -115,8 +122,11 @@ def profiler_info(rank: int) -> str:
                        "rank_id": rank, "torch_npu_version": "2.10.0"}) + "\n"
 
 
-# memory_record.csv of rank 0 (profile_memory=True): (component, us, allocated MB, reserved MB)
+# memory_record.csv of rank 0 (profile_memory=True): (component, us, allocated MB, reserved MB);
+# torch-npu (MemoryViewParser) also writes PTA+GE sums and APP rows (the process as the driver
+# sees it, whose allocated column holds KB, unconverted)
 MEMORY = [("PTA", 100, "512.000", "1024.000"), ("GE", 120, "4.000", "8.000"),
+          ("PTA+GE", 120, "516.000", "1032.000"), ("APP", 130, "2097152", "2048.000"),
           ("PTA", 500, "512.500", "1024.000"), ("PTA", 690, "256.250", "256.250")]
 
 
@@ -140,24 +150,28 @@ def ascend_real() -> None:
             (d / "ASCEND_PROFILER_OUTPUT" / "memory_record.csv").write_text(memory_record())
 
 
-SCHEMA = {  # columns as torch-npu (TableColumnsManager) and msprof (TASK) write them
+SCHEMA = {  # torch-npu's own tables (_constant.py, TableColumnsManager) and msprof's
+    # (analysis/csrc/application/database/msprof_db.cpp), columns in their order
     "STRING_IDS": "id INTEGER, value TEXT",
     "TASK": "startNs INTEGER, endNs INTEGER, deviceId INTEGER, connectionId INTEGER, "
             "globalTaskId INTEGER, globalPid INTEGER, taskType INTEGER, contextId INTEGER, "
             "streamId INTEGER, taskId INTEGER, modelId INTEGER",
-    "COMPUTE_TASK_INFO": "name INTEGER, globalTaskId INTEGER, blockDim INTEGER, "
-                         "mixBlockDim INTEGER, taskType INTEGER, opType INTEGER, "
+    "COMPUTE_TASK_INFO": "name INTEGER, globalTaskId INTEGER, blockNum INTEGER, "
+                         "mixBlockNum INTEGER, taskType INTEGER, opType INTEGER, "
                          "inputFormats INTEGER, inputDataTypes INTEGER, inputShapes INTEGER, "
                          "outputFormats INTEGER, outputDataTypes INTEGER, "
-                         "outputShapes INTEGER",
+                         "outputShapes INTEGER, attrInfo INTEGER, opState INTEGER, "
+                         "hf32Eligible INTEGER, gridDim INTEGER, blockDim INTEGER",
     "COMMUNICATION_TASK_INFO": "name INTEGER, globalTaskId INTEGER, taskType INTEGER, "
                                "planeId INTEGER, groupName INTEGER, notifyId INTEGER, "
                                "rdmaType INTEGER, srcRank INTEGER, dstRank INTEGER, "
                                "transportType INTEGER, size INTEGER, dataType INTEGER, "
-                               "linkType INTEGER, opId INTEGER",
+                               "linkType INTEGER, opId INTEGER, isMaster INTEGER, "
+                               "bandwidth NUMERIC",
     "COMMUNICATION_OP": "opName INTEGER, startNs INTEGER, endNs INTEGER, connectionId INTEGER, "
-                        "groupName INTEGER, opId INTEGER, relay INTEGER, retry INTEGER, "
-                        "dataType INTEGER, algType INTEGER, count NUMERIC, opType INTEGER",
+                        "groupName INTEGER, opId INTEGER, relay INTEGER, "
+                        "retry INTEGER, dataType INTEGER, algType INTEGER, count NUMERIC, "
+                        "opType INTEGER, deviceId INTEGER, rankSize INTEGER",
     "PYTORCH_API": "startNs TEXT, endNs TEXT, globalTid INTEGER, connectionId INTEGER, "
                    "name INTEGER, sequenceNumber INTEGER, fwdThreadId INTEGER, "
                    "inputDtypes INTEGER, inputShapes INTEGER, callchainId INTEGER, "
@@ -165,7 +179,15 @@ SCHEMA = {  # columns as torch-npu (TableColumnsManager) and msprof (TASK) write
     "CANN_API": "startNs INTEGER, endNs INTEGER, type INTEGER, globalTid INTEGER, "
                 "connectionId INTEGER, name INTEGER",
     "RANK_DEVICE_MAP": "rankId INTEGER, deviceId INTEGER",
+    "MEMORY_RECORD": "component INTEGER, timestamp INTEGER, totalAllocated INTEGER, "
+                     "totalReserved INTEGER, totalActive INTEGER, streamPtr INTEGER, "
+                     "deviceId INTEGER",
 }
+
+
+def mib_bytes(text: str) -> int:
+    whole, _, frac = text.partition(".")
+    return int(whole) * 1024**2 + int(frac or 0) * 1024**2 // 10 ** len(frac or "")
 
 
 def ns(offset_us: int) -> int:
@@ -186,29 +208,31 @@ def write_db(path: Path, rank: int) -> None:
         return ids[text]
 
     gid = 0
-    for name, _, host_type, start, end in DEVICE[rank]:
+    for name, text_type, task_type, start, end in DEVICE[rank]:
         gid += 1
         con.execute("INSERT INTO TASK VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                    (ns(start), ns(end), rank, gid, gid, 1001 + rank, sid(host_type),
+                    (ns(start), ns(end), rank, gid, gid, 1001 + rank, sid(task_type),
                      4294967295, 2, gid, 4294967295))
-        if host_type in COMPUTE_DB_TYPES:
-            con.execute("INSERT INTO COMPUTE_TASK_INFO VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                        (sid(name), gid, 8, 0, sid(host_type), sid(name.split("_")[0]),
-                         0, 0, 0, 0, 0, 0))
+        if task_type in COMPUTE_DB_TYPES:  # its GE task type is what the text export shows
+            na = sid("N/A")
+            con.execute("INSERT INTO COMPUTE_TASK_INFO VALUES "
+                        "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                        (sid(name), gid, 8, 0, sid(text_type), sid(name.split("_")[0]),
+                         na, na, na, na, na, na, na, sid("static"), sid("NO"), na, na))
     for name, thread, start, end in COMM[rank]:
         if thread.startswith("Group"):
-            con.execute("INSERT INTO COMMUNICATION_OP VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            con.execute("INSERT INTO COMMUNICATION_OP VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                         (sid(name), ns(start), ns(end), 12, sid("group1"), 1, 0, 0, 4, 0,
-                         1024, sid("hcom_allReduce_")))
+                         1024, sid("hcom_allReduce_"), rank, 2))
         else:  # a plane task: a TASK row described by COMMUNICATION_TASK_INFO
             gid += 1
             con.execute("INSERT INTO TASK VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                         (ns(start), ns(end), rank, 12, gid, 1001 + rank, sid("NOTIFY_WAIT"),
                          4294967295, 8, gid, 4294967295))
             con.execute("INSERT INTO COMMUNICATION_TASK_INFO VALUES "
-                        "(?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                        "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                         (sid(name), gid, sid("Notify_Wait"), 0, sid("group1"), 1, 0, rank,
-                         1 - rank, 0, 0, 4, 1, 1))
+                         1 - rank, 0, 0, 4, 1, 1, 1, 0.0))
     for name, process, start, end in HOST_RANGES[rank]:
         if process == "Python":
             con.execute("INSERT INTO PYTORCH_API VALUES (?,?,?,?,?,?,?,?,?,?,?)",
@@ -218,6 +242,12 @@ def write_db(path: Path, rank: int) -> None:
             con.execute("INSERT INTO CANN_API VALUES (?,?,?,?,?,?)",
                         (ns(start), ns(end), 20000, 5, 12, sid(name)))
     con.execute("INSERT INTO RANK_DEVICE_MAP VALUES (?, ?)", (rank, rank))
+    if rank == 0:  # rank 0's memory_record.csv as the DB holds it: ns, bytes; no APP rows
+        for component, t, alloc, res in MEMORY:
+            if component != "APP":
+                con.execute("INSERT INTO MEMORY_RECORD VALUES (?,?,?,?,?,?,?)",
+                            (sid(component), ns(t), mib_bytes(alloc), mib_bytes(res),
+                             mib_bytes(alloc), 94571714520304, rank))
     con.commit()
     con.close()
 
