@@ -251,9 +251,11 @@ PAIRED_PROFILE = [
     new_markdown_cell(
         "## All-rank no-device-task time by cause\n\n"
         "For each arm of the profiled pair, which host range was running while no rank ran a "
-        "device task (the innermost range at each instant, so the rows add up to the all-rank "
-        "no-device-task time; \"(no host range)\" is time no range covered). With the "
-        "baseline the normal release should lead; with the candidate it should vanish."),
+        "device task (the innermost range at each instant, so each arm's rows add up to its "
+        "all-rank no-device-task time; \"(no host range)\" is time no range covered), and "
+        "the difference, largest reduction first. What the fix removes should lead: the "
+        "normal release itself and the load that re-acquires what it released "
+        "(`residency.load[...]`); loads and phases both arms share stay level."),
     new_code_cell("causes = rv.write_causes(run, reference_pair(run), out)"),
     new_markdown_cell(
         "## What else changed: device tasks, baseline vs candidate\n\n"

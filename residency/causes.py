@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 
     from residency.traces import TraceSet
 
-__all__ = ["NO_HOST_RANGE", "cause_kind", "format_causes", "idle_by_cause", "top_cause"]
+__all__ = ["NO_HOST_RANGE", "cause_diff", "cause_kind", "format_causes", "idle_by_cause",
+           "top_cause"]
 
 NO_HOST_RANGE = "(no host range)"
 
@@ -166,6 +167,28 @@ def top_cause(frame: pd.DataFrame, *, kinds: tuple[str, ...] = ("marker", "host 
     when none has any."""
     rows = frame[frame["kind"].isin(kinds) & (frame["idle_ns"] > 0)]
     return next(rows.itertuples(index=False), None)
+
+
+def cause_diff(baseline: pd.DataFrame, candidate: pd.DataFrame) -> pd.DataFrame:
+    """What changed between two `idle_by_cause` tables: per cause, baseline and candidate
+    innermost idle and candidate − baseline, in ns and ms; the largest reduction first
+    (causes only one arm has count 0 in the other).
+
+    Columns: ``cause``, ``kind``, ``baseline_idle_ns``, ``candidate_idle_ns``,
+    ``delta_idle_ns``, ``baseline_idle_ms``, ``candidate_idle_ms``, ``delta_idle_ms``.
+    """
+    import pandas as pd
+
+    b = baseline.set_index("cause")["idle_ns"]
+    c = candidate.set_index("cause")["idle_ns"]
+    causes = list(dict.fromkeys([*b.index, *c.index]))
+    frame = pd.DataFrame({"cause": causes, "kind": [cause_kind(x) for x in causes],
+                          "baseline_idle_ns": [int(b.get(x, 0)) for x in causes],
+                          "candidate_idle_ns": [int(c.get(x, 0)) for x in causes]})
+    frame["delta_idle_ns"] = frame["candidate_idle_ns"] - frame["baseline_idle_ns"]
+    for arm in ("baseline", "candidate", "delta"):
+        frame[f"{arm}_idle_ms"] = frame[f"{arm}_idle_ns"] / 1e6
+    return frame.sort_values(["delta_idle_ns", "cause"], kind="stable").reset_index(drop=True)
 
 
 def format_causes(frame: pd.DataFrame, *, rows: int = 15) -> list[str]:

@@ -94,6 +94,13 @@ class DeviceModel:
             seconds = cost.roofline_s
         return self.launch_ns + int(round(seconds * 1e9))
 
+    def describe(self) -> str:
+        """The model in words, e.g. `modelled compute at 1e+14 FLOP/s, memory 1.6e+12 B/s,
+        link 2.5e+10 B/s, launch 5 us, accelerator patch none`."""
+        return (f"{self.compute} compute at {self.flops_per_s:.3g} FLOP/s, memory "
+                f"{self.bytes_per_s:.3g} B/s, link {self.link_bytes_per_s:.3g} B/s, launch "
+                f"{self.launch_ns / 1000:g} us, accelerator patch {self.accelerator_patch}")
+
     def to_params(self) -> dict[str, Any]:
         """The model as plain values for a run manifest's `params`."""
         return asdict(self)

@@ -20,6 +20,12 @@ PHASE_PREPARE = "residency.phase[prepare]"
 PHASE_DENOISE = "residency.phase[denoise]"
 PHASE_DECODE = "residency.phase[decode]"
 
+
+def load(component: str) -> str:
+    """The host range of loading one component onto the device (allocating its memory and
+    uploading it), e.g. `residency.load[vae]`: where re-acquiring released memory shows."""
+    return f"residency.load[{component}]"
+
 _sinks: list[RangeSink] = []
 
 

@@ -123,10 +123,11 @@ def write_causes(run: Run, pair: Sequence[RunEntry] | None,
                  output_dir: str | os.PathLike[str], *, rows: int = 8,
                  name: str = "idle_by_cause") -> Path | None:
     """All-rank no-device-task time of each arm of the profiled pair by the host range
-    running during it (`residency.causes.idle_by_cause`, innermost range): the first `rows`
-    causes per arm displayed, every cause of both arms saved as `<name>.csv`; None without
-    traces."""
-    from residency.causes import idle_by_cause
+    running during it (`residency.causes.idle_by_cause`, innermost range): per cause,
+    baseline, candidate and their difference (`residency.causes.cause_diff`), the largest
+    reduction first, `rows` displayed; every cause of both arms saved as `<name>.csv` and the
+    difference as `<name>_diff.csv`; None without traces."""
+    from residency.causes import cause_diff, idle_by_cause
 
     traces = _pair_traces(pair)
     if traces is None or pair is None:
@@ -136,11 +137,17 @@ def write_causes(run: Run, pair: Sequence[RunEntry] | None,
     full = pd.concat(frames, ignore_index=True)
     path = Path(output_dir) / f"{name}.csv"
     full.to_csv(path, index=False)
-    shown = pd.concat([f.head(rows) for f in frames], ignore_index=True)
-    show_table(shown[["arm", "cause", "kind", "idle_ms", "share_of_idle", "ranks"]],
+    diff = cause_diff(*frames)
+    diff.to_csv(Path(output_dir) / f"{name}_diff.csv", index=False)
+    shown = diff.head(rows).rename(columns={
+        "baseline_idle_ms": "baseline (ms)", "candidate_idle_ms": "candidate (ms)",
+        "delta_idle_ms": "candidate − baseline (ms)"})
+    show_table(shown[["cause", "kind", "baseline (ms)", "candidate (ms)",
+                      "candidate − baseline (ms)"]],
                caption=f"{run.device_kind} ({devices.label(run.device_kind)}): all-rank "
                "no-device-task time by cause (innermost host range, ms), profiled pair, n = 1 "
-               f"run per arm; all rows in `{path.name}`")
+               "run per arm, largest reduction first; per arm in "
+               f"`{path.name}`, the difference in `{name}_diff.csv`")
     return path
 
 

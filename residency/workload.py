@@ -128,15 +128,16 @@ class ComponentStager:
     def load(self, component: Component) -> list[Any]:
         if component.device:
             return component.device
-        try:
-            component.device = [self.ops.upload(t, f"{component.name}.load")
-                                for t in component.host]
-        except torch.OutOfMemoryError:
-            self.oom += 1
-            self._drop(component)
-            self.policy.release_if_needed(force=True)
-            component.device = [self.ops.upload(t, f"{component.name}.load")
-                                for t in component.host]
+        with markers.span(markers.load(component.name)):
+            try:
+                component.device = [self.ops.upload(t, f"{component.name}.load")
+                                    for t in component.host]
+            except torch.OutOfMemoryError:
+                self.oom += 1
+                self._drop(component)
+                self.policy.release_if_needed(force=True)
+                component.device = [self.ops.upload(t, f"{component.name}.load")
+                                    for t in component.host]
         return component.device
 
     def _drop(self, component: Component) -> None:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from residency.busy import classify, resolve
-from residency.causes import NO_HOST_RANGE, idle_by_cause, top_cause
+from residency.causes import NO_HOST_RANGE, cause_diff, idle_by_cause, top_cause
 from residency.idle import busy_intervals, idle_summary
 from residency.traces import CACHE_DIR, TraceError, load_traces
 
@@ -299,6 +299,14 @@ def test_idle_by_cause_against_the_grid(real):
     assert frame["idle_ns"].is_monotonic_decreasing
     assert frame.loc[frame["cause"] == "residency.phase[denoise]", "kind"].item() == "phase"
     assert top_cause(frame).cause == "residency.release[normal]"
+    # the difference of two arms: the cause only the baseline had leads, at its full size
+    gone = frame.assign(idle_ns=np.where(frame["cause"] == "residency.release[normal]", 0,
+                                         frame["idle_ns"]))
+    diff = cause_diff(frame, gone[gone["idle_ns"] > 0])
+    first = diff.iloc[0]
+    assert (first["cause"], first["baseline_idle_ns"], first["candidate_idle_ns"],
+            first["delta_idle_ms"]) == ("residency.release[normal]", 120_000, 0, -0.12)
+    assert (diff["delta_idle_ns"].iloc[1:] == 0).all()
 
 
 # -- the SQLite export -------------------------------------------------------------------------

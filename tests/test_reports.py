@@ -150,10 +150,11 @@ def test_banner_says_the_device_kind_before_any_number() -> None:
     assert texts[0] == f"emulated-npu: {LABEL}"
     assert not re.search(r"\d", texts[0])
     prov = " ".join(texts[1:])
-    took_s = int((datetime.fromisoformat(m["ended_at"])
-                  - datetime.fromisoformat(m["started_at"])).total_seconds())
+    took_s = round((datetime.fromisoformat(m["ended_at"])
+                    - datetime.fromisoformat(m["started_at"])).total_seconds())
+    took = f"{took_s // 60} min {took_s % 60} s" if took_s >= 60 else f"{took_s} s"
     for part in (m["versions"]["git_commit"][:12], m["versions"]["torch"], m["host"],
-                 m["started_at"], m["ended_at"], f"({took_s // 60} min {took_s % 60} s)"):
+                 m["started_at"], m["ended_at"], f"({took})"):
         assert part in prov
     assert banner.banner_line(m).startswith(f"emulated-npu: {LABEL} · paired-profile")
     md = banner.banner_markdown(m)
@@ -595,11 +596,22 @@ def test_views_memory_timeline_of_the_profiled_pair(tmp_path: Path, shown: list,
     assert released.loc["baseline", "released_bytes"] == held["baseline"] > 0
     assert released.loc["candidate", "released_bytes"] == 0
     assert LABEL in table.data and humanize.bytes_text(held["baseline"]) in table.data
-    # the recorded runs were profiled before the export wrote memory records: it says so
+    # the recorded run's traces hold memory records; without them the view says so
     recorded = load_run(RECORDED)
     shown.clear()
     assert rv.write_memory_timeline(recorded, (recorded.runs[0], recorded.runs[1]),
-                                    tmp_path) is None
+                                    tmp_path) == tmp_path / "memory_timeline.png"
+    bare = []
+    for entry in recorded.runs[:2]:
+        trace_dir = tmp_path / "bare" / entry.name / "trace"
+        trace_dir.mkdir(parents=True)
+        for src in sorted(entry.trace_dir.glob("*.json")):
+            doc = json.loads(src.read_text())
+            doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("name") != "[memory]"]
+            (trace_dir / src.name).write_text(json.dumps(doc))
+        bare.append(SimpleNamespace(arm=entry.arm, trace_dir=trace_dir))
+    shown.clear()
+    assert rv.write_memory_timeline(recorded, bare, tmp_path / "bare") is None
     assert "hold no device-memory records" in capsys.readouterr().out and not shown
 
 

@@ -142,7 +142,20 @@ def describe_run(run: Run) -> str:
     """A Markdown paragraph: which run is analysed, on what device kind, with which
     parameters and runs."""
     m = run.manifest
-    params = ", ".join(f"{k}={v}" for k, v in (m.get("params") or {}).items() if v is not None)
+    params = ", ".join(f"{k}={v}" for k, v in (m.get("params") or {}).items()
+                       if v is not None and k != "emulated_npu")
+    model = (m.get("params") or {}).get("emulated_npu")
+    if isinstance(model, Mapping):
+        from residency.devicemodel import DeviceModel
+        from residency.humanize import bytes_text
+
+        fields = {k: v for k, v in model.items() if k != "capacity_bytes"}
+        try:
+            params += f"; emulated device model: {DeviceModel.from_params(fields).describe()}"
+        except (TypeError, ValueError):
+            params += f"; emulated device model: {fields}"
+        if model.get("capacity_bytes") is not None:
+            params += f", capacity {bytes_text(model['capacity_bytes'])}"
     order = ", ".join(f"{r.name}{' (profiled)' if r.profiled else ''}" for r in run.runs)
     text = (f"**Run** `{run.path}`: design `{run.design}`, device kind **{run.device_kind}** "
             f"({device_label(run.device_kind)}), {m.get('service', '?')} service; parameters "
