@@ -173,7 +173,8 @@ def load_traces(path: str | os.PathLike[str], *, cache: bool = True,
     torch-npu directory's rank is in its ``profiler_info_<rank>.json``, else a ``rank<N>``
     folder below `path` (vLLM-Omni writes ``diffusion_rank<N>/``), never the directory's own
     name (a host name). Several sessions of a rank are chosen with `session`, vLLM-Omni groups
-    with `group` (`residency.ascend.choose_sessions`). Files are parsed in `workers` processes
+    (``diffusion_rank<N>/``, ``stage<K>_rank<N>/``, in either format) with `group`
+    (`residency.ascend.choose_sessions`). Files are parsed in `workers` processes
     (default: one per CPU when the traces are large), each streamed in chunks of
     `chunk_bytes`. With `cache`, parsed files are read from and written to Parquet beside them;
     a cache that cannot be used, or does not match the trace or its own digest, is ignored.
@@ -202,7 +203,9 @@ def load_traces(path: str | os.PathLike[str], *, cache: bool = True,
         known = [c.rank for c in chosen]
         sessions = [c.session for c in chosen]
     else:
+        items = _choose_kineto_group(root, items, group)
         sources = list(items)
+        known, sessions = [None] * len(items), [None] * len(items)
     parsed = _parse_all(fmt, sources, cache=cache, workers=workers,
                         root=None if fmt == "kineto" and not root.is_dir() else root,
                         chunk_bytes=chunk_bytes, max_bytes=max_trace_bytes)
@@ -285,6 +288,47 @@ def _discover(path: Path) -> tuple[Literal["kineto", "ascend"], list[Path]]:
         raise TraceError(root, "no traces found: expected Kineto *.json / *.json.gz files or "
                          "torch-npu *_ascend_pt directories")
     return ("kineto", sorted(kineto)) if kineto else ("ascend", sorted(ascend))
+
+
+_GROUP_RE = re.compile(r"(?:(?P<group>\w+)_)?rank[_-]?\d+", re.IGNORECASE)
+
+
+def _kineto_group(p: Path, root: Path) -> str:
+    """The vLLM-Omni process group of a Kineto file: the ``<group>`` of the deepest folder
+    below `root` named ``<group>_rank<N>`` (``diffusion_rank0/``, ``stage1_rank0/``); ""
+    when no folder names one."""
+    try:
+        parts = p.relative_to(root).parts[:-1]
+    except ValueError:
+        return ""
+    for part in reversed(parts):
+        if m := _GROUP_RE.fullmatch(part):
+            return m.group("group") or ""
+    return ""
+
+
+def _choose_kineto_group(root: Path, files: list[Path], group: str | None) -> list[Path]:
+    """The files of one process group: those of `group` when given, else all of them as long
+    as at most one named group is present (files in no ``<group>_rank<N>/`` folder belong to
+    none and never make a choice necessary).
+
+    Raises:
+        TraceError: an unknown `group`, or several named groups and no `group`; both list
+            them.
+    """
+    by_group: dict[str, list[Path]] = {}
+    for f in files:
+        by_group.setdefault(_kineto_group(f, root) if root.is_dir() else "", []).append(f)
+    if group is not None:
+        if group not in by_group:
+            raise TraceError(root, f"no group {group!r}; the groups are: "
+                             f"{', '.join(repr(g) for g in sorted(by_group))}")
+        return by_group[group]
+    if len([g for g in by_group if g]) > 1:
+        listed = ", ".join(f"{g!r} ({len(v)} files)" for g, v in sorted(by_group.items()))
+        raise TraceError(root, f"holds the traces of several process groups: {listed}; "
+                         "choose one with --group NAME (group= in the API)")
+    return files
 
 
 def _rank_from_path(p: Path, root: Path) -> int | None:

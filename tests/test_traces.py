@@ -308,6 +308,29 @@ def test_kineto_rank_never_from_a_host_name(tmp_path):
         load_traces(tmp_path / "rank9", cache=False)
 
 
+def test_vllm_omni_kineto_groups_are_chosen_with_group(tmp_path):
+    """vLLM-Omni on CUDA writes Kineto files per process group (diffusion_rank<N>/ beside
+    stage<K>_rank<N>/): several groups need --group, which loads that group's ranks only."""
+    for group, offset in (("diffusion", 0), ("stage0", 100)):
+        for rank in (0, 1):
+            write_kineto(tmp_path / f"{group}_rank{rank}" / "host_1.pt.trace.json",
+                         [kernel(offset + 1, 1 + rank)])
+    with pytest.raises(TraceError, match=r"several process groups: 'diffusion' \(2 files\), "
+                                         r"'stage0' \(2 files\); choose one with --group"):
+        load_traces(tmp_path, cache=False)
+    ts = load_traces(tmp_path, cache=False, group="stage0")
+    assert list(ts.ranks) == [0, 1]
+    assert all("stage0_rank" in str(t.source) for t in ts.ranks.values())
+    durations = [int(t.device[0][1] - t.device[0][0]) for t in ts.ranks.values()]
+    assert durations == [1_000, 2_000]  # rank r's task lasts 1 + r us
+    starts = {int(t.device[0][0]) for t in ts.ranks.values()}
+    plain = load_traces(tmp_path, cache=False, group="diffusion")
+    assert {s - 100_000 for s in starts} == {int(t.device[0][0]) for t in plain.ranks.values()}
+    with pytest.raises(TraceError, match=r"no group 'vae'; the groups are: 'diffusion', "
+                                         r"'stage0'"):
+        load_traces(tmp_path, cache=False, group="vae")
+
+
 def test_rank_without_device_tasks_warns(tmp_path):
     write_kineto(tmp_path / "rank0.json", [kernel(1, 1)])
     write_kineto(tmp_path / "rank1.json", [kernel(1, 1, cat="user_annotation", name="m")])
