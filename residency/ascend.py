@@ -282,6 +282,18 @@ _HOST_SQL = {  # table -> (lane, its host ranges); times CAST: PYTORCH_API's are
 _COMM_LANE = "Communication"
 
 
+def _open_db(path: Path) -> sqlite3.Connection:
+    """`path` opened read-only; TraceError when it cannot be."""
+    try:
+        return sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise TraceError(path, f"cannot open the database: {exc}") from None
+
+
+def _tables(con: sqlite3.Connection) -> set[str]:
+    return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
 def read_db(path: Path) -> Parsed:
     """Read a torch-npu ``ascend_pytorch_profiler_<rank>.db`` (or msprof database) with the
     standard library, into the columns a text export gives: every ``TASK`` row a device task
@@ -297,12 +309,9 @@ def read_db(path: Path) -> Parsed:
         TraceError: not a SQLite database, or a required table (``STRING_IDS``, ``TASK``)
             missing, named in the message.
     """
+    con = _open_db(path)
     try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    except sqlite3.Error as exc:
-        raise TraceError(path, f"cannot open the database: {exc}") from None
-    try:
-        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        tables = _tables(con)
         for table in _REQUIRED:
             if table not in tables:
                 raise TraceError(path, f"no table {table}: not a torch-npu profiler database "
@@ -356,13 +365,9 @@ def read_db_memory(path: Path) -> list[tuple[int, int, int, str]]:
     Raises:
         TraceError: not a SQLite database, or the table cannot be read.
     """
+    con = _open_db(path)
     try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    except sqlite3.Error as exc:
-        raise TraceError(path, f"cannot open the database: {exc}") from None
-    try:
-        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        if "MEMORY_RECORD" not in tables:
+        if "MEMORY_RECORD" not in _tables(con):
             return []
         rows = con.execute(_MEMORY_SQL).fetchall()
     except sqlite3.DatabaseError as exc:
