@@ -534,7 +534,9 @@ class Papermill:
     def __init__(self, notebook: str, out: Path | None, *args: str, cwd: Path) -> None:
         cmd = [sys.executable, "-m", "papermill", str(NOTEBOOKS / f"{notebook}.ipynb")]
         cmd += [str(out)] if out is not None else []
-        cmd += ["-k", "python3", *args]
+        # several kernels start at once on 2 cores: papermill's 60 s kernel start limit is
+        # a guard against hangs here, not a speed check
+        cmd += ["-k", "python3", "--start-timeout", "600", *args]
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
         self.out, self.cwd = out, cwd
         self._stdout, self._stderr = cwd / ".papermill.stdout", cwd / ".papermill.stderr"

@@ -50,7 +50,8 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ren
     for name, source in SOURCES.items():
         out = tmp_path_factory.mktemp(name)
         cmd = [sys.executable, "-m", "papermill", str(ROOT / "notebooks" / f"{name}.ipynb"),
-               str(out / f"{name}.ipynb"), "-k", "python3", "-r", "source", str(source),
+               str(out / f"{name}.ipynb"), "-k", "python3", "--start-timeout", "600",
+               "-r", "source", str(source),
                "-r", "output_dir", str(out), *EXTRA.get(name, ())]
         log = open(out / ".papermill.log", "w")  # noqa: SIM115 - closed below
         procs[name] = (out, log, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
