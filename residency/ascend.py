@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from residency.tracefiles import TraceError
+from residency.tracefiles import RANK_COMPONENT_RE, TraceError
 from residency.traceformats import Parsed
 
 __all__ = ["AscendSession", "RELATIVE_LIMIT_NS", "align_clocks", "choose_sessions",
@@ -62,7 +62,6 @@ _INFO_RE = re.compile(r"profiler_info_(\d+)\.json")
 _DB_RE = re.compile(r"ascend_pytorch_profiler_(\d+)\.db")
 # "[<group>_]rank<N>": "_" never occurs in host names (RFC 1123), so a folder named after a host
 # ("gpu-rank7", "node.rank7") is no rank folder
-_COMPONENT_RE = re.compile(r"^(?:(?P<group>\w+?)_)?rank[_-]?(?P<rank>\d+)$", re.IGNORECASE)
 RELATIVE_LIMIT_NS = 10**17  # 1e17 ns after the epoch is in 1973: earlier, not epoch times
 
 
@@ -142,7 +141,7 @@ def _path_rank(d: Path, root: Path) -> tuple[str, int | None]:
     except ValueError:
         parts = ()
     for part in reversed(parts):
-        if m := _COMPONENT_RE.match(part):
+        if m := RANK_COMPONENT_RE.fullmatch(part):
             return (m.group("group") or ""), int(m.group("rank"))
     return "", None
 

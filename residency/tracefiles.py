@@ -14,14 +14,19 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 import zlib
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CHUNK_BYTES", "MAX_TRACE_BYTES", "TraceError", "TraceStream", "file_sha256",
-           "open_regular"]
+__all__ = ["CHUNK_BYTES", "MAX_TRACE_BYTES", "RANK_COMPONENT_RE", "TraceError", "TraceStream",
+           "file_sha256", "open_regular"]
 
+# a path component that names a rank, for both formats: "[<group>_]rank<N>" and nothing else
+# (fullmatch); "_" never occurs in host names (RFC 1123), so "gpu-rank7" or "gpu-rank7-a_123"
+# never match. vLLM-Omni's groups: diffusion_rank<N>, stage<K>_rank<N>.
+RANK_COMPONENT_RE = re.compile(r"(?:(?P<group>\w+)_)?rank[_-]?(?P<rank>\d+)", re.IGNORECASE)
 CHUNK_BYTES = 2 << 20  # decompressed bytes handed out per read (smaller decodes faster)
 MAX_TRACE_BYTES = 64 << 30  # per trace file: on disk and decompressed
 _RAW_READ_BYTES = 4 << 20

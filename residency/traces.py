@@ -30,7 +30,6 @@ Parsing needs neither pandas nor pyarrow; pyarrow serves the cache.
 from __future__ import annotations
 
 import os
-import re
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -40,7 +39,14 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from residency.tracecache import CACHE_DIR
-from residency.tracefiles import CHUNK_BYTES, MAX_TRACE_BYTES, TraceError, file_sha256, open_regular
+from residency.tracefiles import (
+    CHUNK_BYTES,
+    MAX_TRACE_BYTES,
+    RANK_COMPONENT_RE,
+    TraceError,
+    file_sha256,
+    open_regular,
+)
 from residency.traceformats import (  # noqa: F401
     ASCEND_DERIVED_PROCESSES,
     ASCEND_DEVICE_PROCESS,
@@ -69,9 +75,6 @@ COMMUNICATION_LANE = "[Communication]"  # the task type `residency.busy` gives t
 
 _PARALLEL_MIN_BYTES = 16 << 20  # below this, starting worker processes costs more than it saves
 _PART_MIN_BYTES = 32 << 20  # a file is split into parts of at least this much
-# a path component that names a rank: "[<group>_]rank<N>" and nothing else; "_" never occurs
-# in host names (RFC 1123), so "gpu-rank7" or "gpu-rank7-a_123" never match
-_RANK_RE = re.compile(r"(?:\w+_)?rank[_-]?(?P<rank>\d+)", re.IGNORECASE)
 _EMPTY_CODES = np.empty(0, np.int16)
 
 
@@ -290,9 +293,6 @@ def _discover(path: Path) -> tuple[Literal["kineto", "ascend"], list[Path]]:
     return ("kineto", sorted(kineto)) if kineto else ("ascend", sorted(ascend))
 
 
-_GROUP_RE = re.compile(r"(?:(?P<group>\w+)_)?rank[_-]?\d+", re.IGNORECASE)
-
-
 def _kineto_group(p: Path, root: Path) -> str:
     """The vLLM-Omni process group of a Kineto file: the ``<group>`` of the deepest folder
     below `root` named ``<group>_rank<N>`` (``diffusion_rank0/``, ``stage1_rank0/``); ""
@@ -302,7 +302,7 @@ def _kineto_group(p: Path, root: Path) -> str:
     except ValueError:
         return ""
     for part in reversed(parts):
-        if m := _GROUP_RE.fullmatch(part):
+        if m := RANK_COMPONENT_RE.fullmatch(part):
             return m.group("group") or ""
     return ""
 
@@ -344,7 +344,7 @@ def _rank_from_path(p: Path, root: Path) -> int | None:
     parts = parts or (p.name,)
     for i, part in enumerate(reversed(parts)):
         name = part.split(".", 1)[0] if i == 0 and p.is_file() else part
-        if m := _RANK_RE.fullmatch(name):
+        if m := RANK_COMPONENT_RE.fullmatch(name):
             return int(m.group("rank"))
     return None
 
