@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -544,6 +545,15 @@ class Papermill:
             self.proc = subprocess.Popen(cmd, stdout=o, stderr=e, stdin=subprocess.DEVNULL,
                                          cwd=cwd, env=env)
 
+    def kernel_up(self, timeout: float = 600) -> None:
+        """Return once papermill says its kernel started (or the process ended): kernels
+        launched at the same instant can pick the same free TCP port, and one then dies
+        before replying to kernel_info. A hang guard, not a speed check."""
+        deadline = time.monotonic() + timeout
+        while (self.proc.poll() is None and time.monotonic() < deadline
+               and "Executing notebook with kernel" not in self._stderr.read_text()):
+            time.sleep(0.1)
+
     def wait(self, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         try:
             code = self.proc.wait(timeout=timeout)
@@ -571,18 +581,24 @@ def executions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, P
 
     paired, consecutive, api, bad, bare = (folder(n) for n in (
         "paired", "consecutive", "api", "bad", "bare"))
-    runs = {
-        "paired": Papermill("paired_profile", paired / "paired_profile.ipynb", *SMALL, "-p",
-                            "pairs", "1", "-r", "output_dir", str(paired), cwd=paired),
-        "consecutive": Papermill("consecutive_requests", consecutive / "c.ipynb", *SMALL, "-p",
-                                 "requests", "3", "-r", "output_dir", str(consecutive),
-                                 cwd=consecutive),
-        "api": Papermill("api_reproduction", api / "a.ipynb", "-r", "output_dir", str(api),
-                         cwd=api),
-        "bad": Papermill("paired_profile", bad / "bad.ipynb", "-r", "source",
-                         str(bad / "missing"), cwd=bad),
-        "bare": Papermill("paired_profile", None, "-r", "source", str(PAIRED), cwd=bare),
+    starts = {
+        "paired": lambda: Papermill("paired_profile", paired / "paired_profile.ipynb", *SMALL,
+                                    "-p", "pairs", "1", "-r", "output_dir", str(paired),
+                                    cwd=paired),
+        "consecutive": lambda: Papermill("consecutive_requests", consecutive / "c.ipynb",
+                                         *SMALL, "-p", "requests", "3", "-r", "output_dir",
+                                         str(consecutive), cwd=consecutive),
+        "api": lambda: Papermill("api_reproduction", api / "a.ipynb", "-r", "output_dir",
+                                 str(api), cwd=api),
+        "bad": lambda: Papermill("paired_profile", bad / "bad.ipynb", "-r", "source",
+                                 str(bad / "missing"), cwd=bad),
+        "bare": lambda: Papermill("paired_profile", None, "-r", "source", str(PAIRED),
+                                  cwd=bare),
     }
+    runs = {}
+    for name, start in starts.items():  # kernels one after another, then all run together
+        runs[name] = start()
+        runs[name].kernel_up()
     yield runs
     for run in runs.values():
         if run.proc.poll() is None:

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,12 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ren
         log = open(out / ".papermill.log", "w")  # noqa: SIM115 - closed below
         procs[name] = (out, log, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                                   stdin=subprocess.DEVNULL, cwd=out, env=env))
+        # kernels one after another (two launched at once can pick the same TCP port and one
+        # dies before replying to kernel_info), then all run together; a hang guard only
+        deadline = time.monotonic() + 600
+        while (procs[name][2].poll() is None and time.monotonic() < deadline and
+               "Executing notebook with kernel" not in (out / ".papermill.log").read_text()):
+            time.sleep(0.1)
     done: dict[str, Rendered] = {}
     try:
         for name, (out, log, proc) in procs.items():
