@@ -31,8 +31,27 @@ _WORDS = {  # whole-word replacements in headers
 }
 
 __all__ = ["DIGITS", "MISSING", "bytes_text", "cell", "count_text", "for_people", "header",
-           "html_table", "markdown_table", "ms_from_ns", "percent", "quantity", "round_numbers",
+           "html_table", "markdown_table", "md_code", "md_text", "ms_from_ns", "percent", "quantity", "round_numbers",
            "sig", "span_text"]
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]{}()!|~])")
+
+
+def md_text(value: Any) -> str:
+    """`value` (run-supplied: a host name, a command, a version answer) as inert Markdown
+    text: one line, HTML metacharacters as entities, Markdown punctuation backslash-escaped, so
+    that no tag, link, image or emphasis of the value reaches a rendered report."""
+    text = " ".join(str(value).split())  # newlines, \r, tabs and U+2028 become one space
+    text = html.escape(text, quote=False)
+    return _MD_SPECIAL.sub(r"\\\1", text)
+
+
+def md_code(value: Any) -> str:
+    """`value` (run-supplied) as inline code in Markdown: an HTML `<code>` element with its
+    text escaped as `md_text` escapes it (a backtick in the value cannot close it early, and
+    Markdown inside it stays text)."""
+    return f"<code>{md_text(value)}</code>"
 
 
 def _is_missing(x: Any) -> bool:

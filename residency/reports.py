@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import glob
 import json
+import math
 import os
 import select
 import shutil
@@ -31,9 +32,16 @@ from typing import Any
 from residency.banner import BANNER_CLASS
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+CHROMIUM_FLAGS = ("--headless", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--hide-scrollbars")
+                  "--disable-component-update", "--disable-sync", "--hide-scrollbars",
+                  "--blink-settings=scriptEnabled=false", "--disable-extensions")
+# A rendered report needs no script, frame, font or image but its own inline ones; run-supplied
+# text is escaped at its source, and this policy holds wherever a view forgets (the written
+# HTML carries it as a <meta>; the screenshot serves the page with it as a header).
+REPORT_CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; font-src data:; "
+              "form-action 'none'; base-uri 'none'")
+_PAGE_URL = "https://residency-report.invalid/report.html"  # served from memory, never fetched
 INDEX = "index.html"
 MAX_PNG_HEIGHT_PX = 16384  # taller pages are cut into slices of this height
 
@@ -104,12 +112,23 @@ def render_html(notebook: str | os.PathLike[str], out_dir: str | os.PathLike[str
                             exclude_output_prompt=True)
     title = nb.metadata.get("title") or src.stem.replace("_", " ")
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
+    body = with_csp(body)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out.resolve() / f"{name or src.stem}.html"
     from residency.rundir import write_text_atomic
 
     return write_text_atomic(path, body)
+
+
+def with_csp(html: str) -> str:
+    """`html` with `REPORT_CSP` as the first element of its `<head>` (no script of the page,
+    or of a run's text, runs where a reviewer opens it)."""
+    meta = f'<meta http-equiv="Content-Security-Policy" content="{escape(REPORT_CSP)}">'
+    head = html.find("<head>")
+    if head < 0:
+        return meta + html
+    return html[:head + 6] + meta + html[head + 6:]
 
 
 def _is_banner(output: Any) -> bool:
@@ -229,6 +248,12 @@ def find_chromium() -> str | None:
     return "/usr/bin/chromium" if Path("/usr/bin/chromium").is_file() else None
 
 
+def _sandbox_flags() -> tuple[str, ...]:
+    """Chromium's sandbox stays on unless this process is root, where Chromium refuses to
+    start with it (script, frames and every URL but the page are off either way)."""
+    return ("--no-sandbox",) if os.geteuid() == 0 else ()
+
+
 class _Cdp:
     """A Chrome DevTools Protocol session over `--remote-debugging-pipe` (Chromium reads
     NUL-terminated JSON commands on fd 3 and answers on fd 4): no websocket, no extra
@@ -247,8 +272,8 @@ class _Cdp:
             os.dup2(high[0], 3)  # dup2 onto another number: inheritable across exec
             os.dup2(high[1], 4)
 
-        cmd = [exe, *CHROMIUM_FLAGS, "--remote-debugging-pipe", f"--user-data-dir={profile}",
-               "about:blank"]
+        cmd = [exe, *CHROMIUM_FLAGS, *_sandbox_flags(), "--remote-debugging-pipe",
+               f"--user-data-dir={profile}", "about:blank"]
         try:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -294,22 +319,53 @@ class _Cdp:
         except OSError as exc:
             raise self._fail(f"closed the DevTools pipe (exit {self.proc.poll()}: "
                              f"{exc.strerror})") from None
+        want = self._next
         while True:
             reply = self._read_message()
-            if reply.get("method") == "Page.loadEventFired":
-                self.loaded = True
-            if reply.get("id") == self._next:
+            self._on_event(reply)
+            if reply.get("id") == want:
                 if "error" in reply:
                     raise self._fail(f"refused {method}: {reply['error'].get('message')}")
                 return reply.get("result") or {}
 
     loaded = False
+    page: bytes | None = None  # what `_PAGE_URL` serves; every other request fails
+
+    def _send(self, method: str, params: dict[str, Any], session: str | None) -> None:
+        self._next += 1
+        msg: dict[str, Any] = {"id": self._next, "method": method, "params": params}
+        if session:
+            msg["sessionId"] = session
+        with contextlib.suppress(OSError):
+            os.write(self._to_chrome, json.dumps(msg).encode() + b"\0")
+
+    def _on_event(self, msg: dict[str, Any]) -> None:
+        """Answer what the page asks while a command waits: the page's own URL is served
+        from memory with `REPORT_CSP`, every other request (file://, network) fails, and a
+        dialog is dismissed at once."""
+        method, params, session = msg.get("method"), msg.get("params") or {}, msg.get(
+            "sessionId")
+        if method == "Page.loadEventFired":
+            self.loaded = True
+        elif method == "Fetch.requestPaused":
+            url = (params.get("request") or {}).get("url")
+            if url == _PAGE_URL and self.page is not None:
+                self._send("Fetch.fulfillRequest", {
+                    "requestId": params["requestId"], "responseCode": 200,
+                    "responseHeaders": [
+                        {"name": "Content-Type", "value": "text/html; charset=utf-8"},
+                        {"name": "Content-Security-Policy", "value": REPORT_CSP}],
+                    "body": base64.b64encode(self.page).decode("ascii")}, session)
+            else:
+                self._send("Fetch.failRequest", {"requestId": params["requestId"],
+                                                 "errorReason": "BlockedByClient"}, session)
+        elif method == "Page.javascriptDialogOpening":
+            self._send("Page.handleJavaScriptDialog", {"accept": False}, session)
 
     def wait_load(self) -> None:
         """Wait for the page's load event."""
         while not self.loaded:
-            if self._read_message().get("method") == "Page.loadEventFired":
-                self.loaded = True
+            self._on_event(self._read_message())
 
     def close(self) -> None:
         """Ask Chromium to quit; kill it if it does not."""
@@ -344,17 +400,11 @@ class Screenshot:
     heights_px: tuple[int, ...]
 
 
-_PAGE_SIZE_JS = ("JSON.stringify([Math.ceil(Math.max(document.documentElement.scrollWidth,"
-                 " document.body ? document.body.scrollWidth : 0)), Math.ceil(Math.max("
-                 "document.documentElement.scrollHeight, document.body ? "
-                 "document.body.scrollHeight : 0))])")
-
-
 def _page_size(cdp: _Cdp, session: str) -> tuple[int, int]:
-    got = cdp.call("Runtime.evaluate", {"expression": _PAGE_SIZE_JS, "returnByValue": True},
-                   session=session)
-    w, h = json.loads(got["result"]["value"])
-    return int(w), int(h)
+    """The laid-out page's (width, height) in CSS pixels, from the browser's layout (no
+    script runs in the page)."""
+    size = cdp.call("Page.getLayoutMetrics", session=session)["cssContentSize"]
+    return int(math.ceil(size["width"])), int(math.ceil(size["height"]))
 
 
 def png_size(path: str | os.PathLike[str]) -> tuple[int, int]:
@@ -392,15 +442,18 @@ def capture(html_path: str | os.PathLike[str], png_path: str | os.PathLike[str],
         old.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="residency-chromium-") as profile:
         cdp = _Cdp(exe, profile, timeout_s=timeout_s)
+        cdp.page = html.read_bytes()
         try:
             target = cdp.call("Target.createTarget", {"url": "about:blank"})["targetId"]
             session = cdp.call("Target.attachToTarget", {"targetId": target,
                                                          "flatten": True})["sessionId"]
             cdp.call("Page.enable", session=session)
+            cdp.call("Emulation.setScriptExecutionDisabled", {"value": True}, session=session)
+            cdp.call("Fetch.enable", {"patterns": [{"urlPattern": "*"}]}, session=session)
             metrics = {"width": width, "height": 800, "deviceScaleFactor": 1, "mobile": False}
             cdp.call("Emulation.setDeviceMetricsOverride", metrics, session=session)
             cdp.loaded = False
-            cdp.call("Page.navigate", {"url": html.as_uri()}, session=session)
+            cdp.call("Page.navigate", {"url": _PAGE_URL}, session=session)
             cdp.wait_load()
             _, height = _page_size(cdp, session)
             view = min(height, limit)

@@ -8,8 +8,10 @@ are rendered from `residency.evidence`: nothing is computed here. No torch here.
 
 from __future__ import annotations
 
+import html
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
@@ -281,15 +283,19 @@ def published_table(path: str | Path | None = None) -> pd.DataFrame:
 
 
 # ----------------------------------------------------------------------------- formatters
+_LINE_BREAKS = re.compile("[\r\n\x0b\x0c\x1c-\x1e\x85\u2028\u2029]+")
+
+
 def _md_cell(x: Any) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return ""
-    return str(x).replace("|", "\\|").replace("\n", " ")
+    text = _LINE_BREAKS.sub(" ", str(x))  # \r, \n, U+2028 ... would end the row
+    return html.escape(text, quote=False).replace("|", "\\|")
 
 
 def markdown_table(header: Sequence[Any], rows: Sequence[Sequence[Any]]) -> str:
     """The one Markdown-table writer of the suite: header row, separator, one line per row
-    (pipes escaped, newlines flattened, None/NaN empty)."""
+    (pipes escaped, line breaks flattened, HTML metacharacters as entities, None/NaN empty)."""
     lines = ["| " + " | ".join(_md_cell(h) for h in header) + " |",
              "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in rows]

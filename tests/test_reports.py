@@ -671,3 +671,91 @@ def test_show_table_caps_the_rows(shown: list) -> None:
     assert html.count("<tr>") == 1 + 40
     assert "values — first 40 of 50 rows; all rows in `values.csv`" in html
     assert "value (ms)" in html and "0.3333" in html and "0.333333" not in html
+
+
+# ----------------------------------------------------------------------------- hostile runs
+HOSTILE = ('<iframe src="file:///etc/passwd"></iframe><script>document.title="x"</script>'
+           '<img src=x onerror=alert(1)>`</code><b>npu: Ascend NPU</b> [link](javascript:x) '
+           '\r| x |\u2028*bold*')
+
+
+def _hostile_run(tmp_path: Path) -> Path:
+    """A recorded run re-sealed by the project's own code after its host, service and
+    versions were set to markup, as a hostile author would ship it."""
+    import shutil
+
+    from residency.rundir import artifact_hashes
+    from residency.seal import seal
+
+    run = Path(shutil.copytree(ROOT / "data" / "runs" / "emulated-consecutive-2r2s",
+                               tmp_path / "hostile"))
+    path = run / "manifest.json"
+    m = json.loads(path.read_text())
+    m.pop("seal", None)
+    m["host"] = HOSTILE
+    m["started_at"] = HOSTILE
+    m["versions"] = {**m.get("versions", {}), "torch": HOSTILE}
+    m["artifacts"] = artifact_hashes(run)
+    m["seal"] = seal(m)
+    path.write_text(json.dumps(m, indent=2))
+    return run
+
+
+def test_run_supplied_strings_reach_the_report_as_text(tmp_path: Path) -> None:
+    from nbconvert.filters import markdown2html
+
+    from residency.notebook.outputs import describe_run
+    from residency.rundir import load_run
+
+    text = describe_run(load_run(_hostile_run(tmp_path)))
+    html = markdown2html(text)
+    for tag in ("<iframe", "<script", "<img", "<b>", "<a ", "<em>"):
+        assert tag not in html, (tag, html)
+    assert "&lt;iframe src=" in html  # shown, as text
+    assert "\r" not in text and "\u2028" not in text
+
+
+def test_markdown_table_cells_stay_in_their_row() -> None:
+    from residency.tables import markdown_table
+
+    md = markdown_table(["a", "b"], [[HOSTILE, 1]])
+    assert len(md.strip().splitlines()) == 3  # header, separator, one row
+    assert "<script" not in md and "&lt;script&gt;" in md
+
+
+@needs_chromium
+def test_screenshot_runs_no_script_and_reads_no_local_file(tmp_path: Path) -> None:
+    """A page that would grow by script, load a tall local image and open a dialog: none of
+    it happens, and the capture ends well before its time limit."""
+    import base64
+    import zlib
+
+    width, height = 10, 3000  # a real PNG 3000 px tall: loaded, the page grows past it
+    raw = b"".join(b"\0" + b"\xff\x00\x00" * width for _ in range(height))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (len(data).to_bytes(4, "big") + kind + data
+                + zlib.crc32(kind + data).to_bytes(4, "big"))
+
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", width.to_bytes(4, "big")
+           + height.to_bytes(4, "big") + bytes([8, 2, 0, 0, 0]))
+           + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+    tall = tmp_path / "tall.png"
+    tall.write_bytes(png)
+    inline = base64.b64encode(png).decode()
+    page = tmp_path / "hostile.html"
+    page.write_text(f'<html><body style="margin:0"><p>report</p>'
+                    f'<script>document.body.style.height = "9000px"; alert("held")</script>'
+                    f'<img src="{tall.as_uri()}"><iframe src="file:///etc/passwd"></iframe>'
+                    f'<img src="data:image/png;base64,{inline}" width="10" height="100">'
+                    f'</body></html>')
+    shot = reports.capture(page, tmp_path / "hostile.png", timeout_s=60)
+    assert shot.page_height_px < 1000, shot  # no script ran, the local image never loaded
+    assert shot.page_height_px > 100  # the page's own inline image did
+
+
+def test_rendered_html_carries_a_policy_that_forbids_script() -> None:
+    html = reports.with_csp("<html><head><title>t</title></head><body></body></html>")
+    head = html.split("<head>", 1)[1]
+    assert head.startswith('<meta http-equiv="Content-Security-Policy"')
+    assert "default-src &#x27;none&#x27;" in head and "script-src" not in head

@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from residency import devices
+from residency.humanize import md_code, md_text
 from residency.evidence import load_decisions
 from residency.notebook.params import check_accelerator_patch, check_device
 from residency.rundir import Run, load_run
@@ -324,16 +325,17 @@ def verdict_markdown(probes: Mapping[str, Mapping[str, Any]]) -> str:
         kind = str(p.get("device_kind"))
         patch = p.get("accelerator_patch")
         if patch not in (None, "none"):
-            by = f", applied by {p['patch_source']}" if p.get("patch_source") else ""
-            where = f" with the {patch} patch{by}"
+            by = f", applied by {md_text(p['patch_source'])}" if p.get("patch_source") else ""
+            where = f" with the {md_text(patch)} patch{by}"
         else:
             where = " without an accelerator patch" if patch == "none" else ""
         how = ("read from the recorded run's decisions" if p.get("recorded") else
                "detected by calling both query paths now")
         if p.get("skipped"):
             how = "detected before probing"
-        lines.append(f"* **{kind}** ({devices.label(kind)}){where}: {p.get('verdict')} "
-                     f"(`bug_present` = {p.get('bug_present')}; {how}, never assumed)."
+        lines.append(f"* **{md_text(kind)}** ({md_text(devices.label(kind))}){where}: "
+                     f"{md_text(p.get('verdict'))} (`bug_present` = "
+                     f"{md_text(p.get('bug_present'))}; {how}, never assumed)."
                      + _redirections(p))
     return "\n".join(lines)
 
@@ -345,8 +347,8 @@ def _redirections(entry: Mapping[str, Any]) -> str:
             if isinstance(o, Mapping) and "redirected" in o}
     if entry.get("accelerator_patch") in (None, "none") or not seen:
         return ""
-    moved = [f"`{q}`" for q, r in seen.items() if r]
-    kept = [f"`{q}`" for q, r in seen.items() if not r]
+    moved = [md_code(q) for q, r in seen.items() if r]
+    kept = [md_code(q) for q, r in seen.items() if not r]
     return (f" Redirected: {', '.join(moved) or 'none'}; PyTorch's own: "
             f"{', '.join(kept) or 'none'}.")
 

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from residency import devices, humanize
+from residency.humanize import md_code, md_text
 from residency.notebook.params import ParameterError, check_output_dir
 from residency.rundir import Run, write_json_atomic
 
@@ -156,11 +157,13 @@ def describe_run(run: Run) -> str:
             params += f"; emulated device model: {fields}"
         if model.get("capacity_bytes") is not None:
             params += f", capacity {bytes_text(model['capacity_bytes'])}"
-    order = ", ".join(f"{r.name}{' (profiled)' if r.profiled else ''}" for r in run.runs)
-    text = (f"**Run** `{run.path}`: design `{run.design}`, device kind **{run.device_kind}** "
-            f"({device_label(run.device_kind)}), {m.get('service', '?')} service; parameters "
-            f"{params}; measured runs in order: {order}. Recorded {m.get('started_at')} to "
-            f"{m.get('ended_at')} on host `{m.get('host')}`.")
+    order = ", ".join(f"{md_text(r.name)}{' (profiled)' if r.profiled else ''}"
+                      for r in run.runs)
+    text = (f"**Run** {md_code(run.path)}: design {md_code(run.design)}, device kind "
+            f"**{md_text(run.device_kind)}** ({md_text(device_label(run.device_kind))}), "
+            f"{md_text(m.get('service', '?'))} service; parameters {md_text(params)}; measured "
+            f"runs in order: {order}. Recorded {md_text(m.get('started_at'))} to "
+            f"{md_text(m.get('ended_at'))} on host {md_code(m.get('host'))}.")
     text += " " + describe_service(run)
     if devices.emulated(run.device_kind):
         text += (" The emulated NPU keeps real host buffers and does its own accounting: its "
@@ -175,15 +178,16 @@ def describe_service(run: Run) -> str:
 
     info = service_of(run.manifest)
     name = info["name"] or info["kind"] or "?"
-    where = f" from `{info['file']}`" if info["file"] else ""
+    where = f" from {md_code(info['file'])}" if info["file"] else ""
     command = " ".join(str(c) for c in info["command"] or []) or "not recorded"
     versions = info["versions"]
     reported = (", ".join(f"{k} {v}" for k, v in versions.items() if v is not None)
                 if isinstance(versions, Mapping) and versions else "none reported")
     notes = [f"{e.name}: {run.attribution(e).outside_note()}" for e in run.runs]
-    return (f"**Service** `{name}`{where} ({info['kind'] or '?'}): command `{command}`; "
-            f"versions: {reported}. **Attribution of decisions to requests** (warm-up and "
-            f"decisions outside every request excluded): {' '.join(notes) or 'no runs'}")
+    return (f"**Service** {md_code(name)}{where} ({md_text(info['kind'] or '?')}): command "
+            f"{md_code(command)}; versions: {md_text(reported)}. **Attribution of decisions to "
+            f"requests** (warm-up and decisions outside every request excluded): "
+            f"{md_text(' '.join(notes)) or 'no runs'}")
 
 
 def statistical_note(text: str, *, what: str | None = None) -> str:
