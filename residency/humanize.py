@@ -31,8 +31,8 @@ _WORDS = {  # whole-word replacements in headers
 }
 
 __all__ = ["DIGITS", "MISSING", "bytes_text", "cell", "count_text", "for_people", "header",
-           "html_table", "markdown_table", "md_code", "md_text", "ms_from_ns", "percent", "quantity", "round_numbers",
-           "sig", "span_text"]
+           "html_table", "markdown_table", "md_code", "md_text", "ms_from_ns", "percent",
+           "quantity", "round_numbers", "sig", "span_text"]
 
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]{}()!|~])")

@@ -14,8 +14,8 @@ from typing import Any
 import pandas as pd
 
 from residency import devices
-from residency.humanize import md_code, md_text
 from residency.evidence import load_decisions
+from residency.humanize import md_code, md_text
 from residency.notebook.params import check_accelerator_patch, check_device
 from residency.rundir import Run, load_run
 
