@@ -173,7 +173,8 @@ def describe_run(run: Run) -> str:
 
 def describe_service(run: Run) -> str:
     """Markdown: which service ran (name, service file, command, the versions it reported)
-    and how its decisions were attributed to requests (outside decisions counted)."""
+    and how its decisions were attributed to requests, said once for all runs (warm-ups per
+    kind, decisions truly outside every request counted)."""
     from residency.evidence import service_of
 
     info = service_of(run.manifest)
@@ -183,11 +184,12 @@ def describe_service(run: Run) -> str:
     versions = info["versions"]
     reported = (", ".join(f"{k} {v}" for k, v in versions.items() if v is not None)
                 if isinstance(versions, Mapping) and versions else "none reported")
-    notes = [f"{e.name}: {run.attribution(e).outside_note()}" for e in run.runs]
+    from residency.attribution import scope_note
+
+    summary = scope_note([run.attribution(e) for e in run.runs]) if run.runs else "no runs"
     return (f"**Service** {md_code(name)}{where} ({md_text(info['kind'] or '?')}): command "
             f"{md_code(command)}; versions: {md_text(reported)}. **Attribution of decisions to "
-            f"requests** (warm-up and decisions outside every request excluded): "
-            f"{md_text(' '.join(notes)) or 'no runs'}")
+            f"requests**: {md_text(summary)}")
 
 
 def statistical_note(text: str, *, what: str | None = None) -> str:
