@@ -151,9 +151,9 @@ def resolve(spec: str = "auto") -> str:
 
 def profiler(kind: str, *, rank: int, world_size: int, module: Any = None) -> Any:
     """The per-request profiler of `kind`, the class registered for it in
-    `residency.profiling.PROFILERS`: torch-npu's profiler on npu, `torch.profiler` on cuda,
+    `residency.workload.profiling.PROFILERS`: torch-npu's profiler on npu, `torch.profiler` on cuda,
     the emulator's own Kineto export on emulated-npu (`module`: the installed emulated
     device module)."""
-    from residency.profiling import PROFILERS
+    from residency.workload.profiling import PROFILERS
 
     return PROFILERS[check_kind(kind)](rank=rank, world_size=world_size, module=module)

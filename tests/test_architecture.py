@@ -107,13 +107,13 @@ def test_the_trace_path_runs_without_pandas(tmp_path: Path) -> None:
     pandas nor the workload: the fast start the contract promises."""
     fixture = ROOT / "tests" / "data" / "traces" / "kineto_basic"
     d = Path(shutil.copytree(fixture, tmp_path / "kineto_basic"))
-    subprocess.run([sys.executable, "-m", "residency.cli", "idle", str(d)], check=True,
+    subprocess.run([sys.executable, "-m", "residency", "idle", str(d)], check=True,
                    capture_output=True, cwd=ROOT, timeout=120)  # writes the cache
-    code = ("import sys\nfrom residency.cli import main\n"
+    code = ("import sys\nfrom residency.cli.main import main\n"
             f"main(['idle', {str(d)!r}, '--no-cache', '--json'])\n"
             f"main(['idle', {str(d)!r}, '--json', '--marker', 'release'])\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'pandas', "
-            "'scipy') or m.startswith(('residency.workload', 'residency.emulated'))))")
+            "'scipy') or m.startswith(('residency.workload.pipeline', 'residency.emulated'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, env={**os.environ}, timeout=120)
     assert out.returncode == 0, out.stderr

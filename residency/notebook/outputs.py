@@ -17,7 +17,7 @@ import pandas as pd
 from residency import devices, humanize
 from residency.humanize import md_code, md_text
 from residency.notebook.params import ParameterError, check_output_dir
-from residency.rundir import Run, write_json_atomic
+from residency.rundir.run import Run, write_json_atomic
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -98,8 +98,8 @@ def write_tables(output_dir: str | os.PathLike[str], tables: Mapping[str, pd.Dat
                  ) -> list[Path]:
     """Write each table as `<name>.md` (for people: readable headers, 4 significant digits)
     and `<name>.csv` (full precision) into `output_dir`; returns the paths. Evidence tables
-    (with a title in `attrs`) use `residency.tables` formatting."""
-    from residency import tables as tb
+    (with a title in `attrs`) use `residency.reports.tables` formatting."""
+    from residency.reports import tables as tb
 
     paths = []
     for name, table in tables.items():
@@ -119,7 +119,7 @@ def write_tables(output_dir: str | os.PathLike[str], tables: Mapping[str, pd.Dat
 
 def markdown_table(df: pd.DataFrame) -> str:
     """`df` as a Markdown table with every cell in full (a named index becomes columns)."""
-    from residency.tables import markdown_table as md
+    from residency.humanize import write_markdown_table as md
 
     if any(n is not None for n in df.index.names):
         df = df.reset_index()

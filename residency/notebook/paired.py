@@ -11,7 +11,7 @@ import pandas as pd
 from residency import devices, evidence
 from residency.evidence import ARMS, Evidence
 from residency.notebook.outputs import statistical_note
-from residency.rundir import Run
+from residency.rundir.run import Run
 
 ATTRIBUTIONS = {  # evidence key -> words (also the consecutive notebook's count notes)
     "normal_call_per_rank": "normal-call duration per rank, profiled pair",
@@ -49,7 +49,7 @@ def headline(ev: Evidence, run: Run) -> str:
     """Markdown, two lines for the top of the report: the E2E verdict of the unprofiled
     pairs (or why there is none) and how long recording the run took, with the 10-minute
     target of the default main job when the device is the emulated NPU."""
-    from residency.banner import elapsed_s, humanize_s
+    from residency.reports.banner import elapsed_s, humanize_s
 
     a = ev.get("e2e_unprofiled")
     verdict = (a.detail.get("verdict") if a is not None else None) or (
@@ -217,6 +217,6 @@ def paired_results(ev: Evidence, **extra: Any) -> dict[str, Any]:
 
 def evidence_tables(ev: Evidence) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The run's evidence table and the published NPU figures, in the same columns."""
-    from residency import tables as tb
+    from residency.reports import tables as tb
 
     return tb.evidence_table(ev), tb.published_table()

@@ -164,7 +164,7 @@ def resolve(device: str, ranks: int | None) -> tuple[str, int, int]:
 
 def run_cli(args: argparse.Namespace) -> int:
     """Run `selftest` for the CLI's arguments (`device`, `ranks`, `out`, `json`; the parser
-    lives in `residency.cli`): 0 all applicable steps passed, 1 a step failed, 2 bad input, 130
+    lives in `residency.cli.main`): 0 all applicable steps passed, 1 a step failed, 2 bad input, 130
     interrupted (the partial report is still printed)."""
     try:
         kind, ranks, count = resolve(args.device, args.ranks)
