@@ -728,7 +728,7 @@ def test_vllm_ascend_patch_reserved_answers_allocated_raises(
         import json, torch
         from residency.emulated import DeviceModel, install_emulated_npu
         from residency.policy.cache import ListRecorder, policy_for
-        from residency.policy.telemetry import query_paths
+        from residency.workload.probe import query_paths
 
         npu = install_emulated_npu(model=DeviceModel(accelerator_patch="vllm-ascend"))
         d = torch.device("npu:0")
@@ -818,7 +818,7 @@ def test_the_installed_vllm_ascend_patch_file_runs_alone_and_is_detected(
     result = subprocess_python("""
         import json
         from residency.emulated import install_emulated_npu
-        from residency.policy.telemetry import (apply_vllm_ascend_patch, probe_queries,
+        from residency.workload.probe import (apply_vllm_ascend_patch, probe_queries,
                                          vllm_ascend_installed)
 
         before = vllm_ascend_installed()

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from residency import humanize
-from residency.progress import RunProgress, clock_text, pair_labels
+from residency.notebook.progress import RunProgress, clock_text, pair_labels
 from residency.reports import banner
 from residency.reports import html as reports
 
@@ -447,7 +447,7 @@ def test_progress_reaches_the_terminal_papermill_runs_in(tmp_path: Path) -> None
     import time
 
     code = ("import time\n"
-            "from residency.progress import RunProgress\n"
+            "from residency.notebook.progress import RunProgress\n"
             "p = RunProgress([('baseline', True), ('candidate', True)], design='demo', "
             "interval_s=0.3, bar=True)\n"
             "bar = p(total=2, desc='demo')\n"
@@ -504,7 +504,7 @@ def test_round_numbers_in_text_built_elsewhere() -> None:
 
 
 def test_live_manifest_for_the_probe() -> None:
-    from residency.experiments.orchestrate import versions
+    from residency.rundir.run import versions
 
     m = banner.live_manifest("emulated-npu", versions=versions())
     assert m["design"] == "live probe" and m["versions"]["python"]

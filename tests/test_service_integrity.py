@@ -21,7 +21,8 @@ import psutil
 import pytest
 
 from residency.experiments.orchestrate import ServiceFileError, load_service_file
-from residency.workload.service import MAX_HANDLERS, MAX_SEED, MAX_STEPS, ServeConfig, Service
+from residency.protocol import MAX_SEED, MAX_STEPS
+from residency.workload.service import MAX_HANDLERS, ServeConfig, Service
 from tests.servicekit import SMALL, alive, http, service
 
 SERVE = [sys.executable, "-m", "residency", "serve"]

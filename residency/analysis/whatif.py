@@ -53,6 +53,7 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
+from residency.errors import BadInput
 from residency.policy.cache import crossed_bounds, limit_bytes
 from residency.rundir.run import Run, RunDirError, load_decisions, load_run
 
@@ -78,7 +79,7 @@ __all__ = ["DEFAULT_CACHED", "DEFAULT_FREE", "POLICIES", "WhatIfError", "as_run"
            "parse_range", "replay_decisions", "replay_run", "replayable", "totals"]
 
 
-class WhatIfError(ValueError):
+class WhatIfError(BadInput):
     """An input the what-if cannot use: a bad range or policy, or a run with nothing to replay.
 
     Notebooks show its one-sentence message without a traceback.

@@ -20,10 +20,12 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from residency.errors import BadInput, RunFailed
+
 __all__ = ["COMMANDS", "CommandFailed", "create_parser", "main"]
 
 
-class CommandFailed(Exception):
+class CommandFailed(RunFailed):
     """A command that ran but failed (not bad input): exit 1 with its message."""
 
 
@@ -197,7 +199,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     kind = "cpu" if args.device == "cpu" else _resolve(args.device)
     import torch
 
-    from residency.policy.telemetry import probe_queries, setup_probe
+    from residency.workload.probe import probe_queries, setup_probe
 
     patch_info = setup_probe(kind, args.accelerator_patch)  # ValueError: bad input
     device = {"cpu": "cpu", "cuda": "cuda:0"}.get(kind, "npu:0")
@@ -424,9 +426,37 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 
 def cmd_selftest(args: argparse.Namespace) -> int:
     """`selftest`: every path of the suite on the device at hand (residency.selftest)."""
-    from residency.selftest import run_cli
+    import json
+    import shutil
+    import signal
 
-    return run_cli(args)
+    from residency.selftest import StepResult, out_dir, resolve, run_selftest
+    from residency.selftest.core import write_json
+
+    kind, ranks, count = resolve(args.device, args.ranks)  # BadInput: exit 2
+    out, keep = out_dir(args.out)
+
+    def progress(result: StepResult) -> None:
+        if not args.json:
+            print(f"  {result.status.upper():<8} {result.name}", file=sys.stderr, flush=True)
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # the running step stops its services and is reported
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        report = run_selftest(kind, ranks=ranks, out=out, device_count=count, keep=keep,
+                              on_step=progress)
+        if keep:
+            write_json(out / "selftest.json", report.to_dict())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if not keep:
+            shutil.rmtree(out, ignore_errors=True)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else "\n".join(report.lines()))
+    if report.interrupted:
+        return 130  # the partial report was printed
+    return 0 if report.ok else 1
 
 
 # ----------------------------------------------------------------------------- wiring
@@ -503,10 +533,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except CommandFailed as exc:
+    except BadInput as exc:  # before RunFailed: bad input found before a run is input
+        print(f"residency {args.command}: error: {_message(exc)}", file=sys.stderr)
+        return 2
+    except RunFailed as exc:
         print(f"residency {args.command}: error: {exc}", file=sys.stderr)
         return 1
-    except (ValueError, OSError) as exc:  # every bad-input error of the suite
+    except (ValueError, OSError) as exc:  # bad input from the standard library
         print(f"residency {args.command}: error: {_message(exc)}", file=sys.stderr)
         return 2
 

@@ -11,7 +11,6 @@ import contextlib
 import json
 import math
 import os
-import platform
 import shutil
 import signal
 import statistics
@@ -29,8 +28,9 @@ from typing import Any
 import tomllib
 
 from residency.devices import KINDS
+from residency.errors import BadInput, RunFailed
 from residency.processes import PARENT_PID_ENV, free_port, pdeathsig_preexec
-from residency.rundir.run import Manifest, write_json_atomic
+from residency.rundir.run import Manifest, versions, write_json_atomic
 
 DESIGNS = ("profiled-pair", "alternating", "paired-profile", "consecutive", "aa")
 ARMS = ("baseline", "candidate")
@@ -40,11 +40,11 @@ BUILTIN_EXPECT = {"normal_per_request": 1, "forced_per_request": 2}
 """Policy calls per rank per measured request of the built-in service (and H3 Ref2VA)."""
 
 
-class ExperimentError(RuntimeError):
+class ExperimentError(RunFailed):
     """A paired run could not finish; the run directory is left marked `incomplete`."""
 
 
-class ExperimentInputError(ExperimentError, ValueError):
+class ExperimentInputError(ExperimentError, BadInput):
     """Bad input found before anything ran: an output directory that cannot be used, or a
     service file that cannot be read (`ServiceFileError`); the CLI exits 2."""
 
@@ -587,26 +587,6 @@ def aa_slots(pairs: int) -> list[str]:
     return [s for i in range(pairs) for s in (("A", "B") if i % 2 == 0 else ("B", "A"))]
 
 
-def versions() -> dict[str, Any]:
-    """python, torch, torch-npu, residency and its git commit."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    def ver(name: str) -> str | None:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return None
-
-    commit = None
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).resolve().parent, timeout=10,
-                                check=True).stdout.strip() or None
-    return {"python": platform.python_version(), "torch": ver("torch"),
-            "torch_npu": ver("torch-npu") or ver("torch_npu"), "residency": ver("residency"),
-            "git_commit": commit}
-
-
 def _builtin_versions() -> dict[str, Any]:
     """What the built-in service runs on: this interpreter's residency, torch and python."""
     v = versions()
@@ -721,7 +701,7 @@ def run_pair(design: str = "profiled-pair", *, out: str | os.PathLike[str], devi
         params: dict[str, Any] = {"service_file": str(service_file)}
     else:
         from residency import devices
-        from residency.workload.service import MAX_SEED, MAX_STEPS
+        from residency.protocol import MAX_SEED, MAX_STEPS
 
         if ranks < 1:
             raise ValueError(f"The value for `ranks` must be >= 1, but {ranks!r} was passed.")

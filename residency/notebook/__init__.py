@@ -51,7 +51,6 @@ from residency.notebook.paired import (
     e2e_frame,
     evidence_tables,
     headline,
-    idle_frame,
     normal_call_frame,
     note,
     paired_profile,
@@ -70,6 +69,7 @@ from residency.notebook.params import (
 )
 from residency.notebook.whatif import WhatIf, check_ranges, policy_whatif, whatif_results
 from residency.reports.figures import (
+    idle_frame,
     plot_fractions,
     plot_idle,
     plot_normal_calls,

@@ -35,7 +35,7 @@ def _announce(line: str) -> None:
     started it (papermill's stderr), which sees nothing of the notebook's own output."""
     print(line, flush=True)
     if type(sys.stderr).__module__.startswith("ipykernel"):
-        from residency.progress import to_terminal
+        from residency.notebook.progress import to_terminal
 
         to_terminal(line)
 

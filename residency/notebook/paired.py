@@ -30,7 +30,7 @@ NOTE_KEYS = ("normal_call_per_rank", "normal_call_per_run", "normal_released",
              "forced_released", "idle_intersection", "all_rank_idle", "preparation_window",
              "e2e_profiled", "e2e_unprofiled", "e2e_aa")
 
-__all__ = ["ATTRIBUTIONS", "e2e_frame", "evidence_tables", "headline", "idle_frame",
+__all__ = ["ATTRIBUTIONS", "e2e_frame", "evidence_tables", "headline",
            "normal_call_frame",
            "note", "paired_profile", "paired_results", "per_run_frame", "releases_frame"]
 
@@ -125,26 +125,6 @@ def releases_frame(ev: Evidence) -> pd.DataFrame:
     return pd.DataFrame([{"arm": arm, "normal calls released": cell("normal_released", arm),
                           "forced calls released": cell("forced_released", arm)}
                          for arm in ARMS]).set_index("arm")
-
-
-_IDLE_COLUMNS = (("idle_intersection",
-                  "normal-release markers ∩ all-rank no-device-task time (ms)"),
-                 ("all_rank_idle", "all-rank no-device-task time (s)"),
-                 ("preparation_window", "preparation window (s)"))
-
-
-def idle_frame(ev: Evidence) -> pd.DataFrame:
-    """Per arm (profiled pair): normal-release markers ∩ all-rank no-device-task time (ms),
-    all-rank no-device-task time (s), preparation window (s); empty values where no traces
-    were recorded."""
-    rows = []
-    for arm in ARMS:
-        row: dict[str, Any] = {"arm": arm}
-        for key, col in _IDLE_COLUMNS:
-            a = ev.get(key)
-            row[col] = None if a is None else a.values[arm][0]
-        rows.append(row)
-    return pd.DataFrame(rows, columns=["arm", *(c for _, c in _IDLE_COLUMNS)]).set_index("arm")
 
 
 def e2e_frame(ev: Evidence) -> pd.DataFrame:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from residency import devices
+from residency.errors import BadInput, RunFailed
 from residency.rundir.run import Run, RunDirError, load_run
 
 DEVICE_SPECS = devices.SPECS
@@ -27,7 +28,7 @@ __all__ = ["ACCELERATOR_PATCH_CHOICES", "DEVICE_SPECS", "NOTEBOOKS", "GateError"
 
 
 # ----------------------------------------------------------------------------- errors
-class ParameterError(ValueError):
+class ParameterError(BadInput):
     """A notebook parameter that cannot be used; IPython shows only its one-sentence message."""
 
     def _render_traceback_(self) -> list[str]:
@@ -35,7 +36,7 @@ class ParameterError(ValueError):
         return [f"ParameterError: {self}"]
 
 
-class GateError(AssertionError):
+class GateError(RunFailed, AssertionError):
     """A gate of a notebook failed; `failures` holds one sentence per failed check."""
 
     def __init__(self, failures: Sequence[str]) -> None:
@@ -240,7 +241,7 @@ def open_source(source: str | os.PathLike[str], *, output_dir: str | os.PathLike
     if str(source) != "run":
         return load_run(source)
     from residency.experiments.orchestrate import plan, run_pair
-    from residency.progress import RunProgress
+    from residency.notebook.progress import RunProgress
 
     out = Path(output_dir) / "run"
     progress = RunProgress(plan(design, pairs), design=design, run_dir=out)  # + terminal

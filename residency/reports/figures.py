@@ -102,12 +102,30 @@ def plot_normal_calls(ev: Evidence) -> Figure:
     return fig
 
 
+IDLE_COLUMNS = (("idle_intersection",
+                  "normal-release markers ∩ all-rank no-device-task time (ms)"),
+                 ("all_rank_idle", "all-rank no-device-task time (s)"),
+                 ("preparation_window", "preparation window (s)"))
+
+
+def idle_frame(ev: Evidence) -> pd.DataFrame:
+    """Per arm (profiled pair): normal-release markers ∩ all-rank no-device-task time (ms),
+    all-rank no-device-task time (s), preparation window (s); empty values where no traces
+    were recorded."""
+    rows = []
+    for arm in ARMS:
+        row: dict[str, Any] = {"arm": arm}
+        for key, col in IDLE_COLUMNS:
+            a = ev.get(key)
+            row[col] = None if a is None else a.values[arm][0]
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["arm", *(c for _, c in IDLE_COLUMNS)]).set_index("arm")
+
+
 def plot_idle(ev: Evidence) -> Figure:
     """Per arm: normal-release markers ∩ all-rank no-device-task time (ms), that time (s), the
     preparation window (s) of the profiled pair, one panel per unit."""
     fig, axes = _figure(3, width=12.0)
-    from residency.notebook.paired import idle_frame
-
     frame = idle_frame(ev)
     for ax, col in zip(axes, frame.columns, strict=True):
         vals = frame[col].astype(float).tolist()

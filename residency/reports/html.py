@@ -30,6 +30,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
+from residency.errors import RunFailed
 from residency.reports.banner import BANNER_CLASS
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -51,7 +52,7 @@ __all__ = ["INDEX", "MAX_PNG_HEIGHT_PX", "ReportError", "Screenshot", "banner_of
            "screenshot", "write_index"]
 
 
-class ReportError(RuntimeError):
+class ReportError(RunFailed):
     """A notebook that cannot be rendered, or a screenshot that could not be taken."""
 
 

@@ -392,7 +392,7 @@ def show_probe_banner(probes: Mapping[str, Mapping[str, Any]], source: str) -> N
     if str(source) != "run":
         show_banner(load_run(source))
         return
-    from residency.experiments.orchestrate import versions  # no torch at import
+    from residency.rundir.run import versions  # no torch at import
 
     label, first = next(iter(probes.items()))
     show_banner(live_manifest(str(first.get("device_kind", label)), versions=versions()))

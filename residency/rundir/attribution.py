@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from residency.errors import BadInput
+
 __all__ = ["ATTRIBUTED_COLUMNS", "COUNT_COLUMNS", "Attribution", "AttributionError",
            "RequestWindow", "attribute", "attribute_by_id", "attribute_by_time",
            "consecutive_gates", "count_failures", "expected_calls", "has_wall_times",
@@ -51,7 +53,7 @@ _SNAPSHOT = {"reserved": "reserved_bytes", "allocated": "allocated_bytes", "free
              "total": "total_bytes"}
 
 
-class AttributionError(ValueError):
+class AttributionError(BadInput):
     """Decisions that cannot be attributed as asked; the message names the file and field."""
 
 

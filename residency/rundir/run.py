@@ -9,10 +9,12 @@ client records are read on demand from a `Run`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import platform
+import subprocess
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,6 +24,7 @@ from typing import Any
 import pandas as pd
 
 from residency.devices import RECORDED_KINDS
+from residency.errors import BadInput
 from residency.rundir.seal import (
     SEAL_FIELD,
     UnsafePathError,
@@ -44,7 +47,7 @@ DECISION_COLUMNS = (
 
 __all__ = ["DECISION_COLUMNS", "DERIVED_DIRS", "MANIFEST", "SCHEMA", "Manifest", "Run",
            "RunDirError", "RunEntry", "Verification", "artifact_hashes", "load_run",
-           "load_decisions", "verify_run", "write_json_atomic", "write_text_atomic"]
+           "load_decisions", "verify_run", "versions", "write_json_atomic", "write_text_atomic"]
 MANIFEST = "manifest.json"
 # derived files that may appear beside the evidence after it was recorded (never hashed):
 # the manifest itself, hidden (temporary) files, and these directories
@@ -203,7 +206,7 @@ def _check_params(path: Path, params: dict[str, Any]) -> None:
             raise RunDirError(path, f"must be a finite number, got {value!r}", field=where)
 
 
-class RunDirError(ValueError):
+class RunDirError(BadInput):
     """A run directory that cannot be read as the contract says; names the file and field."""
 
     def __init__(self, path: Path | str, message: str, *, field: str | None = None) -> None:
@@ -767,3 +770,23 @@ def load_decisions(run: Run) -> pd.DataFrame:
     if not frames:
         return pd.DataFrame(columns=cols)
     return pd.concat(frames, ignore_index=True)[cols]
+
+
+def versions() -> dict[str, Any]:
+    """python, torch, torch-npu, residency and its git commit."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def ver(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    commit = None
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).resolve().parent, timeout=10,
+                                check=True).stdout.strip() or None
+    return {"python": platform.python_version(), "torch": ver("torch"),
+            "torch_npu": ver("torch-npu") or ver("torch_npu"), "residency": ver("residency"),
+            "git_commit": commit}

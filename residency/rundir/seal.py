@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from residency.errors import BadInput
+
 __all__ = ["SEAL_FIELD", "MAX_EVIDENCE_BYTES", "UnsafePathError", "canonical_json",
            "run_digest", "seal", "seal_findings", "confined", "read_regular", "walk_files",
            "sha256_regular", "parse_digest"]
@@ -34,7 +36,7 @@ MAX_EVIDENCE_BYTES = 256 * 1024 * 1024
 _CHUNK = 1 << 20
 
 
-class UnsafePathError(ValueError):
+class UnsafePathError(BadInput):
     """A path that is not a confined, regular, bounded file; names the path and what it is."""
 
     def __init__(self, path: Path | str, message: str) -> None:

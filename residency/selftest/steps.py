@@ -74,7 +74,7 @@ def step_environment(ctx: Context) -> StepOutput:
 
 def step_probe(ctx: Context) -> StepOutput:
     """The API reproduction on device 0, and which arm's telemetry answers."""
-    from residency.policy.telemetry import probe_queries
+    from residency.workload.probe import probe_queries
 
     device, _ = ctx.device()
     result = probe_queries(device)

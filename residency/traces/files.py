@@ -20,6 +20,8 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from residency.errors import BadInput
+
 __all__ = ["CHUNK_BYTES", "MAX_TRACE_BYTES", "RANK_COMPONENT_RE", "TraceError", "TraceStream",
            "file_sha256", "open_regular"]
 
@@ -34,7 +36,7 @@ _KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device",
           stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}
 
 
-class TraceError(ValueError):
+class TraceError(BadInput):
     """A trace that cannot be analysed: `path`, the byte `position` where known, `message`.
 
     The position counts bytes of the decompressed stream (for a ``.gz`` file: of the JSON)."""

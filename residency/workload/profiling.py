@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from residency import devices
+
 __all__ = ["PROFILERS", "CudaProfiler", "EmulatedProfiler", "NpuProfiler", "RequestProfiler"]
 
 
@@ -97,3 +99,11 @@ class NpuProfiler(RequestProfiler):
 
 PROFILERS: dict[str, type[RequestProfiler]] = {
     cls.kind: cls for cls in (EmulatedProfiler, CudaProfiler, NpuProfiler)}
+
+
+def profiler(kind: str, *, rank: int, world_size: int, module: Any = None) -> Any:
+    """The per-request profiler of `kind`, the class registered for it in
+    `residency.workload.profiling.PROFILERS`: torch-npu's profiler on npu, `torch.profiler` on cuda,
+    the emulator's own Kineto export on emulated-npu (`module`: the installed emulated
+    device module)."""
+    return PROFILERS[devices.check_kind(kind)](rank=rank, world_size=world_size, module=module)

@@ -29,13 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from residency.processes import die_with_parent, parent_gone, watched_parent
+from residency.protocol import MAX_SEED, MAX_STEPS
+from residency.workload import profiling
 
 STOP = {"op": "stop"}
 RANK_READY_TIMEOUT_S = 600.0
 REQUEST_TIMEOUT_S = 3600.0      # default of `serve --request-timeout`
 COLLECTIVE_TIMEOUT_S = 1800.0   # torch.distributed timeout; collectives run only in a request
-MAX_STEPS = 10_000              # `steps` accepted by POST /v1/generate: 1..MAX_STEPS
-MAX_SEED = 2**53 - 1            # `seed`: 0..MAX_SEED (exact in every JSON client)
 READ_TIMEOUT_S = 10.0           # per socket read/write of the HTTP front end
 BODY_TIMEOUT_S = 30.0           # a whole request body must arrive within this
 MAX_BODY_BYTES = 1 << 20
@@ -120,7 +120,7 @@ def _rank_loop(rank: int, cfg: ServeConfig, commands: Any, results: Any, status:
                         release=None if release is None else release.empty_cache)
     pipeline = Pipeline(ops, policy, WorkloadConfig(scale=cfg.scale, resident_mib=cfg.resident_mib),
                         rank=rank, world_size=cfg.ranks)
-    profiler = devices.profiler(cfg.device_kind, rank=rank, world_size=cfg.ranks,
+    profiler = profiling.profiler(cfg.device_kind, rank=rank, world_size=cfg.ranks,
                                 module=getattr(ops, "module", None))
     exchange_device = ops.device if backend != "gloo" else None
     current = {"seq": 0, "cancel": False}
