@@ -209,12 +209,12 @@ def _md_cell(x: Any) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return ""
     text = _LINE_BREAKS.sub(" ", str(x))  # \r, \n, U+2028 ... would end the row
-    return html.escape(text, quote=False).replace("|", "\\|")
+    return text.replace("<", "&lt;").replace("|", "\\|")  # no tag can open; -> stays
 
 
 def write_markdown_table(header: Sequence[Any], rows: Sequence[Sequence[Any]]) -> str:
     """The one Markdown-table writer of the suite: header row, separator, one line per row
-    (pipes escaped, line breaks flattened, HTML metacharacters as entities, None/NaN empty)."""
+    (pipes escaped, line breaks flattened, `<` as an entity so no tag opens, None/NaN empty)."""
     lines = ["| " + " | ".join(_md_cell(h) for h in header) + " |",
              "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in rows]
