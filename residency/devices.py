@@ -46,7 +46,7 @@ RECORDED_KINDS: tuple[str, ...] = (*KINDS, "cpu")  # what an artifact may say (p
 SPECS: tuple[str, ...] = ("auto", *KINDS)
 
 __all__ = ["EMULATED_LABEL", "KINDS", "RECORDED_KINDS", "REGISTRY", "SPECS", "DeviceKind",
-           "backend", "check_kind", "emulated", "info", "label", "note", "profiler", "register",
+           "backend", "check_kind", "emulated", "info", "label", "note", "register",
            "resolve", "torch_device"]
 
 
@@ -149,11 +149,3 @@ def resolve(spec: str = "auto") -> str:
     return "emulated-npu"
 
 
-def profiler(kind: str, *, rank: int, world_size: int, module: Any = None) -> Any:
-    """The per-request profiler of `kind`, the class registered for it in
-    `residency.profiling.PROFILERS`: torch-npu's profiler on npu, `torch.profiler` on cuda,
-    the emulator's own Kineto export on emulated-npu (`module`: the installed emulated
-    device module)."""
-    from residency.profiling import PROFILERS
-
-    return PROFILERS[check_kind(kind)](rank=rank, world_size=world_size, module=module)

@@ -32,7 +32,7 @@ _WORDS = {  # whole-word replacements in headers
 
 __all__ = ["DIGITS", "MISSING", "bytes_text", "cell", "count_text", "for_people", "header",
            "html_table", "markdown_table", "md_code", "md_text", "ms_from_ns", "percent",
-           "quantity", "round_numbers", "sig", "span_text"]
+           "quantity", "round_numbers", "sig", "span_text", "write_markdown_table"]
 
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]{}()!|~])")
@@ -202,12 +202,29 @@ def for_people(df: pd.DataFrame, *, digits: int = DIGITS,
     return out
 
 
+_LINE_BREAKS = re.compile("[\r\n\x0b\x0c\x1c-\x1e\x85\u2028\u2029]+")
+
+
+def _md_cell(x: Any) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return ""
+    text = _LINE_BREAKS.sub(" ", str(x))  # \r, \n, U+2028 ... would end the row
+    return text.replace("<", "&lt;").replace("|", "\\|")  # no tag can open; -> stays
+
+
+def write_markdown_table(header: Sequence[Any], rows: Sequence[Sequence[Any]]) -> str:
+    """The one Markdown-table writer of the suite: header row, separator, one line per row
+    (pipes escaped, line breaks flattened, `<` as an entity so no tag opens, None/NaN empty)."""
+    lines = ["| " + " | ".join(_md_cell(h) for h in header) + " |",
+             "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
 def markdown_table(df: pd.DataFrame, **kwargs: Any) -> str:
     """`df` for people (`for_people`) as a Markdown table."""
-    from residency.tables import markdown_table as write  # the suite's one writer
-
     t = for_people(df, **kwargs)
-    return write(list(t.columns), list(t.itertuples(index=False)))
+    return write_markdown_table(list(t.columns), list(t.itertuples(index=False)))
 
 
 def html_table(df: pd.DataFrame, *, caption: str | None = None,

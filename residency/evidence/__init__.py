@@ -3,7 +3,7 @@
 `build(run)` loads a run's decisions and client records once (`RunData`), then calls each
 registered attributor; the result is one immutable `Evidence` holding `Attribution`s, each
 with its values, unit, n, the statistical unit it was judged on, its scope (which runs,
-warm-up excluded or not), the statistics result and a note. `residency.tables`, every
+warm-up excluded or not), the statistics result and a note. `residency.reports.tables`, every
 notebook, `results.json` and the what-if effect model only render it, so they agree by
 construction.
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from residency import stats
+from residency.analysis import stats
 from residency.evidence.model import ARMS, Attribution, Evidence, Scope, plain
 from residency.evidence.runs import RunData, measured_requests, service_of
-from residency.rundir import Run, RunEntry
+from residency.rundir.run import Run, RunEntry
 
 TRACE_SOURCE = "trace window marker residency.phase[prepare]"
 RESPONSE_SOURCE = "service response, max over ranks of per_rank prepare_ns"
@@ -46,7 +46,7 @@ def build(run: Run, *, idle: Mapping[str, Mapping[str, int]] | None = None,
     reads the unprofiled E2E delta against its spread.
     """
     if isinstance(inputs.get("aa"), (str, Path)):
-        from residency.rundir import load_run
+        from residency.rundir.run import load_run
 
         inputs["aa"] = load_run(inputs["aa"])
     data = RunData(run, idle_override=idle, idle_error_override=idle_error, traces=traces,
@@ -61,7 +61,7 @@ def build(run: Run, *, idle: Mapping[str, Mapping[str, int]] | None = None,
     pair = data.pair
     needs_idle = keys is None or any(k in keys for k in ("idle_intersection", "all_rank_idle",
                                                           "preparation_window"))
-    from residency.attribution import scope_note
+    from residency.rundir.attribution import scope_note
 
     attrs = data.attributions
     return Evidence(run_dir=run.path, device_kind=run.device_kind, design=run.design,
@@ -589,8 +589,8 @@ def _request_gates(data: RunData) -> Attribution | None:
     """The consecutive-request gates of the candidate from the attribution of decisions to
     requests (by time for any service): every rank wrote decisions, the normal and forced
     calls per rank and measured request the service declares, no telemetry error, no OOM
-    (`residency.attribution.consecutive_gates`)."""
-    from residency.attribution import consecutive_gates, expected_calls
+    (`residency.rundir.attribution.consecutive_gates`)."""
+    from residency.rundir.attribution import consecutive_gates, expected_calls
 
     entries = data.entries("candidate")
     if not entries:
@@ -612,9 +612,9 @@ def _request_gates(data: RunData) -> Attribution | None:
 @attributor("replay_gate")
 def _replay_gate(data: RunData) -> Attribution | None:
     """The one replay gate: every recorded normal decision with a snapshot, of every arm,
-    warm-up included, replayed with its own bounds by `residency.policy`'s rule
-    (`residency.whatif.consistency`) must reproduce its outcome and reason."""
-    from residency import whatif
+    warm-up included, replayed with its own bounds by `residency.policy.cache`'s rule
+    (`residency.analysis.whatif.consistency`) must reproduce its outcome and reason."""
+    from residency.analysis import whatif
 
     try:
         gate = whatif.consistency(data.run, arm=None)
@@ -637,6 +637,6 @@ def _replay_gate(data: RunData) -> Attribution | None:
         scope=Scope(runs=tuple(gate.attrs.get("runs", [])), warmup=True,
                     what="all runs, every arm"),
         note=(f"{checked - len(mismatches)} of {checked} recorded normal decisions (warm-up "
-              f"included) reproduced by residency.policy's bounds rule on their own snapshots "
-              f"and bounds."),
+              f"included) reproduced by residency.policy.cache's bounds rule on their own "
+              f"snapshots and bounds."),
         detail={"mismatches": plain(mismatches), "passed": not mismatches})

@@ -53,7 +53,7 @@ class Attribution:
     calls, Clopper-Pearson), `tally` (plain counts), `single` (one value per arm), `samples`
     (per-call values, no test), `gate` (pass/fail checks). `values[arm]` holds the numbers
     (for `counts`: (k,) with `n[arm]` calls); `labels[arm]` names each value (rank, run or
-    pair). `result` is the `residency.stats` result, if a test or interval applies.
+    pair). `result` is the `residency.analysis.stats` result, if a test or interval applies.
     """
 
     key: str
@@ -123,7 +123,7 @@ class Evidence:
     digest: str | None = None  # the run's seal digest (`sha256:...`), None when unsealed
     attribution_note: str = "Warm-up requests excluded."
     """How decisions were attributed to requests (by time or id), that warm-ups are excluded,
-    and how many decisions lay outside every request (`residency.attribution.scope_note`)."""
+    and how many decisions lay outside every request (`residency.rundir.attribution.scope_note`)."""
     request_attribution: tuple[Mapping[str, Any], ...] = ()
     """Per service run: `run`, `method`, `outside_count`, `outside_first_wall_ns`,
     `outside_last_wall_ns`, `note`."""

@@ -1,7 +1,7 @@
 """Support for the four notebooks (`notebooks/`), split by notebook: `params` (parameter
 checks, the run to analyse), `outputs` (output folder, `results.json`, tables, figures),
 `api` (API reproduction), `consecutive` (consecutive requests and their gates), `paired`
-(paired profile) and `whatif` (policy what-if). Every figure lives in `residency.figures`;
+(paired profile) and `whatif` (policy what-if). Every figure lives in `residency.reports.figures`;
 every attribution in `residency.evidence`. Notebooks use `from residency import notebook as
 nb`: every public name of the submodules is available here.
 
@@ -13,12 +13,6 @@ fresh runs start their services as subprocesses.
 from __future__ import annotations
 
 from residency.evidence import ARMS
-from residency.figures import (
-    plot_fractions,
-    plot_idle,
-    plot_normal_calls,
-    whatif_figure,
-)
 from residency.notebook.api import (
     api_from_run,
     api_reproduction,
@@ -59,7 +53,6 @@ from residency.notebook.paired import (
     first_screen,
     first_screen_notes,
     headline,
-    idle_frame,
     normal_call_frame,
     note,
     paired_profile,
@@ -77,6 +70,13 @@ from residency.notebook.params import (
     open_source,
 )
 from residency.notebook.whatif import WhatIf, check_ranges, policy_whatif, whatif_results
+from residency.reports.figures import (
+    idle_frame,
+    plot_fractions,
+    plot_idle,
+    plot_normal_calls,
+    whatif_figure,
+)
 
 __all__ = [
     "ACCELERATOR_PATCH_CHOICES", "ARMS", "ATTRIBUTIONS", "DEVICE_SPECS", "EMULATED_LABEL",

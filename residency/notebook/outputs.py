@@ -17,7 +17,7 @@ import pandas as pd
 from residency import devices, humanize
 from residency.humanize import md_code, md_text
 from residency.notebook.params import ParameterError, check_output_dir
-from residency.rundir import Run, write_json_atomic
+from residency.rundir.run import Run, write_json_atomic
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -35,7 +35,7 @@ def _announce(line: str) -> None:
     started it (papermill's stderr), which sees nothing of the notebook's own output."""
     print(line, flush=True)
     if type(sys.stderr).__module__.startswith("ipykernel"):
-        from residency.progress import to_terminal
+        from residency.notebook.progress import to_terminal
 
         to_terminal(line)
 
@@ -98,8 +98,8 @@ def write_tables(output_dir: str | os.PathLike[str], tables: Mapping[str, pd.Dat
                  ) -> list[Path]:
     """Write each table as `<name>.md` (for people: readable headers, 4 significant digits)
     and `<name>.csv` (full precision) into `output_dir`; returns the paths. Evidence tables
-    (with a title in `attrs`) use `residency.tables` formatting."""
-    from residency import tables as tb
+    (with a title in `attrs`) use `residency.reports.tables` formatting."""
+    from residency.reports import tables as tb
 
     paths = []
     for name, table in tables.items():
@@ -119,7 +119,7 @@ def write_tables(output_dir: str | os.PathLike[str], tables: Mapping[str, pd.Dat
 
 def markdown_table(df: pd.DataFrame) -> str:
     """`df` as a Markdown table with every cell in full (a named index becomes columns)."""
-    from residency.tables import markdown_table as md
+    from residency.humanize import write_markdown_table as md
 
     if any(n is not None for n in df.index.names):
         df = df.reset_index()
@@ -184,7 +184,7 @@ def describe_service(run: Run) -> str:
     versions = info["versions"]
     reported = (", ".join(f"{k} {v}" for k, v in versions.items() if v is not None)
                 if isinstance(versions, Mapping) and versions else "none reported")
-    from residency.attribution import scope_note
+    from residency.rundir.attribution import scope_note
 
     summary = scope_note([run.attribution(e) for e in run.runs]) if run.runs else "no runs"
     return (f"**Service** {md_code(name)}{where} ({md_text(info['kind'] or '?')}): command "

@@ -12,7 +12,7 @@ from residency import evidence
 from residency.evidence import ARMS, Evidence
 from residency.humanize import sig
 from residency.notebook.outputs import statistical_note
-from residency.rundir import Run
+from residency.rundir.run import Run
 
 ATTRIBUTIONS = {  # evidence key -> words (also the consecutive notebook's count notes)
     "normal_call_per_rank": "normal-call duration per rank, profiled pair",
@@ -32,7 +32,7 @@ NOTE_KEYS = ("normal_call_per_rank", "normal_call_per_run", "normal_released",
              "e2e_profiled", "e2e_unprofiled", "e2e_aa")
 
 __all__ = ["ATTRIBUTIONS", "PER_RUN_COLUMNS", "e2e_frame", "evidence_tables",
-           "first_screen", "first_screen_notes", "headline", "idle_frame",
+           "first_screen", "first_screen_notes", "headline",
            "normal_call_frame",
            "note", "paired_profile", "paired_results", "per_run_frame", "releases_frame"]
 
@@ -49,7 +49,7 @@ def first_screen(ev: Evidence, run: Run) -> str:
     relative size, scope and n; one row per attribution (baseline, candidate, change, n and
     unit of analysis, verdict); what the run can and cannot say about an NPU; warnings
     (emulated shares of E2E far from the published ones, a loaded host)."""
-    from residency.summary import first_screen_markdown, summarize
+    from residency.reports.summary import first_screen_markdown, summarize
 
     return first_screen_markdown(summarize(ev, manifest=run.manifest))
 
@@ -57,7 +57,7 @@ def first_screen(ev: Evidence, run: Run) -> str:
 def first_screen_notes(ev: Evidence, run: Run) -> str:
     """Markdown: one short note per first-screen attribution, the runs' scope (attribution
     of decisions, warm-ups per kind) and the host load, each said once."""
-    from residency.summary import notes_markdown, summarize
+    from residency.reports.summary import notes_markdown, summarize
 
     return notes_markdown(summarize(ev, manifest=run.manifest))
 
@@ -132,26 +132,6 @@ def releases_frame(ev: Evidence) -> pd.DataFrame:
                          for arm in ARMS]).set_index("arm")
 
 
-_IDLE_COLUMNS = (("idle_intersection",
-                  "normal-release markers ∩ all-rank no-device-task time (ms)"),
-                 ("all_rank_idle", "all-rank no-device-task time (s)"),
-                 ("preparation_window", "preparation window (s)"))
-
-
-def idle_frame(ev: Evidence) -> pd.DataFrame:
-    """Per arm (profiled pair): normal-release markers ∩ all-rank no-device-task time (ms),
-    all-rank no-device-task time (s), preparation window (s); empty values where no traces
-    were recorded."""
-    rows = []
-    for arm in ARMS:
-        row: dict[str, Any] = {"arm": arm}
-        for key, col in _IDLE_COLUMNS:
-            a = ev.get(key)
-            row[col] = None if a is None else a.values[arm][0]
-        rows.append(row)
-    return pd.DataFrame(rows, columns=["arm", *(c for _, c in _IDLE_COLUMNS)]).set_index("arm")
-
-
 def e2e_frame(ev: Evidence) -> pd.DataFrame:
     """One row per pair: design (profiled / unprofiled), pair number (numbered once across
     both, profiled first, as in the E2E figure), E2E of each arm (s) and the delta
@@ -223,13 +203,13 @@ def paired_results(ev: Evidence, *, manifest: Any = None, **extra: Any) -> dict[
 
 
 def _summary_dict(ev: Evidence, manifest: Any) -> dict[str, Any]:
-    from residency.summary import summarize
+    from residency.reports.summary import summarize
 
     return summarize(ev, manifest=manifest).to_dict()
 
 
 def evidence_tables(ev: Evidence) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The run's evidence table and the published NPU figures, in the same columns."""
-    from residency import tables as tb
+    from residency.reports import tables as tb
 
     return tb.evidence_table(ev), tb.published_table()

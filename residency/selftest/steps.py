@@ -74,7 +74,7 @@ def step_environment(ctx: Context) -> StepOutput:
 
 def step_probe(ctx: Context) -> StepOutput:
     """The API reproduction on device 0, and which arm's telemetry answers."""
-    from residency.telemetry import probe_queries
+    from residency.workload.probe import probe_queries
 
     device, _ = ctx.device()
     result = probe_queries(device)
@@ -138,7 +138,7 @@ def _counters(module: Any, device: Any) -> dict[str, int]:
 
 def step_policy(ctx: Context) -> StepOutput:
     """Each arm on device 0: allocate, offload, normal then forced `release_if_needed`."""
-    from residency.policy import ARMS, JsonlRecorder, policy_for, retains
+    from residency.policy.cache import ARMS, JsonlRecorder, policy_for, retains
 
     device, module = ctx.device()
     nbytes = POLICY_BLOCK_BYTES[ctx.kind]
@@ -279,7 +279,7 @@ def step_adapter(ctx: Context) -> StepOutput:
 
 def step_service(ctx: Context) -> StepOutput:
     """One profiled few-step request on the built-in service with the requested ranks."""
-    from residency.experiments import run_arm
+    from residency.experiments.orchestrate import run_arm
 
     root = ctx.out / "service"
     root.mkdir(parents=True, exist_ok=True)
@@ -331,8 +331,8 @@ def check_trace_dir(trace: Path, *, kind: str, ranks: int) -> StepOutput:
     """
     import warnings
 
-    from residency.idle import idle_summary
-    from residency.traces import TraceError, load_traces
+    from residency.analysis.idle import idle_summary
+    from residency.traces.load import TraceError, load_traces
 
     profiler = PROFILERS[kind]
     files = sorted(p for p in trace.rglob("*") if p.is_file()) if trace.is_dir() else []
@@ -398,8 +398,8 @@ def step_profiler(ctx: Context) -> StepOutput:
 
 def step_paired(ctx: Context) -> StepOutput:
     """A tiny profiled-pair run directory, then `residency verify` on it."""
-    from residency.experiments import run_design
-    from residency.rundir import load_run, verify_run
+    from residency.experiments.orchestrate import run_design
+    from residency.rundir.run import load_run, verify_run
 
     out = ctx.out / "pair"
     run_design("profiled-pair", out, spec=ctx.service_spec(), steps=REQUEST_STEPS, seed=SEED,
