@@ -48,6 +48,7 @@ from residency.notebook.outputs import (
 )
 from residency.notebook.paired import (
     ATTRIBUTIONS,
+    PER_RUN_COLUMNS,
     e2e_frame,
     evidence_tables,
     first_screen,
@@ -80,7 +81,7 @@ from residency.reports.figures import (
 
 __all__ = [
     "ACCELERATOR_PATCH_CHOICES", "ARMS", "ATTRIBUTIONS", "DEVICE_SPECS", "EMULATED_LABEL",
-    "NOTEBOOKS", "RESULTS_FILE",
+    "NOTEBOOKS", "PER_RUN_COLUMNS", "RESULTS_FILE",
     "GateError", "ParameterError", "WhatIf", "api_from_run", "api_reproduction", "api_results",
     "arms_table", "check_gates", "check_parameters", "check_ranges", "consecutive_notes",
     "consecutive_summary", "consecutive_table", "describe_run", "describe_service",
