@@ -207,7 +207,7 @@ def finish(output_dir: str | os.PathLike[str], results: Mapping[str, Any]) -> Pa
     path = write_results(out, {"files": files, **results, "output_dir": str(out.resolve()),
                                "written_at": datetime.now(timezone.utc).isoformat(
                                    timespec="seconds")})
-    tables = sum(f.endswith(".md") for f in files)
+    tables = len({f.rsplit(".", 1)[0] for f in files if f.endswith((".md", ".csv"))})
     figures = sum(f.endswith(".png") for f in files)
     _announce(f"done: results.json, {tables} table(s) (.md/.csv) and {figures} figure(s) "
               f"(.png) in {out.resolve()}")
