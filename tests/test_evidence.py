@@ -196,3 +196,25 @@ def test_unprofiled_e2e_carries_the_equivalence_test_and_a_verdict() -> None:
     assert ("Verdict:" in a.note) != ("No verdict:" in a.note)
     assert a.detail["equivalent"] is (a.detail["equivalence_p"] is not None
                                       and a.detail["equivalence_p"] < 0.05)
+
+
+def test_tost_margin_is_two_percent_of_numpy_median_with_an_even_number_of_pairs(
+        tmp_path: Path) -> None:
+    """Issue 25: with an even number of pairs the median shown (numpy.median, the mean of the
+    two middle values) is not the upper median sorted(base)[n // 2] the margin once used."""
+    import shutil
+
+    copy = tmp_path / "two-pairs"
+    shutil.copytree(PAIRED, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["runs"] = manifest["runs"][:-2]  # the profiled pair and 2 unprofiled pairs
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    a = evidence.build(load_run(copy, verify=False), keys=("e2e_unprofiled",))[
+        "e2e_unprofiled"]
+    base = list(a.values["baseline"])
+    assert len(base) == 2 and base[0] != base[1]
+    assert a.detail["baseline_median_s"] == pytest.approx(float(np.median(base)), rel=1e-15)
+    assert a.detail["equivalence_margin_s"] == pytest.approx(0.02 * float(np.median(base)),
+                                                             rel=1e-15)
+    assert a.detail["equivalence_margin_s"] != pytest.approx(0.02 * sorted(base)[1],
+                                                             rel=1e-9)
