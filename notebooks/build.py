@@ -179,9 +179,7 @@ PAIRED_REQUESTS = 5
 
 PAIRED_PROFILE = [
     new_markdown_cell(
-        "# Paired profile: the fix (candidate) against the pre-fix telemetry (baseline)\n\n"
-        "The summary first; the evidence behind each row follows, then the published NPU "
-        "figures beside this run's, and the parameters and run details in the appendix."),
+        "# Paired profile: the fix (candidate) against the pre-fix telemetry (baseline)"),
     new_code_cell(_params(device="auto", output_dir=None, source="run", ranks=2, steps=50,
                           seed=2101, scale=1.0, pairs=PAIRED_PAIRS, requests=PAIRED_REQUESTS,
                           service=None, aa_source=None),

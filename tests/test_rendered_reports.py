@@ -98,6 +98,8 @@ PAIRED_REPORTS = ["paired_profile", "paired_profile_fresh"]
 def test_first_visible_text_is_the_banner(rendered: dict[str, Rendered], name: str) -> None:
     texts = visible_text(rendered[name].text)
     assert texts[0] == f"emulated-npu: {LABEL}", texts[:5]
+    title = re.search(r"<title>(.*?)</title>", rendered[name].text, flags=re.S)
+    assert title and f"emulated-npu: {LABEL}" in title.group(1)  # issue 25: the window too
 
 
 @pytest.mark.slow

@@ -113,8 +113,9 @@ def render_html(notebook: str | os.PathLike[str], out_dir: str | os.PathLike[str
     exporter = HTMLExporter(config=config, exclude_input=True, exclude_input_prompt=True,
                             exclude_output_prompt=True)
     title = nb.metadata.get("title") or src.stem.replace("_", " ")
-    if heading:  # the device kind in the window title too (issue 25)
-        title = f"{title} — {escape(heading, quote=False)}"
+    if heading:  # the device kind in the window title too (issue 25); the template escapes it
+        title = f"{title} — {heading}"
+        nb.metadata["title"] = title
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
     body = with_csp(body)
     out = Path(out_dir)

@@ -339,10 +339,9 @@ def _scope(ev: Evidence, a: Attribution | None, manifest: Mapping[str, Any]) -> 
 
 def _npu_line(kind: str) -> str:
     if devices.emulated(kind):
-        return ("**What this says about an NPU**: the mechanism only — which telemetry query "
-                "answers, which calls release, where the release time goes; its durations are "
-                "host-memory costs of the emulated NPU, so no size (per call or E2E) transfers "
-                "to an NPU.")
+        return ("**What this says about an NPU**: the mechanism (which query answers, which "
+                "calls release, where the release time goes), not its size: durations here are "
+                "host-memory costs of the emulated NPU, per call and E2E.")
     if kind == "npu":
         return "**Device**: measured on an Ascend NPU (see the banner for the host and versions)."
     return (f"**Device**: measured on {devices.label(kind)}: it says how the fix behaves "
@@ -400,9 +399,9 @@ def _table(rows: Sequence[Row]) -> str:
 
 
 def first_screen_markdown(s: Summary) -> str:
-    """Markdown for the top of the report: the E2E line, the table of attributions, the
-    NPU line and the warnings."""
-    parts = [s.e2e, _table(s.rows).rstrip(), s.npu, *s.warnings]
+    """Markdown for the top of the report: the E2E line, the NPU line, the table of
+    attributions and the warnings."""
+    parts = [s.e2e, s.npu, _table(s.rows).rstrip(), *s.warnings]
     return "\n\n".join(parts) + "\n"
 
 
