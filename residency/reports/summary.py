@@ -141,16 +141,20 @@ def _normal_call_row(ev: Evidence) -> Row | None:
         r = runs.result
         word = runs.detail.get("runs_kind", "")
         b, c = r.baseline_median, r.candidate_median
-        sep = (max(runs.values["candidate"]) < min(runs.values["baseline"]))
-        verdict = (f"faster, p = {_p(r.p_value)}" if r.p_value < stats.ALPHA else
-                   f"not significant (p = {_p(r.p_value)}"
+        vb, vc = runs.values["baseline"], runs.values["candidate"]
+        direction = "faster" if c < b else "slower"
+        sep = max(vc) < min(vb) or max(vb) < min(vc)
+        floor = 2 / math.comb(sum(r.n), r.n[0])
+        verdict = (f"candidate {direction}, p = {_p(r.p_value)}" if r.p_value < stats.ALPHA
+                   else f"not significant (p = {_p(r.p_value)}"
                    + (f", the smallest reachable with {r.n[0]} vs {r.n[1]} runs)"
-                      if sep and r.p_value <= 2 / math.comb(sum(r.n), r.n[0]) + 1e-12 else ")"))
+                      if sep and r.p_value <= floor + 1e-12 else ")"))
         if sep:
-            verdict = "every run faster; " + verdict
+            verdict = f"every candidate run {direction}; " + verdict
+        other = "profiled" if word == "unprofiled" else "unprofiled"
         note = (f"Unit: the {word} run, each value its median per call over every normal call "
                 f"of its ranks and measured requests ({r.n[0]} vs {r.n[1]} runs); "
-                f"{r.test}, p = {_p(r.p_value)}. Profiled runs are not pooled with these; "
+                f"{r.test}, p = {_p(r.p_value)}. The {other} runs are not pooled with these; "
                 "the profiled pair is described per rank in its own section.")
         return Row("normal_call", "normal-call duration, per call",
                    f"{_q(b, 'ms')} (runs {_q(min(runs.values['baseline']))}–"
@@ -172,7 +176,9 @@ def _normal_call_row(ev: Evidence) -> Row | None:
                f"{_q(c, 'ms')} (ranks {_q(min(vc))}–{_q(max(vc), 'ms')})",
                f"{_q(c - b, 'ms', sign=True)} ({_ratio_words(b, c)})",
                f"{ranks.n['baseline']} vs {ranks.n['candidate']} ranks of one run pair",
-               ("every rank faster" if every else "ranks overlap") + "; a description, no test",
+               ("every candidate rank faster" if every else
+                "ranks overlap" if not max(vb) < min(vc) else "every candidate rank slower")
+               + "; a description, no test",
                "Every rank of the one profiled pair, each rank's median per call: ranks of one "
                "run are not independent replicates, so no test.")
 
@@ -245,8 +251,7 @@ def _e2e_row(ev: Evidence) -> Row | None:
         verdict += {"equivalent": "; equivalent within ±2 %",
                     "not equivalent": "; not equivalent within ±2 %",
                     "cannot tell": "; equivalence: cannot tell"}[eq]
-    change = (f"{_q(r.delta, 's', sign=True)} ({_pct(r.relative)})" if r.n > 1 else
-              f"{_q(r.delta, 's', sign=True)} ({_pct(r.relative)})")
+    change = f"{_q(r.delta, 's', sign=True)} ({_pct(r.relative)})"
     return Row("e2e", f"client E2E, {word} pairs",
                f"{_q(r.baseline_median, 's')}" + (" median" if r.n > 1 else ""),
                f"{_q(r.candidate_median, 's')}" + (" median" if r.n > 1 else ""),
