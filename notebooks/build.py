@@ -290,8 +290,9 @@ PAIRED_PROFILE = [
                   'nb.save_figure(fig, out, "idle")\n'
                   "rv.show_table(table)\n"
                   "display(fig)\n"
-                  'for key in ("idle_intersection", "all_rank_idle", "preparation_window"):\n'
-                  "    rv.show_note(nb.note(ev, key))"),
+                  'for text in nb.notes(ev, ("idle_intersection", "all_rank_idle", '
+                  '"preparation_window")):\n'
+                  "    rv.show_note(text)"),
     new_markdown_cell(
         "## Client end-to-end time\n\n"
         "Per pair, baseline and candidate. Profiling slows a run down, so the profiled pair "
@@ -319,7 +320,9 @@ PAIRED_PROFILE = [
     new_code_cell("from residency.reports.side_by_side import side_by_side\n\n"
                   "evidence, published = nb.evidence_tables(ev)\n"
                   'nb.write_tables(out, {"evidence": evidence, "published": published})\n'
-                  "rv.show_table(side_by_side(evidence, published, evidence=ev))\n"
+                  "table = side_by_side(evidence, published, evidence=ev)\n"
+                  "# published figures at their published precision: cells shown as written\n"
+                  "rv.show_table(table, formats={c: str for c in table.columns})\n"
                   "display(Markdown(f\"*{evidence.attrs['footer']}*\"))"),
     new_markdown_cell(
         "## Appendix: parameters and the run\n\n" + PARAMETERS_HELP

@@ -275,7 +275,7 @@ def test_per_run_values_are_per_call_and_within_each_runs_range(
     if a is None:  # a design with one run per arm of each kind: no per-run comparison
         return
     assert "per call" in a["metric"] and a["detail"]["runs_kind"] == "unprofiled"
-    assert not any(a["detail"]["profiled"][arm] for arm in ("baseline", "candidate"))
+    assert not any(any(a["detail"]["profiled"][arm]) for arm in ("baseline", "candidate"))
     for arm in ("baseline", "candidate"):
         for v, (lo, hi) in zip(a["values"][arm], a["detail"]["per_call_range_ms"][arm],
                                strict=True):

@@ -32,7 +32,7 @@ NOTE_KEYS = ("normal_call_per_rank", "normal_call_per_run", "normal_released",
              "e2e_profiled", "e2e_unprofiled", "e2e_aa")
 
 __all__ = ["ATTRIBUTIONS", "PER_RUN_COLUMNS", "e2e_frame", "evidence_tables",
-           "first_screen", "first_screen_notes", "headline",
+           "first_screen", "first_screen_notes", "headline", "notes",
            "normal_call_frame",
            "note", "paired_profile", "paired_results", "per_run_frame", "releases_frame"]
 
@@ -65,6 +65,19 @@ def first_screen_notes(ev: Evidence, run: Run) -> str:
 def headline(ev: Evidence, run: Run) -> str:
     """The first screen (`first_screen`), kept under its former name."""
     return first_screen(ev, run)
+
+
+def notes(ev: Evidence, keys: tuple[str, ...] | list[str]) -> list[str]:
+    """The notes of several attributions (`note`), the statistical unit and scope said once,
+    under the last one, when they all share them (no sentence repeated per attribution)."""
+    found = [ev.get(k) for k in keys]
+    shared = {(a.judged_on, a.scope.describe()) for a in found if a is not None}
+    if len(shared) != 1 or any(a is None for a in found):
+        return [note(ev, k) for k in keys]
+    judged, scope = next(iter(shared))
+    out = [statistical_note(a.note, what=ATTRIBUTIONS.get(a.key, a.key)) for a in found]
+    out[-1] += f" *Judged on (all {len(found)}): {judged}. Scope: {scope}.*"
+    return out
 
 
 def note(ev: Evidence, key: str) -> str:
