@@ -388,7 +388,7 @@ def summarize(ev: Evidence, *, manifest: Mapping[str, Any] | None = None) -> Sum
                                    if isinstance(r, Mapping)])
     host = hostload.describe(load)
     if hostload.loaded(load):
-        warnings.append(f"**Loaded host**: {host}")
+        warnings.append(f"**Loaded host**: {host.removeprefix('Host: ')}")
     return Summary(run=ev.name, device_kind=ev.device_kind, label=ev.label, rows=tuple(rows),
                    e2e=e2e, npu=_npu_line(ev.device_kind), warnings=tuple(warnings),
                    shares=shares, host=host, digest=ev.digest, scope=ev.attribution_note,
