@@ -79,8 +79,9 @@ def _serve(p: argparse.ArgumentParser) -> None:
 
 
 def _pair(p: argparse.ArgumentParser) -> None:
-    from_designs = ("profiled-pair", "alternating", "paired-profile", "consecutive", "aa")
-    p.add_argument("--design", choices=from_designs, default="profiled-pair",
+    from residency.rundir.layout import DESIGNS
+
+    p.add_argument("--design", choices=DESIGNS, default="profiled-pair",
                    help="aa: the same arm (--aa-arm) in both slots, ABBA order: E2E noise")
     p.add_argument("--pairs", type=int, default=1, help="alternating pairs (ABBA order)")
     p.add_argument("--requests", type=int, default=1,

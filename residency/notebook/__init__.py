@@ -12,7 +12,7 @@ fresh runs start their services as subprocesses.
 
 from __future__ import annotations
 
-from residency.evidence import ARMS
+from residency.evidence import PAIRED_ARMS
 from residency.notebook.api import (
     api_from_run,
     api_reproduction,
@@ -77,7 +77,7 @@ from residency.reports.figures import (
 )
 
 __all__ = [
-    "ACCELERATOR_PATCH_CHOICES", "ARMS", "ATTRIBUTIONS", "DEVICE_SPECS", "EMULATED_LABEL",
+    "ACCELERATOR_PATCH_CHOICES", "PAIRED_ARMS", "ATTRIBUTIONS", "DEVICE_SPECS", "EMULATED_LABEL",
     "NOTEBOOKS", "RESULTS_FILE",
     "GateError", "ParameterError", "WhatIf", "api_from_run", "api_reproduction", "api_results",
     "arms_table", "check_gates", "check_parameters", "check_ranges", "consecutive_notes",

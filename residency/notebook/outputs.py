@@ -3,7 +3,6 @@ Markdown a notebook prints about its run."""
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from collections.abc import Mapping
@@ -11,13 +10,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pandas as pd
 
 from residency import devices, humanize
 from residency.humanize import md_code, md_text
+from residency.jsonio import plain, write_json_atomic
 from residency.notebook.params import ParameterError, check_output_dir
-from residency.rundir.run import Run, write_json_atomic
+from residency.rundir.run import Run
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -73,24 +72,10 @@ def prepare_output_dir(output_dir: str | os.PathLike[str] | None, name: str) -> 
     return path
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def write_results(output_dir: str | os.PathLike[str], results: Mapping[str, Any]) -> Path:
     """Write `results.json` into `output_dir` atomically; returns its path. NaN and
     infinities become null; numpy values and paths become plain JSON."""
-    return write_json_atomic(Path(output_dir) / RESULTS_FILE, _jsonable(results),
+    return write_json_atomic(Path(output_dir) / RESULTS_FILE, plain(results, finite=True),
                              allow_nan=False)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from residency import devices, evidence
-from residency.evidence import ARMS, Evidence
+from residency.evidence import PAIRED_ARMS, Evidence
 from residency.notebook.outputs import statistical_note
 from residency.rundir.run import Run
 
@@ -85,10 +85,10 @@ def note(ev: Evidence, key: str) -> str:
 def normal_call_frame(ev: Evidence) -> pd.DataFrame:
     """Rank x arm table of normal-call durations (ms, summed per rank) of the profiled pair."""
     a = ev.get("normal_call_per_rank")
-    ranks = {arm: list(a.detail["ranks"][arm]) if a else [] for arm in ARMS}
+    ranks = {arm: list(a.detail["ranks"][arm]) if a else [] for arm in PAIRED_ARMS}
     values = {arm: dict(zip(ranks[arm], a.values[arm], strict=True)) if a else {}
-              for arm in ARMS}
-    rows = [{"rank": r, **{f"{arm} (ms)": values[arm].get(r) for arm in ARMS}}
+              for arm in PAIRED_ARMS}
+    rows = [{"rank": r, **{f"{arm} (ms)": values[arm].get(r) for arm in PAIRED_ARMS}}
             for r in sorted(set(ranks["baseline"]) | set(ranks["candidate"]))]
     df = pd.DataFrame(rows, columns=["rank", "baseline (ms)", "candidate (ms)"])
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -103,7 +103,7 @@ def per_run_frame(ev: Evidence) -> pd.DataFrame:
     a = ev.get("normal_call_per_run")
     rows = []
     if a is not None:
-        for arm in ARMS:
+        for arm in PAIRED_ARMS:
             for name, prof, med, ranks in zip(a.labels[arm], a.detail["profiled"][arm],
                                               a.values[arm], a.detail["per_rank_ms"][arm],
                                               strict=True):
@@ -124,7 +124,7 @@ def releases_frame(ev: Evidence) -> pd.DataFrame:
 
     return pd.DataFrame([{"arm": arm, "normal calls released": cell("normal_released", arm),
                           "forced calls released": cell("forced_released", arm)}
-                         for arm in ARMS]).set_index("arm")
+                         for arm in PAIRED_ARMS]).set_index("arm")
 
 
 def e2e_frame(ev: Evidence) -> pd.DataFrame:
@@ -145,7 +145,7 @@ def e2e_frame(ev: Evidence) -> pd.DataFrame:
 
 def _e2e_lists(ev: Evidence, key: str) -> dict[str, list[float]]:
     a = ev.get(key)
-    return {arm: list(a.values[arm]) if a else [] for arm in ARMS}
+    return {arm: list(a.values[arm]) if a else [] for arm in PAIRED_ARMS}
 
 
 def paired_results(ev: Evidence, **extra: Any) -> dict[str, Any]:
@@ -158,12 +158,12 @@ def paired_results(ev: Evidence, **extra: Any) -> dict[str, Any]:
     p-value and note) and `extra`."""
     def per_arm(key: str) -> dict[str, Any]:
         a = ev.get(key)
-        return {arm: (a.values[arm][0] if a else None) for arm in ARMS}
+        return {arm: (a.values[arm][0] if a else None) for arm in PAIRED_ARMS}
 
     def counts(key: str) -> dict[str, dict[str, int]]:
         a = ev.get(key)
         return {arm: {"total": a.n[arm] if a else 0, "released": a.values[arm][0] if a else 0}
-                for arm in ARMS}
+                for arm in PAIRED_ARMS}
 
     rank = ev.get("normal_call_per_rank")
     per_run = ev.get("normal_call_per_run")
@@ -172,9 +172,9 @@ def paired_results(ev: Evidence, **extra: Any) -> dict[str, Any]:
     prep = ev.get("preparation_window")
     return {
         "device_kind": ev.device_kind, "device_label": ev.label,
-        "normal_call_ms": {arm: list(rank.values[arm]) if rank else [] for arm in ARMS},
+        "normal_call_ms": {arm: list(rank.values[arm]) if rank else [] for arm in PAIRED_ARMS},
         "normal_call_per_run_ms": {arm: list(per_run.values[arm]) if per_run else []
-                                   for arm in ARMS},
+                                   for arm in PAIRED_ARMS},
         "idle_intersection_ms": per_arm("idle_intersection"),
         "e2e_s": _e2e_lists(ev, f"e2e_{source}"),
         "notes": {k: ev[k].note for k in NOTE_KEYS if k in ev},

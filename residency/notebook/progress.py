@@ -24,6 +24,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from residency.rundir import layout
+
 INTERVAL_S = 20.0  # at most this long between two terminal lines
 PREFIX = "residency: "
 _CLEAR_LINE = "\r\x1b[K"  # on a terminal: start over the line papermill's bar is drawing
@@ -84,7 +86,7 @@ def _last_request(run_dir: Path | None, index: int, arm: str) -> str | None:
     file (None before its first policy call)."""
     if run_dir is None:
         return None
-    path = run_dir / "runs" / f"{index:02d}-{arm}" / "decisions-rank0.jsonl"
+    path = run_dir / layout.run_dir(index, arm) / layout.decisions_file(0)
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)

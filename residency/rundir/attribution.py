@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from residency.errors import BadInput
+from residency.policy.cache import decisions_file
 
 __all__ = ["ATTRIBUTED_COLUMNS", "COUNT_COLUMNS", "Attribution", "AttributionError",
            "RequestWindow", "attribute", "attribute_by_id", "attribute_by_time",
@@ -419,7 +420,7 @@ def consecutive_gates(run: Any, *, arm: str = "candidate") -> list[str]:
         attr = run.attribution(entry)
         raw = run.decisions(entry, warmup=True)
         present = set(raw["rank"].dropna().astype(int))
-        silent = {r: (entry.dir / f"decisions-rank{r}.jsonl").exists()
+        silent = {r: (entry.dir / decisions_file(r)).exists()
                   for r in ranks if r not in present}
         counts = request_counts(attr, ranks or sorted(present))
         failures += count_failures(
