@@ -728,7 +728,7 @@ def run_pair(design: str = "profiled-pair", *, out: str | os.PathLike[str], devi
 
         kind = devices.resolve(device)
         model = None
-        if kind == "emulated-npu":
+        if devices.emulated(kind):
             model = (emulator or DeviceModel()).to_params()
         elif emulator is not None and emulator != DeviceModel():
             raise ValueError(f"the emulated NPU's model options apply to device emulated-npu "

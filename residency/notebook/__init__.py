@@ -33,11 +33,9 @@ from residency.notebook.consecutive import (
     gate_failures,
 )
 from residency.notebook.outputs import (
-    EMULATED_LABEL,
     RESULTS_FILE,
     describe_run,
     describe_service,
-    device_label,
     finish,
     markdown_table,
     prepare_output_dir,
@@ -77,12 +75,12 @@ from residency.reports.figures import (
 )
 
 __all__ = [
-    "ACCELERATOR_PATCH_CHOICES", "PAIRED_ARMS", "ATTRIBUTIONS", "DEVICE_SPECS", "EMULATED_LABEL",
+    "ACCELERATOR_PATCH_CHOICES", "PAIRED_ARMS", "ATTRIBUTIONS", "DEVICE_SPECS",
     "NOTEBOOKS", "RESULTS_FILE",
     "GateError", "ParameterError", "WhatIf", "api_from_run", "api_reproduction", "api_results",
     "arms_table", "check_gates", "check_parameters", "check_ranges", "consecutive_notes",
     "consecutive_summary", "consecutive_table", "describe_run", "describe_service",
-    "device_label", "e2e_frame",
+    "e2e_frame",
     "evidence_tables", "finish", "fractions", "gate_failures", "headline", "idle_frame",
     "markdown_table", "normal_call_frame", "note", "open_source", "paired_profile",
     "paired_results", "per_run_frame", "plot_fractions", "plot_idle",

@@ -22,9 +22,8 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 RESULTS_FILE = "results.json"
-EMULATED_LABEL = devices.EMULATED_LABEL
 
-__all__ = ["EMULATED_LABEL", "RESULTS_FILE", "describe_run", "device_label", "finish",
+__all__ = ["RESULTS_FILE", "describe_run", "finish",
            "markdown_table", "prepare_output_dir", "save_figure", "statistical_note",
            "write_results", "write_tables"]
 
@@ -118,12 +117,6 @@ def save_figure(fig: Figure, output_dir: str | os.PathLike[str], name: str) -> P
     return path
 
 
-def device_label(device_kind: str) -> str:
-    """How figures and tables name a device kind (emulated runs say they are not NPU
-    measurements)."""
-    return devices.label(device_kind)
-
-
 def describe_run(run: Run) -> str:
     """A Markdown paragraph: which run is analysed, on what device kind, with which
     parameters and runs."""
@@ -145,7 +138,7 @@ def describe_run(run: Run) -> str:
     order = ", ".join(f"{md_text(r.name)}{' (profiled)' if r.profiled else ''}"
                       for r in run.runs)
     text = (f"**Run** {md_code(run.path)}: design {md_code(run.design)}, device kind "
-            f"**{md_text(run.device_kind)}** ({md_text(device_label(run.device_kind))}), "
+            f"**{md_text(run.device_kind)}** ({md_text(devices.label(run.device_kind))}), "
             f"{md_text(m.get('service', '?'))} service; parameters {md_text(params)}; measured "
             f"runs in order: {order}. Recorded {md_text(m.get('started_at'))} to "
             f"{md_text(m.get('ended_at'))} on host {md_code(m.get('host'))}.")

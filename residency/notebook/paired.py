@@ -49,7 +49,8 @@ def headline(ev: Evidence, run: Run) -> str:
     """Markdown, two lines for the top of the report: the E2E verdict of the unprofiled
     pairs (or why there is none) and how long recording the run took, with the 10-minute
     target of the default main job when the device is the emulated NPU."""
-    from residency.reports.banner import elapsed_s, humanize_s
+    from residency.humanize import duration_text
+    from residency.reports.banner import elapsed_s
 
     a = ev.get("e2e_unprofiled")
     verdict = (a.detail.get("verdict") if a is not None else None) or (
@@ -61,7 +62,7 @@ def headline(ev: Evidence, run: Run) -> str:
                     f"{aa.detail['spread_s']:.3g} s.")
     secs = elapsed_s(run.manifest)
     line = ("recording time not in the manifest" if secs is None else
-            f"recording the run took {humanize_s(secs)}")
+            f"recording the run took {duration_text(secs)}")
     if secs is not None and devices.emulated(run.device_kind):
         line += (f" (the default main job's target on the emulated NPU with 2 cores: at most "
                  f"{MAIN_JOB_TARGET_S // 60} min, "

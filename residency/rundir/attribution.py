@@ -26,7 +26,7 @@ import pandas as pd
 from residency.errors import BadInput
 from residency.policy.cache import decisions_file
 
-__all__ = ["ATTRIBUTED_COLUMNS", "COUNT_COLUMNS", "Attribution", "AttributionError",
+__all__ = ["ATTRIBUTED_COLUMNS", "COUNT_COLUMNS", "RequestAttribution", "AttributionError",
            "RequestWindow", "attribute", "attribute_by_id", "attribute_by_time",
            "consecutive_gates", "count_failures", "expected_calls", "has_wall_times",
            "missing_rank_message", "request_counts", "scope_note",
@@ -38,7 +38,7 @@ ATTRIBUTED_COLUMNS = (
     "total_bytes", "max_cached_fraction", "min_free_fraction", "recorded_request_id", "arm",
     "device_kind", "file",
 )
-"""Columns of `Attribution.decisions`: `request` 0 for the warm-up, 1.. for the measured
+"""Columns of `RequestAttribution.decisions`: `request` 0 for the warm-up, 1.. for the measured
 requests in order; `request_id` the client's id of that request (None when the service
 returned none); `offset_ns` = `wall_ns` - the window's start; `recorded_request_id` what the
 decision itself carried (null from the vLLM-Omni adapter)."""
@@ -135,7 +135,7 @@ def _iso(wall_ns: int | None) -> str:
 
 
 @dataclass(frozen=True)
-class Attribution:
+class RequestAttribution:
     """Decisions of one service run assigned to its requests, and what lay outside them."""
 
     method: str  # "time" or "id"
@@ -176,7 +176,7 @@ class Attribution:
                 f"every request ({span}) and are excluded.")
 
     def __repr__(self) -> str:
-        return (f"Attribution(by {self.method}: {len(self.windows)} windows, "
+        return (f"RequestAttribution(by {self.method}: {len(self.windows)} windows, "
                 f"{len(self.decisions)} decisions inside, {self.outside_count} outside)")
 
 
@@ -207,11 +207,11 @@ def _attributed(decisions: pd.DataFrame, number: np.ndarray, windows: Sequence[R
 
 
 def _outside(rows: pd.DataFrame, method: str, windows: tuple[RequestWindow, ...],
-             inside: pd.DataFrame, numbers: pd.Series) -> Attribution:
+             inside: pd.DataFrame, numbers: pd.Series) -> RequestAttribution:
     walls = pd.to_numeric(rows.get("wall_ns"), errors="coerce").dropna() \
         if len(rows) else pd.Series(dtype="int64")
     kinds = {str(k): int(n) for k, n in rows["kind"].value_counts().items()} if len(rows) else {}
-    return Attribution(method=method, windows=windows, decisions=inside,
+    return RequestAttribution(method=method, windows=windows, decisions=inside,
                        outside_count=len(rows),
                        outside_first_wall_ns=int(walls.min()) if len(walls) else None,
                        outside_last_wall_ns=int(walls.max()) if len(walls) else None,
@@ -234,7 +234,8 @@ def _check_wall(decisions: pd.DataFrame) -> pd.Series:
     return wall.astype("int64")
 
 
-def attribute_by_time(decisions: pd.DataFrame, windows: Sequence[RequestWindow]) -> Attribution:
+def attribute_by_time(decisions: pd.DataFrame, windows: Sequence[RequestWindow]
+                      ) -> RequestAttribution:
     """Assign each decision to the window containing its `wall_ns` (half-open).
 
     `decisions` is one service run's decisions (all of them, warm-up included, as
@@ -259,7 +260,8 @@ def attribute_by_time(decisions: pd.DataFrame, windows: Sequence[RequestWindow])
     return _outside(decisions[~ok], "time", windows, inside, per_row)
 
 
-def attribute_by_id(decisions: pd.DataFrame, windows: Sequence[RequestWindow]) -> Attribution:
+def attribute_by_id(decisions: pd.DataFrame, windows: Sequence[RequestWindow]
+                    ) -> RequestAttribution:
     """Assign each decision to the request whose client id it carries (the built-in
     service's ids; decisions with any other id, or none, lie outside)."""
     windows = tuple(windows)
@@ -281,7 +283,7 @@ def _id_windows(client: Mapping[str, Any]) -> tuple[RequestWindow, ...]:
 
 
 def attribute(decisions: pd.DataFrame, client: Mapping[str, Any], *, method: str = "auto",
-              source: str = "client.json") -> Attribution:
+              source: str = "client.json") -> RequestAttribution:
     """Attribute one service run's decisions to its requests.
 
     `method`: "time" (needs the client's wall-clock windows), "id" (needs request ids in
@@ -320,7 +322,7 @@ def _prefix_windows(decisions: pd.DataFrame) -> tuple[RequestWindow, ...]:
 
 
 # ----------------------------------------------------------------------------- gates
-def request_counts(attribution: Attribution, ranks: Sequence[int]) -> pd.DataFrame:
+def request_counts(attribution: RequestAttribution, ranks: Sequence[int]) -> pd.DataFrame:
     """Per measured request x rank (every rank in `ranks`, zero rows included): normal
     checks (retained / released), forced calls (released) and telemetry errors."""
     dec = attribution.measured
@@ -441,7 +443,7 @@ def consecutive_gates(run: Any, *, arm: str = "candidate") -> list[str]:
     return failures
 
 
-def scope_note(attributions: Sequence[Attribution]) -> str:
+def scope_note(attributions: Sequence[RequestAttribution]) -> str:
     """One sentence for a table footer: how the runs' decisions were attributed, that
     warm-ups are excluded, and how many decisions lay outside every request (and when)."""
     if not attributions:

@@ -273,7 +273,7 @@ class Run:
 
     def attribution(self, run: RunEntry, *, method: str = "auto",
                     decisions: pd.DataFrame | None = None) -> Any:
-        """`residency.rundir.attribution.Attribution` of one run: which request each decision
+        """`residency.rundir.attribution.RequestAttribution` of one run: which request each decision
         belongs to (by time when the client recorded wall-clock windows, else by id), and
         the decisions outside every request.
 

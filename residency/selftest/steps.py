@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from residency import markers
+from residency import devices, markers
 from residency.rundir.layout import CLIENT, DECISIONS_GLOB, decisions_file
 from residency.selftest import environment
 from residency.selftest.core import (
@@ -89,7 +89,7 @@ def step_probe(ctx: Context) -> StepOutput:
                           f"on {device}: {candidate['error']}", hint="The fix cannot read "
                           "allocator telemetry on this device, so every normal call would "
                           "release; " + HINTS["probe"])
-    if ctx.kind == "emulated-npu" and not result["bug_present"]:
+    if devices.emulated(ctx.kind) and not result["bug_present"]:
         raise CheckFailed(f"the emulated NPU must reproduce the bug (generic query failing, "
                           f"registered module answering), but: {result['verdict']}",
                           hint=HINTS["probe"])
@@ -118,7 +118,7 @@ class _Block:
         import torch
 
         device, module = ctx.device()
-        self._emulated = ctx.kind == "emulated-npu"
+        self._emulated = devices.emulated(ctx.kind)
         self._tensor: Any = (module.empty((nbytes,), dtype=torch.uint8, device=device)
                              if self._emulated
                              else torch.empty(nbytes, dtype=torch.uint8, device=device))
@@ -219,7 +219,7 @@ def _check_decision(ctx: Context, arm: str, kind: str, decision: Any, before: di
     if arm != "candidate":
         return
     # the snapshot against the device's own counters, read just before and just after
-    tolerance = 0 if ctx.kind == "emulated-npu" else max(64 << 20, before["total"] // 100)
+    tolerance = 0 if devices.emulated(ctx.kind) else max(64 << 20, before["total"] // 100)
     for name in ("reserved", "allocated", "free"):
         if abs(snap[name] - before[name]) > tolerance:
             raise CheckFailed(f"{where}: snapshot {name} = {snap[name]} bytes but the device "
@@ -341,7 +341,7 @@ def check_trace_dir(trace: Path, *, kind: str, ranks: int) -> StepOutput:
         raise CheckFailed(f"the profiler wrote nothing under {trace}", hint=(
             f"{profiler} produced no file for this request; on NPU the trace handler writes "
             "at stop (check the service log for its errors), on CUDA check that "
-            "torch.profiler's CUDA activity (CUPTI) is available." if kind != "emulated-npu"
+            "torch.profiler's CUDA activity (CUPTI) is available." if not devices.emulated(kind)
             else "The emulated NPU's trace export did not run; check the service log."))
     if kind == "npu" and not any(p.name == "trace_view.json" for p in files) and any(
             p.suffix == ".db" for p in files):
