@@ -30,7 +30,7 @@ _WORDS = {  # whole-word replacements in headers
     "max": "max", "min": "min",
 }
 
-__all__ = ["DIGITS", "MISSING", "bytes_text", "cell", "count_text", "for_people", "header",
+__all__ = ["DIGITS", "MISSING", "bytes_text", "cell", "duration_text", "for_people", "header",
            "html_table", "markdown_table", "md_code", "md_text", "ms_from_ns", "percent",
            "quantity", "round_numbers", "sig", "span_text", "write_markdown_table"]
 
@@ -52,6 +52,18 @@ def md_code(value: Any) -> str:
     text escaped as `md_text` escapes it (a backtick in the value cannot close it early, and
     Markdown inside it stays text)."""
     return f"<code>{md_text(value)}</code>"
+
+
+def duration_text(seconds: float) -> str:
+    """The suite's one duration for people: "45 s", "3 min 05 s", "1 h 02 min"."""
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return f"{s} s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m} min {s:02d} s"
+    h, m = divmod(m, 60)
+    return f"{h} h {m:02d} min"
 
 
 def _is_missing(x: Any) -> bool:
@@ -137,11 +149,6 @@ def bytes_text(n: int | float | None, digits: int = DIGITS) -> str:
 def percent(fraction: float | None, digits: int = 3) -> str:
     """A fraction as a percentage: 0.25 -> "25 %", 1/3 -> "33.3 %"."""
     return MISSING if _is_missing(fraction) else f"{sig(float(fraction) * 100, digits)} %"
-
-
-def count_text(k: int, n: int) -> str:
-    """A count of a total: "16/16"."""
-    return f"{int(k)}/{int(n)}"
 
 
 def header(name: Any) -> str:

@@ -75,10 +75,10 @@ def test_failed_verification_exits_1(tmp_path: Path) -> None:
     assert rc == 1 and "changed" in out and err == ""
 
 
-def test_markers_is_a_deprecated_alias_of_decisions_dir(capsys: pytest.CaptureFixture) -> None:
-    args = cli.create_parser().parse_args(["serve", "--arm", "candidate", "--markers", "d"])
-    assert args.decisions_dir == "d"
-    assert "--markers is deprecated; use --decisions-dir" in capsys.readouterr().err
+def test_the_removed_markers_alias_is_refused(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.create_parser().parse_args(["serve", "--arm", "candidate", "--markers", "d"])
+    assert exit_.value.code == 2 and "unrecognized arguments: --markers" in capsys.readouterr().err
     args = cli.create_parser().parse_args(["serve", "--arm", "candidate", "--decisions-dir",
                                            "e"])
     assert args.decisions_dir == "e" and capsys.readouterr().err == ""

@@ -162,8 +162,8 @@ def test_a_new_attribution_is_one_function() -> None:
     def _count(data: evidence.RunData) -> evidence.Attribution:
         return evidence.Attribution(
             key="test_run_count", metric="runs", kind="tally", unit="runs",
-            values={a: [len(data.entries(a))] for a in evidence.ARMS},
-            n={a: len(data.entries(a)) for a in evidence.ARMS}, judged_on="run",
+            values={a: [len(data.entries(a))] for a in evidence.PAIRED_ARMS},
+            n={a: len(data.entries(a)) for a in evidence.PAIRED_ARMS}, judged_on="run",
             scope=evidence.Scope(runs=tuple(e.name for e in data.run.runs)),
             note=f"Runs; compared with {data.inputs.get('reference', 'nothing')}.")
 

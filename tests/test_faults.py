@@ -76,13 +76,11 @@ def test_port_already_taken(tmp_path) -> None:
         port = s.getsockname()[1]
         proc = subprocess.run([sys.executable, "-m", "residency", "serve", "--arm",
                                "candidate", "--device", "emulated-npu", "--ranks", "1",
-                               "--port", str(port), "--markers", str(tmp_path / "m")],
+                               "--port", str(port), "--decisions-dir", str(tmp_path / "m")],
                               capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr
     assert "Traceback" not in proc.stderr
-    # --markers is the deprecated alias of --decisions-dir for one release
-    assert "warning: --markers is deprecated; use --decisions-dir" in proc.stderr
 
 
 def test_unwritable_output_directory(tmp_path) -> None:

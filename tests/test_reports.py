@@ -18,7 +18,8 @@ import pandas as pd
 import pytest
 
 from residency import humanize
-from residency.notebook.progress import RunProgress, clock_text, pair_labels
+from residency.humanize import duration_text
+from residency.notebook.progress import RunProgress, pair_labels
 from residency.reports import banner
 from residency.reports import html as reports
 
@@ -154,7 +155,7 @@ def test_banner_says_the_device_kind_before_any_number() -> None:
     prov = " ".join(texts[1:])
     took_s = round((datetime.fromisoformat(m["ended_at"])
                     - datetime.fromisoformat(m["started_at"])).total_seconds())
-    took = f"{took_s // 60} min {took_s % 60} s" if took_s >= 60 else f"{took_s} s"
+    took = f"{took_s // 60} min {took_s % 60:02d} s" if took_s >= 60 else f"{took_s} s"
     for part in (m["versions"]["git_commit"][:12], m["versions"]["torch"], m["host"],
                  m["started_at"], m["ended_at"], f"({took})"):
         assert part in prov
@@ -429,13 +430,13 @@ def test_progress_ticks_between_runs() -> None:
     assert all("run 1/1: candidate, request series" in line for line in lines[:3])
 
 
-def test_pair_labels_and_clock_text() -> None:
+def test_pair_labels_and_duration_text() -> None:
     from residency.experiments.orchestrate import plan
 
     assert pair_labels(plan("paired-profile", 2), "paired-profile") == [
         "profiled pair", "profiled pair", "unprofiled pair 1 of 2", "unprofiled pair 1 of 2",
         "unprofiled pair 2 of 2", "unprofiled pair 2 of 2"]
-    assert [clock_text(s) for s in (4.4, 65, 3725)] == ["4 s", "1 min 05 s", "1 h 02 min"]
+    assert [duration_text(s) for s in (4.4, 65, 3725)] == ["4 s", "1 min 05 s", "1 h 02 min"]
 
 
 @pytest.mark.slow

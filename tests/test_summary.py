@@ -1,5 +1,5 @@
 """The first screen (`residency.reports.summary`) and the host load it warns about
-(`residency.hostload`), on the recorded runs and on hand-made records (issue 25)."""
+(`residency.rundir.hostload`), on the recorded runs and on hand-made records (issue 25)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from residency import evidence, hostload
+from residency import evidence
 from residency.reports import summary
+from residency.rundir import hostload
 from residency.rundir.run import load_run
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -74,6 +74,7 @@ from residency.policy.cache import (
     ARMS,
     BoundedAllocatorCache,
     JsonlRecorder,
+    decisions_file,
     default_rank,
     policy_for,
 )
@@ -191,7 +192,7 @@ class _Session:
         if self.decisions_dir is None:
             return
         device_type = getattr(device, "type", None) or str(device).split(":")[0]
-        self.recorder = JsonlRecorder(self.decisions_dir / f"decisions-rank{self.rank}.jsonl",
+        self.recorder = JsonlRecorder(self.decisions_dir / decisions_file(self.rank),
                                       request_id=None, device_kind=device_type)
         atexit.register(self.recorder.close)
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from residency import markers
 from residency.analysis.idle import all_rank_idle_intervals
 from residency.traces import intervals as iv
 from residency.traces.load import ASCEND_COMM_PROCESSES
@@ -43,7 +44,7 @@ def cause_kind(name: str) -> str:
     ``none`` for `NO_HOST_RANGE`, else ``host range`` (operators, Python functions...)."""
     if name == NO_HOST_RANGE:
         return "none"
-    if name.startswith("residency.phase["):
+    if name.startswith(markers.PHASE_PREFIX):
         return "phase"
     return "marker" if name.startswith("residency.") else "host range"
 

@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from residency import markers
 from residency.traces import intervals as iv
 
 if TYPE_CHECKING:
     from residency.traces.load import TraceSet
 
-RELEASE_MARKERS = {"normal": "residency.release[normal]", "forced": "residency.release[forced]"}
-PHASE_MARKERS = {"prepare": "residency.phase[prepare]", "denoise": "residency.phase[denoise]",
-                 "decode": "residency.phase[decode]"}
-REQUEST_MARKER = "residency.request"
+RELEASE_MARKERS = markers.RELEASES
+PHASE_MARKERS = markers.PHASES
+REQUEST_MARKER = markers.REQUEST
 
 __all__ = ["ArmTimeline", "PHASE_MARKERS", "RELEASE_MARKERS", "arm_timeline"]
 

@@ -29,21 +29,6 @@ class CommandFailed(RunFailed):
     """A command that ran but failed (not bad input): exit 1 with its message."""
 
 
-class _Deprecated(argparse.Action):
-    """An option kept as a deprecated alias: stores like the new one and warns once."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: Any, option_string: str | None = None) -> None:
-        new = self.metavar_new  # type: ignore[attr-defined]
-        print(f"{parser.prog}: warning: {option_string} is deprecated; use {new}",
-              file=sys.stderr)
-        setattr(namespace, self.dest, values)
-
-
-def _deprecated(new: str) -> type[argparse.Action]:
-    return type("Deprecated", (_Deprecated,), {"metavar_new": new})
-
-
 # ----------------------------------------------------------------------------- parsers
 def _probe(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto",
@@ -61,9 +46,6 @@ def _serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=0, help="0 picks a free port")
     p.add_argument("--decisions-dir", dest="decisions_dir", metavar="DIR",
                    help="directory of the decisions JSONL files (one per rank)")
-    p.add_argument("--markers", dest="decisions_dir", metavar="DIR",
-                   action=_deprecated("--decisions-dir"),
-                   help="deprecated alias of --decisions-dir (removed in the next release)")
     p.add_argument("--profile", metavar="DIR", help="write one trace per rank per request")
     p.add_argument("--scale", type=float, default=1.0)
     p.add_argument("--capacity", type=int, metavar="BYTES",
@@ -79,8 +61,9 @@ def _serve(p: argparse.ArgumentParser) -> None:
 
 
 def _pair(p: argparse.ArgumentParser) -> None:
-    from_designs = ("profiled-pair", "alternating", "paired-profile", "consecutive", "aa")
-    p.add_argument("--design", choices=from_designs, default="profiled-pair",
+    from residency.rundir.layout import DESIGNS
+
+    p.add_argument("--design", choices=DESIGNS, default="profiled-pair",
                    help="aa: the same arm (--aa-arm) in both slots, ABBA order: E2E noise")
     p.add_argument("--pairs", type=int, default=1, help="alternating pairs (ABBA order)")
     p.add_argument("--requests", type=int, default=1,
@@ -258,15 +241,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--capacity must be positive, got {args.capacity}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    from residency import devices
+
     kind = _resolve(args.device)
-    if args.capacity is not None and kind != "emulated-npu":
+    if args.capacity is not None and not devices.emulated(kind):
         raise ValueError("--capacity applies to the emulated NPU only")
     import os
 
     from residency.devicemodel import ENV_VAR, DeviceModel, model_changed, model_from_args
 
     # the ranks (spawned processes) read the emulated NPU's model from the environment
-    if model_changed(args) and kind != "emulated-npu":
+    if model_changed(args) and not devices.emulated(kind):
         raise ValueError("the emulated NPU's model options apply to emulated-npu only")
     if model_changed(args) or ENV_VAR not in os.environ:
         os.environ[ENV_VAR] = model_from_args(args).to_env()

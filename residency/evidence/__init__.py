@@ -29,7 +29,7 @@ from residency.evidence.attributions import (
     attributor,
     build,
 )
-from residency.evidence.model import ARMS, Attribution, Evidence, Scope
+from residency.evidence.model import PAIRED_ARMS, Attribution, Evidence, Scope
 from residency.evidence.runs import (
     NORMAL_MARKER,
     PREPARE_MARKER,
@@ -41,7 +41,7 @@ from residency.evidence.runs import (
     service_of,
 )
 
-__all__ = ["ARMS", "ATTRIBUTORS", "NORMAL_MARKER", "PREPARE_MARKER", "REQUEST_COLUMNS",
+__all__ = ["PAIRED_ARMS", "ATTRIBUTORS", "NORMAL_MARKER", "PREPARE_MARKER", "REQUEST_COLUMNS",
            "RESPONSE_SOURCE", "TRACE_SOURCE", "Attribution", "Evidence", "RunData", "Scope",
            "attributor", "build", "idle_from_traces", "load_decisions", "measured_requests",
            "reference_pair", "service_of"]

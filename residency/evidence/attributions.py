@@ -10,12 +10,14 @@ from typing import Any
 
 import numpy as np
 
+from residency import markers
 from residency.analysis import stats
-from residency.evidence.model import ARMS, Attribution, Evidence, Scope, plain
+from residency.evidence.model import PAIRED_ARMS, Attribution, Evidence, Scope
 from residency.evidence.runs import RunData, measured_requests, service_of
+from residency.jsonio import plain
 from residency.rundir.run import Run, RunEntry
 
-TRACE_SOURCE = "trace window marker residency.phase[prepare]"
+TRACE_SOURCE = f"trace window marker {markers.PHASE_PREPARE}"
 RESPONSE_SOURCE = "service response, max over ranks of per_rank prepare_ns"
 
 __all__ = ["ATTRIBUTORS", "REQUEST_COLUMNS", "aa_pairs", "attributor", "build"]
@@ -123,10 +125,10 @@ def _normal_call_per_rank(data: RunData) -> Attribution | None:
     its calls): a description of every rank of one run pair, no test."""
     if data.pair is None:
         return None
-    by_rank = {a: _normal_ms_by_rank(data, e) for a, e in zip(ARMS, data.pair, strict=True)}
+    by_rank = {a: _normal_ms_by_rank(data, e) for a, e in zip(PAIRED_ARMS, data.pair, strict=True)}
     if not all(by_rank.values()):
         return None
-    vals = {a: [by_rank[a][r] for r in sorted(by_rank[a])] for a in ARMS}
+    vals = {a: [by_rank[a][r] for r in sorted(by_rank[a])] for a in PAIRED_ARMS}
     b, c = vals["baseline"], vals["candidate"]
     bm, cm = float(np.median(b)), float(np.median(c))
     if max(c) < min(b):
@@ -145,12 +147,12 @@ def _normal_call_per_rank(data: RunData) -> Attribution | None:
             f"replicates (the cross-run claim is the per-run attribution).")
     return Attribution(
         key="normal_call_per_rank", metric=f"normal-call duration per rank, {what} {names}",
-        kind="description", unit="ms", values=vals, n={a: len(vals[a]) for a in ARMS},
-        labels={a: [f"rank {r}" for r in sorted(by_rank[a])] for a in ARMS},
+        kind="description", unit="ms", values=vals, n={a: len(vals[a]) for a in PAIRED_ARMS},
+        labels={a: [f"rank {r}" for r in sorted(by_rank[a])] for a in PAIRED_ARMS},
         judged_on="rank (each rank's median per call; every rank, in this run pair; no "
                   "test)",
         scope=Scope(runs=(data.pair[0].name, data.pair[1].name), what=what), note=note,
-        detail={"ranks": {a: sorted(by_rank[a]) for a in ARMS}, "medians": {
+        detail={"ranks": {a: sorted(by_rank[a]) for a in PAIRED_ARMS}, "medians": {
             "baseline": bm, "candidate": cm}})
 
 
@@ -161,8 +163,8 @@ def _normal_call_per_run(data: RunData) -> Attribution | None:
     the run as the unit. Profiled and unprofiled runs are never pooled: the unprofiled runs
     when each arm has at least 2, else the profiled ones (n = 1 per arm allows no test)."""
     per_run: dict[bool, dict[str, list[tuple[RunEntry, float, list[float], list[float]]]]] = {
-        p: {a: [] for a in ARMS} for p in (False, True)}
-    for a in ARMS:
+        p: {a: [] for a in PAIRED_ARMS} for p in (False, True)}
+    for a in PAIRED_ARMS:
         for e in data.entries(a):
             calls = _normal_calls_ms(data, e)
             flat = [v for r in sorted(calls) for v in calls[r]]
@@ -175,31 +177,31 @@ def _normal_call_per_run(data: RunData) -> Attribution | None:
     if profiled is None:  # one run per arm: the per-rank view says it
         return None
     runs_of = per_run[profiled]
-    vals = {a: [v for _, v, _, _ in runs_of[a]] for a in ARMS}
+    vals = {a: [v for _, v, _, _ in runs_of[a]] for a in PAIRED_ARMS}
     result = stats.compare_groups(vals["baseline"], vals["candidate"], unit="ms",
                                   replicate="run")
     word = "profiled" if profiled else "unprofiled"
-    other = sum(len(per_run[not profiled][a]) for a in ARMS)
+    other = sum(len(per_run[not profiled][a]) for a in PAIRED_ARMS)
     left = (f" The {other} {'unprofiled' if profiled else 'profiled'} run(s) are not pooled "
             "with these (profiling adds trace markers to every call)." if other else "")
-    calls = {a: sorted({int(r[2]) for _, _, _, r in runs_of[a]}) for a in ARMS}
+    calls = {a: sorted({int(r[2]) for _, _, _, r in runs_of[a]}) for a in PAIRED_ARMS}
     note = (f"{result.note} Each value is one {word} run's median over its normal calls "
             f"(all ranks and measured requests: "
-            + "; ".join(f"{a} {'/'.join(map(str, calls[a]))} calls per run" for a in ARMS)
+            + "; ".join(f"{a} {'/'.join(map(str, calls[a]))} calls per run" for a in PAIRED_ARMS)
             + f").{left}")
-    runs = tuple(e.name for a in ARMS for e, _, _, _ in runs_of[a])
+    runs = tuple(e.name for a in PAIRED_ARMS for e, _, _, _ in runs_of[a])
     return Attribution(
         key="normal_call_per_run",
         metric=f"normal-call duration per call, {word} runs (each run's median)",
-        kind="groups", unit="ms", values=vals, n={a: len(vals[a]) for a in ARMS},
-        labels={a: [e.name for e, _, _, _ in runs_of[a]] for a in ARMS},
+        kind="groups", unit="ms", values=vals, n={a: len(vals[a]) for a in PAIRED_ARMS},
+        labels={a: [e.name for e, _, _, _ in runs_of[a]] for a in PAIRED_ARMS},
         judged_on=f"run (one value per {word} service run: its median per call over its "
                   "calls and ranks)", result=result,
         scope=Scope(runs=runs, what=f"{word} runs"), note=note,
-        detail={"profiled": {a: [e.profiled for e, _, _, _ in runs_of[a]] for a in ARMS},
-                "per_rank_ms": {a: [v for _, _, v, _ in runs_of[a]] for a in ARMS},
-                "per_call_range_ms": {a: [r[:2] for _, _, _, r in runs_of[a]] for a in ARMS},
-                "calls": {a: [int(r[2]) for _, _, _, r in runs_of[a]] for a in ARMS},
+        detail={"profiled": {a: [e.profiled for e, _, _, _ in runs_of[a]] for a in PAIRED_ARMS},
+                "per_rank_ms": {a: [v for _, _, v, _ in runs_of[a]] for a in PAIRED_ARMS},
+                "per_call_range_ms": {a: [r[:2] for _, _, _, r in runs_of[a]] for a in PAIRED_ARMS},
+                "calls": {a: [int(r[2]) for _, _, _, r in runs_of[a]] for a in PAIRED_ARMS},
                 "runs_kind": word})
 
 
@@ -212,16 +214,16 @@ def _normal_call_durations(data: RunData) -> Attribution | None:
     if normal.empty:
         return None
     vals, outcomes, runs = {}, {}, {}
-    for a in ARMS:
+    for a in PAIRED_ARMS:
         mine = normal[normal["run_arm"] == a]
         vals[a] = [float(x) / 1e6 for x in mine["duration_ns"]]
         outcomes[a] = [str(x) for x in mine["outcome"]]
         runs[a] = [str(x) for x in mine["run"]]
     return Attribution(
         key="normal_call_durations", metric="normal-call duration per call", kind="samples",
-        unit="ms", values=vals, n={a: len(vals[a]) for a in ARMS},
+        unit="ms", values=vals, n={a: len(vals[a]) for a in PAIRED_ARMS},
         labels={a: [f"{r} rank {k}" for r, k in zip(runs[a], normal[normal["run_arm"] == a][
-            "rank"], strict=True)] for a in ARMS},
+            "rank"], strict=True)] for a in PAIRED_ARMS},
         judged_on="call (samples for the what-if cost model; no test: calls of one run are "
                   "not independent replicates)",
         scope=Scope(runs=tuple(sorted(set(normal["run"]))), what="all measured runs"),
@@ -235,15 +237,15 @@ def _counts(data: RunData, kind: str, key: str, metric: str) -> Attribution | No
     calls = d[d["kind"] == kind]
     if calls.empty:
         return None
-    k = {a: int((calls[calls["run_arm"] == a]["outcome"] == "released").sum()) for a in ARMS}
-    n = {a: int((calls["run_arm"] == a).sum()) for a in ARMS}
-    runs = {a: sorted(set(calls[calls["run_arm"] == a]["run"])) for a in ARMS}
-    ranks = {a: int(calls[calls["run_arm"] == a]["rank"].nunique()) for a in ARMS}
-    result = {a: stats.proportion(k[a], n[a]) for a in ARMS if n[a]}
+    k = {a: int((calls[calls["run_arm"] == a]["outcome"] == "released").sum()) for a in PAIRED_ARMS}
+    n = {a: int((calls["run_arm"] == a).sum()) for a in PAIRED_ARMS}
+    runs = {a: sorted(set(calls[calls["run_arm"] == a]["run"])) for a in PAIRED_ARMS}
+    ranks = {a: int(calls[calls["run_arm"] == a]["rank"].nunique()) for a in PAIRED_ARMS}
+    result = {a: stats.proportion(k[a], n[a]) for a in PAIRED_ARMS if n[a]}
     ci = ", ".join(f"{a} {p.ci[0]:.1%}-{p.ci[1]:.1%}" for a, p in result.items()
                    ).replace("%", " %")
     clusters = "; ".join(f"{a}: {n[a]} calls in {len(runs[a])} runs x {ranks[a]} ranks"
-                         for a in ARMS if n[a])
+                         for a in PAIRED_ARMS if n[a])
     note = (f"Clopper-Pearson 95 %: {ci or 'no calls'}. The calls are outcomes of a "
             f"deterministic rule (the policy on each call's memory state), clustered in runs "
             f"and ranks ({clusters}): the interval describes these calls as if they were "
@@ -253,7 +255,7 @@ def _counts(data: RunData, kind: str, key: str, metric: str) -> Attribution | No
         note = "No calls of this kind recorded in at least one arm: nothing to compare. " + note
     return Attribution(
         key=key, metric=metric, kind="counts", unit="calls",
-        values={a: [k[a]] for a in ARMS}, n=n, judged_on="call (k of n; clustered in runs "
+        values={a: [k[a]] for a in PAIRED_ARMS}, n=n, judged_on="call (k of n; clustered in runs "
         "and ranks)", result=result or None,
         scope=Scope(runs=tuple(sorted(set(calls["run"]))), what="all measured runs"),
         note=note, detail={"runs": runs, "ranks": ranks})
@@ -275,13 +277,13 @@ def _telemetry_errors(data: RunData) -> Attribution | None:
     if d.empty:
         return None
     errors = {a: int((d[d["run_arm"] == a]["reason"] == "telemetry-unavailable").sum())
-              for a in ARMS}
+              for a in PAIRED_ARMS}
     first = {a: next((str(x) for x in d[(d["run_arm"] == a) & (
-        d["reason"] == "telemetry-unavailable")]["error"]), None) for a in ARMS}
+        d["reason"] == "telemetry-unavailable")]["error"]), None) for a in PAIRED_ARMS}
     return Attribution(
         key="telemetry_errors", metric="telemetry errors", kind="tally", unit="calls",
-        values={a: [errors[a]] for a in ARMS}, n={a: int((d["run_arm"] == a).sum())
-                                                   for a in ARMS},
+        values={a: [errors[a]] for a in PAIRED_ARMS}, n={a: int((d["run_arm"] == a).sum())
+                                                   for a in PAIRED_ARMS},
         judged_on="call (plain counts)", scope=Scope(runs=tuple(sorted(set(d["run"]))),
                                                      what="all measured runs"),
         note="Counts over all measured runs. A telemetry error makes a normal call release "
@@ -292,7 +294,7 @@ def _telemetry_errors(data: RunData) -> Attribution | None:
 def _oom(data: RunData) -> Attribution | None:
     vals: dict[str, list[int]] = {}
     reported = True
-    for a in ARMS:
+    for a in PAIRED_ARMS:
         ooms = [pr.get("oom") for e in data.entries(a) for resp in data.responses(e)
                 for pr in resp.get("per_rank") or []]
         if not ooms or None in ooms:
@@ -302,8 +304,8 @@ def _oom(data: RunData) -> Attribution | None:
         return None
     return Attribution(
         key="oom", metric="out-of-memory errors", kind="tally", unit="errors",
-        values=vals if reported else {a: [None] for a in ARMS},
-        n={a: len(data.entries(a)) for a in ARMS}, judged_on="run (plain counts)",
+        values=vals if reported else {a: [None] for a in PAIRED_ARMS},
+        n={a: len(data.entries(a)) for a in PAIRED_ARMS}, judged_on="run (plain counts)",
         scope=Scope(runs=tuple(e.name for e in data.run.runs), what="all measured runs"),
         note="Out-of-memory errors the service reported per rank, summed over measured "
              "requests." + ("" if reported else " Not reported by this service: n/a."))
@@ -317,7 +319,7 @@ def _single(key: str, metric: str, unit: str, scale: float, b: float, c: float,
     return Attribution(
         key=key, metric=metric, kind="single", unit=unit,
         values={"baseline": [result.baseline], "candidate": [result.candidate]},
-        n={a: 1 for a in ARMS}, judged_on="single observation per arm", result=result,
+        n={a: 1 for a in PAIRED_ARMS}, judged_on="single observation per arm", result=result,
         scope=Scope(runs=runs, what="profiled pair" if pair and pair[0].profiled else
                     "reference pair"),
         note=f"{result.note} Source: {source}.", source=source)
@@ -326,7 +328,7 @@ def _single(key: str, metric: str, unit: str, scale: float, b: float, c: float,
 @attributor("idle_intersection")
 def _idle_intersection(data: RunData) -> Attribution | None:
     idle = data.idle or {}
-    if not all("marker_idle_intersection_ns" in (idle.get(a) or {}) for a in ARMS):
+    if not all("marker_idle_intersection_ns" in (idle.get(a) or {}) for a in PAIRED_ARMS):
         return None
     return _single("idle_intersection", "normal-release markers ∩ all-rank no-device-task time",
                    "ms", 1e6, idle["baseline"]["marker_idle_intersection_ns"],
@@ -337,7 +339,7 @@ def _idle_intersection(data: RunData) -> Attribution | None:
 @attributor("all_rank_idle")
 def _all_rank_idle(data: RunData) -> Attribution | None:
     idle = data.idle or {}
-    if not all("all_rank_idle_ns" in (idle.get(a) or {}) for a in ARMS):
+    if not all("all_rank_idle_ns" in (idle.get(a) or {}) for a in PAIRED_ARMS):
         return None
     return _single("all_rank_idle", "all-rank no-device-task time", "s", 1e9,
                    idle["baseline"]["all_rank_idle_ns"], idle["candidate"]["all_rank_idle_ns"],
@@ -347,12 +349,12 @@ def _all_rank_idle(data: RunData) -> Attribution | None:
 @attributor("preparation_window")
 def _preparation_window(data: RunData) -> Attribution | None:
     idle = data.idle or {}
-    prep = {a: (idle.get(a) or {}).get("prepare_ns") for a in ARMS}
+    prep = {a: (idle.get(a) or {}).get("prepare_ns") for a in PAIRED_ARMS}
     source = TRACE_SOURCE
     if None in prep.values() and data.pair is not None:
         source = RESPONSE_SOURCE
         prep = {}
-        for a, e in zip(ARMS, data.pair, strict=True):
+        for a, e in zip(PAIRED_ARMS, data.pair, strict=True):
             per_rank = [pr for resp in data.responses(e) for pr in resp.get("per_rank") or []]
             prep[a] = max((pr["prepare_ns"] for pr in per_rank if "prepare_ns" in pr),
                           default=None)
@@ -458,7 +460,7 @@ def _e2e_aa(data: RunData) -> Attribution | None:
 
 
 def _e2e_pairs(data: RunData, profiled: bool) -> Attribution | None:
-    runs = tuple(data.entries(a, profiled=profiled) for a in ARMS)
+    runs = tuple(data.entries(a, profiled=profiled) for a in PAIRED_ARMS)
     both = [(b, c, _e2e(data, b), _e2e(data, c)) for b, c in zip(*runs, strict=False)]
     pairs = [(b, c, x, y) for b, c, x, y in both if x is not None and y is not None]
     if not pairs:
@@ -502,8 +504,8 @@ def _e2e_pairs(data: RunData, profiled: bool) -> Attribution | None:
     return Attribution(
         key=key, metric=metric, kind="pairs", unit="s",
         values={"baseline": [p[2] for p in pairs], "candidate": [p[3] for p in pairs]},
-        n={a: len(pairs) for a in ARMS},
-        labels={a: [f"{p[0].name} / {p[1].name}" for p in pairs] for a in ARMS},
+        n={a: len(pairs) for a in PAIRED_ARMS},
+        labels={a: [f"{p[0].name} / {p[1].name}" for p in pairs] for a in PAIRED_ARMS},
         judged_on="pair (pair i: the i-th run of each arm; ABBA order)", result=result,
         scope=Scope(runs=tuple(e.name for p in pairs for e in p[:2]),
                     what="profiled runs" if profiled else "unprofiled runs"),

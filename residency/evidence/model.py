@@ -9,13 +9,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import numpy as np
-
 from residency import devices
+from residency.jsonio import plain
+from residency.policy.cache import PAIRED_ARMS
 
-ARMS = ("baseline", "candidate")
-
-__all__ = ["ARMS", "Attribution", "Evidence", "Scope", "plain"]
+__all__ = ["PAIRED_ARMS", "Attribution", "Evidence", "Scope", "plain"]
 
 
 @dataclass(frozen=True)
@@ -95,18 +93,6 @@ class Attribution:
                           "what": self.scope.what, "text": self.scope.describe()},
                 "p_value": self.p_value, "result": res, "source": self.source,
                 "note": self.note, "detail": plain(self.detail)}
-
-
-def plain(value: Any) -> Any:
-    """`value` as plain JSON-ready data (mappings to dicts, sequences to lists, numpy scalars
-    to Python numbers)."""
-    if isinstance(value, Mapping):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
 
 
 @dataclass(frozen=True)

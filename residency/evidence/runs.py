@@ -3,6 +3,7 @@ place: `load_decisions`), client records, the reference pair, the traces' idle f
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -10,11 +11,12 @@ from typing import Any
 
 import pandas as pd
 
-from residency.evidence.model import ARMS
+from residency import markers
+from residency.evidence.model import PAIRED_ARMS
 from residency.rundir.run import Run, RunEntry, load_decisions
 
-NORMAL_MARKER = r"residency\.release\[normal\]"
-PREPARE_MARKER = r"residency\.phase\[prepare\]"
+NORMAL_MARKER = re.escape(markers.RELEASE_NORMAL)  # regular expressions for the trace loader
+PREPARE_MARKER = re.escape(markers.PHASE_PREPARE)
 
 __all__ = ["NORMAL_MARKER", "PREPARE_MARKER", "RunData", "idle_from_traces", "load_decisions",
            "measured_requests", "reference_pair"]
@@ -42,7 +44,7 @@ def service_of(manifest: Mapping[str, Any]) -> dict[str, Any]:
 def reference_pair(run: Run) -> tuple[RunEntry, RunEntry] | None:
     """The profiled pair if any, else the first run of each arm (None without both arms)."""
     first = {}
-    for arm in ARMS:
+    for arm in PAIRED_ARMS:
         runs = run.arm(arm)
         if not runs:
             return None
@@ -63,7 +65,7 @@ def idle_from_traces(run: Run, pair: tuple[RunEntry, RunEntry] | None = None
         from residency.traces.load import load_traces
 
         out = {}
-        for arm, entry in zip(ARMS, pair, strict=True):
+        for arm, entry in zip(PAIRED_ARMS, pair, strict=True):
             timelines = load_traces(entry.dir / "trace")
             whole = idle_summary(timelines, marker=NORMAL_MARKER)
             prep = idle_summary(timelines, marker=NORMAL_MARKER, window_marker=PREPARE_MARKER)

@@ -27,14 +27,23 @@ from typing import Any
 
 import tomllib
 
-from residency import hostload
 from residency.devices import KINDS
 from residency.errors import BadInput, RunFailed
+from residency.jsonio import write_json_atomic
+from residency.policy.cache import PAIRED_ARMS
 from residency.processes import PARENT_PID_ENV, free_port, pdeathsig_preexec
-from residency.rundir.run import Manifest, versions, write_json_atomic
+from residency.rundir import hostload
+from residency.rundir.layout import (
+    CLIENT,
+    DECISIONS_GLOB,
+    DESIGNS,
+    SERVICE_LOG,
+    TRACE,
+    TRACE_RAW,
+)
+from residency.rundir.layout import run_dir as run_dir_name
+from residency.rundir.run import Manifest, versions
 
-DESIGNS = ("profiled-pair", "alternating", "paired-profile", "consecutive", "aa")
-ARMS = ("baseline", "candidate")
 STOP_GRACE_S = 30.0
 SERVICE_TMP = "tmp"  # the built-in service's TMPDIR inside its run directory, while it runs
 BUILTIN_EXPECT = {"normal_per_request": 1, "forced_per_request": 2}
@@ -313,7 +322,7 @@ def start_service(spec: ServiceSpec, arm: str, run_dir: Path, *, profiled: bool
                   ) -> RunningService:
     """Start the arm's service in its own process group and wait until it is healthy."""
     port = free_port()
-    profile_dir = run_dir / ("trace-raw" if spec.builtin else "trace")
+    profile_dir = run_dir / (TRACE_RAW if spec.builtin else TRACE)
     values: dict[str, Any] = {
         "port": port, "arm": arm, "decisions_dir": str(run_dir), "python": sys.executable,
         "profile_dir": str(profile_dir) if profiled else "",
@@ -328,7 +337,7 @@ def start_service(spec: ServiceSpec, arm: str, run_dir: Path, *, profiled: bool
     env = {**os.environ, **{k: str(v) for k, v in _fill(spec.env, values).items()},
            PARENT_PID_ENV: str(os.getpid())}
     _check_command(spec, command[0], env)
-    log_path = run_dir / "service.log"
+    log_path = run_dir / SERVICE_LOG
     tmp_dir = None
     if spec.builtin:  # its temporary files (the rendezvous) go where `stop` removes them
         tmp_dir = run_dir / SERVICE_TMP
@@ -450,7 +459,7 @@ def run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, s
             profiled: bool, requests: int = 1) -> dict[str, Any]:
     """Start, warm, measure `requests` consecutive requests and stop one arm; returns its
     manifest entry."""
-    rel = f"runs/{index:02d}-{arm}"
+    rel = run_dir_name(index, arm)
     run_dir = out / rel
     run_dir.mkdir(parents=True, exist_ok=False)
     service = start_service(spec, arm, run_dir, profiled=profiled)
@@ -503,7 +512,7 @@ def run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, s
         client["service_versions"] = service.versions
     if requests > 1:
         client["requests"] = measured
-    write_json_atomic(run_dir / "client.json", client)
+    write_json_atomic(run_dir / CLIENT, client)
     # `request_id` and `e2e_s` describe the same thing: one measured request and its E2E, or,
     # with R > 1, the R requests (`request_ids`) and their median (issue 25)
     entry = {"arm": arm, "index": index, "dir": rel, "e2e_s": median_s, "profiled": profiled}
@@ -517,7 +526,7 @@ def run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, s
 
 def _check_decisions_written(spec: ServiceSpec, directory: Path, arm: str, sent: int) -> None:
     """Refuse a run whose decisions directory stayed empty: nothing could be attributed."""
-    files = sorted(directory.glob("decisions-rank*.jsonl")) if directory.is_dir() else []
+    files = sorted(directory.glob(DECISIONS_GLOB)) if directory.is_dir() else []
     if any(f.stat().st_size for f in files):
         return
     if spec.builtin:
@@ -540,7 +549,7 @@ def _json_or_none(payload: bytes) -> Any:
 
 
 def _collect_builtin_traces(run_dir: Path, request_id: str | None) -> None:
-    raw = run_dir / "trace-raw"
+    raw = run_dir / TRACE_RAW
     src = raw / str(request_id)
     if request_id is None or not src.is_dir():
         raise ExperimentError(f"{run_dir}: no traces for request {request_id} under {raw}")
@@ -562,8 +571,8 @@ def plan(design: str, pairs: int = 1, *, aa_arm: str = "candidate"
     if design == "consecutive":
         return [("candidate", False)]
     if design == "aa":
-        if aa_arm not in ARMS:
-            raise ValueError(f"The value for `aa_arm` must be one of {list(ARMS)}, but "
+        if aa_arm not in PAIRED_ARMS:
+            raise ValueError(f"The value for `aa_arm` must be one of {list(PAIRED_ARMS)}, but "
                              f"{aa_arm!r} was passed.")
         return [(aa_arm, False) for _ in aa_slots(pairs)]
     if design not in DESIGNS:
@@ -578,7 +587,7 @@ def plan(design: str, pairs: int = 1, *, aa_arm: str = "candidate"
         order += [("baseline", True), ("candidate", True)]
     if design in ("alternating", "paired-profile"):
         for i in range(pairs):
-            arms = ARMS if i % 2 == 0 else ARMS[::-1]
+            arms = PAIRED_ARMS if i % 2 == 0 else PAIRED_ARMS[::-1]
             order += [(arm, False) for arm in arms]
     return order
 
@@ -658,7 +667,7 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
             manifest.extra["host_load"] = hostload.summarize(
                 [r.get("host_load") for r in manifest.runs])
             if info["versions"] is None:  # what the first external service reported
-                client = json.loads((out / manifest.runs[-1]["dir"] / "client.json")
+                client = json.loads((out / manifest.runs[-1]["dir"] / CLIENT)
                                     .read_text(encoding="utf-8"))
                 info["versions"] = client.get("service_versions")
             manifest.write(out)
@@ -727,7 +736,7 @@ def run_pair(design: str = "profiled-pair", *, out: str | os.PathLike[str], devi
 
         kind = devices.resolve(device)
         model = None
-        if kind == "emulated-npu":
+        if devices.emulated(kind):
             model = (emulator or DeviceModel()).to_params()
         elif emulator is not None and emulator != DeviceModel():
             raise ValueError(f"the emulated NPU's model options apply to device emulated-npu "

@@ -12,7 +12,7 @@ fresh runs start their services as subprocesses.
 
 from __future__ import annotations
 
-from residency.evidence import ARMS
+from residency.evidence import PAIRED_ARMS
 from residency.notebook.api import (
     api_from_run,
     api_reproduction,
@@ -33,11 +33,9 @@ from residency.notebook.consecutive import (
     gate_failures,
 )
 from residency.notebook.outputs import (
-    EMULATED_LABEL,
     RESULTS_FILE,
     describe_run,
     describe_service,
-    device_label,
     finish,
     markdown_table,
     prepare_output_dir,
@@ -81,12 +79,12 @@ from residency.reports.figures import (
 )
 
 __all__ = [
-    "ACCELERATOR_PATCH_CHOICES", "ARMS", "ATTRIBUTIONS", "DEVICE_SPECS", "EMULATED_LABEL",
+    "ACCELERATOR_PATCH_CHOICES", "PAIRED_ARMS", "ATTRIBUTIONS", "DEVICE_SPECS",
     "NOTEBOOKS", "PER_RUN_COLUMNS", "RESULTS_FILE",
     "GateError", "ParameterError", "WhatIf", "api_from_run", "api_reproduction", "api_results",
     "arms_table", "check_gates", "check_parameters", "check_ranges", "consecutive_notes",
     "consecutive_summary", "consecutive_table", "describe_run", "describe_service",
-    "device_label", "e2e_frame",
+    "e2e_frame",
     "evidence_tables", "finish", "first_screen", "first_screen_notes", "fractions",
     "gate_failures", "headline", "idle_frame",
     "markdown_table", "normal_call_frame", "note", "notes", "open_source", "paired_profile",

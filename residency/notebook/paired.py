@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from residency import evidence
-from residency.evidence import ARMS, Evidence
+from residency.evidence import PAIRED_ARMS, Evidence
 from residency.humanize import sig
 from residency.notebook.outputs import statistical_note
 from residency.rundir.run import Run
@@ -96,10 +96,10 @@ def normal_call_frame(ev: Evidence) -> pd.DataFrame:
     """Rank x arm table of normal-call durations of the profiled pair (ms, each rank's median
     per call)."""
     a = ev.get("normal_call_per_rank")
-    ranks = {arm: list(a.detail["ranks"][arm]) if a else [] for arm in ARMS}
+    ranks = {arm: list(a.detail["ranks"][arm]) if a else [] for arm in PAIRED_ARMS}
     values = {arm: dict(zip(ranks[arm], a.values[arm], strict=True)) if a else {}
-              for arm in ARMS}
-    rows = [{"rank": r, **{f"{arm} (ms)": values[arm].get(r) for arm in ARMS}}
+              for arm in PAIRED_ARMS}
+    rows = [{"rank": r, **{f"{arm} (ms)": values[arm].get(r) for arm in PAIRED_ARMS}}
             for r in sorted(set(ranks["baseline"]) | set(ranks["candidate"]))]
     df = pd.DataFrame(rows, columns=["rank", "baseline (ms)", "candidate (ms)"])
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -119,7 +119,7 @@ def per_run_frame(ev: Evidence) -> pd.DataFrame:
     a = ev.get("normal_call_per_run")
     rows = []
     if a is not None:
-        for arm in ARMS:
+        for arm in PAIRED_ARMS:
             for name, prof, med, ranks, rng, calls in zip(
                     a.labels[arm], a.detail["profiled"][arm], a.values[arm],
                     a.detail["per_rank_ms"][arm], a.detail["per_call_range_ms"][arm],
@@ -142,7 +142,7 @@ def releases_frame(ev: Evidence) -> pd.DataFrame:
 
     return pd.DataFrame([{"arm": arm, "normal calls released": cell("normal_released", arm),
                           "forced calls released": cell("forced_released", arm)}
-                         for arm in ARMS]).set_index("arm")
+                         for arm in PAIRED_ARMS]).set_index("arm")
 
 
 def e2e_frame(ev: Evidence) -> pd.DataFrame:
@@ -163,7 +163,7 @@ def e2e_frame(ev: Evidence) -> pd.DataFrame:
 
 def _e2e_lists(ev: Evidence, key: str) -> dict[str, list[float]]:
     a = ev.get(key)
-    return {arm: list(a.values[arm]) if a else [] for arm in ARMS}
+    return {arm: list(a.values[arm]) if a else [] for arm in PAIRED_ARMS}
 
 
 def paired_results(ev: Evidence, *, manifest: Any = None, **extra: Any) -> dict[str, Any]:
@@ -177,12 +177,12 @@ def paired_results(ev: Evidence, *, manifest: Any = None, **extra: Any) -> dict[
     run's, adds its scope and host load) and `extra`."""
     def per_arm(key: str) -> dict[str, Any]:
         a = ev.get(key)
-        return {arm: (a.values[arm][0] if a else None) for arm in ARMS}
+        return {arm: (a.values[arm][0] if a else None) for arm in PAIRED_ARMS}
 
     def counts(key: str) -> dict[str, dict[str, int]]:
         a = ev.get(key)
         return {arm: {"total": a.n[arm] if a else 0, "released": a.values[arm][0] if a else 0}
-                for arm in ARMS}
+                for arm in PAIRED_ARMS}
 
     rank = ev.get("normal_call_per_rank")
     per_run = ev.get("normal_call_per_run")
@@ -191,9 +191,9 @@ def paired_results(ev: Evidence, *, manifest: Any = None, **extra: Any) -> dict[
     prep = ev.get("preparation_window")
     return {
         "device_kind": ev.device_kind, "device_label": ev.label,
-        "normal_call_ms": {arm: list(rank.values[arm]) if rank else [] for arm in ARMS},
+        "normal_call_ms": {arm: list(rank.values[arm]) if rank else [] for arm in PAIRED_ARMS},
         "normal_call_per_run_ms": {arm: list(per_run.values[arm]) if per_run else []
-                                   for arm in ARMS},
+                                   for arm in PAIRED_ARMS},
         "idle_intersection_ms": per_arm("idle_intersection"),
         "e2e_s": _e2e_lists(ev, f"e2e_{source}"),
         "notes": {k: ev[k].note for k in NOTE_KEYS if k in ev},

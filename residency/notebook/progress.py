@@ -24,11 +24,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from residency.humanize import duration_text
+from residency.rundir import layout
+
 INTERVAL_S = 20.0  # at most this long between two terminal lines
 PREFIX = "residency: "
 _CLEAR_LINE = "\r\x1b[K"  # on a terminal: start over the line papermill's bar is drawing
 
-__all__ = ["INTERVAL_S", "RunProgress", "clock_text", "pair_labels", "to_terminal"]
+__all__ = ["INTERVAL_S", "RunProgress", "pair_labels", "to_terminal"]
 
 
 def to_terminal(line: str) -> None:
@@ -49,18 +52,6 @@ def to_terminal(line: str) -> None:
         tty = err.isatty()  # type: ignore[union-attr]
         err.write((_CLEAR_LINE if tty else "") + text)  # type: ignore[union-attr]
         err.flush()  # type: ignore[union-attr]
-
-
-def clock_text(seconds: float) -> str:
-    """A duration for people: "45 s", "3 min 05 s", "1 h 02 min"."""
-    s = max(0, int(round(seconds)))
-    if s < 60:
-        return f"{s} s"
-    m, s = divmod(s, 60)
-    if m < 60:
-        return f"{m} min {s:02d} s"
-    h, m = divmod(m, 60)
-    return f"{h} h {m:02d} min"
 
 
 def pair_labels(order: Sequence[tuple[str, bool]], design: str) -> list[str]:
@@ -84,7 +75,7 @@ def _last_request(run_dir: Path | None, index: int, arm: str) -> str | None:
     file (None before its first policy call)."""
     if run_dir is None:
         return None
-    path = run_dir / "runs" / f"{index:02d}-{arm}" / "decisions-rank0.jsonl"
+    path = run_dir / layout.run_dir(index, arm) / layout.decisions_file(0)
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -171,7 +162,7 @@ class RunProgress:
         total = len(self.order)
         word = "finished" if self.done >= total else "stopped"
         self._write(f"{self.design}: {word}: {self.done}/{total} runs in "
-                    f"{clock_text(self._clock() - self._started)}")
+                    f"{duration_text(self._clock() - self._started)}")
 
     # -- lines
     def line(self) -> str:
@@ -194,12 +185,12 @@ class RunProgress:
         if durations and done < total:
             per_run = sum(durations) / len(durations)
             left = max(0.0, per_run * (total - done) - (now - run_started))
-            eta = f"about {clock_text(left)} left"
+            eta = f"about {duration_text(left)} left"
         elif done < total:
             eta = "time left: estimated once the first run ends"
         else:
             eta = "0 s left"
-        return (f"{head}: {now_text}; {done}/{total} runs done; {clock_text(elapsed)} "
+        return (f"{head}: {now_text}; {done}/{total} runs done; {duration_text(elapsed)} "
                 f"elapsed, {eta}")
 
     def _emit(self) -> None:

@@ -27,7 +27,10 @@ Reason = Literal[
     "within-bounds", "cached-bound", "free-bound", "telemetry-unavailable", "forced",
     "always-release",
 ]
-ARMS = ("candidate", "baseline", "always-release")
+ARMS = ("candidate", "baseline", "always-release")  # every arm of the policy
+PAIRED_ARMS = ("baseline", "candidate")  # the two arms a paired run compares, in run order
+DEFAULT_MAX_CACHED_FRACTION = 0.25  # cached-but-unallocated at most this share of capacity
+DEFAULT_MIN_FREE_FRACTION = 0.05  # physically free at least this share of capacity
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,14 @@ class ListRecorder:
 
     def record(self, decision: Decision) -> None:
         self.decisions.append(decision)
+
+
+DECISIONS_GLOB = "decisions-rank*.jsonl"  # every rank's decisions file in a folder
+
+
+def decisions_file(rank: int) -> str:
+    """The name of rank `rank`'s decisions JSONL file: `decisions-rank<rank>.jsonl`."""
+    return f"decisions-rank{rank}.jsonl"
 
 
 class JsonlRecorder:
@@ -197,8 +208,8 @@ class BoundedAllocatorCache:
         self,
         device: Any,
         *,
-        max_cached_fraction: float = 0.25,
-        min_free_fraction: float = 0.05,
+        max_cached_fraction: float = DEFAULT_MAX_CACHED_FRACTION,
+        min_free_fraction: float = DEFAULT_MIN_FREE_FRACTION,
         telemetry: Telemetry | None = None,
         release: Callable[[], None] | None = None,
         recorder: Recorder | None = None,
@@ -281,6 +292,7 @@ def policy_for(arm: str, device: Any, **kw: Any) -> BoundedAllocatorCache:
 
 
 __all__ = [
-    "ARMS", "BoundedAllocatorCache", "Decision", "JsonlRecorder", "ListRecorder",
-    "crossed_bounds", "limit_bytes", "policy_for", "retains",
+    "ARMS", "DECISIONS_GLOB", "DEFAULT_MAX_CACHED_FRACTION", "DEFAULT_MIN_FREE_FRACTION",
+    "PAIRED_ARMS", "BoundedAllocatorCache", "Decision", "JsonlRecorder", "ListRecorder",
+    "crossed_bounds", "decisions_file", "limit_bytes", "policy_for", "retains",
 ]

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import html
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
+
+from residency.humanize import duration_text
 
 BANNER_CLASS = "residency-banner"
 BANNER_METADATA = "residency-banner"  # key in a display output's metadata
@@ -20,7 +22,7 @@ _STYLE = {  # border colour per device kind: the emulated NPU is never mistaken 
     "emulated-npu": "#b45309", "npu": "#1d4ed8", "cuda": "#15803d"}
 
 __all__ = ["BANNER_CLASS", "BANNER_METADATA", "banner_html", "banner_line", "banner_markdown",
-           "device_heading", "display_banner", "elapsed_s", "humanize_s", "live_manifest",
+           "device_heading", "display_banner", "elapsed_s", "live_manifest",
            "provenance_lines"]
 
 
@@ -51,16 +53,7 @@ def _duration(start: str | None, end: str | None) -> str | None:
     total = elapsed_s({"started_at": start, "ended_at": end})
     if total is None:
         return None
-    seconds = int(round(total))
-    h, rest = divmod(seconds, 3600)
-    m, s_ = divmod(rest, 60)
-    return (f"{h} h {m} min" if h else f"{m} min {s_} s" if m else f"{s_} s")
-
-
-def humanize_s(seconds: float) -> str:
-    """e.g. `3 min 12 s`, `1 h 2 min`, `45 s`."""
-    return _duration("2000-01-01T00:00:00", (datetime(2000, 1, 1) + timedelta(
-        seconds=seconds)).isoformat()) or f"{seconds:g} s"
+    return duration_text(total)
 
 
 def provenance_lines(manifest: Mapping[str, Any]) -> list[str]:

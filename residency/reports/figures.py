@@ -11,13 +11,12 @@ import numpy as np
 import pandas as pd
 
 from residency import devices
-from residency.evidence import ARMS, Evidence
+from residency.evidence import PAIRED_ARMS, Evidence
+from residency.policy.cache import DEFAULT_MAX_CACHED_FRACTION, DEFAULT_MIN_FREE_FRACTION
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-MAX_CACHED_FRACTION = 0.25
-MIN_FREE_FRACTION = 0.05
 
 __all__ = ["plot_fractions", "plot_idle", "plot_normal_calls", "whatif_figure"]
 
@@ -51,8 +50,10 @@ def plot_fractions(frame: pd.DataFrame) -> Figure:
                 label = f"rank {rank}, {outcome}"
                 ax_c.scatter(x[m], d["cached_fraction"][m], marker=marker, label=label)
                 ax_f.scatter(x[m], d["free_fraction"][m], marker=marker, label=label)
-    cached = float(frame["max_cached_fraction"].iloc[0]) if len(frame) else MAX_CACHED_FRACTION
-    free = float(frame["min_free_fraction"].iloc[0]) if len(frame) else MIN_FREE_FRACTION
+    cached, free = DEFAULT_MAX_CACHED_FRACTION, DEFAULT_MIN_FREE_FRACTION
+    if len(frame):
+        cached = float(frame["max_cached_fraction"].iloc[0])
+        free = float(frame["min_free_fraction"].iloc[0])
     ax_c.axhline(cached, color="red", ls="--", label=f"bound: retain while <= {cached:g}")
     ax_f.axhline(free, color="red", ls="--", label=f"bound: retain while >= {free:g}")
     for ax, what in ((ax_c, "cached / total (reserved - allocated)"),
@@ -77,10 +78,10 @@ def plot_normal_calls(ev: Evidence) -> Figure:
     fig, (ax,) = _figure(1, width=9.0)
     att = ev.get("normal_call_per_rank")
     by_rank = {a: dict(zip(att.detail["ranks"][a], att.values[a], strict=True)) if att else {}
-               for a in ARMS}
+               for a in PAIRED_ARMS}
     ranks = sorted(set(by_rank["baseline"]) | set(by_rank["candidate"]))
     x = np.arange(len(ranks))
-    for i, a in enumerate(ARMS):
+    for i, a in enumerate(PAIRED_ARMS):
         vals = [by_rank[a].get(r, np.nan) for r in ranks]
         bars = ax.bar(x + (i - 0.5) * 0.4, vals, width=0.4, label=a)
         ax.bar_label(bars, fmt="%.3g", fontsize=8)
@@ -94,7 +95,7 @@ def plot_normal_calls(ev: Evidence) -> Figure:
     ax.set_ylabel("normal-call duration per rank (ms, log scale)")
     ax.grid(axis="y", alpha=0.3)
     ax.legend()
-    nb, nc = (len(by_rank[a]) for a in ARMS)
+    nb, nc = (len(by_rank[a]) for a in PAIRED_ARMS)
     pair = (f"profiled pair {ev.reference_pair[0]} / {ev.reference_pair[1]}"
             if ev.reference_pair else "no pair")
     ax.set_title(_title("Normal policy calls: time per rank (every rank, in this run pair)",
@@ -113,7 +114,7 @@ def idle_frame(ev: Evidence) -> pd.DataFrame:
     all-rank no-device-task time (s), preparation window (s); empty values where no traces
     were recorded."""
     rows = []
-    for arm in ARMS:
+    for arm in PAIRED_ARMS:
         row: dict[str, Any] = {"arm": arm}
         for key, col in IDLE_COLUMNS:
             a = ev.get(key)
@@ -129,7 +130,7 @@ def plot_idle(ev: Evidence) -> Figure:
     frame = idle_frame(ev)
     for ax, col in zip(axes, frame.columns, strict=True):
         vals = frame[col].astype(float).tolist()
-        bars = ax.bar(list(ARMS), vals, color=["tab:blue", "tab:orange"])
+        bars = ax.bar(list(PAIRED_ARMS), vals, color=["tab:blue", "tab:orange"])
         ax.bar_label(bars, fmt="%.4g", fontsize=8)
         ax.set_title(col, fontsize=10)
         ax.set_ylabel(col.rsplit("(", 1)[-1].rstrip(")"))

@@ -121,7 +121,7 @@ def render_html(notebook: str | os.PathLike[str], out_dir: str | os.PathLike[str
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out.resolve() / f"{name or src.stem}.html"
-    from residency.rundir.run import write_text_atomic
+    from residency.jsonio import write_text_atomic
 
     return write_text_atomic(path, body)
 
@@ -239,7 +239,7 @@ def write_index(out_dir: str | os.PathLike[str]) -> Path:
             f"<p>{len(pages)} report(s); each line is the report's banner: device kind first "
             "(emulated NPU runs are never NPU measurements), then the run's provenance.</p>"
             f"<ul>{''.join(rows)}</ul></body></html>\n")
-    from residency.rundir.run import write_text_atomic
+    from residency.jsonio import write_text_atomic
 
     return write_text_atomic(root / INDEX, body)
 

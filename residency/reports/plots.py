@@ -26,6 +26,11 @@ import numpy as np
 import pandas as pd
 
 from residency.humanize import bytes_text, ms_from_ns, percent, quantity, sig
+from residency.policy.cache import (
+    DEFAULT_MAX_CACHED_FRACTION,
+    DEFAULT_MIN_FREE_FRACTION,
+    PAIRED_ARMS,
+)
 from residency.reports.banner import device_heading
 
 if TYPE_CHECKING:
@@ -34,7 +39,6 @@ if TYPE_CHECKING:
 
     from residency.analysis.timeline import ArmTimeline
 
-ARMS = ("baseline", "candidate")
 ARM_COLOURS = {"baseline": "tab:blue", "candidate": "tab:orange"}
 BUSY = "#4c72b0"
 IDLE = "#f4a259"
@@ -219,12 +223,12 @@ def memory_figure(decisions: pd.DataFrame, *, device_kind: str,
     0.25 and 0.05."""
     d = decisions.copy()
     if max_cached_fraction is None:
-        max_cached_fraction = _recorded_bound(d, "max_cached_fraction", 0.25)
+        max_cached_fraction = _recorded_bound(d, "max_cached_fraction", DEFAULT_MAX_CACHED_FRACTION)
     if min_free_fraction is None:
-        min_free_fraction = _recorded_bound(d, "min_free_fraction", 0.05)
+        min_free_fraction = _recorded_bound(d, "min_free_fraction", DEFAULT_MIN_FREE_FRACTION)
     if "run" not in d:
         d["run"] = ""
-    arms = [a for a in ARMS if (d["arm"] == a).any()] or sorted(d["arm"].unique())
+    arms = [a for a in PAIRED_ARMS if (d["arm"] == a).any()] or sorted(d["arm"].unique())
     ranks = sorted(int(r) for r in d["rank"].unique()) or [0]
     fig = _figure(figsize=(6.2 * len(ranks), 3.6 * max(1, len(arms))))
     axes = fig.subplots(max(1, len(arms)), len(ranks), squeeze=False)
@@ -331,7 +335,7 @@ def memory_timeline_figure(memory: Mapping[str, pd.DataFrame],
     normal and forced release markers shaded. `memory`: arm -> `residency.traces.memory.
     allocator_memory` rows; `releases`: arm -> `release_markers` rows; `source` names where the
     records come from (shown in the title). A panel without records says so."""
-    arms = [a for a in ARMS if a in memory] + [a for a in memory if a not in ARMS]
+    arms = [a for a in PAIRED_ARMS if a in memory] + [a for a in memory if a not in PAIRED_ARMS]
     ranks = sorted({int(r) for m in memory.values() for r in m["rank"].unique()}
                    | {int(r) for m in releases.values() for r in m["rank"].unique()}) or [0]
     fig = _figure(figsize=(max(10.0, 6.2 * len(ranks)), 3.4 * max(1, len(arms))))
@@ -433,7 +437,7 @@ def e2e_slopegraph(profiled: Mapping[str, Sequence[float]],
             ax.plot([0, 1], [b, c], "-o", color="tab:gray", lw=1.2, ms=5)
             ax.text(1.06, y, f"{number}", va="center", fontsize=8)
             deltas[name].append((number, c - b))
-        ax.set_xticks([0, 1], list(ARMS))
+        ax.set_xticks([0, 1], list(PAIRED_ARMS))
         ax.set_xlim(-0.25, 1.3)
         ax.set_ylim(0, top * 1.08)
         ax.set_ylabel(f"client E2E ({unit}), axis from 0")

@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from residency import devices, hostload
+from residency import devices
 from residency.analysis import stats
-from residency.evidence import ARMS, Attribution, Evidence
+from residency.evidence import PAIRED_ARMS, Attribution, Evidence
 from residency.humanize import md_code, md_text, sig
+from residency.rundir import hostload
 
 TRANSFER_FACTOR = 10.0
 """Emulated and published shares of E2E further apart than this factor: the emulated E2E
@@ -184,10 +185,10 @@ def _normal_call_row(ev: Evidence) -> Row | None:
 
 
 def _count_row(a: Attribution | None, key: str, name: str) -> Row | None:
-    if a is None or not all(a.n.get(arm) for arm in ARMS):
+    if a is None or not all(a.n.get(arm) for arm in PAIRED_ARMS):
         return None
-    k = {arm: int(a.values[arm][0]) for arm in ARMS}
-    n = {arm: int(a.n[arm]) for arm in ARMS}
+    k = {arm: int(a.values[arm][0]) for arm in PAIRED_ARMS}
+    n = {arm: int(a.n[arm]) for arm in PAIRED_ARMS}
     pp = 100 * (k["candidate"] / n["candidate"] - k["baseline"] / n["baseline"])
     if k["baseline"] == n["baseline"] and k["candidate"] == 0:
         verdict = "baseline released every call, candidate none"

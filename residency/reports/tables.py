@@ -20,9 +20,10 @@ import pandas as pd
 
 from residency import devices
 from residency.analysis import stats
-from residency.evidence import ARMS, Attribution, Evidence
+from residency.evidence import PAIRED_ARMS, Attribution, Evidence
 from residency.evidence import build as build_evidence
 from residency.humanize import round_numbers, write_markdown_table
+from residency.jsonio import plain
 from residency.rundir.run import Run
 
 COLUMNS = ("metric", "baseline", "candidate", "delta", "n", "note")
@@ -82,13 +83,13 @@ def _groups_row(a: Attribution) -> dict[str, str]:
 
 
 def _counts_row(a: Attribution) -> dict[str, str]:
-    k = {arm: a.values[arm][0] for arm in ARMS}
+    k = {arm: a.values[arm][0] for arm in PAIRED_ARMS}
     n = a.n
-    if not all(n[arm] for arm in ARMS):
+    if not all(n[arm] for arm in PAIRED_ARMS):
         return _row(a.metric, f"{k['baseline']}/{n['baseline']}",
                     f"{k['candidate']}/{n['candidate']}", "n/a", "no calls in an arm", a.note)
     cells = [f"{k[arm]}/{n[arm]} released ({k[arm] / n[arm]:.1%})".replace("%", " %")
-             for arm in ARMS]
+             for arm in PAIRED_ARMS]
     pp = 100 * (k["candidate"] / n["candidate"] - k["baseline"] / n["baseline"])
     return _row(a.metric, cells[0], cells[1], f"{pp:+.1f} pp",
                 f"{n['baseline']} vs {n['candidate']} calls", a.note)
@@ -123,7 +124,7 @@ def _aa_row(a: Attribution) -> dict[str, str]:
 
 def _errors_row(errors: Attribution, oom: Attribution | None) -> dict[str, str]:
     cells = []
-    for arm in ARMS:
+    for arm in PAIRED_ARMS:
         o = None if oom is None else oom.values[arm][0]
         cells.append(f"{errors.values[arm][0]} telemetry errors, "
                      f"{'n/a' if o is None else o} OOM")
@@ -309,14 +310,8 @@ def to_json(table: pd.DataFrame) -> str:
     docs = table.attrs.get("attributions") or []
     if len(docs) == len(rows):
         rows = [{**r, "attribution": d} for r, d in zip(rows, docs, strict=True)]
-    return json.dumps({**{k: table.attrs.get(k) for k in ("title", "device_kind", "footer")},
-                       "rows": rows}, indent=2, ensure_ascii=False, default=_json_default)
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+    doc = {**{k: table.attrs.get(k) for k in ("title", "device_kind", "footer")}, "rows": rows}
+    return json.dumps(plain(doc), indent=2, ensure_ascii=False)
 
 
 def render(tables: list[pd.DataFrame], fmt: str) -> str:

@@ -28,8 +28,9 @@ import numpy as np
 import pandas as pd
 
 from residency.errors import BadInput
+from residency.policy.cache import decisions_file
 
-__all__ = ["ATTRIBUTED_COLUMNS", "COUNT_COLUMNS", "Attribution", "AttributionError",
+__all__ = ["ATTRIBUTED_COLUMNS", "COUNT_COLUMNS", "RequestAttribution", "AttributionError",
            "RequestWindow", "attribute", "attribute_by_id", "attribute_by_time",
            "consecutive_gates", "count_failures", "expected_calls", "has_wall_times",
            "missing_rank_message", "request_counts", "scope_note",
@@ -41,7 +42,7 @@ ATTRIBUTED_COLUMNS = (
     "total_bytes", "max_cached_fraction", "min_free_fraction", "recorded_request_id", "arm",
     "device_kind", "file",
 )
-"""Columns of `Attribution.decisions`: `request` 0 for the warm-up, 1.. for the measured
+"""Columns of `RequestAttribution.decisions`: `request` 0 for the warm-up, 1.. for the measured
 requests in order; `request_id` the client's id of that request (None when the service
 returned none); `offset_ns` = `wall_ns` - the window's start; `recorded_request_id` what the
 decision itself carried (null from the vLLM-Omni adapter)."""
@@ -138,7 +139,7 @@ def _iso(wall_ns: int | None) -> str:
 
 
 @dataclass(frozen=True)
-class Attribution:
+class RequestAttribution:
     """Decisions of one service run assigned to its requests, and what lay outside them."""
 
     method: str  # "time" or "id"
@@ -202,7 +203,7 @@ class Attribution:
                 f"outside every request ({span}) and are excluded.")
 
     def __repr__(self) -> str:
-        return (f"Attribution(by {self.method}: {len(self.windows)} windows, "
+        return (f"RequestAttribution(by {self.method}: {len(self.windows)} windows, "
                 f"{len(self.decisions)} decisions inside, {self.outside_count} outside)")
 
 
@@ -261,7 +262,7 @@ def _startup_mask(rows: pd.DataFrame, method: str, windows: tuple[RequestWindow,
 
 
 def _outside(rows: pd.DataFrame, method: str, windows: tuple[RequestWindow, ...],
-             inside: pd.DataFrame, numbers: pd.Series) -> Attribution:
+             inside: pd.DataFrame, numbers: pd.Series) -> RequestAttribution:
     startup = _startup_mask(rows, method, windows)
     boot, rows = rows[startup], rows[~startup]
     walls = pd.to_numeric(rows.get("wall_ns"), errors="coerce").dropna() \
@@ -271,7 +272,7 @@ def _outside(rows: pd.DataFrame, method: str, windows: tuple[RequestWindow, ...]
                   if len(boot) else {})
     boot_ids = tuple(sorted({str(r) for r in boot["request_id"] if isinstance(r, str)})) \
         if len(boot) and "request_id" in boot else ()
-    return Attribution(method=method, windows=windows, decisions=inside,
+    return RequestAttribution(method=method, windows=windows, decisions=inside,
                        outside_count=len(rows),
                        outside_first_wall_ns=int(walls.min()) if len(walls) else None,
                        outside_last_wall_ns=int(walls.max()) if len(walls) else None,
@@ -295,7 +296,8 @@ def _check_wall(decisions: pd.DataFrame) -> pd.Series:
     return wall.astype("int64")
 
 
-def attribute_by_time(decisions: pd.DataFrame, windows: Sequence[RequestWindow]) -> Attribution:
+def attribute_by_time(decisions: pd.DataFrame, windows: Sequence[RequestWindow]
+                      ) -> RequestAttribution:
     """Assign each decision to the window containing its `wall_ns` (half-open).
 
     `decisions` is one service run's decisions (all of them, warm-up included, as
@@ -320,7 +322,8 @@ def attribute_by_time(decisions: pd.DataFrame, windows: Sequence[RequestWindow])
     return _outside(decisions[~ok], "time", windows, inside, per_row)
 
 
-def attribute_by_id(decisions: pd.DataFrame, windows: Sequence[RequestWindow]) -> Attribution:
+def attribute_by_id(decisions: pd.DataFrame, windows: Sequence[RequestWindow]
+                    ) -> RequestAttribution:
     """Assign each decision to the request whose client id it carries (the built-in
     service's ids; decisions with any other id, or none, lie outside)."""
     windows = tuple(windows)
@@ -342,7 +345,7 @@ def _id_windows(client: Mapping[str, Any]) -> tuple[RequestWindow, ...]:
 
 
 def attribute(decisions: pd.DataFrame, client: Mapping[str, Any], *, method: str = "auto",
-              source: str = "client.json") -> Attribution:
+              source: str = "client.json") -> RequestAttribution:
     """Attribute one service run's decisions to its requests.
 
     `method`: "time" (needs the client's wall-clock windows), "id" (needs request ids in
@@ -381,7 +384,7 @@ def _prefix_windows(decisions: pd.DataFrame) -> tuple[RequestWindow, ...]:
 
 
 # ----------------------------------------------------------------------------- gates
-def request_counts(attribution: Attribution, ranks: Sequence[int]) -> pd.DataFrame:
+def request_counts(attribution: RequestAttribution, ranks: Sequence[int]) -> pd.DataFrame:
     """Per measured request x rank (every rank in `ranks`, zero rows included): normal
     checks (retained / released), forced calls (released) and telemetry errors."""
     dec = attribution.measured
@@ -481,7 +484,7 @@ def consecutive_gates(run: Any, *, arm: str = "candidate") -> list[str]:
         attr = run.attribution(entry)
         raw = run.decisions(entry, warmup=True)
         present = set(raw["rank"].dropna().astype(int))
-        silent = {r: (entry.dir / f"decisions-rank{r}.jsonl").exists()
+        silent = {r: (entry.dir / decisions_file(r)).exists()
                   for r in ranks if r not in present}
         counts = request_counts(attr, ranks or sorted(present))
         failures += count_failures(
@@ -502,7 +505,7 @@ def consecutive_gates(run: Any, *, arm: str = "candidate") -> list[str]:
     return failures
 
 
-def scope_note(attributions: Sequence[Attribution]) -> str:
+def scope_note(attributions: Sequence[RequestAttribution]) -> str:
     """One summary for a table footer (never one sentence per run): how many service runs,
     how their decisions were attributed to requests, the warm-up decisions per source and
     kind (excluded), and how many decisions lay truly outside every request (and when)."""

@@ -25,6 +25,15 @@ import pandas as pd
 
 from residency.devices import RECORDED_KINDS
 from residency.errors import BadInput
+from residency.jsonio import write_json_atomic
+from residency.rundir.layout import (
+    CLIENT,
+    DECISIONS_GLOB,
+    DERIVED_DIRS,
+    MANIFEST,
+    SCHEMA,
+    STATUSES,
+)
 from residency.rundir.seal import (
     SEAL_FIELD,
     UnsafePathError,
@@ -37,8 +46,6 @@ from residency.rundir.seal import (
 )
 from residency.rundir.seal import seal as seal_manifest
 
-SCHEMA = "residency.run/1"
-STATUSES = ("complete", "incomplete")
 DECISION_COLUMNS = (
     "rank", "request_id", "arm", "device_kind", "kind", "outcome", "reason", "start_ns",
     "end_ns", "wall_ns", "reserved", "allocated", "free", "total", "error",
@@ -47,38 +54,7 @@ DECISION_COLUMNS = (
 
 __all__ = ["DECISION_COLUMNS", "DERIVED_DIRS", "MANIFEST", "SCHEMA", "Manifest", "Run",
            "RunDirError", "RunEntry", "Verification", "artifact_hashes", "load_run",
-           "load_decisions", "verify_run", "versions", "write_json_atomic", "write_text_atomic"]
-MANIFEST = "manifest.json"
-# derived files that may appear beside the evidence after it was recorded (never hashed):
-# the manifest itself, hidden (temporary) files, and these directories
-DERIVED_DIRS = ("residency.parquet.cache",)
-
-
-def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
-    """The suite's one atomic write: `text` to a hidden temp file beside `path`, fsync, then
-    rename over `path` (readers see the old file or the new one, never a part); returns the
-    path."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
-
-
-def write_json_atomic(path: str | os.PathLike[str], data: Any, *, allow_nan: bool = True
-                      ) -> Path:
-    """Write `data` as indented JSON to `path` atomically (`write_text_atomic`); returns the
-    path. With `allow_nan=False`, NaN or infinity raises ValueError before anything is
-    written."""
-    text = json.dumps(data, indent=2, ensure_ascii=False, allow_nan=allow_nan) + "\n"
-    return write_text_atomic(path, text)
+           "load_decisions", "verify_run", "versions"]
 
 
 def _now() -> str:
@@ -268,7 +244,7 @@ class Run:
 
     def client(self, run: RunEntry) -> dict[str, Any]:
         """The run's `client.json`, its fields checked (see `check_client`)."""
-        path = run.dir / "client.json"
+        path = run.dir / CLIENT
         return check_client(path, _read_json(path))
 
     def decisions(self, run: RunEntry, *, warmup: bool = False) -> pd.DataFrame:
@@ -283,7 +259,7 @@ class Run:
         outside every request) and `warmup` True for each one not attributed to a measured
         request (the warm-up's and those outside every request)."""
         rows = []
-        for f in sorted(run.dir.glob("decisions-rank*.jsonl")):
+        for f in sorted(run.dir.glob(DECISIONS_GLOB)):
             rows.extend(_read_decisions(f))
         df = pd.DataFrame(rows, columns=list(DECISION_COLUMNS))
         attr = self.attribution(run, decisions=df)
@@ -297,7 +273,7 @@ class Run:
 
     def attribution(self, run: RunEntry, *, method: str = "auto",
                     decisions: pd.DataFrame | None = None) -> Any:
-        """`residency.rundir.attribution.Attribution` of one run: which request each decision
+        """`residency.rundir.attribution.RequestAttribution` of one run: which request each decision
         belongs to (by time when the client recorded wall-clock windows, else by id), and
         the decisions outside every request.
 
@@ -309,10 +285,10 @@ class Run:
 
         if decisions is None:
             rows = []
-            for f in sorted(run.dir.glob("decisions-rank*.jsonl")):
+            for f in sorted(run.dir.glob(DECISIONS_GLOB)):
                 rows.extend(_read_decisions(f))
             decisions = pd.DataFrame(rows, columns=list(DECISION_COLUMNS))
-        path = run.dir / "client.json"
+        path = run.dir / CLIENT
         try:
             return at.attribute(decisions, self.client(run), method=method, source=str(path))
         except at.AttributionError as exc:
@@ -335,7 +311,7 @@ def load_run(path: str | Path, *, allow_incomplete: bool = False, verify: bool =
     manifest = _read_json(root / MANIFEST)
     Manifest.from_dict(manifest, path=root / MANIFEST)
     if manifest["status"] != "complete" and not allow_incomplete:
-        raise RunDirError(root / "manifest.json", f"status is {manifest['status']!r}, not "
+        raise RunDirError(root / MANIFEST, f"status is {manifest['status']!r}, not "
                           "'complete' (pass allow_incomplete=True / --allow-incomplete to read "
                           "it anyway)", field="status")
     if verify:
@@ -386,7 +362,7 @@ def _verify_artifacts(root: Path, manifest: dict[str, Any]) -> None:
     result = verify_run(root)
     if not result.ok:
         first = result.findings()[0] if result.findings() else ""
-        raise RunDirError(root / "manifest.json", "failed verification: " + result.summary()
+        raise RunDirError(root / MANIFEST, "failed verification: " + result.summary()
                           + (f"; first: {first}" if first else "")
                           + " (run `residency verify` for the list; pass verify=False / "
                           "--no-verify to read it anyway)", field="artifacts")
@@ -467,7 +443,7 @@ def sha256_file(path: Path) -> str:
 
 def _is_derived(rel: str) -> bool:
     parts = rel.split("/")
-    return rel == "manifest.json" or any(p.startswith(".") or p in DERIVED_DIRS for p in parts)
+    return rel == MANIFEST or any(p.startswith(".") or p in DERIVED_DIRS for p in parts)
 
 
 def artifact_hashes(root: str | Path) -> dict[str, str]:
@@ -497,7 +473,7 @@ def _client_mismatches(root: Path, manifest: dict[str, Any]) -> list[str]:
             continue
         try:
             run_dir = confined(root, r.get("dir"), what=f"runs[{i}].dir")
-            client = _read_json(run_dir / "client.json")
+            client = _read_json(run_dir / CLIENT)
         except (UnsafePathError, RunDirError):
             continue  # reported as a manifest or artifact finding
         for key in ("e2e_s", "request_id", "arm", "index"):
@@ -511,10 +487,10 @@ def verify_run(path: str | Path, *, expected_digest: str | None = None) -> Verif
     """Check a run directory against its seal: every artifact's sha256, every manifest
     field, each `runs[].e2e_s` against its `client.json`, and the quoted digest if given."""
     root = Path(path)
-    manifest = _read_json(root / "manifest.json")
+    manifest = _read_json(root / MANIFEST)
     recorded = manifest.get("artifacts")
     if not isinstance(recorded, dict) or not recorded:
-        raise RunDirError(root / "manifest.json", "no sha256 list recorded (the run never "
+        raise RunDirError(root / MANIFEST, "no sha256 list recorded (the run never "
                           "completed, or predates verification)", field="artifacts")
     actual: dict[str, str] = {}
     unsafe = []
@@ -573,7 +549,7 @@ def _finite_field(mpath: Path, value: Any, field: str) -> float | None:
 
 
 def _entry(root: Path, i: int, r: Any, *, required: bool) -> RunEntry | None:
-    mpath = root / "manifest.json"
+    mpath = root / MANIFEST
     if not isinstance(r, dict):
         raise RunDirError(mpath, "must be an object", field=f"runs[{i}]")
     for key in ("arm", "index", "dir"):

@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from residency import devices
 from residency.errors import BadInput
 from residency.selftest.core import (
     HINTS,
@@ -116,15 +117,8 @@ def run_selftest(kind: str, *, ranks: int, out: Path, device_count: int, keep: b
 
 def device_count(kind: str, ranks: int | None) -> int:
     """Devices visible for a real kind; for the emulated NPU, as many as the ranks need."""
-    if kind == "emulated-npu":
-        return ranks or DEFAULT_MAX_RANKS
-    import torch
-
-    if kind == "npu":
-        import torch_npu  # noqa: F401  - registers torch.npu
-
-        return int(torch.npu.device_count())  # type: ignore[attr-defined]
-    return int(torch.cuda.device_count())
+    count = devices.device_count(kind)
+    return (ranks or DEFAULT_MAX_RANKS) if count is None else count
 
 
 def resolve(device: str, ranks: int | None) -> tuple[str, int, int]:
@@ -133,7 +127,6 @@ def resolve(device: str, ranks: int | None) -> tuple[str, int, int]:
     Raises:
         BadInput: an unknown or unavailable device, or ranks < 1 or above the devices.
     """
-    from residency import devices
 
     if ranks is not None and ranks < 1:
         raise BadInput(f"--ranks must be >= 1, but {ranks} was passed")
@@ -141,7 +134,7 @@ def resolve(device: str, ranks: int | None) -> tuple[str, int, int]:
         kind = devices.resolve(device)
     except (ValueError, RuntimeError) as exc:
         raise BadInput(f"--device {device}: {exc}") from None
-    if kind == "emulated-npu" and importlib.util.find_spec("torch_npu") is not None:
+    if devices.emulated(kind) and importlib.util.find_spec("torch_npu") is not None:
         raise BadInput("--device emulated-npu: torch_npu is installed here; the emulated NPU "
                          "cannot register beside it (use --device npu)")
     count = device_count(kind, ranks)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from residency import devices
 from residency.policy.telemetry import (
     EXTRA_GENERIC_QUERIES,
     GENERIC_QUERIES,
@@ -119,7 +120,7 @@ def setup_probe(kind: str, patch: str = "none") -> dict[str, Any]:
         raise ValueError("--accelerator-patch needs an npu or emulated-npu device")
     installed = vllm_ascend_installed()
     source = None
-    if kind == "emulated-npu":
+    if devices.emulated(kind):
         from residency.emulated import DeviceModel, install_emulated_npu
 
         install_emulated_npu(model=DeviceModel(compute="real", accelerator_patch=patch))

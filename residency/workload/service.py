@@ -28,6 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from residency.policy.cache import decisions_file
 from residency.processes import die_with_parent, parent_gone, watched_parent
 from residency.protocol import MAX_SEED, MAX_STEPS
 from residency.workload import profiling
@@ -112,7 +113,7 @@ def _rank_loop(rank: int, cfg: ServeConfig, commands: Any, results: Any, status:
     dist.init_process_group(backend, init_method=cfg.rendezvous, rank=rank,
                             world_size=cfg.ranks,
                             timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-    jsonl = JsonlRecorder(Path(cfg.decisions_dir) / f"decisions-rank{rank}.jsonl",
+    jsonl = JsonlRecorder(Path(cfg.decisions_dir) / decisions_file(rank),
                           device_kind=cfg.device_kind)
     recorder = _Tee(jsonl)
     release = getattr(ops, "module", None)
