@@ -199,7 +199,8 @@ def test_consecutive_notebook_with_an_external_service(notebooks: dict[str, Path
     assert (attributed["method"], attributed["outside_count"], attributed["startup_count"]
             ) == ("time", 0, RANKS * 3)
     shown = _outputs(folder / "c.ipynb")
-    assert "**Service** `standin-vllm-omni-2r`" in shown and "vllm_omni 0.0.0+standin" in shown
+    assert "**Service** <code>standin-vllm-omni-2r</code>" in shown
+    assert "vllm_omni 0.0.0+standin" in shown
     assert "decisions attributed to requests by time (client wall-clock windows); warm-up " \
         "decisions excluded: service start-up 6 (4 forced, 2 normal)" in shown
     run = load_run(folder / "run")
@@ -219,7 +220,7 @@ def test_paired_profile_notebook_with_an_external_service(notebooks: dict[str, P
     assert [(r["outside_count"], r["startup_count"])
             for r in results["evidence"]["request_attribution"]] == [(0, RANKS * 3)] * 2
     shown = _outputs(folder / "p.ipynb")
-    assert "**Service** `standin-vllm-omni-2r`" in shown
+    assert "**Service** <code>standin-vllm-omni-2r</code>" in shown
     # issue 25: said once for all runs, the start-up warm-ups counted as warm-ups
     assert "lay outside every request" not in shown
     assert shown.count("2 service runs, each after its own warm-up; decisions attributed to "

@@ -326,6 +326,8 @@ def test_published_e2e_delta_appears_at_its_published_precision(
 @pytest.mark.slow
 def test_fresh_run_records_host_load_and_describes_each_runs_requests(
         rendered: dict[str, Rendered]) -> None:
+    from residency.rundir import hostload
+
     r = rendered["paired_profile_fresh"]
     manifest = json.loads((r.out / "run" / "manifest.json").read_text())
     for entry in manifest["runs"]:
@@ -335,4 +337,7 @@ def test_fresh_run_records_host_load_and_describes_each_runs_requests(
         else:  # three requests: their ids and their median, no single id beside it
             assert "request_id" not in entry and len(entry["request_ids"]) == 3
     assert manifest["host_load"]["runs"] == len(manifest["runs"])
-    assert "Host: load average" in " ".join(visible_text(r.text))
+    text = " ".join(visible_text(r.text))
+    assert re.search(r"load average \d+\.\d\d at the start and \d+\.\d\d at the end on \d+ "
+                     r"CPUs", text)
+    assert ("Loaded host" in text) is hostload.loaded(manifest["host_load"])
