@@ -55,8 +55,12 @@ Where the lists come from (read in the projects' sources; repository and path):
 Definitions (`DEFINITIONS`): ``ascend`` (default for torch-npu) counts compute, memory copies,
 communication, other and unknown; ``msprof`` counts what msprof-analyze's free-time analyses
 count, compute and communication (plus unknown, reported); ``kineto`` (default for Kineto)
-counts kernels, memcpy and memset (the loader never keeps ``cuda_sync``); ``all`` counts every
-device task.
+counts kernels, memcpy and memset, and MTIA's ccp events (`residency.tracecategories`; the
+loader never keeps ``cuda_sync``); ``all`` counts every device task. Each applies to the
+formats `APPLIES_TO` names and is refused for the others (`resolve`): ``ascend`` and ``msprof``
+read torch-npu Task Types, which Kineto traces lack; ``kineto`` reads Kineto categories.
+Unknown types are reported with counts, and warned about unless the trace's own Overlap
+Analysis counts the time only they cover as Computing/Communication (torch-npu's ``Other``).
 """
 
 from __future__ import annotations
@@ -119,7 +123,8 @@ DEFINITIONS = {
     "msprof": BusyDefinition("msprof", frozenset({"compute", "communication", "unknown"}),
                              "msprof-analyze's: compute and communication"),
     "kineto": BusyDefinition("kineto", frozenset({"compute", "memcpy", "memset", "unknown"}),
-                             "kernels, memcpy and memset; synchronisation is not"),
+                             "kernels, memcpy and memset (MTIA: its ccp events); "
+                             "synchronisation is not"),
     "all": BusyDefinition("all", frozenset(CLASSES), "every device task"),
 }
 
