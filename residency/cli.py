@@ -103,7 +103,8 @@ def _pair(p: argparse.ArgumentParser) -> None:
 
 def _idle(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", metavar="PATH",
-                   help="directory of one format's rank traces, or a run directory with trace/")
+                   help="a trace file, a folder of one format's rank traces (any layout: rank<N>/, "
+                   "*_ascend_pt/, ASCEND_PROFILER_OUTPUT/, ...), or a run directory with trace/")
     p.add_argument("--marker", metavar="REGEX", help="host ranges to attribute, e.g. "
                    r"'residency\.release\[normal\]'")
     p.add_argument("--window-marker", metavar="REGEX",

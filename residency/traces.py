@@ -14,6 +14,10 @@ One entry point, `load_traces`, for both formats the brief names:
   derived slices are set apart (`RankTimeline.overlap`). torch-npu layouts (sessions,
   vLLM-Omni groups, ranks, the SQLite export, relative times) are `residency.ascend`'s.
 
+Which format a file holds is read from its content (`residency.tracesniff`), the path being
+only a hint: a ``trace_view.json`` copied anywhere is torch-npu's, an execution trace beside
+Kineto files is skipped. Kineto's device categories per accelerator: `residency.tracecategories`.
+
 Timestamps are parsed exactly: decimal text goes to int64 ns without passing through float64,
 and float64 values are used only where they give the same nanosecond. An event whose ``ts``
 is not a number, whose ``dur`` is missing or negative, or whose times lie 2**62 ns (146 years)
@@ -168,8 +172,12 @@ def load_traces(path: str | os.PathLike[str], *, cache: bool = True,
                 group: str | None = None) -> TraceSet:
     """Load every rank's trace under `path`.
 
-    `path` is a trace file, a directory of rank traces of one format (searched recursively),
-    or a run directory whose ``trace/`` subdirectory holds them. A Kineto file's rank is its
+    `path` is a trace file, a directory of rank traces of one format (searched recursively:
+    ``rank<N>/`` folders, ``*_ascend_pt`` sessions, ``ASCEND_PROFILER_OUTPUT`` itself, loose
+    ``trace_view.json`` or database exports, vLLM-Omni's group folders), or a run directory
+    whose ``trace/`` subdirectory holds them. Each file's format is decided from its content
+    (`residency.tracesniff`); files that are not traces are skipped with a `TraceNote`. A lone
+    trace that records no rank is rank 0 (with a `TraceNote`). A Kineto file's rank is its
     ``distributedInfo.rank``, else the deepest path component below `path` named exactly
     ``[<group>_]rank<N>`` (``rank3.trace.json``, ``diffusion_rank3/``), never a host name
     that contains ``rank<N>`` (``gpu-rank7-a_123.pt.trace.json`` names no rank); a
@@ -183,7 +191,8 @@ def load_traces(path: str | os.PathLike[str], *, cache: bool = True,
     a cache that cannot be used, or does not match the trace or its own digest, is ignored.
 
     Raises:
-        TraceError: nothing to load, both formats under `path`, a trace that is not a regular
+        TraceError: nothing to load (the skipped files listed; a torch-npu session of CSV
+            summaries only: not supported), both formats under `path`, a trace that is not a regular
             file (FIFO, device, socket), a link leaving `path`, a file larger than
             `max_trace_bytes` on disk or decompressed, unreadable or invalid JSON (with the
             byte position in the decompressed stream where known), a rank that cannot be told
@@ -191,7 +200,9 @@ def load_traces(path: str | os.PathLike[str], *, cache: bool = True,
             torch-npu times on several ranks, or ranks whose time ranges do not overlap.
 
     Warns:
-        UserWarning: a rank without device tasks (its busy time is zero).
+        UserWarning: a rank without device tasks (its busy time is zero); a recorded rank
+            that contradicts the ``rank<N>`` folder it lies in (the recorded one is used).
+        TraceNote: a file skipped as not a trace; a lone trace read as rank 0.
     """
     root = Path(path)
     found = _discover(root)
@@ -343,7 +354,7 @@ def _discover(path: Path) -> _Found:
 
         if summaries:
             raise TraceError(summaries[0], SUMMARIES_ONLY)
-        listed = "; ".join(f"{f.relative_to(root)}: {why}" for f, why in skipped[:6])
+        listed = "; ".join(f"{f}: {why}" for f, why in skipped[:6])
         raise TraceError(root, "no traces found: expected Kineto *.json / *.json.gz files or "
                          "torch-npu *_ascend_pt directories, trace_view.json or "
                          "ascend_pytorch_profiler_<rank>.db"

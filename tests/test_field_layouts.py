@@ -269,7 +269,7 @@ def test_files_that_are_not_traces_are_skipped_not_fatal():
 
 def test_nothing_but_non_traces_is_an_error_that_lists_them(tmp_path):
     shutil.copy(FIELD / "cuda_with_et" / "benchmark_simple_add_et.json.gz", tmp_path)
-    with pytest.raises(TraceError, match=r"no traces found.*skipped: "
+    with pytest.raises(TraceError, match=r"no traces found.*skipped: .*"
                                          r"benchmark_simple_add_et.json.gz: a pytorch_et"):
         load_traces(tmp_path, cache=False)
 
@@ -355,3 +355,12 @@ def test_step_trace_time_disagreement_is_warned_quoting_both(tmp_path):
                                          r"than 1 %: step 2 Free 0\.300000 ms in "
                                          r"step_trace_time.csv vs 0\.262532 ms here"):
         idle_summary(load_traces(d, cache=False))
+
+
+def test_profiler_rank_that_contradicts_the_rank_folder_warns(tmp_path):
+    session = next((DATA / "ascend_basic").glob("host_101_*"))  # profiler_info_1.json
+    shutil.copytree(session, tmp_path / "rank4" / session.name,
+                    ignore=shutil.ignore_patterns(CACHE_DIR))
+    with pytest.warns(UserWarning, match=r"the profiler recorded rank 1 but it lies in a "
+                                         r"rank4 folder; rank 1 is used"):
+        assert list(load_traces(tmp_path, cache=False).ranks) == [1]
