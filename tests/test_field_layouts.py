@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from residency.idle import idle_summary
-from residency.traces import CACHE_DIR, TraceError, TraceNote, load_traces
+from residency.analysis.idle import idle_summary
+from residency.traces.load import CACHE_DIR, TraceError, TraceNote, load_traces
 
 ROOT = Path(__file__).resolve().parent.parent
 FIELD = ROOT / "tests" / "data" / "traces" / "field"
