@@ -129,7 +129,7 @@ def figures(path: Path, **kw: object) -> dict[str, object]:
 
 
 def cli(*args: str, stdout: int | None = subprocess.PIPE) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "residency.cli", "idle", *args, "--no-cache"],
+    return subprocess.run([sys.executable, "-m", "residency", "idle", *args, "--no-cache"],
                           stdout=stdout, stderr=subprocess.PIPE, text=True, env=ENV,
                           timeout=300)
 
@@ -364,3 +364,15 @@ def test_profiler_rank_that_contradicts_the_rank_folder_warns(tmp_path):
     with pytest.warns(UserWarning, match=r"the profiler recorded rank 1 but it lies in a "
                                          r"rank4 folder; rank 1 is used"):
         assert list(load_traces(tmp_path, cache=False).ranks) == [1]
+
+
+def test_a_database_export_under_another_name_is_read_by_its_header(tmp_path):
+    """A renamed database is still torch-npu's (its SQLite header and tables); its rank comes
+    from its own RANK_DEVICE_MAP when neither its name nor a folder gives one."""
+    db = next((DATA / "ascend_real_db").glob("*_1002_*")) / "ASCEND_PROFILER_OUTPUT"
+    renamed = tmp_path / "profile.sqlite"
+    shutil.copy(db / "ascend_pytorch_profiler_1.db", renamed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ts = load_traces(renamed, cache=False)
+    assert ts.format == "ascend" and list(ts.ranks) == [1] and ts.ranks[1].device_tasks > 0

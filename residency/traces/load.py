@@ -239,6 +239,8 @@ def load_traces(path: str | os.PathLike[str], *, cache: bool = True,
                 warnings.warn(f"{item}: distributedInfo.rank is {p.rank} but its path names "
                               f"rank {named}; rank {p.rank} is used", UserWarning, stacklevel=2)
             rank = p.rank if p.rank is not None else named
+        elif rank is None:
+            rank = p.rank  # a database's RANK_DEVICE_MAP, when nothing else names the rank
         if rank is None and len(items) == 1:
             rank = 0
             warnings.warn(f"{item} records no rank ({_NO_RANK[fmt]}); read as rank 0, the "
@@ -484,7 +486,7 @@ def _plan_parts(sources: list[Path], sizes: list[int], todo: list[int],
     out = {}
     for i in todo:
         k = min(n // len(todo), sizes[i] // _PART_MIN_BYTES)
-        if k > 1 and not sources[i].name.endswith((".gz", ".db")):
+        if k > 1 and not sources[i].name.endswith((".gz", ".db")) and not _is_sqlite(sources[i]):
             bounds = part_bounds(sources[i], sizes[i], k)
             if len(bounds) > 1:
                 out[i] = bounds
@@ -532,11 +534,22 @@ _COLUMNS = ("device", "ranges", "device_task_type", "range_task_type", "range_la
 
 def _parse_one(fmt: str, source: Path, **job: Any) -> Parsed:
     """`parse_trace`, or `residency.traces.ascend.read_db` for torch-npu's SQLite export."""
-    if source.suffix == ".db":
+    if source.suffix == ".db" or _is_sqlite(source):
         from residency.traces.ascend import read_db
 
         return read_db(source)
     return parse_trace(fmt, source, **job)
+
+
+def _is_sqlite(source: Path) -> bool:
+    """Whether `source` starts with SQLite's header (torch-npu's database under any name)."""
+    from residency.traces.sniff import SQLITE_HEADER
+
+    try:
+        with open(source, "rb") as f:
+            return f.read(len(SQLITE_HEADER)) == SQLITE_HEADER
+    except OSError:
+        return False  # the parse names the problem
 
 
 def _parse_to_disk(fmt: str, source: Path, job: dict, folder: str) -> tuple[Parsed, str]:

@@ -32,7 +32,7 @@ from typing import Literal
 
 from residency.traces.files import MAX_TRACE_BYTES, TraceStream
 
-__all__ = ["HEAD_BYTES", "Sniffed", "sniff"]
+__all__ = ["HEAD_BYTES", "SQLITE_HEADER", "Sniffed", "sniff"]
 
 HEAD_BYTES = 1 << 16
 SQLITE_HEADER = b"SQLite format 3\x00"
