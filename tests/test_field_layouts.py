@@ -376,3 +376,12 @@ def test_a_database_export_under_another_name_is_read_by_its_header(tmp_path):
         warnings.simplefilter("ignore")
         ts = load_traces(renamed, cache=False)
     assert ts.format == "ascend" and list(ts.ranks) == [1] and ts.ranks[1].device_tasks > 0
+
+
+def test_an_object_document_naming_the_npu_process_is_torch_npu(tmp_path):
+    events = json.loads(TRACE_VIEW.read_text())
+    events.sort(key=lambda e: e["ph"] != "M")  # the process names first
+    (tmp_path / "rank0").mkdir()
+    (tmp_path / "rank0" / "trace.json").write_text(json.dumps({"traceEvents": events}))
+    ts = load_traces(tmp_path, cache=False)
+    assert ts.format == "ascend" and ts.ranks[0].device_tasks == 7

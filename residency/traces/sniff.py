@@ -7,7 +7,8 @@
   or an event array with no ``Ascend Hardware`` process;
 * ``ascend``: torch-npu's text export, an event array (``trace_view.json``) naming a process
   ``Ascend Hardware`` in its ``process_name`` metadata, wherever the file lies (a
-  ``trace_view.json`` copied off the NPU host, ``rank0/trace_view.json``);
+  ``trace_view.json`` copied off the NPU host, ``rank0/trace_view.json``), or an object with
+  ``traceEvents`` whose head names that process;
 * ``ascend_db``: torch-npu's ``ExportType.Db`` output, a SQLite file (its 16-byte header)
   with the ``TASK`` and ``STRING_IDS`` tables;
 * ``skip``, with the reason: torch.profiler's execution trace (``pytorch_et``:
@@ -74,8 +75,9 @@ def sniff(path: Path, *, root: Path | None = None,
             return Sniffed("ascend") if found else Sniffed("kineto")
         if head[:1] != b"{":
             return Sniffed("skip", "not JSON")
-        if _TRACE_EVENTS in head:
-            return Sniffed("kineto")
+        if _TRACE_EVENTS in head:  # torch-npu writes arrays; an object naming its device
+            # process in the head is its export all the same
+            return Sniffed("ascend") if _ASCEND_PROCESS in head else Sniffed("kineto")
         if b'"nodes"' in head and b'"schema"' in head:
             return Sniffed("skip", "a pytorch_et execution trace (torch.profiler "
                                    "ExecutionTraceObserver), not a timeline")
