@@ -121,7 +121,7 @@ def test_headline_states_the_verdict_the_aa_spread_and_the_recording_time(with_a
     secs = (datetime.fromisoformat(m["ended_at"])
             - datetime.fromisoformat(m["started_at"])).total_seconds()
     minutes, s = divmod(int(round(secs)), 60)
-    assert f"recording the run took {minutes} min {s} s" in text
+    assert f"recording the run took {minutes} min {s:02d} s" in text
     assert ("met;" in text) is (secs <= 600) and "emulated NPU" in text
 
 

@@ -442,8 +442,8 @@ def test_api_probe_on_the_emulated_npu_shows_both_rows() -> None:
     assert patched["bug_present"] is True and "second query" in patched["verdict"]
     verdict = nb.verdict_markdown(probes)
     assert "with the vllm-ascend patch, applied by residency.emulated.patches" in verdict
-    assert ("Redirected: `reserved`, `memory_stats`, `get_memory_info`; PyTorch's own: "
-            "`allocated`.") in verdict
+    assert ("Redirected: <code>reserved</code>, <code>memory\\_stats</code>, "
+            "<code>get\\_memory\\_info</code>; PyTorch's own: <code>allocated</code>.") in verdict
     arms = nb.arms_table(probes)
     assert set(arms["accelerator patch"]) == {"none", "vllm-ascend"}
 

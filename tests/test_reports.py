@@ -155,7 +155,7 @@ def test_banner_says_the_device_kind_before_any_number() -> None:
     prov = " ".join(texts[1:])
     took_s = round((datetime.fromisoformat(m["ended_at"])
                     - datetime.fromisoformat(m["started_at"])).total_seconds())
-    took = f"{took_s // 60} min {took_s % 60} s" if took_s >= 60 else f"{took_s} s"
+    took = f"{took_s // 60} min {took_s % 60:02d} s" if took_s >= 60 else f"{took_s} s"
     for part in (m["versions"]["git_commit"][:12], m["versions"]["torch"], m["host"],
                  m["started_at"], m["ended_at"], f"({took})"):
         assert part in prov
