@@ -135,9 +135,10 @@ def cli(*args: str, stdout: int | None = subprocess.PIPE) -> subprocess.Complete
 
 
 TRACE_VIEW = FIELD / "npu_loose" / "rank0" / "trace_view.json"
+ROCM_FILE = FIELD / "rocm_single" / "worker0.1735632360123.pt.trace.json.gz"
 OUTPUT = FIELD / "npu_session" / SESSION / "ASCEND_PROFILER_OUTPUT"
 CASES = {  # fixture, its trace files in rank order, window marker
-    "rocm_single": (FIELD / "rocm_single", [next((FIELD / "rocm_single").iterdir())], None),
+    "rocm_single": (FIELD / "rocm_single", [ROCM_FILE], None),
     "mtia": (FIELD / "mtia", [FIELD / "mtia" / "mtia_rank_0.json.gz"], "ProfilerStep"),
     "cuda_with_et": (FIELD / "cuda_with_et",
                      sorted((FIELD / "cuda_with_et").glob("rank-*.pt.trace.json.gz")), None),
@@ -145,6 +146,9 @@ CASES = {  # fixture, its trace files in rank order, window marker
     "npu_loose_file": (TRACE_VIEW, [TRACE_VIEW], None),
     "npu_output_dir": (OUTPUT, [OUTPUT / "trace_view.json"], None),
     "npu_session": (FIELD / "npu_session", [OUTPUT / "trace_view.json"], "ProfilerStep"),
+    "npu_session_dir": (OUTPUT.parent, [OUTPUT / "trace_view.json"], None),
+    "rocm_file": (ROCM_FILE,
+                  [ROCM_FILE], None),
 }
 
 
@@ -205,7 +209,7 @@ def test_a_lone_trace_without_a_rank_is_rank_0_with_a_note(tmp_path):
     with pytest.warns(TraceNote, match=r"records no rank .*read as rank 0"):
         ts = load_traces(FIELD / "rocm_single", cache=False)
     assert list(ts.ranks) == [0]
-    src = next((FIELD / "rocm_single").iterdir())
+    src = ROCM_FILE
     for name in ("worker0.1.pt.trace.json.gz", "worker1.2.pt.trace.json.gz"):
         shutil.copy(src, tmp_path / name)
     with pytest.raises(TraceError, match=r"cannot tell the rank of .*worker0.*worker1"):
