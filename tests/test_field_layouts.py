@@ -389,3 +389,12 @@ def test_an_object_document_naming_the_npu_process_is_torch_npu(tmp_path):
     (tmp_path / "rank0" / "trace.json").write_text(json.dumps({"traceEvents": events}))
     ts = load_traces(tmp_path, cache=False)
     assert ts.format == "ascend" and ts.ranks[0].device_tasks == 7
+
+
+@pytest.mark.parametrize("option", ["--marker", "--window-marker"])
+def test_a_pattern_with_braces_is_named_not_formatted(option):
+    """User text inside an option's error is never run through str.format."""
+    out = cli(str(DATA / "kineto_basic"), option, "(a{2}{option}{0}")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert f"{option} must be a regular expression" in out.stderr
+    assert "(a{2}{option}{0}" in out.stderr

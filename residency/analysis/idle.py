@@ -102,8 +102,9 @@ def _compile(pattern: str, option: str) -> re.Pattern[str]:
     try:
         return re.compile(pattern)
     except re.error as exc:
-        raise busydef.OptionError(option, f"The value for {{option}} must be a regular "
-                                  f"expression, but {pattern!r} was passed ({exc}).") from None
+        raise busydef.OptionError(option, "The value for {option} must be a regular "
+                                  "expression, but {0!r} was passed ({1}).", pattern,
+                                  exc) from None
 
 
 def _matching(t: RankTimeline, rx: re.Pattern[str]) -> iv.Intervals:
@@ -129,9 +130,9 @@ def _window(traces: TraceSet, window_marker: str | None,
         rx = _compile(window_marker, "window_marker")
         w = iv.union(*(_matching(t, rx) for t in traces.ranks.values()))
         if not len(w):
-            raise busydef.OptionError("window_marker", f"no host range matches {{option}} "
-                                      f"{_braces(repr(window_marker))} in any rank, so there "
-                                      "is no window.")
+            raise busydef.OptionError("window_marker", "no host range matches {option} "
+                                      "{0!r} in any rank, so there is no window.",
+                                      window_marker)
         return w
     spans = [b for b in busy.values() if len(b)]  # the busy tasks as recorded (not merged)
     if not spans:
@@ -183,10 +184,6 @@ def _busy_details(traces: TraceSet, busy: str | None, warn: bool
     return definition, raw, merged, excluded, unknown_by_rank
 
 
-def _braces(text: str) -> str:
-    """`text` safe inside an `OptionError` template."""
-    return text.replace("{", "{{").replace("}", "}}")
-
 
 def _type_label(task_type: str) -> str:
     return repr(task_type) if task_type else "(no Task Type)"
@@ -228,8 +225,8 @@ def idle_summary(traces: TraceSet, *, marker: str | None = None,
     definition, raw, merged, excluded, unknown = _busy_details(traces, busy, True)
     if not allow_no_device_tasks and not any(t.device_tasks for t in traces.ranks.values()):
         hosts = sum(len(t.ranges) for t in traces.ranks.values())
-        raise busydef.OptionError("allow_no_device_tasks", _NO_DEVICE_TASKS[traces.format]
-                                  .format(hosts=hosts, ranks=len(traces.ranks), option="{option}"))
+        raise busydef.OptionError("allow_no_device_tasks", _NO_DEVICE_TASKS[traces.format],
+                                  len(traces.ranks), hosts)
     window = _window(traces, window_marker, raw)
     length = iv.measure(window)
     rx = _compile(marker, "marker") if marker is not None else None
@@ -261,12 +258,12 @@ def idle_summary(traces: TraceSet, *, marker: str | None = None,
 
 
 _NO_DEVICE_TASKS = {
-    "kineto": "no device task recognised in any of the {ranks} rank(s) ({hosts} host ranges "
+    "kineto": "no device task recognised in any of the {0} rank(s) ({1} host ranges "
               "read): the trace records host activity only (a CPU-only profile, or an "
               "accelerator whose device work Kineto records under no category residency "
               "reads: kernel, gpu_memcpy, gpu_memset, mtia_ccp_events; HPU traces have "
               "none), so every window would be 100 % idle; pass {option} to report it anyway",
-    "ascend": "no device task in any of the {ranks} rank(s) ({hosts} host ranges read): no "
+    "ascend": "no device task in any of the {0} rank(s) ({1} host ranges read): no "
               "'Ascend Hardware' tasks (was the profile taken with NPU activities?), so every "
               "window would be 100 % idle; pass {option} to report it anyway",
 }

@@ -134,13 +134,15 @@ class OptionError(BadInput):
     """Bad input that one option (or API parameter) gave: the message names it as `render`
     is told (``--window-marker`` on the command line, ``window_marker`` in the API)."""
 
-    def __init__(self, option: str, template: str) -> None:
-        self.option, self.template = option, template
-        super().__init__(template.format(option=f"`{option}`"))
+    def __init__(self, option: str, template: str, *values: object) -> None:
+        # `template` is ours ("{option}" where the option is named, "{0}".. for `values`);
+        # text from the input only ever arrives in `values`, never parsed as a template
+        self.option, self.template, self.values = option, template, values
+        super().__init__(self.render(f"`{option}`"))
 
     def render(self, name: str) -> str:
         """The message naming the option `name`."""
-        return self.template.format(option=name)
+        return self.template.format(*self.values, option=name)
 
 
 # the formats each definition applies to, and why it is refused for the others
@@ -166,12 +168,12 @@ def resolve(name: str | None, fmt: str) -> BusyDefinition:
     if name is None or name == "default":
         name = "ascend" if fmt == "ascend" else "kineto"
     if name not in DEFINITIONS:
-        raise OptionError("busy", f"The value for {{option}} must be one of "
-                          f"{['default', *DEFINITIONS]}, but {name!r} was passed.")
+        raise OptionError("busy", "The value for {option} must be one of {0}, but {1!r} was "
+                          "passed.", ["default", *DEFINITIONS], name)
     if fmt in _REFUSED and fmt not in APPLIES_TO[name]:
         label = "Kineto" if fmt == "kineto" else "torch-npu"
-        raise OptionError("busy", f"{{option}} {name} does not apply to {label} traces: "
-                          + _REFUSED[fmt].format(name=name))
+        raise OptionError("busy", "{option} {0} does not apply to {1} traces: "
+                          + _REFUSED[fmt].replace("{name}", "{0}"), name, label)
     return DEFINITIONS[name]
 
 
