@@ -398,3 +398,15 @@ def test_a_pattern_with_braces_is_named_not_formatted(option):
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert f"{option} must be a regular expression" in out.stderr
     assert "(a{2}{option}{0}" in out.stderr
+
+
+def test_two_loose_exports_of_one_rank_are_listed_by_their_own_names(tmp_path):
+    (tmp_path / "rank0").mkdir()
+    for name in ("trace_view.json", "trace_view_again.json"):
+        shutil.copy(TRACE_VIEW, tmp_path / "rank0" / name)
+    with pytest.raises(TraceError, match=r"rank 0 has 2 profiling sessions \(\[0\] "
+                                         r"trace_view.json .*\[1\] trace_view_again.json"):
+        load_traces(tmp_path, cache=False)
+    with pytest.raises(TraceError, match="cannot tell the rank of .*trace_view.json, "
+                                         ".*trace_view_again.json"):
+        load_traces(tmp_path / "rank0", cache=False)  # the root's own name is no rank

@@ -108,7 +108,7 @@ def find_sessions(root: Path, directories: list[Path]) -> list[AscendSession]:
         elif d.parent.name == OUTPUT_DIR and d.parent.parent.name.endswith("_ascend_pt"):
             session, source = d.parent.parent, d  # the export of a session: its directory
         else:
-            session, source = d.parent, d  # a loose export file
+            session, source = d, d  # a loose export file stands for itself
         m = _DIR_RE.match(session.name)
         started = None
         if m:
@@ -116,8 +116,11 @@ def find_sessions(root: Path, directories: list[Path]) -> list[AscendSession]:
                 started = dt.datetime.strptime(m.group("time") + "000", "%Y%m%d%H%M%S%f")
             except ValueError:
                 started = None
-        info = session.parent if session.name == OUTPUT_DIR else session
-        rank = _info_rank(info) if info.is_dir() else None
+        # profiler_info_<rank>.json lies in the session directory (for a loose export: beside
+        # it, or above its ASCEND_PROFILER_OUTPUT folder)
+        info = session if session.is_dir() else session.parent
+        info = info.parent if info.name == OUTPUT_DIR else info
+        rank = _info_rank(info)
         if rank is None and (db := _DB_RE.fullmatch(source.name)):
             rank = int(db.group(1))
         group, path_rank = _path_rank(d, root)
