@@ -7,7 +7,9 @@ error leaves the same way (`main`):
 * bad input (a `ValueError` such as `RunDirError`, `TraceError`, `WhatIfError`, or an
   `OSError`): one line `residency <cmd>: error: ...` on stderr, exit 2, no traceback;
 * a failed gate or verification, or a run that could not finish: exit 1;
-* interrupted (Ctrl-C, SIGTERM to `pair`): exit 130.
+* interrupted (Ctrl-C, SIGTERM to `pair`): exit 130;
+* stdout's reader gone (`residency idle ... | head -3`): no message, exit 141 (as a process
+  ended by SIGPIPE). An option's error names it as typed (``--window-marker``).
 """
 
 from __future__ import annotations
