@@ -331,7 +331,7 @@ PAIRED_PROFILE = [
         "recorded run keeps its own. `aa_source` (None or an A/A run directory recorded with "
         "`residency pair --design aa` on the same device kind) adds that run's E2E noise: the "
         "unprofiled E2E delta is then read against the A/A spread." + SERVICE_HELP),
-    new_code_cell("display(Markdown(nb.describe_run(run)))\n"
+    new_code_cell("display(Markdown(nb.describe_run(run, attribution=False)))\n"
                   'results = nb.finish(out, nb.paired_results(ev, source=params["source"], '
                   'notebook="paired_profile",\n'
                   "                                             parameters=params, "

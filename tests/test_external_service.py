@@ -200,7 +200,7 @@ def test_consecutive_notebook_with_an_external_service(notebooks: dict[str, Path
             ) == ("time", 0, RANKS * 3)
     shown = _outputs(folder / "c.ipynb")
     assert "**Service** <code>standin-vllm-omni-2r</code>" in shown
-    assert "vllm_omni 0.0.0+standin" in shown
+    assert "vllm\\_omni 0.0.0+standin" in shown  # Markdown-escaped (md_text, issue 28)
     assert "decisions attributed to requests by time (client wall-clock windows); warm-up " \
         "decisions excluded: service start-up 6 (4 forced, 2 normal)" in shown
     run = load_run(folder / "run")
