@@ -201,8 +201,10 @@ def test_consecutive_notebook_with_an_external_service(notebooks: dict[str, Path
     shown = _outputs(folder / "c.ipynb")
     assert "**Service** <code>standin-vllm-omni-2r</code>" in shown
     assert "vllm\\_omni 0.0.0+standin" in shown  # Markdown-escaped (md_text, issue 28)
-    assert "decisions attributed to requests by time (client wall-clock windows); warm-up " \
-        "decisions excluded: service start-up 6 (4 forced, 2 normal)" in shown
+    from residency.humanize import md_text
+
+    assert md_text("decisions attributed to requests by time (client wall-clock windows); "
+                   "warm-up decisions excluded: service start-up 6 (4 forced, 2 normal)") in shown
     run = load_run(folder / "run")
     assert run.manifest["service"] == "external"
 
@@ -223,7 +225,8 @@ def test_paired_profile_notebook_with_an_external_service(notebooks: dict[str, P
     assert "**Service** <code>standin-vllm-omni-2r</code>" in shown
     # issue 25: said once for all runs, the start-up warm-ups counted as warm-ups
     assert "lay outside every request" not in shown
+    # once in the notes under the first screen, once in the evidence table's footer
     assert shown.count("2 service runs, each after its own warm-up; decisions attributed to "
-                       "requests by time") == 1
+                       "requests by time") == 2
     assert "service start-up 12 (8 forced, 4 normal)" in shown
     assert "no decision outside every request" in shown
