@@ -24,11 +24,13 @@ Analyses return values and never print; `residency.cli` is the ``residency idle`
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import sys
 import warnings
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,8 +43,9 @@ if TYPE_CHECKING:
 
     from residency.traces import RankTimeline, TraceSet
 
-__all__ = ["IdleSummary", "RankIdle", "all_rank_idle_intervals", "busy_intervals",
-           "format_summary", "idle_summary", "per_rank_idle"]
+__all__ = ["IdleSummary", "RankIdle", "RankReduction", "all_rank_idle_intervals",
+           "busy_intervals", "format_summary", "idle_summary", "idle_summary_at",
+           "per_rank_idle", "rank_reduction", "reduce_rank", "summarize"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,56 +195,392 @@ def idle_summary(traces: TraceSet, *, marker: str | None = None,
         UserWarning: device tasks of unknown types (counted busy); under ``msprof``, a rank
             whose idle time differs by more than 1 % from its ``Overlap Analysis`` Free time.
     """
-    definition, raw, merged, excluded = busy_intervals(traces, busy=busy)
-    window = _window(traces, window_marker, raw)
-    length = iv.measure(window)
+    definition = busydef.resolve(busy, traces.format)
+    wrx = _compile(window_marker, "window_marker") if window_marker is not None else None
     rx = _compile(marker, "marker") if marker is not None else None
-    busy_sets, marker_sets, rows = [], [], []
-    for rank, t in traces.ranks.items():
-        busy_set = merged[rank]
-        busy_sets.append(busy_set)
-        mine = _matching(t, rx) if rx is not None else np.empty((0, 2), np.int64)
-        marker_sets.append(mine)
-        busy_in = iv.measure(iv.intersection(busy_set, window))
-        span = int(busy_set[-1, 1] - busy_set[0, 0]) if len(busy_set) else 0
-        free = _reported_free(t, window)
+    reductions = [reduce_rank(t, definition, traces.format, rx, wrx)
+                  for t in traces.ranks.values()]
+    return summarize(traces.format, reductions, definition, marker=marker,
+                     window_marker=window_marker)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RankReduction:
+    """What one rank contributes to an `IdleSummary`: its busy union and its marker ranges,
+    never its columns. `busy`: the merged busy intervals; `busy_bounds`: earliest start and
+    latest end of its busy tasks as recorded (None: none); `markers` / `window_ranges`: its
+    host ranges matching the marker / window marker (as recorded, not merged); `free`: its
+    merged Overlap Analysis ``Free`` slices (None: no such lane) and `overlap_span` that
+    lane's span; `span`: earliest start and latest end over device tasks and host ranges
+    (`residency.traces.check_spans`); `end_abs`: the largest absolute end time over every row
+    (relative torch-npu times, `residency.ascend.align_clocks`). `rank` is None when it
+    cannot be told; `content_rank` is the rank the trace's content names."""
+
+    rank: int | None
+    source: Path
+    device_tasks: int
+    rejected_events: int
+    busy: iv.Intervals
+    busy_bounds: tuple[int, int] | None
+    excluded: dict[str, int]
+    unknown: dict[str, int]
+    markers: iv.Intervals
+    window_ranges: iv.Intervals
+    free: iv.Intervals | None
+    overlap_span: tuple[int, int] | None
+    span: tuple[int, int] | None
+    end_abs: int | None
+    content_rank: int | None = None
+
+
+_NONE = np.empty((0, 2), np.int64)
+
+
+def reduce_rank(t: RankTimeline, definition: busydef.BusyDefinition, fmt: str,
+                marker: re.Pattern[str] | None, window_marker: re.Pattern[str] | None,
+                *, content_rank: int | None = None) -> RankReduction:
+    """One rank's `RankReduction` under `definition` and the compiled patterns."""
+    from residency.traces import timeline_span
+
+    chosen = busydef.busy_tasks(t, definition, fmt)
+    rows = chosen.rows
+    bounds = (int(rows[:, 0].min()), int(rows[:, 1].max())) if len(rows) else None
+    free = None
+    overlap_span = None
+    if len(t.overlap):
+        free = iv.merge(t.overlap[t.overlap_names == "Free"])
+        overlap_span = (int(t.overlap[:, 0].min()), int(t.overlap[:, 1].max()))
+    ends = [np.abs(a[:, 1]).max() for a in (t.device, t.ranges, t.overlap) if len(a)]
+    return RankReduction(
+        t.rank, t.source, t.device_tasks, t.rejected_events, iv.merge(rows), bounds,
+        dict(chosen.excluded), dict(chosen.unknown),
+        np.ascontiguousarray(_matching(t, marker)) if marker is not None else _NONE,
+        np.ascontiguousarray(_matching(t, window_marker)) if window_marker is not None
+        else _NONE, free, overlap_span, timeline_span(t),
+        int(max(ends)) if ends else None, content_rank)
+
+
+def summarize(fmt: str, reductions: Sequence[RankReduction],
+              definition: busydef.BusyDefinition, *, marker: str | None = None,
+              window_marker: str | None = None, warn: bool = True) -> IdleSummary:
+    """The `IdleSummary` of ranks' reductions (in rank order), as `idle_summary` computes it.
+
+    Raises:
+        ValueError: as `idle_summary`.
+    """
+    unknown: Counter[str] = Counter()
+    for r in reductions:
+        unknown.update(r.unknown)
+    if warn and unknown and definition.name != "all":
+        listed = ", ".join(f"{_type_label(ty)} x {n}" for ty, n in sorted(unknown.items()))
+        warnings.warn(f"device tasks of types not in residency.busy's lists were counted busy "
+                      f"({definition.name}): {listed}", UserWarning, stacklevel=3)
+    if window_marker is not None:
+        window = iv.union(*(r.window_ranges for r in reductions))
+        if not len(window):
+            raise ValueError(f"no host range matches window_marker {window_marker!r} in any "
+                             "rank, so there is no window.")
+    else:
+        spans = [r.busy_bounds for r in reductions if r.busy_bounds is not None]
+        if not spans:
+            raise ValueError("no rank has device tasks that count as busy, so there is no "
+                             "default window; pass window_marker to choose one (or another "
+                             "busy definition).")
+        window = iv.as_intervals([[min(s for s, _ in spans), max(e for _, e in spans)]])
+    length = iv.measure(window)
+    rows = []
+    for r in reductions:
+        busy_in = iv.measure(iv.intersection(r.busy, window))
+        span = int(r.busy[-1, 1] - r.busy[0, 0]) if len(r.busy) else 0
+        free = (None if r.free is None else iv.measure(iv.intersection(r.free, window)))
         if free is not None and definition.name == "msprof":
-            _check_free(t, busy_set, window, free)
-        rows.append(RankIdle(rank, busy_in, length - busy_in, t.device_tasks,
-                             _overlapping(mine, window), span - iv.measure(busy_set),
-                             excluded[rank], free))
-    idle = iv.complement(iv.union(*busy_sets), window)
-    markers = iv.intersection(iv.union(*marker_sets), window)
+            _check_free(r, window, free)
+        rows.append(RankIdle(r.rank, busy_in, length - busy_in, r.device_tasks,
+                             _overlapping(r.markers, window), span - iv.measure(r.busy),
+                             r.excluded, free))
+    idle = iv.complement(iv.union(*(r.busy for r in reductions)), window)
+    markers = iv.intersection(iv.union(*(r.markers for r in reductions)), window)
     return IdleSummary(
-        format=traces.format, ranks=tuple(traces.ranks), window_ns=(int(window[0, 0]),
-                                                                   int(window[-1, 1])),
+        format=fmt, ranks=tuple(r.rank for r in reductions),
+        window_ns=(int(window[0, 0]), int(window[-1, 1])),
         window_measure_ns=length, all_rank_idle_ns=iv.measure(idle),
         marker_ns=iv.measure(markers),
         marker_idle_intersection_ns=iv.measure(iv.intersection(markers, idle)),
-        rejected_events=traces.rejected_events, per_rank=tuple(rows), marker=marker,
-        window_marker=window_marker, busy_definition=definition.name)
+        rejected_events=sum(r.rejected_events for r in reductions), per_rank=tuple(rows),
+        marker=marker, window_marker=window_marker, busy_definition=definition.name)
 
 
-def _reported_free(t: RankTimeline, window: iv.Intervals) -> int | None:
-    """The ``Free`` slices of the rank's ``Overlap Analysis`` lane inside the window."""
-    if not len(t.overlap):
-        return None
-    free = t.overlap[t.overlap_names == "Free"]
-    return iv.measure(iv.intersection(iv.merge(free), window))
-
-
-def _check_free(t: RankTimeline, busy: iv.Intervals, window: iv.Intervals, free: int) -> None:
+def _check_free(r: RankReduction, window: iv.Intervals, free: int) -> None:
     """Warn when our idle time, over the span of the Overlap Analysis lane (its slices tile
     it), differs from its Free time by more than 1 %."""
-    span = [[int(t.overlap[:, 0].min()), int(t.overlap[:, 1].max())]]
-    covered = iv.intersection(span, window)
-    ours = iv.measure(iv.complement(busy, covered)) if len(covered) else 0
+    assert r.overlap_span is not None
+    covered = iv.intersection([list(r.overlap_span)], window)
+    ours = iv.measure(iv.complement(r.busy, covered)) if len(covered) else 0
     if abs(ours - free) > 0.01 * max(ours, free):
-        warnings.warn(f"rank {t.rank}: idle time under the msprof definition ({ours / 1e6:.6f} "
+        warnings.warn(f"rank {r.rank}: idle time under the msprof definition ({ours / 1e6:.6f} "
                       f"ms over the Overlap Analysis span) differs from the trace's own Free "
                       f"time ({free / 1e6:.6f} ms) by more than 1 %; the trace's Task Types or "
                       "Communication lane may not match residency.busy's lists",
-                      UserWarning, stacklevel=3)
+                      UserWarning, stacklevel=4)
+
+
+# -- from paths: per-rank parse and reduction in workers, on Dask past one machine ------------
+
+_IDLE_ENTRY = ("busy", "excluded", "unknown", "markers", "window_ranges")
+
+
+def idle_summary_at(path: str | os.PathLike[str], *, marker: str | None = None,
+                    window_marker: str | None = None, busy: str | None = None,
+                    session: str | None = None, group: str | None = None, cache: bool = True,
+                    scheduler: str | None = None, workers: int | None = None,
+                    chunk_bytes: int | None = None,
+                    max_trace_bytes: int | None = None) -> IdleSummary:
+    """`idle_summary(load_traces(path, ...))`, computed rank by rank: each rank is parsed and
+    reduced (`reduce_rank`) where it is read, and only its reduction (busy union, marker
+    ranges) comes back, so memory does not grow with the ranks' columns. The same figures to
+    the nanosecond, the same errors and warnings.
+
+    Ranks are read in worker processes here (as `load_traces` parses), or, with `scheduler`,
+    as tasks of a Dask cluster (``"local"``: a `distributed.LocalCluster` of `workers`
+    processes; else the scheduler's address, ``tcp://host:8786``); every worker must read the
+    traces at the same paths (a shared file system) and import this version of residency.
+    With `cache`, each rank's reduction is taken from (and recorded in) the user's cache
+    directory of the machine that reads it (`residency.tracecache`; key: the trace's content
+    digest, size, mtime, these options and the parser version).
+
+    Raises:
+        TraceError: as `residency.traces.load_traces`.
+        ValueError: as `idle_summary`, or `scheduler` given without ``dask[distributed]``.
+    """
+    from residency import traces as tr
+
+    plan = tr.plan_traces(path, session=session, group=group)
+    definition = busydef.resolve(busy, plan.format)
+    if window_marker is not None:
+        _compile(window_marker, "window_marker")
+    if marker is not None:
+        _compile(marker, "marker")
+    job = {"busy": definition.name, "marker": marker, "window_marker": window_marker,
+           "cache": cache, "chunk_bytes": chunk_bytes or tr.CHUNK_BYTES,
+           "max_trace_bytes": max_trace_bytes or tr.MAX_TRACE_BYTES}
+    n = len(plan.sources)
+    if scheduler is not None:
+        reductions = _on_dask(plan, job, scheduler, workers)
+    else:
+        reductions = _here(plan, job, workers)
+    if plan.format == "ascend":
+        from residency import ascend
+
+        ascend.align_clocks(list(plan.sources), [_Ends(r.end_abs) for r in reductions])
+    tr.settle_ranks(plan, [r.rank for r in reductions])
+    tr.check_spans(plan.root, {r.rank: (r.source, r.span) for r in reductions})
+    for r in reductions:
+        if not r.device_tasks:
+            warnings.warn(tr.no_device_tasks(r.rank, r.source), UserWarning, stacklevel=2)
+    assert len(reductions) == n
+    return summarize(plan.format, sorted(reductions, key=lambda r: r.rank), definition,
+                     marker=marker, window_marker=window_marker)
+
+
+class _Ends:
+    """What `residency.ascend.align_clocks` reads of a parse: its end times (the largest
+    absolute one stands for all)."""
+
+    def __init__(self, end_abs: int | None) -> None:
+        self.device = (np.empty((0, 2), np.int64) if end_abs is None
+                       else np.array([[0, end_abs]], np.int64))
+        self.ranges = np.empty((0, 2), np.int64)
+
+
+def rank_reduction(plan: Any, i: int, *, busy: str, marker: str | None,
+                   window_marker: str | None, cache: bool, chunk_bytes: int,
+                   max_trace_bytes: int, parsed: Any = None) -> RankReduction:
+    """The reduction of `plan`'s item `i` (a `residency.traces.TracePlan`): from the user's
+    cache when an entry matches, else parsed (or from `parsed`, its parse) and recorded."""
+    job = {"busy": busy, "marker": marker, "window_marker": window_marker, "cache": cache,
+           "chunk_bytes": chunk_bytes, "max_trace_bytes": max_trace_bytes}
+    hit = _cached(plan, i, job) if parsed is None else None
+    return hit if hit is not None else _computed(plan, i, job, parsed)
+
+
+def _options(plan: Any, job: dict[str, Any]) -> dict[str, Any]:
+    """What an ``idle`` cache entry was computed under (besides the trace and parser)."""
+    return {"format": plan.format, "busy": busydef.resolve(job["busy"], plan.format).name,
+            "marker": job["marker"], "window_marker": job["window_marker"]}
+
+
+def _cached(plan: Any, i: int, job: dict[str, Any]) -> RankReduction | None:
+    from residency import tracecache
+    from residency import traces as tr
+
+    source = plan.sources[i]
+    if not (job["cache"] and tracecache.enabled(plan.parse_root, source)):
+        return None
+    stat = tr.open_stat(source, plan.parse_root, job["max_trace_bytes"])
+    got = tracecache.get("idle", source, stat, _options(plan, job), root=plan.parse_root,
+                         max_trace_bytes=job["max_trace_bytes"])
+    return _from_entry(plan, i, got) if got is not None else None
+
+
+def _computed(plan: Any, i: int, job: dict[str, Any], parsed: Any) -> RankReduction:
+    from residency import tracecache
+    from residency import traces as tr
+
+    source, root, limit = plan.sources[i], plan.parse_root, job["max_trace_bytes"]
+    stat = tr.open_stat(source, root, limit)
+    cache = job["cache"] and tracecache.enabled(root, source)
+    if parsed is None:
+        parsed = tr.parse_source(plan.format, source, root=root,
+                                 chunk_bytes=job["chunk_bytes"], max_bytes=limit,
+                                 digest=cache)
+    content_rank, digest = parsed.rank, parsed.digest
+    rank = tr.rank_of(plan, i, content_rank)
+    t = tr.timeline_of(parsed, -1 if rank is None else rank, source, plan.sessions[i])
+    del parsed
+    wrx = None if job["window_marker"] is None else _compile(job["window_marker"],
+                                                             "window_marker")
+    rx = None if job["marker"] is None else _compile(job["marker"], "marker")
+    definition = busydef.resolve(job["busy"], plan.format)
+    r = dataclasses.replace(reduce_rank(t, definition, plan.format, rx, wrx), rank=rank,
+                            content_rank=content_rank)
+    del t
+    if cache:
+        if digest is None:  # (the SQLite export)
+            from residency.tracefiles import file_digest
+
+            digest = file_digest(source, root=root, max_bytes=limit)
+        arrays = {"busy": r.busy, "markers": r.markers, "window_ranges": r.window_ranges}
+        if r.free is not None:
+            arrays["free"] = r.free
+        tracecache.put("idle", source, stat, _options(plan, job), digest, _entry_meta(r),
+                       arrays, root=root)
+    return r
+
+
+def _entry_meta(r: RankReduction) -> dict[str, Any]:
+    return {"content_rank": r.content_rank, "device_tasks": r.device_tasks,
+            "rejected_events": r.rejected_events, "busy_bounds": r.busy_bounds,
+            "excluded": r.excluded, "unknown": r.unknown, "overlap_span": r.overlap_span,
+            "span": r.span, "end_abs": r.end_abs, "free": r.free is not None}
+
+
+def _pair(v: Any) -> tuple[int, int] | None:
+    if v is None:
+        return None
+    a, b = v
+    if type(a) is not int or type(b) is not int:
+        raise TypeError("not a pair of ints")
+    return a, b
+
+
+def _counts(v: Any) -> dict[str, int]:
+    if not isinstance(v, dict) or not all(type(k) is str and type(n) is int
+                                          for k, n in v.items()):
+        raise TypeError("not a dict of counts")
+    return dict(v)
+
+
+def _from_entry(plan: Any, i: int, got: tuple[dict[str, Any], dict[str, np.ndarray]]
+                ) -> RankReduction | None:
+    """A reduction from a cache entry; None when the entry is not well formed."""
+    from residency import traces as tr
+
+    meta, arrays = got
+    try:
+        content = meta["content_rank"]
+        if content is not None and type(content) is not int:
+            return None
+        rows = {}
+        for k in ("busy", "markers", "window_ranges") + (("free",) if meta["free"] else ()):
+            a = arrays[k]
+            if a.dtype != np.int64 or a.ndim != 2 or a.shape[1] != 2:
+                return None
+            rows[k] = a
+        end_abs = meta["end_abs"]
+        if end_abs is not None and type(end_abs) is not int:
+            return None
+        n, rejected = meta["device_tasks"], meta["rejected_events"]
+        if type(n) is not int or type(rejected) is not int:
+            return None
+        rank = tr.rank_of(plan, i, content)
+        return RankReduction(rank, plan.sources[i], n, rejected, rows["busy"],
+                             _pair(meta["busy_bounds"]), _counts(meta["excluded"]),
+                             _counts(meta["unknown"]), rows["markers"], rows["window_ranges"],
+                             rows.get("free"), _pair(meta["overlap_span"]),
+                             _pair(meta["span"]), end_abs, content)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _here(plan: Any, job: dict[str, Any], workers: int | None) -> list[RankReduction]:
+    """Every rank's reduction in this machine's worker processes: whole files one per worker
+    when there are enough of them, else each large file parsed in parts (by
+    `residency.traces.parse_files`) and reduced here, one rank at a time."""
+    from residency import traces as tr
+
+    n_items = len(plan.sources)
+    stats = [tr.open_stat(s, plan.parse_root, job["max_trace_bytes"]) for s in plan.sources]
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    n = workers if workers is not None else cpus or 1
+    small = sum(st.st_size for st in stats) < tr.PARALLEL_MIN_BYTES
+    if n <= 1 or n_items <= 1 and small or (workers is None and small):
+        return [rank_reduction(plan, i, **job) for i in range(n_items)]
+    if n_items >= n:
+        return _pool(plan, job, min(n, n_items), stats)
+    out = []
+    for i in range(n_items):  # fewer files than workers: each file's parts in the workers
+        r = _cached(plan, i, job)
+        if r is None:
+            (p,) = tr.parse_files(plan.format, [plan.sources[i]], workers=workers,
+                                  root=plan.parse_root, chunk_bytes=job["chunk_bytes"],
+                                  max_bytes=job["max_trace_bytes"], digest=job["cache"])
+            r = _computed(plan, i, job, p)
+        out.append(r)
+    return out
+
+
+def _pool(plan: Any, job: dict[str, Any], n: int, stats: list[os.stat_result]
+          ) -> list[RankReduction]:
+    import multiprocessing
+    import threading
+    from concurrent.futures import ProcessPoolExecutor
+
+    # fork is cheapest but unsafe in a process with threads (a notebook kernel has some)
+    method = "fork" if (threading.active_count() == 1 and "fork" in
+                        multiprocessing.get_all_start_methods()) else "spawn"
+    order = sorted(range(len(stats)), key=lambda i: -stats[i].st_size)  # largest first
+    with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context(method)) as pool:
+        futures = {i: pool.submit(rank_reduction, plan, i, **job) for i in order}
+        return [futures[i].result() for i in range(len(stats))]
+
+
+def _on_dask(plan: Any, job: dict[str, Any], scheduler: str,
+             workers: int | None) -> list[RankReduction]:
+    """Every rank's reduction as one task of a Dask cluster; results gathered here."""
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError:
+        raise ValueError("--scheduler needs Dask: pip install 'residency[cluster]' "
+                         "(dask[distributed])") from None
+    import contextlib
+
+    with contextlib.ExitStack() as stack:
+        if scheduler == "local":
+            cpus = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                    else os.cpu_count()) or 1
+            cluster = stack.enter_context(LocalCluster(
+                n_workers=workers or min(cpus, max(1, len(plan.sources))),
+                threads_per_worker=1, processes=True, dashboard_address=None))
+            client = stack.enter_context(Client(cluster))
+        else:
+            try:
+                client = stack.enter_context(Client(scheduler, timeout="30s"))
+            except (OSError, TimeoutError, ValueError) as exc:
+                raise ValueError(f"cannot reach the Dask scheduler {scheduler!r}: "
+                                 f"{exc}") from None
+        futures = client.map(rank_reduction, [plan] * len(plan.sources),
+                             range(len(plan.sources)), pure=False, **job)
+        return client.gather(futures)
 
 
 def per_rank_idle(traces: TraceSet, *, marker: str | None = None,

@@ -76,7 +76,7 @@ class Parsed:
     range_lane: np.ndarray  # int16 codes into lanes, -1: none
     task_types: tuple[str, ...] = ()
     lanes: tuple[str, ...] = ()
-    sha256: str | None = None  # of the trace file as stored, when asked for
+    digest: str | None = None  # content digest of the trace file as stored, when asked for
     device_names: np.ndarray | None = None  # (n,) object array of str beside `device`
 
 
@@ -183,7 +183,7 @@ def parse_trace(fmt: str, source: Path, *, root: Path | None = None,
             doc = _skeleton(source, got)
             if doc is not None:
                 parsed = cols.finish(source, doc if got.in_object else None)
-                parsed.sha256 = _drain(stream)
+                parsed.digest = _drain(stream)
                 return parsed
             prefix, offset = b"", 0  # a repeated traceEvents: read it all again, whole
             stream = TraceStream(source, root=root, chunk_bytes=chunk_bytes,
@@ -193,7 +193,7 @@ def parse_trace(fmt: str, source: Path, *, root: Path | None = None,
         with stream:
             data, offset = read_whole(stream, prefix, offset, source)
             parsed = parse_whole(fmt, source, data, offset=offset, total=stream.offset)
-            parsed.sha256 = _drain(stream)
+            parsed.digest = _drain(stream)
             return parsed
 
 
@@ -263,11 +263,11 @@ def _trace_errors(source: Path) -> Iterator[None]:
 
 def _drain(stream: TraceStream) -> str | None:
     """Read what is left (for the file's digest) and return the digest."""
-    if stream.sha256 is None:
+    if stream.digest is None:
         return None
     while stream.read():
         pass
-    return stream.sha256
+    return stream.digest
 
 
 def _skeleton(source: Path, sk: Skeleton) -> Any:
