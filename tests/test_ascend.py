@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from residency import tracecache
 from residency.busy import classify, resolve
 from residency.causes import NO_HOST_RANGE, cause_diff, idle_by_cause, top_cause
 from residency.idle import busy_intervals, idle_summary
@@ -405,7 +406,8 @@ def test_cache_keeps_types_names_and_overlap(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cold = load_traces(d)
-        assert list(d.glob(f"*/ASCEND_PROFILER_OUTPUT/{CACHE_DIR}/*.parquet"))
+        assert not list(d.glob(f"*/ASCEND_PROFILER_OUTPUT/{CACHE_DIR}"))  # never beside
+        assert list(tracecache.cache_dir().glob("*.entry"))
         warm = load_traces(d)
     for rank, a in cold.ranks.items():
         b = warm.ranks[rank]
