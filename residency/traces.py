@@ -433,16 +433,18 @@ def check_spans(root: Path, spans: dict[int, tuple[Path, tuple[int, int] | None]
 
 def parse_files(fmt: str, sources: list[Path], *, workers: int | None, root: Path | None,
                 chunk_bytes: int = CHUNK_BYTES, max_bytes: int = MAX_TRACE_BYTES,
-                digest: bool = False) -> list[Parsed]:
+                digest: bool = False, device_names: bool = True) -> list[Parsed]:
     """Parse `sources` (no cache), in worker processes when that pays (as `load_traces`);
-    with `digest`, each parse records the file's content digest."""
+    with `digest`, each parse records the file's content digest; without `device_names`,
+    Kineto device tasks are left unnamed."""
     return _parse_all(fmt, sources, cache=False, workers=workers, root=root,
-                      chunk_bytes=chunk_bytes, max_bytes=max_bytes, digest=digest)
+                      chunk_bytes=chunk_bytes, max_bytes=max_bytes, digest=digest,
+                      device_names=device_names)
 
 
 def _parse_all(fmt: str, sources: list[Path], *, cache: bool, workers: int | None,
                root: Path | None, chunk_bytes: int, max_bytes: int,
-               digest: bool = False) -> list[Parsed]:
+               digest: bool = False, device_names: bool = True) -> list[Parsed]:
     """Cached parses first, then the rest, in worker processes when that pays. Each worker
     streams one file at a time, so memory grows with the workers, not the file sizes."""
     stats = [open_stat(s, root, max_bytes) for s in sources]
@@ -458,7 +460,8 @@ def _parse_all(fmt: str, sources: list[Path], *, cache: bool, workers: int | Non
             found = list(pool.map(lambda s, st: tracecache.get_parsed(
                 s, st, root=root, max_trace_bytes=max_bytes), sources, stats))
     todo = [i for i, f in enumerate(found) if f is None]
-    job = dict(root=root, chunk_bytes=chunk_bytes, max_bytes=max_bytes, digest=cache or digest)
+    job = dict(root=root, chunk_bytes=chunk_bytes, max_bytes=max_bytes, digest=cache or digest,
+               device_names=device_names)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     n = workers if workers is not None else cpus or 1
     small = sum(stats[i].st_size for i in todo) < _PARALLEL_MIN_BYTES
@@ -543,6 +546,8 @@ def _parse_one(fmt: str, source: Path, **job: Any) -> Parsed:
         from residency.ascend import read_db
 
         return read_db(source)
+    if fmt != "kineto":
+        job = {k: v for k, v in job.items() if k != "device_names"}
     return parse_trace(fmt, source, **job)
 
 
