@@ -332,31 +332,53 @@ def test_an_edited_entry_with_a_recomputed_digest_still_needs_the_trace(tmp_path
     assert len(calls) == 2
 
 
+def forge(entry: Path) -> bytes:
+    """`entry` with its first busy interval (or device task) 3 s longer and every digest
+    recomputed: an entry that a loader reading it would trust."""
+    import struct
+
+    data = bytearray(entry.read_bytes())
+    magic = data.index(b"\n") + 1
+    (n,) = struct.unpack_from("<Q", data, magic)
+    header = json.loads(bytes(data[magic + 8:magic + 8 + n]))
+    payload = bytearray(data[magic + 8 + n:])
+    (offset,) = [a[3] for a in header["arrays"] if a[0] in ("busy", "device")]
+    end = struct.unpack_from("<q", payload, offset + 8)[0]
+    struct.pack_into("<q", payload, offset + 8, end + 3_000_000_000)
+    h = tracecache.content_hash()
+    h.update(bytes(payload))
+    header["payload_digest"] = h.hexdigest()
+    head = json.dumps(header).encode()
+    return bytes(data[:magic]) + struct.pack("<Q", len(head)) + head + bytes(payload)
+
+
 def test_a_forged_cache_shipped_with_a_run_has_no_effect(tmp_path, monkeypatch):
-    """Entries (of a doctored copy of the trace) placed in the traces' folder, in a
-    ``residency.parquet.cache/`` folder as older versions wrote, are never read."""
+    """Entries forged for the very traces of a run (trace digest right, content 3 s off, own
+    digest recomputed) and shipped inside it, where older versions kept their cache
+    (``residency.parquet.cache/``) or where a cache folder set inside the run would look, are
+    never read."""
     real = copy_fixture("kineto_basic", tmp_path / "real")
     truth = idle_summary_at(real, cache=False, marker="release")
-    doctored = copy_fixture("kineto_basic", tmp_path / "doctored")
-    src = doctored / "rank0.trace.json"
-    doc = json.loads(src.read_text())
-    for e in doc["traceEvents"]:
-        e["dur"] = 0
-    src.write_text(json.dumps(doc))
+    columns = load_traces(real, cache=False)
     monkeypatch.setenv("RESIDENCY_CACHE_DIR", str(tmp_path / "forger"))
-    idle_summary_at(doctored, marker="release")
-    load_traces(doctored)
-    forged = list((tmp_path / "forger").rglob("*.entry"))
-    assert forged
-    for folder in (real / CACHE_DIR, real / "traces-v1", real):
-        folder.mkdir(exist_ok=True)
-        for p in forged:
-            shutil.copy(p, folder / p.name)
-            shutil.copy(p, folder / "rank0.trace.json.parquet")
-    monkeypatch.setenv("RESIDENCY_CACHE_DIR", str(tmp_path / "user"))
-    assert idle_summary_at(real, marker="release") == truth
-    assert idle_summary_at(real, marker="release") == truth
-    assert idle_summary(load_traces(real), marker="release") == truth
+    idle_summary_at(real, marker="release")
+    load_traces(real)
+    forged = {p.name: forge(p) for p in (tmp_path / "forger").rglob("*.entry")}
+    assert len(forged) == 4
+    for p in (tmp_path / "forger").rglob("*.entry"):  # the forgery is what a reader trusts
+        p.write_bytes(forged[p.name])
+    assert idle_summary_at(real, marker="release") != truth
+    shutil.rmtree(tmp_path / "forger")
+    for folder in (real / CACHE_DIR, real / "cache" / "traces-v1", real):
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, data in forged.items():
+            (folder / name).write_bytes(data)
+            (folder / "rank0.trace.json.parquet").write_bytes(data)
+    for where in (tmp_path / "user", real / "cache"):  # a cache folder inside the run: unused
+        monkeypatch.setenv("RESIDENCY_CACHE_DIR", str(where))
+        for _ in range(2):
+            assert idle_summary_at(real, marker="release") == truth
+            _same(load_traces(real), columns)
 
 
 def test_the_cache_is_bounded_least_recently_used_first(tmp_path, monkeypatch):
