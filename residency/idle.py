@@ -513,35 +513,48 @@ def _from_entry(plan: Any, i: int, got: tuple[dict[str, Any], dict[str, np.ndarr
 
 
 def _here(plan: Any, job: dict[str, Any], workers: int | None) -> list[RankReduction]:
-    """Every rank's reduction in this machine's worker processes: whole files one per worker
-    when there are enough of them, else each large file parsed in parts (by
-    `residency.traces.parse_files`) and reduced here, one rank at a time."""
+    """Every rank's reduction on this machine: cache entries looked up first (hashing in
+    threads), then the rest parsed, whole files one per worker process when there are enough
+    of them, else each large file in parts (`residency.traces.parse_files`) and reduced here,
+    one rank at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from residency import traces as tr
 
     n_items = len(plan.sources)
-    stats = [tr.open_stat(s, plan.parse_root, job["max_trace_bytes"]) for s in plan.sources]
+    found: list[RankReduction | None] = [None] * n_items
+    if job["cache"] and n_items:
+        with ThreadPoolExecutor(min(8, n_items)) as threads:
+            found = list(threads.map(lambda i: _cached(plan, i, job), range(n_items)))
+    todo = [i for i, r in enumerate(found) if r is None]
+    stats = {i: tr.open_stat(plan.sources[i], plan.parse_root, job["max_trace_bytes"])
+             for i in todo}
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     n = workers if workers is not None else cpus or 1
-    small = sum(st.st_size for st in stats) < tr.PARALLEL_MIN_BYTES
-    if n <= 1 or n_items <= 1 and small or (workers is None and small):
-        return [rank_reduction(plan, i, **job) for i in range(n_items)]
-    if n_items >= n:
-        return _pool(plan, job, min(n, n_items), stats)
-    out = []
-    for i in range(n_items):  # fewer files than workers: each file's parts in the workers
-        r = _cached(plan, i, job)
-        if r is None:
+    small = sum(st.st_size for st in stats.values()) < tr.PARALLEL_MIN_BYTES
+    if n <= 1 or not todo or (workers is None and small):
+        done = {i: _computed(plan, i, job, None) for i in todo}
+    elif len(todo) >= n:
+        done = _pool(plan, job, min(n, len(todo)), stats)
+    else:  # fewer files than workers: each file's parts in the workers
+        done = {}
+        for i in todo:
             (p,) = tr.parse_files(plan.format, [plan.sources[i]], workers=workers,
                                   root=plan.parse_root, chunk_bytes=job["chunk_bytes"],
                                   max_bytes=job["max_trace_bytes"], digest=job["cache"],
                                   device_names=False)
-            r = _computed(plan, i, job, p)
-        out.append(r)
-    return out
+            done[i] = _computed(plan, i, job, p)
+            del p
+    return [found[i] if found[i] is not None else done[i] for i in range(n_items)]
 
 
-def _pool(plan: Any, job: dict[str, Any], n: int, stats: list[os.stat_result]
-          ) -> list[RankReduction]:
+def _computed_here(plan: Any, i: int, job: dict[str, Any]) -> RankReduction:
+    """`_computed` from a fresh parse (a worker process's job)."""
+    return _computed(plan, i, job, None)
+
+
+def _pool(plan: Any, job: dict[str, Any], n: int, stats: dict[int, os.stat_result]
+          ) -> dict[int, RankReduction]:
     import multiprocessing
     import threading
     from concurrent.futures import ProcessPoolExecutor
@@ -549,10 +562,10 @@ def _pool(plan: Any, job: dict[str, Any], n: int, stats: list[os.stat_result]
     # fork is cheapest but unsafe in a process with threads (a notebook kernel has some)
     method = "fork" if (threading.active_count() == 1 and "fork" in
                         multiprocessing.get_all_start_methods()) else "spawn"
-    order = sorted(range(len(stats)), key=lambda i: -stats[i].st_size)  # largest first
+    order = sorted(stats, key=lambda i: -stats[i].st_size)  # largest first
     with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context(method)) as pool:
-        futures = {i: pool.submit(rank_reduction, plan, i, **job) for i in order}
-        return [futures[i].result() for i in range(len(stats))]
+        futures = {i: pool.submit(_computed_here, plan, i, job) for i in order}
+        return {i: f.result() for i, f in futures.items()}
 
 
 def _on_dask(plan: Any, job: dict[str, Any], scheduler: str,

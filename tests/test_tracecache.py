@@ -88,7 +88,8 @@ OPTIONS = [dict(marker=MARKER), dict(marker="release", window_marker="residency.
            dict(busy="all"), dict(busy="msprof", marker="Hccl|release")]
 
 
-@pytest.mark.parametrize("fixture", ["kineto_basic", "ascend_basic", "ascend_real"])
+@pytest.mark.parametrize("fixture", ["kineto_basic", "ascend_basic", "ascend_real",
+                                     "ascend_real_db"])
 @pytest.mark.parametrize("options", OPTIONS, ids=range(len(OPTIONS)))
 def test_rank_by_rank_equals_the_whole_timeline_path(tmp_path, fixture, options):
     d = copy_fixture(fixture, tmp_path)
