@@ -431,7 +431,9 @@ class _Kineto:
         exact as float64."""
         kinds = _category_kinds(map(_GET_CAT, events), len(events))
         idx = np.flatnonzero(kinds)
-        ts, dur = _floats_at(events, idx, _GET_TS), _floats_at(events, idx, _GET_DUR)
+        sel = _pick(events, idx)
+        ts = np.fromiter(map(_GET_TS, sel), np.float64, len(sel))
+        dur = np.fromiter(map(_GET_DUR, sel), np.float64, len(sel))
         if not (_exact_floats(ts) and _exact_floats(dur)):
             return False
         ts_ns, ts_ok = _floats_to_ns(ts)
@@ -736,6 +738,15 @@ def _floats_at(events: list[Any], idx: np.ndarray, get: Callable[[Any], float]) 
     if 2 * len(idx) > len(events):
         return np.fromiter(map(get, events), np.float64, len(events))[idx]
     return np.fromiter(map(get, [events[i] for i in idx.tolist()]), np.float64, len(idx))
+
+
+def _pick(events: list[Any], idx: np.ndarray) -> Any:
+    """``events[idx]`` as a sequence, picked in C."""
+    if len(idx) == len(events):
+        return events
+    if len(idx) < 2:
+        return [events[i] for i in idx.tolist()]
+    return operator.itemgetter(*idx.tolist())(events)
 
 
 def _exact_floats(us: np.ndarray) -> bool:
