@@ -12,8 +12,9 @@ metadata, ProfilerStep annotations, cpu_op with args, python_function, cuda_runt
 kernels/memcpy with args, ac2g flows, cuda_sync, gpu_user_annotation, release markers;
 fractional-us times, some as decimal strings). Cases: the standard one (8 ranks x 110k
 events) against the bare decode and HTA; ``--scale 1gb`` (2 ranks x 2.5M events, ~1.2 GB) and
-``8x1gb`` (8 ranks x 4.3M events, ~8 GB of disk); the Dask case (``--dask-ranks`` ranks x 20k
-events on a LocalCluster of 2 workers against the local path; ``--dask-ranks 0`` skips it).
+``8x1gb`` (8 ranks x 4.3M events, ~8 GB of disk); the Dask case (``--dask-ranks`` ranks x
+``--dask-events`` events, 64 x 20k by default, on a LocalCluster of 2 workers against the
+local path; ``--dask-ranks 0`` skips it).
 
 Targets (issue 26): cold within 1.2x of the bare decode, warm at most 0.2x cold, writing the
 cache at most 10 % of the cold run, peak memory of the process tree at most 25 % of the JSON
@@ -209,14 +210,15 @@ def dask_case(args: argparse.Namespace, base: Path, env: dict[str, str]) -> dict
               "'residency[cluster]')")
         return None
     d = base / "dask"
-    total = tracegen.generate(d, args.dask_ranks, 20_000, args.seed)
+    total = tracegen.generate(d, args.dask_ranks, args.dask_events, args.seed)
     local, cluster = [], []
     mine = {**env, "RESIDENCY_NO_CACHE": "1"}
     for _ in range(args.repeat):
         local.append(measure(ours(d, "--workers", "2"), mine))
         cluster.append(measure(ours(d, "--scheduler", "local", "--workers", "2"), mine))
     assert all(r["out"] == local[0]["out"] for r in local + cluster), "answers differ"
-    print(f"\n== Dask: {args.dask_ranks} ranks x 20k events, {total / 1e6:.0f} MB ({load()}); "
+    print(f"\n== Dask: {args.dask_ranks} ranks x {args.dask_events} events, {total / 1e6:.0f} MB "
+          f"({load()}); "
           "identical JSON on both paths")
     print(f"local worker processes (2)             {show(local)}  peak RSS "
           f"{med(local, 'rss_mb'):.0f} MB")
@@ -263,6 +265,7 @@ def main() -> None:
                     help="interpreter with traceinsight installed (a separate venv)")
     ap.add_argument("--scale", choices=["1gb", "8x1gb"], help="also the large case")
     ap.add_argument("--dask-ranks", type=int, default=64)
+    ap.add_argument("--dask-events", type=int, default=20_000, help="events per rank (Dask)")
     ap.add_argument("--skip-standard", action="store_true")
     ap.add_argument("--dir", type=Path, help="keep the generated traces here")
     args = ap.parse_args()
