@@ -150,7 +150,7 @@ def load() -> str:
 
 
 def ours(d: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "residency.cli", "idle", str(d), "--json", "--marker",
+    return [sys.executable, "-m", "residency", "idle", str(d), "--json", "--marker",
             MARKER, *extra]
 
 

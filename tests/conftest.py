@@ -32,7 +32,7 @@ def subprocess_python():
 
 @pytest.fixture(autouse=True)
 def _trace_cache_in_tmp(tmp_path_factory, monkeypatch):
-    """A trace cache (`residency.tracecache`) of its own for every test, in pytest's temporary
+    """A trace cache (`residency.traces.cache`) of its own for every test, in pytest's temporary
     folder, never the user's cache directory (subprocesses inherit it)."""
     monkeypatch.setenv("RESIDENCY_CACHE_DIR", str(tmp_path_factory.mktemp("residency-cache")))
     monkeypatch.delenv("RESIDENCY_NO_CACHE", raising=False)

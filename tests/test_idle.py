@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from residency.idle import idle_summary, per_rank_idle
-from residency.traces import load_traces
+from residency.analysis.idle import idle_summary, per_rank_idle
+from residency.traces.load import load_traces
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "traces"
@@ -168,16 +168,13 @@ def test_cross_check_span_idle_against_independent_implementation(tmp_path, kine
 
 # -- the CLI contract ---------------------------------------------------------------------------
 
-def cli(*args: str, module: str = "residency.cli") -> subprocess.CompletedProcess:
-    prefix = ["idle"] if module == "residency.cli" else []
-    return subprocess.run([sys.executable, "-m", module, *prefix, *args], capture_output=True,
-                          text=True, cwd=ROOT, timeout=180)
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "residency", "idle", *args],
+                          capture_output=True, text=True, cwd=ROOT, timeout=180)
 
 
-@pytest.mark.parametrize("module", ["residency.cli", "residency.idle"])
-def test_cli_json_golden(module):
-    out = cli(str(DATA / "kineto_basic"), "--marker", NORMAL, "--json", "--no-cache",
-              module=module)
+def test_cli_json_golden():
+    out = cli(str(DATA / "kineto_basic"), "--marker", NORMAL, "--json", "--no-cache")
     assert (out.returncode, out.stderr) == (0, "")
     assert json.loads(out.stdout) == KINETO_GOLDEN
 
@@ -189,7 +186,7 @@ def test_cli_table_in_milliseconds(tmp_path):
     assert "ascend traces, 2 ranks (0, 1)" in out.stdout
     assert "Unit: milliseconds; n = 2 ranks." in out.stdout
     assert "0.011 ms" in out.stdout  # 10.5 us of all-rank idle, in ms
-    from residency import tracecache
+    from residency.traces import cache as tracecache
 
     assert not any(d.rglob("*.parquet")) and not any(d.rglob("*.entry"))  # nothing beside
     assert any(tracecache.cache_dir().glob("*.entry"))  # the user's cache directory

@@ -15,9 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from residency import cli, idle, tracecache, traces
-from residency.idle import idle_summary, idle_summary_at
-from residency.traces import CACHE_DIR, TraceError, load_traces
+from residency.analysis import idle
+from residency.analysis.idle import idle_summary, idle_summary_at
+from residency.cli import main as cli
+from residency.traces import cache as tracecache
+from residency.traces import load as traces
+from residency.traces.load import CACHE_DIR, TraceError, load_traces
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).parent / "data" / "traces"
@@ -402,7 +405,7 @@ def test_the_cache_is_bounded_least_recently_used_first(tmp_path, monkeypatch):
 
 def test_idle_module_keeps_dask_off_the_default_path():
     heavy = "('dask', 'distributed', 'pandas', 'scipy', 'torch', 'pyarrow')"
-    code = (f"import sys; from residency import cli; "
+    code = (f"import sys; from residency.cli import main as cli; "
             f"cli.main(['idle', {str(DATA / 'kineto_basic')!r}, '--json']); "
             f"loaded = sorted(m for m in sys.modules if m.split('.')[0] in {heavy}); "
             f"assert not loaded, loaded")
@@ -412,4 +415,4 @@ def test_idle_module_keeps_dask_off_the_default_path():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert idle.__name__ == "residency.idle"
+    assert idle.__name__ == "residency.analysis.idle"

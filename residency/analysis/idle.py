@@ -1,0 +1,663 @@
+"""All-rank no-device-task time and marker attribution over a loaded `TraceSet`.
+
+Definitions (``shared/BRIEF.md``), all inside one *window*, intervals half-open, int64 ns:
+
+* window: by default the earliest device-task start to the latest device-task end over all
+  ranks; with `window_marker`, the union over ranks of the host ranges whose name matches it
+  (possibly several intervals; `window_ns` reports their hull).
+* busy: the device tasks that count as work under a busy definition (`residency.traces.busy`:
+  ``ascend`` by default for torch-npu, waits and records excluded; ``msprof``; ``kineto`` by
+  default for Kineto; ``all``); every figure below uses only those tasks.
+* per rank: ``busy_ns`` = union of the rank's busy device tasks within the window; ``idle_ns``
+  = window minus that; ``excluded_tasks``: counts by type of the tasks the definition leaves
+  out; ``reported_free_ns``: the trace's own ``Overlap Analysis`` ``Free`` time in the window
+  (torch-npu text exports; None elsewhere). ``span_idle_ns`` is HolisticTraceAnalysis's
+  per-rank idle (the rank's own busy span minus its busy union, whole trace), for comparison.
+* all-rank idle: window minus the union over ranks of device busy.
+* markers: the union over ranks of host ranges whose name matches `marker` (``re.search``),
+  clipped to the window, so every figure of a summary lies inside the same window;
+  ``marker_idle_intersection_ns`` is its measure intersected with all-rank idle.
+
+Analyses return values and never print; `residency.cli.main` is the ``residency idle`` front end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import warnings
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from residency.traces import busy as busydef
+from residency.traces import intervals as iv
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from residency.traces.load import RankTimeline, TraceSet
+
+__all__ = ["IdleSummary", "RankIdle", "RankReduction", "all_rank_idle_intervals",
+           "busy_intervals", "format_summary", "idle_summary", "idle_summary_at",
+           "per_rank_idle", "rank_reduction", "reduce_rank", "summarize"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RankIdle:
+    """One rank's figures inside the window (ns); `markers` counts its matching host ranges
+    that overlap the window."""
+
+    rank: int
+    busy_ns: int
+    idle_ns: int
+    device_tasks: int
+    markers: int
+    span_idle_ns: int
+    excluded_tasks: dict[str, int] = dataclasses.field(default_factory=dict)
+    reported_free_ns: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class IdleSummary:
+    """All-rank idle and marker attribution of one trace set; `to_dict` is the CLI's JSON."""
+
+    format: str
+    ranks: tuple[int, ...]
+    window_ns: tuple[int, int]
+    window_measure_ns: int
+    all_rank_idle_ns: int
+    marker_ns: int
+    marker_idle_intersection_ns: int
+    rejected_events: int
+    per_rank: tuple[RankIdle, ...]
+    marker: str | None = None
+    window_marker: str | None = None
+    busy_definition: str = "all"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``residency idle --json`` object."""
+        return {
+            "format": self.format, "busy_definition": self.busy_definition,
+            "ranks": list(self.ranks), "window_ns": list(self.window_ns),
+            "all_rank_idle_ns": self.all_rank_idle_ns, "marker_ns": self.marker_ns,
+            "marker_idle_intersection_ns": self.marker_idle_intersection_ns,
+            "rejected_events": self.rejected_events,
+            "per_rank": {str(r.rank): {"busy_ns": r.busy_ns, "idle_ns": r.idle_ns,
+                                       "device_tasks": r.device_tasks, "markers": r.markers,
+                                       "excluded_tasks": r.excluded_tasks,
+                                       "reported_free_ns": r.reported_free_ns}
+                         for r in self.per_rank},
+        }
+
+
+def _compile(pattern: str, option: str) -> re.Pattern[str]:
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"The value for `{option}` must be a regular expression, but "
+                         f"{pattern!r} was passed ({exc}).") from None
+
+
+def _matching(t: RankTimeline, rx: re.Pattern[str]) -> iv.Intervals:
+    """The host ranges of `t` whose name matches `rx`, as an interval array (not merged)."""
+    names = t.range_names.tolist()
+    hit = {n: rx.search(n) is not None for n in set(names)}  # each distinct name once
+    return t.ranges[np.fromiter(map(hit.__getitem__, names), bool, len(names))]
+
+
+def _overlapping(ranges: iv.Intervals, window: iv.Intervals) -> int:
+    """How many of `ranges` overlap the normalised `window` (or lie inside it)."""
+    if not len(ranges) or not len(window):
+        return 0
+    i = np.searchsorted(window[:, 1], ranges[:, 0], side="right")
+    ok = i < len(window)
+    ok[ok] = window[i[ok], 0] < ranges[ok, 1]
+    return int(ok.sum())
+
+
+def _window(traces: TraceSet, window_marker: str | None,
+            busy: dict[int, iv.Intervals]) -> iv.Intervals:
+    if window_marker is not None:
+        rx = _compile(window_marker, "window_marker")
+        w = iv.union(*(_matching(t, rx) for t in traces.ranks.values()))
+        if not len(w):
+            raise ValueError(f"no host range matches window_marker {window_marker!r} in any "
+                             "rank, so there is no window.")
+        return w
+    spans = [b for b in busy.values() if len(b)]  # the busy tasks as recorded (not merged)
+    if not spans:
+        raise ValueError("no rank has device tasks that count as busy, so there is no default "
+                         "window; pass window_marker to choose one (or another busy "
+                         "definition).")
+    return iv.as_intervals([[min(int(b[:, 0].min()) for b in spans),
+                             max(int(b[:, 1].max()) for b in spans)]])
+
+
+def busy_intervals(traces: TraceSet, *, busy: str | None = None,
+                   warn: bool = True) -> tuple[busydef.BusyDefinition, dict[int, iv.Intervals],
+                                               dict[int, iv.Intervals],
+                                               dict[int, dict[str, int]]]:
+    """The busy definition `busy` resolves to (`residency.traces.busy.resolve`), each rank's busy
+    tasks as recorded and merged, and each rank's excluded task counts by type. With `warn`,
+    tasks of unknown types (counted busy) are reported in one warning with their counts.
+
+    Raises:
+        ValueError: an unknown `busy` name.
+    """
+    definition = busydef.resolve(busy, traces.format)
+    raw, merged, excluded, unknown = {}, {}, {}, Counter()
+    for rank, t in traces.ranks.items():
+        chosen = busydef.busy_tasks(t, definition, traces.format)
+        raw[rank] = chosen.rows
+        merged[rank] = iv.merge(raw[rank])
+        excluded[rank] = chosen.excluded
+        unknown.update(chosen.unknown)
+    if warn and unknown and definition.name != "all":
+        listed = ", ".join(f"{_type_label(ty)} x {n}" for ty, n in sorted(unknown.items()))
+        warnings.warn(f"device tasks of types not in residency.traces.busy's lists were counted "
+                      f"busy ({definition.name}): {listed}", UserWarning, stacklevel=2)
+    return definition, raw, merged, excluded
+
+
+def _type_label(task_type: str) -> str:
+    return repr(task_type) if task_type else "(no Task Type)"
+
+
+def all_rank_idle_intervals(traces: TraceSet, *, busy: str | None = None,
+                            window_marker: str | None = None) -> iv.Intervals:
+    """The all-rank no-device-task time as normalised intervals (window as in `idle_summary`).
+
+    Raises:
+        ValueError: as `idle_summary`.
+    """
+    _, raw, merged, _ = busy_intervals(traces, busy=busy, warn=False)
+    window = _window(traces, window_marker, raw)
+    return iv.complement(iv.union(*merged.values()), window)
+
+
+def idle_summary(traces: TraceSet, *, marker: str | None = None,
+                 window_marker: str | None = None, busy: str | None = None) -> IdleSummary:
+    """All-rank idle, marker time and their intersection, per rank busy/idle (module doc),
+    under the busy definition `busy` (default: the format's).
+
+    Raises:
+        ValueError: a pattern that is not a regular expression, a `window_marker` that matches
+            nothing, no busy device task in any rank when no `window_marker` is given, or an
+            unknown `busy` name.
+
+    Warns:
+        UserWarning: device tasks of unknown types (counted busy); under ``msprof``, a rank
+            whose idle time differs by more than 1 % from its ``Overlap Analysis`` Free time.
+    """
+    definition = busydef.resolve(busy, traces.format)
+    wrx = _compile(window_marker, "window_marker") if window_marker is not None else None
+    rx = _compile(marker, "marker") if marker is not None else None
+    reductions = [reduce_rank(t, definition, traces.format, rx, wrx)
+                  for t in traces.ranks.values()]
+    return summarize(traces.format, reductions, definition, marker=marker,
+                     window_marker=window_marker)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RankReduction:
+    """What one rank contributes to an `IdleSummary`: its busy union and its marker ranges,
+    never its columns. `busy`: the merged busy intervals; `busy_bounds`: earliest start and
+    latest end of its busy tasks as recorded (None: none); `markers` / `window_ranges`: its
+    host ranges matching the marker / window marker (as recorded, not merged); `free`: its
+    merged Overlap Analysis ``Free`` slices (None: no such lane) and `overlap_span` that
+    lane's span; `span`: earliest start and latest end over device tasks and host ranges
+    (`residency.traces.load.check_spans`); `end_abs`: the largest absolute end time over every row
+    (relative torch-npu times, `residency.traces.ascend.align_clocks`). `rank` is None when it
+    cannot be told; `content_rank` is the rank the trace's content names."""
+
+    rank: int | None
+    source: Path
+    device_tasks: int
+    rejected_events: int
+    busy: iv.Intervals
+    busy_bounds: tuple[int, int] | None
+    excluded: dict[str, int]
+    unknown: dict[str, int]
+    markers: iv.Intervals
+    window_ranges: iv.Intervals
+    free: iv.Intervals | None
+    overlap_span: tuple[int, int] | None
+    span: tuple[int, int] | None
+    end_abs: int | None
+    content_rank: int | None = None
+
+
+_NONE = np.empty((0, 2), np.int64)
+
+
+def reduce_rank(t: RankTimeline, definition: busydef.BusyDefinition, fmt: str,
+                marker: re.Pattern[str] | None, window_marker: re.Pattern[str] | None,
+                *, content_rank: int | None = None) -> RankReduction:
+    """One rank's `RankReduction` under `definition` and the compiled patterns."""
+    from residency.traces.load import timeline_span
+
+    chosen = busydef.busy_tasks(t, definition, fmt)
+    rows = chosen.rows
+    bounds = (int(rows[:, 0].min()), int(rows[:, 1].max())) if len(rows) else None
+    free = None
+    overlap_span = None
+    if len(t.overlap):
+        free = iv.merge(t.overlap[t.overlap_names == "Free"])
+        overlap_span = (int(t.overlap[:, 0].min()), int(t.overlap[:, 1].max()))
+    ends = [np.abs(a[:, 1]).max() for a in (t.device, t.ranges, t.overlap) if len(a)]
+    return RankReduction(
+        t.rank, t.source, t.device_tasks, t.rejected_events, iv.merge(rows), bounds,
+        dict(chosen.excluded), dict(chosen.unknown),
+        np.ascontiguousarray(_matching(t, marker)) if marker is not None else _NONE,
+        np.ascontiguousarray(_matching(t, window_marker)) if window_marker is not None
+        else _NONE, free, overlap_span, timeline_span(t),
+        int(max(ends)) if ends else None, content_rank)
+
+
+def summarize(fmt: str, reductions: Sequence[RankReduction],
+              definition: busydef.BusyDefinition, *, marker: str | None = None,
+              window_marker: str | None = None, warn: bool = True) -> IdleSummary:
+    """The `IdleSummary` of ranks' reductions (in rank order), as `idle_summary` computes it.
+
+    Raises:
+        ValueError: as `idle_summary`.
+    """
+    unknown: Counter[str] = Counter()
+    for r in reductions:
+        unknown.update(r.unknown)
+    if warn and unknown and definition.name != "all":
+        listed = ", ".join(f"{_type_label(ty)} x {n}" for ty, n in sorted(unknown.items()))
+        warnings.warn(f"device tasks of types not in residency.traces.busy's lists were counted "
+                      f"busy ({definition.name}): {listed}", UserWarning, stacklevel=3)
+    if window_marker is not None:
+        window = iv.union(*(r.window_ranges for r in reductions))
+        if not len(window):
+            raise ValueError(f"no host range matches window_marker {window_marker!r} in any "
+                             "rank, so there is no window.")
+    else:
+        spans = [r.busy_bounds for r in reductions if r.busy_bounds is not None]
+        if not spans:
+            raise ValueError("no rank has device tasks that count as busy, so there is no "
+                             "default window; pass window_marker to choose one (or another "
+                             "busy definition).")
+        window = iv.as_intervals([[min(s for s, _ in spans), max(e for _, e in spans)]])
+    length = iv.measure(window)
+    rows = []
+    for r in reductions:
+        busy_in = iv.measure(iv.intersection(r.busy, window))
+        span = int(r.busy[-1, 1] - r.busy[0, 0]) if len(r.busy) else 0
+        free = (None if r.free is None else iv.measure(iv.intersection(r.free, window)))
+        if free is not None and definition.name == "msprof":
+            _check_free(r, window, free)
+        rows.append(RankIdle(r.rank, busy_in, length - busy_in, r.device_tasks,
+                             _overlapping(r.markers, window), span - iv.measure(r.busy),
+                             r.excluded, free))
+    idle = iv.complement(iv.union(*(r.busy for r in reductions)), window)
+    markers = iv.intersection(iv.union(*(r.markers for r in reductions)), window)
+    return IdleSummary(
+        format=fmt, ranks=tuple(r.rank for r in reductions),
+        window_ns=(int(window[0, 0]), int(window[-1, 1])),
+        window_measure_ns=length, all_rank_idle_ns=iv.measure(idle),
+        marker_ns=iv.measure(markers),
+        marker_idle_intersection_ns=iv.measure(iv.intersection(markers, idle)),
+        rejected_events=sum(r.rejected_events for r in reductions), per_rank=tuple(rows),
+        marker=marker, window_marker=window_marker, busy_definition=definition.name)
+
+
+def _check_free(r: RankReduction, window: iv.Intervals, free: int) -> None:
+    """Warn when our idle time, over the span of the Overlap Analysis lane (its slices tile
+    it), differs from its Free time by more than 1 %."""
+    assert r.overlap_span is not None
+    covered = iv.intersection([list(r.overlap_span)], window)
+    ours = iv.measure(iv.complement(r.busy, covered)) if len(covered) else 0
+    if abs(ours - free) > 0.01 * max(ours, free):
+        warnings.warn(f"rank {r.rank}: idle time under the msprof definition ({ours / 1e6:.6f} "
+                      f"ms over the Overlap Analysis span) differs from the trace's own Free "
+                      f"time ({free / 1e6:.6f} ms) by more than 1 %; the trace's Task Types or "
+                      "Communication lane may not match residency.traces.busy's lists",
+                      UserWarning, stacklevel=4)
+
+
+# -- from paths: per-rank parse and reduction in workers, on Dask past one machine ------------
+
+_IDLE_ENTRY = ("busy", "excluded", "unknown", "markers", "window_ranges")
+
+
+def idle_summary_at(path: str | os.PathLike[str], *, marker: str | None = None,
+                    window_marker: str | None = None, busy: str | None = None,
+                    session: str | None = None, group: str | None = None, cache: bool = True,
+                    scheduler: str | None = None, workers: int | None = None,
+                    chunk_bytes: int | None = None,
+                    max_trace_bytes: int | None = None) -> IdleSummary:
+    """`idle_summary(load_traces(path, ...))`, computed rank by rank: each rank is parsed and
+    reduced (`reduce_rank`) where it is read, and only its reduction (busy union, marker
+    ranges) comes back, so memory does not grow with the ranks' columns. The same figures to
+    the nanosecond, the same errors and warnings.
+
+    Ranks are read in worker processes here (as `load_traces` parses), or, with `scheduler`,
+    as tasks of a Dask cluster (``"local"``: a `distributed.LocalCluster` of `workers`
+    processes; else the scheduler's address, ``tcp://host:8786``); every worker must read the
+    traces at the same paths (a shared file system) and import this version of residency.
+    With `cache`, each rank's reduction is taken from (and recorded in) the user's cache
+    directory of the machine that reads it (`residency.traces.cache`; key: the trace's content
+    digest, size, mtime, these options and the parser version).
+
+    Raises:
+        TraceError: as `residency.traces.load.load_traces`.
+        ValueError: as `idle_summary`, or `scheduler` given without ``dask[distributed]``.
+    """
+    from residency.traces import load as tr
+
+    plan = tr.plan_traces(path, session=session, group=group)
+    definition = busydef.resolve(busy, plan.format)
+    if window_marker is not None:
+        _compile(window_marker, "window_marker")
+    if marker is not None:
+        _compile(marker, "marker")
+    job = {"busy": definition.name, "marker": marker, "window_marker": window_marker,
+           "cache": cache, "chunk_bytes": chunk_bytes or tr.CHUNK_BYTES,
+           "max_trace_bytes": max_trace_bytes or tr.MAX_TRACE_BYTES}
+    n = len(plan.sources)
+    if scheduler is not None:
+        reductions = _on_dask(plan, job, scheduler, workers)
+    else:
+        reductions = _here(plan, job, workers)
+    if plan.format == "ascend":
+        from residency.traces import ascend
+
+        ascend.align_clocks(list(plan.sources), [_Ends(r.end_abs) for r in reductions])
+    tr.settle_ranks(plan, [r.rank for r in reductions])
+    tr.check_spans(plan.root, {r.rank: (r.source, r.span) for r in reductions})
+    for r in reductions:
+        if not r.device_tasks:
+            warnings.warn(tr.no_device_tasks(r.rank, r.source), UserWarning, stacklevel=2)
+    assert len(reductions) == n
+    return summarize(plan.format, sorted(reductions, key=lambda r: r.rank), definition,
+                     marker=marker, window_marker=window_marker)
+
+
+class _Ends:
+    """What `residency.traces.ascend.align_clocks` reads of a parse: its end times (the largest
+    absolute one stands for all)."""
+
+    def __init__(self, end_abs: int | None) -> None:
+        self.device = (np.empty((0, 2), np.int64) if end_abs is None
+                       else np.array([[0, end_abs]], np.int64))
+        self.ranges = np.empty((0, 2), np.int64)
+
+
+def rank_reduction(plan: Any, i: int, *, busy: str, marker: str | None,
+                   window_marker: str | None, cache: bool, chunk_bytes: int,
+                   max_trace_bytes: int, parsed: Any = None) -> RankReduction:
+    """The reduction of `plan`'s item `i` (a `residency.traces.load.TracePlan`): from the user's
+    cache when an entry matches, else parsed (or from `parsed`, its parse) and recorded."""
+    job = {"busy": busy, "marker": marker, "window_marker": window_marker, "cache": cache,
+           "chunk_bytes": chunk_bytes, "max_trace_bytes": max_trace_bytes}
+    hit = _cached(plan, i, job) if parsed is None else None
+    return hit if hit is not None else _computed(plan, i, job, parsed)
+
+
+def _options(plan: Any, job: dict[str, Any]) -> dict[str, Any]:
+    """What an ``idle`` cache entry was computed under (besides the trace and parser)."""
+    return {"format": plan.format, "busy": busydef.resolve(job["busy"], plan.format).name,
+            "marker": job["marker"], "window_marker": job["window_marker"]}
+
+
+def _cached(plan: Any, i: int, job: dict[str, Any]) -> RankReduction | None:
+    from residency.traces import cache as tracecache
+    from residency.traces import load as tr
+
+    source = plan.sources[i]
+    if not (job["cache"] and tracecache.enabled(plan.parse_root, source)):
+        return None
+    stat = tr.open_stat(source, plan.parse_root, job["max_trace_bytes"])
+    got = tracecache.get("idle", source, stat, _options(plan, job), root=plan.parse_root,
+                         max_trace_bytes=job["max_trace_bytes"])
+    return _from_entry(plan, i, got) if got is not None else None
+
+
+def _computed(plan: Any, i: int, job: dict[str, Any], parsed: Any) -> RankReduction:
+    from residency.traces import cache as tracecache
+    from residency.traces import load as tr
+
+    source, root, limit = plan.sources[i], plan.parse_root, job["max_trace_bytes"]
+    stat = tr.open_stat(source, root, limit)
+    cache = job["cache"] and tracecache.enabled(root, source)
+    if parsed is None:
+        parsed = tr.parse_source(plan.format, source, root=root,
+                                 chunk_bytes=job["chunk_bytes"], max_bytes=limit,
+                                 digest=cache, device_names=False)
+    content_rank, digest = parsed.rank, parsed.digest
+    rank = tr.rank_of(plan, i, content_rank)
+    t = tr.timeline_of(parsed, -1 if rank is None else rank, source, plan.sessions[i])
+    del parsed
+    wrx = None if job["window_marker"] is None else _compile(job["window_marker"],
+                                                             "window_marker")
+    rx = None if job["marker"] is None else _compile(job["marker"], "marker")
+    definition = busydef.resolve(job["busy"], plan.format)
+    r = dataclasses.replace(reduce_rank(t, definition, plan.format, rx, wrx), rank=rank,
+                            content_rank=content_rank)
+    del t
+    if cache:
+        if digest is None:  # (the SQLite export)
+            from residency.traces.files import file_digest
+
+            digest = file_digest(source, root=root, max_bytes=limit)
+        arrays = {"busy": r.busy, "markers": r.markers, "window_ranges": r.window_ranges}
+        if r.free is not None:
+            arrays["free"] = r.free
+        tracecache.put("idle", source, stat, _options(plan, job), digest, _entry_meta(r),
+                       arrays, root=root)
+    return r
+
+
+def _entry_meta(r: RankReduction) -> dict[str, Any]:
+    return {"content_rank": r.content_rank, "device_tasks": r.device_tasks,
+            "rejected_events": r.rejected_events, "busy_bounds": r.busy_bounds,
+            "excluded": r.excluded, "unknown": r.unknown, "overlap_span": r.overlap_span,
+            "span": r.span, "end_abs": r.end_abs, "free": r.free is not None}
+
+
+def _pair(v: Any) -> tuple[int, int] | None:
+    if v is None:
+        return None
+    a, b = v
+    if type(a) is not int or type(b) is not int:
+        raise TypeError("not a pair of ints")
+    return a, b
+
+
+def _counts(v: Any) -> dict[str, int]:
+    if not isinstance(v, dict) or not all(type(k) is str and type(n) is int
+                                          for k, n in v.items()):
+        raise TypeError("not a dict of counts")
+    return dict(v)
+
+
+def _from_entry(plan: Any, i: int, got: tuple[dict[str, Any], dict[str, np.ndarray]]
+                ) -> RankReduction | None:
+    """A reduction from a cache entry; None when the entry is not well formed."""
+    from residency.traces import load as tr
+
+    meta, arrays = got
+    try:
+        content = meta["content_rank"]
+        if content is not None and type(content) is not int:
+            return None
+        rows = {}
+        for k in ("busy", "markers", "window_ranges") + (("free",) if meta["free"] else ()):
+            a = arrays[k]
+            if a.dtype != np.int64 or a.ndim != 2 or a.shape[1] != 2:
+                return None
+            rows[k] = a
+        end_abs = meta["end_abs"]
+        if end_abs is not None and type(end_abs) is not int:
+            return None
+        n, rejected = meta["device_tasks"], meta["rejected_events"]
+        if type(n) is not int or type(rejected) is not int:
+            return None
+        rank = tr.rank_of(plan, i, content)
+        return RankReduction(rank, plan.sources[i], n, rejected, rows["busy"],
+                             _pair(meta["busy_bounds"]), _counts(meta["excluded"]),
+                             _counts(meta["unknown"]), rows["markers"], rows["window_ranges"],
+                             rows.get("free"), _pair(meta["overlap_span"]),
+                             _pair(meta["span"]), end_abs, content)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _here(plan: Any, job: dict[str, Any], workers: int | None) -> list[RankReduction]:
+    """Every rank's reduction on this machine: cache entries looked up first (hashing in
+    threads), then the rest parsed, whole files one per worker process when there are enough
+    of them, else each large file in parts (`residency.traces.load.parse_files`) and reduced here,
+    one rank at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from residency.traces import load as tr
+
+    n_items = len(plan.sources)
+    found: list[RankReduction | None] = [None] * n_items
+    if job["cache"] and n_items:
+        with ThreadPoolExecutor(min(8, n_items)) as threads:
+            found = list(threads.map(lambda i: _cached(plan, i, job), range(n_items)))
+    todo = [i for i, r in enumerate(found) if r is None]
+    stats = {i: tr.open_stat(plan.sources[i], plan.parse_root, job["max_trace_bytes"])
+             for i in todo}
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    n = workers if workers is not None else cpus or 1
+    small = sum(st.st_size for st in stats.values()) < tr.PARALLEL_MIN_BYTES
+    if n <= 1 or not todo or (workers is None and small):
+        done = {i: _computed(plan, i, job, None) for i in todo}
+    elif len(todo) >= n:
+        done = _pool(plan, job, min(n, len(todo)), stats)
+    else:  # fewer files than workers: each file's parts in the workers
+        done = {}
+        for i in todo:
+            (p,) = tr.parse_files(plan.format, [plan.sources[i]], workers=workers,
+                                  root=plan.parse_root, chunk_bytes=job["chunk_bytes"],
+                                  max_bytes=job["max_trace_bytes"], digest=job["cache"],
+                                  device_names=False)
+            done[i] = _computed(plan, i, job, p)
+            del p
+    return [found[i] if found[i] is not None else done[i] for i in range(n_items)]
+
+
+def _computed_here(plan: Any, i: int, job: dict[str, Any]) -> RankReduction:
+    """`_computed` from a fresh parse (a worker process's job)."""
+    return _computed(plan, i, job, None)
+
+
+def _pool(plan: Any, job: dict[str, Any], n: int, stats: dict[int, os.stat_result]
+          ) -> dict[int, RankReduction]:
+    import multiprocessing
+    import threading
+    from concurrent.futures import ProcessPoolExecutor
+
+    # fork is cheapest but unsafe in a process with threads (a notebook kernel has some)
+    method = "fork" if (threading.active_count() == 1 and "fork" in
+                        multiprocessing.get_all_start_methods()) else "spawn"
+    order = sorted(stats, key=lambda i: -stats[i].st_size)  # largest first
+    with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context(method)) as pool:
+        futures = {i: pool.submit(_computed_here, plan, i, job) for i in order}
+        return {i: f.result() for i, f in futures.items()}
+
+
+def _on_dask(plan: Any, job: dict[str, Any], scheduler: str,
+             workers: int | None) -> list[RankReduction]:
+    """Every rank's reduction as one task of a Dask cluster; results gathered here."""
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError:
+        raise ValueError("--scheduler needs Dask: pip install 'residency[cluster]' "
+                         "(dask[distributed])") from None
+    import contextlib
+
+    with contextlib.ExitStack() as stack:
+        if scheduler == "local":
+            import threading
+
+            import dask
+
+            cpus = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                    else os.cpu_count()) or 1
+            key = "distributed.worker.multiprocessing-method"
+            # fork starts a worker in 0.3 s, spawn in 3 s (measured here); as for the local
+            # pool, only from a process without threads of its own, and never over a choice
+            # the user made
+            if (threading.active_count() == 1 and dask.config.get(key, "spawn") == "spawn"
+                    and "fork" in __import__("multiprocessing").get_all_start_methods()):
+                stack.enter_context(dask.config.set({key: "fork"}))
+            cluster = stack.enter_context(LocalCluster(
+                n_workers=workers or min(cpus, max(1, len(plan.sources))),
+                threads_per_worker=1, processes=True, dashboard_address=None))
+            client = stack.enter_context(Client(cluster))
+        else:
+            try:
+                client = stack.enter_context(Client(scheduler, timeout="30s"))
+            except (OSError, TimeoutError, ValueError) as exc:
+                raise ValueError(f"cannot reach the Dask scheduler {scheduler!r}: "
+                                 f"{exc}") from None
+        futures = client.map(rank_reduction, [plan] * len(plan.sources),
+                             range(len(plan.sources)), pure=False, **job)
+        return client.gather(futures)
+
+
+def per_rank_idle(traces: TraceSet, *, marker: str | None = None,
+                  window_marker: str | None = None, busy: str | None = None) -> pd.DataFrame:
+    """One row per rank: ``rank, busy_ns, idle_ns, device_tasks, markers, span_idle_ns,
+    excluded_tasks, reported_free_ns, source`` (window, markers and busy definition as in
+    `idle_summary`)."""
+    import pandas as pd
+
+    summary = idle_summary(traces, marker=marker, window_marker=window_marker, busy=busy)
+    frame = pd.DataFrame([dataclasses.asdict(r) for r in summary.per_rank])
+    frame["source"] = [str(traces.ranks[r].source) for r in frame["rank"]]
+    return frame
+
+
+def format_summary(s: IdleSummary) -> list[str]:
+    """A readable table in milliseconds, as lines."""
+    def ms(ns: int, width: int = 12) -> str:
+        return f"{ns / 1e6:{width}.3f}"
+
+    def pct(part: int, whole: int) -> str:
+        return f"{100 * part / whole:.1f} %" if whole else "n/a"
+
+    how = (f"union of host ranges matching /{s.window_marker}/" if s.window_marker is not None
+           else "earliest to latest busy device task")
+    rows = [("window", s.window_measure_ns, f"{how}; [{s.window_ns[0]}, {s.window_ns[1]}) ns"),
+            ("all-rank no-device-task time", s.all_rank_idle_ns,
+             f"{pct(s.all_rank_idle_ns, s.window_measure_ns)} of the window")]
+    if s.marker is not None:
+        rows += [("markers", s.marker_ns, f"/{s.marker}/, union over ranks, in the window"),
+                 ("markers in that time", s.marker_idle_intersection_ns,
+                  f"{pct(s.marker_idle_intersection_ns, s.marker_ns)} of marker time")]
+    definition = busydef.DEFINITIONS.get(s.busy_definition)
+    lines = [f"{s.format} traces, {len(s.ranks)} ranks ({', '.join(map(str, s.ranks))}); "
+             f"busy: {definition or s.busy_definition}"]
+    lines += [f"  {label:<30}{ms(ns)} ms  ({note})" for label, ns, note in rows]
+    lines += [f"  {'rejected events':<30}{s.rejected_events:12d}", "",
+              f"{'rank':>6} {'busy_ms':>12} {'idle_ms':>12} {'device_tasks':>13} "
+              f"{'excluded':>9} {'markers':>8} {'span_idle_ms':>13} {'reported_free_ms':>17}"]
+    lines += [f"{r.rank:>6} {ms(r.busy_ns)} {ms(r.idle_ns)} {r.device_tasks:>13} "
+              f"{sum(r.excluded_tasks.values()):>9} {r.markers:>8} {ms(r.span_idle_ns, 13)} "
+              f"{'n/a' if r.reported_free_ns is None else ms(r.reported_free_ns, 17):>17}"
+              for r in s.per_rank]
+    excluded = Counter()
+    for r in s.per_rank:
+        excluded.update(r.excluded_tasks)
+    if excluded:
+        lines += ["", "excluded from busy (all ranks): " + ", ".join(
+            f"{_type_label(ty)} x {n}" for ty, n in sorted(excluded.items()))]
+    lines += ["", f"Unit: milliseconds; n = {len(s.ranks)} ranks. busy/idle: inside the window, "
+              "busy tasks only; all-rank no-device-task time: no rank runs a busy device task;",
+              "excluded: device tasks the busy definition leaves out; span_idle: the rank's own "
+              "busy span minus its busy time (HolisticTraceAnalysis's idle);",
+              "reported_free: the trace's own Overlap Analysis Free time in the window "
+              "(torch-npu text exports only)."]
+    return lines
