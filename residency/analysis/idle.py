@@ -325,9 +325,6 @@ def _check_free(r: RankReduction, window: iv.Intervals, free: int) -> None:
 
 # -- from paths: per-rank parse and reduction in workers, on Dask past one machine ------------
 
-_IDLE_ENTRY = ("busy", "excluded", "unknown", "markers", "window_ranges")
-
-
 def idle_summary_at(path: str | os.PathLike[str], *, marker: str | None = None,
                     window_marker: str | None = None, busy: str | None = None,
                     session: str | None = None, group: str | None = None, cache: bool = True,
