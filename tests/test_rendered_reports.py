@@ -52,7 +52,7 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ren
     to HTML by `residency.reports.html.render_html`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env["RESIDENCY_CACHE_DIR"] = str(tmp_path_factory.mktemp("trace-cache"))
-    runs_before = {run: _tree(run) for run in {*SOURCES.values(), AA}}
+    runs_before = {run: _tree(run) for run in {*SOURCES.values(), AA} if isinstance(run, Path)}
     procs = {}
     for name, source in SOURCES.items():
         out = tmp_path_factory.mktemp(name)
