@@ -118,7 +118,8 @@ API_REPRODUCTION = [
 
 CONSECUTIVE_REQUESTS = [
     new_markdown_cell(
-        "# Consecutive requests: the candidate keeps the cache across requests\n\n"
+        "# Consecutive requests: the candidate's normal checks retain, its forced releases "
+        "release, in every request\n\n"
         "One candidate service (the fix) answers `requests` consecutive requests after a "
         "warm-up. For every rank and request the table counts the normal checks "
         "(retained / released) and the forced releases. A plot shows each normal check's "
@@ -166,9 +167,6 @@ CONSECUTIVE_REQUESTS = [
                   "display(fig)"),
     new_markdown_cell("## Gates"),
     new_code_cell("failures = nb.gate_failures(run)\n"
-                  'print(f"Gates: {len(failures)} failed." if failures else\n'
-                  '      "Gates: all passed (no telemetry error, no OOM, every decision "\n'
-                  '      "reproduced on its snapshot).")\n'
                   'results = nb.finish(out, {**summary, "gate_failures": failures, '
                   '"source": params["source"],\n'
                   '                "run_dir": str(run.path), '
@@ -181,24 +179,7 @@ PAIRED_REQUESTS = 5
 
 PAIRED_PROFILE = [
     new_markdown_cell(
-        "# Paired profile: what the fix changes in one profiled pair and in alternating pairs\n"
-        "\n"
-        "One profiled baseline/candidate pair (each arm in its own fresh service, warmed with "
-        "the same request, then measured), followed by `pairs` unprofiled pairs in ABBA "
-        "order. It shows, per attribution, the measured values and a **statistical note** "
-        "saying what they support:\n\n"
-        "* per-rank normal-call duration of both arms (profiled pair: every rank, in this run "
-        "pair) and per-run normal-call duration of every measured run (the run as the unit);\n"
-        "* normal calls that released and forced releases that released (all runs);\n"
-        "* normal-release markers intersected with all-rank no-device-task time, all-rank "
-        "no-device-task time and the preparation window (profiled pair, from traces);\n"
-        "* client E2E of the profiled pair and of the unprofiled pairs (never pooled);\n"
-        "* the evidence table beside the published NPU figures.\n\n" + PARAMETERS_HELP
-        + " `ranks`, `steps`, `seed`, `scale`, `pairs` and `requests` (measured requests per "
-        "unprofiled run after its warm-up; the run's median is the unit) set up a fresh run; a "
-        "recorded run keeps its own. `aa_source` (None or an A/A run directory recorded with "
-        "`residency pair --design aa` on the same device kind) adds that run's E2E noise: the "
-        "unprofiled E2E delta is then read against the A/A spread." + SERVICE_HELP),
+        "# Paired profile: the fix (candidate) against the pre-fix telemetry (baseline)"),
     new_code_cell(_params(device="auto", output_dir=None, source="run", ranks=2, steps=50,
                           seed=2101, scale=1.0, pairs=PAIRED_PAIRS, requests=PAIRED_REQUESTS,
                           service=None, aa_source=None),
@@ -207,7 +188,6 @@ PAIRED_PROFILE = [
                          ["device", "output_dir", "source", "ranks", "steps", "seed", "scale",
                           "pairs", "requests", "service", "aa_source"],
                          designs=("paired-profile", "profiled-pair", "alternating"))),
-    new_markdown_cell("## The run"),
     new_code_cell('run = nb.open_source(params["source"], output_dir=out, '
                   'design="paired-profile",\n'
                   '                     device=params["device"], ranks=params["ranks"], '
@@ -217,9 +197,10 @@ PAIRED_PROFILE = [
                   '                     requests=params["requests"],\n'
                   '                     service=params["service"])\n'
                   "rv.show_banner(run)\n"
-                  "display(Markdown(nb.describe_run(run)))\n"
                   'ev = nb.paired_profile(run, aa=params["aa_source"])\n'
-                  "display(Markdown(nb.headline(ev, run)))"),
+                  "display(Markdown(nb.first_screen(ev, run)))"),
+    new_markdown_cell("## Notes"),
+    new_code_cell("display(Markdown(nb.first_screen_notes(ev, run)))"),
     new_markdown_cell(
         "## Timeline of the profiled pair\n\n"
         "The picture the attribution rests on: baseline above candidate, each on its own run's "
@@ -265,7 +246,7 @@ PAIRED_PROFILE = [
     new_code_cell("diff = rv.write_trace_diff(run, reference_pair(run), out)"),
     new_markdown_cell(
         "## Normal-call duration per rank\n\n"
-        "Summed duration of each rank's normal policy calls in the measured request of the "
+        "Each rank's median duration per normal policy call in the measured request of the "
         "profiled pair (warm-up excluded): every rank, in this run pair, a description with "
         "no test (ranks of one run are not independent replicates). The baseline's generic "
         "telemetry fails on NPU, so its normal calls release the cache; the candidate's only "
@@ -278,10 +259,11 @@ PAIRED_PROFILE = [
                   "display(fig)\n"
                   'rv.show_note(nb.note(ev, "normal_call_per_rank"))'),
     new_markdown_cell(
-        "## Normal-call duration per run\n\n"
-        "Every measured run of the design recorded its normal calls, the unprofiled "
-        "alternating runs too: one value per run (its median over ranks), profiled and "
-        "unprofiled runs marked. The cross-run comparison takes the run as the unit."),
+        "## Normal-call duration per call, one value per run\n\n"
+        "The cross-run comparison takes the run as the unit: one value per run, its median "
+        "per call over all its normal calls (every rank, every measured request), with the "
+        "range of its calls. Only unprofiled runs (profiled ones when the design has no "
+        "others): profiled and unprofiled runs are never pooled."),
     new_code_cell("table = nb.per_run_frame(ev)\n"
                   'nb.write_tables(out, {"normal_calls_per_run": table})\n'
                   "rv.show_table(table)\n"
@@ -308,8 +290,9 @@ PAIRED_PROFILE = [
                   'nb.save_figure(fig, out, "idle")\n'
                   "rv.show_table(table)\n"
                   "display(fig)\n"
-                  'for key in ("idle_intersection", "all_rank_idle", "preparation_window"):\n'
-                  "    rv.show_note(nb.note(ev, key))"),
+                  'for text in nb.notes(ev, ("idle_intersection", "all_rank_idle", '
+                  '"preparation_window")):\n'
+                  "    rv.show_note(text)"),
     new_markdown_cell(
         "## Client end-to-end time\n\n"
         "Per pair, baseline and candidate. Profiling slows a run down, so the profiled pair "
@@ -329,20 +312,30 @@ PAIRED_PROFILE = [
                   '    rv.show_note(nb.note(ev, "e2e_aa"))'),
     new_markdown_cell(
         "## Evidence beside the published NPU figures\n\n"
-        "This run's evidence and the published figures (8 x Ascend 910B1), row by row on the "
-        "same quantities; a quantity one side lacks shows \"—\", and the column headers say "
-        "which device each side ran on. An emulated-NPU run shows the mechanism on host "
-        "memory: its numbers are not NPU measurements and are not comparable in size. The "
-        "full tables with every statistical note are `evidence.md` and `published.md` (CSV "
-        "beside them)."),
+        "For each quantity, this run's value, change and change relative to E2E beside the "
+        "published ones (8 x Ascend 910B1) at their published precision. Rows measured on the "
+        "full stack (this change with five others) are marked as such: they are context, not "
+        "a figure of this change to set beside this run's. The full tables with every "
+        "statistical note are `evidence.md` and `published.md` (CSV beside them)."),
     new_code_cell("from residency.reports.side_by_side import side_by_side\n\n"
                   "evidence, published = nb.evidence_tables(ev)\n"
                   'nb.write_tables(out, {"evidence": evidence, "published": published})\n'
-                  "rv.show_table(side_by_side(evidence, published))\n"
-                  "display(Markdown(f\"*{evidence.attrs['footer']}*\"))\n"
+                  "table = side_by_side(evidence, published, evidence=ev)\n"
+                  "# published figures at their published precision: cells shown as written\n"
+                  "rv.show_table(table, formats={c: str for c in table.columns})\n"
+                  "display(Markdown(f\"*{evidence.attrs['footer']}*\"))"),
+    new_markdown_cell(
+        "## Appendix: parameters and the run\n\n" + PARAMETERS_HELP
+        + " `ranks`, `steps`, `seed`, `scale`, `pairs` and `requests` (measured requests per "
+        "unprofiled run after its warm-up; the run's median is the unit) set up a fresh run; a "
+        "recorded run keeps its own. `aa_source` (None or an A/A run directory recorded with "
+        "`residency pair --design aa` on the same device kind) adds that run's E2E noise: the "
+        "unprofiled E2E delta is then read against the A/A spread." + SERVICE_HELP),
+    new_code_cell("display(Markdown(nb.describe_run(run, attribution=False)))\n"
                   'results = nb.finish(out, nb.paired_results(ev, source=params["source"], '
                   'notebook="paired_profile",\n'
-                  "                                             parameters=params))"),
+                  "                                             parameters=params, "
+                  "manifest=run.manifest))"),
 ]
 
 POLICY_WHATIF = [

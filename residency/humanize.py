@@ -237,7 +237,8 @@ def markdown_table(df: pd.DataFrame, **kwargs: Any) -> str:
 def html_table(df: pd.DataFrame, *, caption: str | None = None,
                align: Sequence[str] | None = None, **kwargs: Any) -> str:
     """`df` for people (`for_people`) as an HTML table without an index column; `align`:
-    one of left/right/center per column (default: left for the first, right for the rest)."""
+    one of left/right/center per column (default: left for the first, right for the rest).
+    Cells wrap anywhere, so a long path or exception message never runs past the page."""
     t = for_people(df, **kwargs)
     cols = list(t.columns)
     align = list(align or ["left", *(["right"] * (len(cols) - 1))])
@@ -249,7 +250,7 @@ def html_table(df: pd.DataFrame, *, caption: str | None = None,
         for c, a in zip(cols, align, strict=False)) + "</tr></thead><tbody>")
     for row in t.itertuples(index=False):
         parts.append("<tr>" + "".join(
-            f'<td style="text-align:{a}">{html.escape(str(v))}</td>'
+            f'<td style="text-align:{a};overflow-wrap:anywhere">{html.escape(str(v))}</td>'
             for v, a in zip(row, align, strict=False)) + "</tr>")
     parts.append("</tbody></table>")
     return "".join(parts)

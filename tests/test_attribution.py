@@ -34,11 +34,13 @@ CLIENT = {"warmup": {"request_id": None, "start_wall_ns": 100, "end_wall_ns": 20
 class Case:
     wall_ns: int
     request: int | None  # None: outside every window
+    startup: bool = False  # before the client's first request: the service's start-up
 
 
 CASES = [  # windows are half-open [start, end)
-    Case(99, None), Case(100, 0), Case(199, 0), Case(200, 1), Case(299, 1), Case(300, None),
-    Case(305, None), Case(310, 2), Case(399, 2), Case(400, None), Case(10**18, None),
+    Case(99, None, True), Case(100, 0), Case(199, 0), Case(200, 1), Case(299, 1),
+    Case(300, None), Case(305, None), Case(310, 2), Case(399, 2), Case(400, None),
+    Case(10**18, None),
 ]
 
 
@@ -48,22 +50,29 @@ def test_time_windows_are_half_open(case: Case) -> None:
     assert attr.method == "time"
     got = attr.numbers.iloc[0]
     assert (None if pd.isna(got) else int(got)) == case.request
-    assert attr.outside_count == (case.request is None)
+    assert attr.startup_count == case.startup
+    assert attr.outside_count == (case.request is None and not case.startup)
 
 
 def test_outside_decisions_are_counted_with_first_and_last_time() -> None:
     dec = frame([(0, "normal", 50, None), (1, "forced", 60, None), (0, "normal", 150, None),
                  (0, "normal", 250, None), (1, "forced", 260, None), (1, "forced", 305, None)])
     attr = at.attribute(dec, CLIENT)
+    # issue 25: what precedes the client's first request is the service's start-up warm-up,
+    # counted per kind as a warm-up; only the call between two requests lies outside
     assert (attr.outside_count, attr.outside_first_wall_ns, attr.outside_last_wall_ns) == (
-        3, 50, 305)
-    assert dict(attr.outside_by_kind) == {"normal": 1, "forced": 2}
+        1, 305, 305)
+    assert dict(attr.outside_by_kind) == {"forced": 1}
+    assert (attr.startup_count, dict(attr.startup_by_kind)) == (2, {"normal": 1, "forced": 1})
+    assert attr.warmup_by_kind == {"service start-up": {"normal": 1, "forced": 1},
+                                   "client warm-up": {"normal": 1}}
     assert list(attr.measured["wall_ns"]) == [250, 260]
     assert list(attr.warmup["wall_ns"]) == [150]
     assert list(attr.measured["offset_ns"]) == [50, 60]
     assert set(attr.decisions.columns) == set(at.ATTRIBUTED_COLUMNS)
     note = attr.outside_note()
-    assert note.startswith("Attributed by time") and "3 decision(s) (2 forced, 1 normal)" in note
+    assert note.startswith("Attributed by time") and "1 decision(s) (1 forced) lay outside" in note
+    assert "warm-ups excluded: service start-up 2 (1 forced, 1 normal), client warm-up 1" in note
     counts = at.request_counts(attr, [0, 1, 2])
     assert list(counts["rank"]) == [0, 1, 2, 0, 1, 2]  # every rank of every measured request
     assert list(counts["normal_checks"]) == [1, 0, 0, 0, 0, 0]
@@ -88,11 +97,15 @@ def test_unattributable_client_records_name_the_field(client: dict, words: str) 
 def test_without_windows_ids_attribute_and_unknown_ids_lie_outside() -> None:
     client = {"warmup": {"request_id": "warmup-1"}, "request_id": "r2"}
     dec = frame([(0, "normal", 1, "warmup-service"), (0, "normal", 2, "warmup-1"),
-                 (0, "normal", 3, "r2"), (0, "forced", 4, "r2")])
+                 (0, "normal", 3, "r2"), (0, "forced", 4, "r2"), (0, "forced", 5, "r9")])
     attr = at.attribute(dec, client)
-    assert attr.method == "id" and attr.outside_count == 1
-    assert list(attr.numbers.fillna(-1)) == [-1, 0, 1, 1]
-    assert "their ids match no client request" in attr.outside_note()
+    # the service's start-up request is a warm-up, never "outside every request"
+    assert attr.method == "id" and attr.outside_count == 1 and attr.startup_count == 1
+    assert attr.startup_ids == ("warmup-service",)
+    assert list(attr.numbers.fillna(-1)) == [-1, 0, 1, 1, -1]
+    note = attr.outside_note()
+    assert "their ids match no client request" in note
+    assert "service start-up (warmup-service) 1 (1 normal)" in note
 
 
 def test_client_without_ids_falls_back_to_the_warmup_prefix() -> None:
@@ -133,9 +146,13 @@ def test_recorded_builtin_runs_attribute_identically_by_id_and_by_time(path: Pat
         pd.testing.assert_series_equal(by_time.numbers, by_id.numbers)
         cols = [c for c in at.ATTRIBUTED_COLUMNS if c != "offset_ns"]
         pd.testing.assert_frame_equal(by_time.decisions[cols], by_id.decisions[cols])
-        assert by_time.outside_count == by_id.outside_count > 0  # the service's own warm-up
+        # the service's own start-up request (warmup-service) is a warm-up, issue 25
+        assert by_time.outside_count == by_id.outside_count == 0
+        assert by_time.startup_count == by_id.startup_count > 0
+        assert by_time.startup_ids == by_id.startup_ids == ("warmup-service",)
         assert set(decisions[by_time.numbers.isna().to_numpy()]["request_id"]) == {
             "warmup-service"}
+        assert "no decision lay outside every request" in by_time.outside_note()
         # every decision inside a window carries the id of the request owning the window
         inside = by_time.decisions
         assert (inside["recorded_request_id"] == inside["request_id"]).all()

@@ -108,5 +108,29 @@ def test_tables_json_carries_each_rows_attribution() -> None:
     assert (rc, err) == (0, "")
     rows = json.loads(out)["rows"]
     per_run = next(r for r in rows if r["attribution"].get("key") == "normal_call_per_run")
-    assert per_run["n"] == "4 vs 4 runs" and per_run["attribution"]["n"] == {
-        "baseline": 4, "candidate": 4}
+    # issue 25: the unprofiled runs only, never pooled with the profiled pair
+    assert per_run["n"] == "3 vs 3 runs" and per_run["attribution"]["n"] == {
+        "baseline": 3, "candidate": 3}
+
+
+def test_tables_format_pr_prints_the_test_result_block() -> None:
+    """Issue 25: the pull request's evidence is regenerated, not retyped: one bullet per
+    attribution with both arms, the change, n and the verdict; device kind and digest."""
+    rc, out, err = run("tables", str(PAIRED), "--format", "pr")
+    assert (rc, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0] == "#### Test Result (emulated-npu: emulated NPU — not an NPU measurement)"
+    bullets = [x for x in lines if x.startswith("* ")]
+    assert [b.split(":")[0] for b in bullets] == [
+        "* Normal-call duration, per call", "* Normal calls that released cache",
+        "* Forced releases that released",
+        "* Normal-release markers ∩ all-rank no-device-task time, profiled pair",
+        "* Client E2E, unprofiled pairs"]
+    for b in bullets:
+        assert "baseline " in b and "candidate " in b and "change " in b and "n = " in b
+    assert "baseline 8/8, candidate 0/8" in out
+    digest = json.loads((PAIRED / "manifest.json").read_text())["seal"]["digest"]
+    assert f"<code>{digest}</code>" in out and "Device kind: `emulated-npu`" in out
+    assert "does not transfer to the NPU" in out
+    rc, out, err = run("tables", "--published", "--format", "pr")
+    assert rc == 2 and "--format pr needs RUN_DIR" in err

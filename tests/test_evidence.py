@@ -31,12 +31,17 @@ def paired() -> evidence.Evidence:
 # ----------------------------------------------------------------------------- known answers
 def test_per_run_normal_calls_are_judged_on_the_run(paired: evidence.Evidence) -> None:
     a = paired["normal_call_per_run"]
-    assert a.n == {"baseline": 4, "candidate": 4} and a.judged_on.startswith("run")
-    # 4 baseline runs vs 4 candidate runs, completely separated: exact p = 2/C(8,4) = 2/70
-    assert a.p_value == pytest.approx(2 / 70, rel=1e-12)
-    assert "4 vs 4 runs" in a.note and "Unit: the service run" in a.note
-    assert a.detail["profiled"] == {"baseline": (True, False, False, False),
-                                    "candidate": (True, False, False, False)}
+    # issue 25: profiled and unprofiled runs are never pooled; the value is per call
+    assert a.n == {"baseline": 3, "candidate": 3} and a.judged_on.startswith("run")
+    # 3 baseline runs vs 3 candidate runs, completely separated: exact p = 2/C(6,3) = 2/20
+    assert a.p_value == pytest.approx(2 / 20, rel=1e-12)
+    assert "3 vs 3 runs" in a.note and "Unit: the service run" in a.note
+    assert a.detail["profiled"] == {"baseline": (False, False, False),
+                                    "candidate": (False, False, False)}
+    assert "per call" in a.metric and "not pooled" in a.note
+    for arm in ("baseline", "candidate"):
+        for v, (lo, hi) in zip(a.values[arm], a.detail["per_call_range_ms"][arm], strict=True):
+            assert lo <= v <= hi
 
 
 def test_per_rank_view_is_a_description_without_p(paired: evidence.Evidence) -> None:
@@ -121,8 +126,12 @@ def test_paired_report_tables_json_and_whatif_effect_give_identical_numbers(
     assert effect["retain_cost_ms"] == pytest.approx(float(np.median(retain)), abs=0)
     assert (effect["release_samples"], effect["retain_samples"]) == (8, 8)
     assert effect["recorded_ms"] == pytest.approx(sum(samples["values"]["candidate"]), abs=0)
-    # the cost comparison is judged on the run, like the per-run attribution: same p
-    assert effect["cost_p_value"] == report["normal_call_per_run"]["p_value"]
+    # the cost comparison is judged on the run (each run's median call): 4 vs 4 runs, the
+    # profiled pair included (the what-if model prices calls of every measured run), while
+    # the per-run attribution compares the 3 vs 3 unprofiled runs only (issue 25: never
+    # pooled); both are exact Mann-Whitney on completely separated runs
+    assert effect["cost_p_value"] == pytest.approx(2 / 70, rel=1e-12)
+    assert report["normal_call_per_run"]["p_value"] == pytest.approx(2 / 20, rel=1e-12)
     assert "p=0.000155" not in effect["note"] and "4 vs 4 runs" in effect["note"]
 
 
@@ -180,10 +189,32 @@ def test_unprofiled_e2e_carries_the_equivalence_test_and_a_verdict() -> None:
     (TOST), or an honest 'no verdict' -- stated under the attribution in every view."""
     ev = evidence.build(load_run(PAIRED), keys=("e2e_unprofiled",))
     a = ev["e2e_unprofiled"]
-    base = sorted(a.values["baseline"])
-    margin = 0.02 * base[len(base) // 2]
-    assert a.detail["equivalence_margin_s"] == pytest.approx(margin)
-    assert "TOST" in a.note and "2% of the baseline median E2E" in a.note
+    margin = 0.02 * float(np.median(a.values["baseline"]))  # issue 25: the median shown
+    assert a.detail["equivalence_margin_s"] == pytest.approx(margin, rel=1e-15)
+    assert "TOST" in a.note and "2 % of the baseline median E2E" in a.note
+    assert a.detail["equivalence"] in ("equivalent", "not equivalent", "cannot tell")
     assert ("Verdict:" in a.note) != ("No verdict:" in a.note)
     assert a.detail["equivalent"] is (a.detail["equivalence_p"] is not None
                                       and a.detail["equivalence_p"] < 0.05)
+
+
+def test_tost_margin_is_two_percent_of_numpy_median_with_an_even_number_of_pairs(
+        tmp_path: Path) -> None:
+    """Issue 25: with an even number of pairs the median shown (numpy.median, the mean of the
+    two middle values) is not the upper median sorted(base)[n // 2] the margin once used."""
+    import shutil
+
+    copy = tmp_path / "two-pairs"
+    shutil.copytree(PAIRED, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["runs"] = manifest["runs"][:-2]  # the profiled pair and 2 unprofiled pairs
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    a = evidence.build(load_run(copy, verify=False), keys=("e2e_unprofiled",))[
+        "e2e_unprofiled"]
+    base = list(a.values["baseline"])
+    assert len(base) == 2 and base[0] != base[1]
+    assert a.detail["baseline_median_s"] == pytest.approx(float(np.median(base)), rel=1e-15)
+    assert a.detail["equivalence_margin_s"] == pytest.approx(0.02 * float(np.median(base)),
+                                                             rel=1e-15)
+    assert a.detail["equivalence_margin_s"] != pytest.approx(0.02 * sorted(base)[1],
+                                                             rel=1e-9)

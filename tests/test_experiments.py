@@ -72,6 +72,15 @@ def test_aa_design_with_requests_per_run_records_every_request(tmp_path) -> None
         assert len(e2es) == 3 and entry["e2e_s_requests"] == e2es
         assert entry["e2e_s"] == sorted(e2es)[1] == client["e2e_s"]  # the run's median
         assert [r["request_id"] for r in client["requests"]] == entry["request_ids"]
+        # issue 25: no single request_id beside the median of three requests
+        assert "request_id" not in entry
+        # issue 25: the host's load at the start and end of each service run
+        load = entry["host_load"]
+        assert load["start"]["cpu_count"] == load["end"]["cpu_count"] == os.cpu_count()
+        assert len(load["start"]["loadavg"]) == 3 and load["seconds"] > 0
+        assert load["other_cpu_share"] is None or 0 <= load["other_cpu_share"] <= 1
+    assert m["host_load"]["runs"] == 4 and m["host_load"]["start"] == m["runs"][0][
+        "host_load"]["start"]
 
 
 def test_consecutive_requests_on_one_candidate_service(tmp_path) -> None:

@@ -52,9 +52,10 @@ def test_consecutive_external_run_is_attributed_by_time(consecutive: Path) -> No
     assert len(raw) and raw["request_id"].isna().all()  # the adapter never sees an id
     attr = run.attribution(entry)
     assert attr.method == "time"
-    # each worker's start-up dummy run (1 normal + 2 forced) precedes every client request
-    assert attr.outside_count == RANKS * 3
-    assert attr.outside_last_wall_ns < attr.windows[0].start_wall_ns
+    # each worker's start-up dummy run (1 normal + 2 forced) precedes every client request:
+    # the service's own start-up warm-up, counted per kind, never "outside" (issue 25)
+    assert (attr.outside_count, attr.startup_count) == (0, RANKS * 3)
+    assert dict(attr.startup_by_kind) == {"normal": RANKS, "forced": 2 * RANKS}
     # the warm-up request (the first after start-up: 3 normal calls per rank) is excluded
     warm = attr.warmup
     assert sorted(warm.groupby("rank")["kind"].apply(lambda k: (k == "normal").sum())) == [3, 3]
@@ -92,11 +93,13 @@ def test_paired_profile_external_run_has_traces_idle_and_counts(tmp_path: Path) 
         ("baseline", True, True), ("candidate", True, True)]
     for entry in run.runs:
         attr = run.attribution(entry)
-        assert attr.method == "time" and attr.outside_count == RANKS * 3
+        assert attr.method == "time" and (attr.outside_count, attr.startup_count) == (
+            0, RANKS * 3)
         assert len(attr.measured) == RANKS * 3
     ev = build_evidence(run)
     assert ev.idle_error is None and ev.get("idle_intersection") is not None
-    assert [r["outside_count"] for r in ev.request_attribution] == [RANKS * 3] * 2
+    assert [(r["outside_count"], r["startup_count"]) for r in ev.request_attribution] == [
+        (0, RANKS * 3)] * 2
     table = evidence_table(ev)
     rows = dict(zip(table["metric"], zip(table["baseline"], table["candidate"], strict=True),
                     strict=True))
@@ -193,10 +196,15 @@ def test_consecutive_notebook_with_an_external_service(notebooks: dict[str, Path
     assert results["service"]["name"] == "standin-vllm-omni-2r"
     assert results["service"]["versions"]["vllm_omni"] == "0.0.0+standin"
     (attributed,) = results["request_attribution"]
-    assert (attributed["method"], attributed["outside_count"]) == ("time", RANKS * 3)
+    assert (attributed["method"], attributed["outside_count"], attributed["startup_count"]
+            ) == ("time", 0, RANKS * 3)
     shown = _outputs(folder / "c.ipynb")
-    assert "**Service** `standin-vllm-omni-2r`" in shown and "vllm_omni 0.0.0+standin" in shown
-    assert "Attributed by time (client wall-clock windows): 6 decision(s)" in shown
+    assert "**Service** <code>standin-vllm-omni-2r</code>" in shown
+    assert "vllm\\_omni 0.0.0+standin" in shown  # Markdown-escaped (md_text, issue 28)
+    from residency.humanize import md_text
+
+    assert md_text("decisions attributed to requests by time (client wall-clock windows); "
+                   "warm-up decisions excluded: service start-up 6 (4 forced, 2 normal)") in shown
     run = load_run(folder / "run")
     assert run.manifest["service"] == "external"
 
@@ -211,9 +219,14 @@ def test_paired_profile_notebook_with_an_external_service(notebooks: dict[str, P
                                        "candidate": {"total": 4, "released": 4}}
     assert all(v is not None for v in results["idle_intersection_ms"].values())
     assert results["evidence"]["service"]["file"] == str(STANDIN)
-    assert [r["outside_count"] for r in results["evidence"]["request_attribution"]] == [
-        RANKS * 3] * 2
+    assert [(r["outside_count"], r["startup_count"])
+            for r in results["evidence"]["request_attribution"]] == [(0, RANKS * 3)] * 2
     shown = _outputs(folder / "p.ipynb")
-    assert "**Service** `standin-vllm-omni-2r`" in shown
-    assert shown.count("lay outside every request") == 2  # one sentence per service run
-    assert "warm-up requests excluded; 12 decision(s) outside every request excluded" in shown
+    assert "**Service** <code>standin-vllm-omni-2r</code>" in shown
+    # issue 25: said once for all runs, the start-up warm-ups counted as warm-ups
+    assert "lay outside every request" not in shown
+    # once in the notes under the first screen, once in the evidence table's footer
+    assert shown.count("2 service runs, each after its own warm-up; decisions attributed to "
+                       "requests by time") == 2
+    assert "service start-up 12 (8 forced, 4 normal)" in shown
+    assert "no decision outside every request" in shown

@@ -193,7 +193,9 @@ def test_rendered_report_starts_with_the_banner(tmp_path: Path) -> None:
     texts = visible_text(html)
     assert texts[0] == f"emulated-npu: {LABEL}", texts[:3]
     assert texts.index("Paired profile 12.3456789") > 0
-    assert html.count(f"emulated-npu: {LABEL}") == 1  # moved, not copied
+    head, body = html.split("</head>", 1)
+    assert body.count(f"emulated-npu: {LABEL}") == 1  # moved, not copied
+    assert f"<title>paired profile — emulated-npu: {LABEL}</title>" in head  # issue 25
 
 
 def test_index_lists_every_report_with_its_banner(tmp_path: Path,
@@ -350,7 +352,8 @@ def test_e2e_slopegraph_shares_a_zero_based_axis_and_numbers_pairs_once() -> Non
     numbers = [t.get_text() for ax in (prof, unprof) for t in ax.texts]
     assert numbers == ["1", "2", "3", "4"]
     medians = [t.get_text() for t in deltas.texts if t.get_text().startswith("median")]
-    assert medians == ["median 0.4 s", "median -0.3 s"]
+    assert medians == ["median -0.3 s"]  # issue 25: no median drawn for one pair
+    assert "n = 1: 0.4 s" in [t.get_text() for t in deltas.texts]
     assert "n = 4 pairs, numbered once" in fig._suptitle.get_text()
 
 
@@ -512,30 +515,48 @@ def test_live_manifest_for_the_probe() -> None:
     assert visible_text(banner.banner_html(m))[0] == f"emulated-npu: {LABEL}"
 
 
-def test_evidence_side_by_side_aligns_rows_and_labels_columns() -> None:
-    from residency.reports import tables as tb
-    from residency.reports.side_by_side import side_by_side
+def test_evidence_side_by_side_shows_honest_effect_sizes() -> None:
+    """Issue 25: per side the value, the change and the change relative to E2E; published
+    figures at their published precision (2248.795837 -> 2244.482967 s is -4.312870 s,
+    -0.19 %, never "2249 -> 2244"); full-stack rows marked, set apart, never beside a
+    this-change-only figure."""
+    from residency.evidence import build
+    from residency.reports.side_by_side import FULL_STACK, side_by_side
     from residency.rundir.run import load_run
 
-    table = side_by_side(tb.evidence_table(load_run(RECORDED)), tb.published_table())
+    ev = build(load_run(RECORDED))
+    table = side_by_side(ev)
     assert list(table.columns) == [
-        "quantity", f"baseline: this run ({LABEL})", f"candidate: this run ({LABEL})",
-        "baseline: published (Ascend NPU)", "candidate: published (Ascend NPU)",
-        "published scope"]
-    rows = table.set_index("quantity")
-    inter = rows.loc["normal-release markers ∩ all-rank no-device-task time"]
+        "quantity", "scope", f"this run ({LABEL}): baseline → candidate", "this run: change",
+        "this run: change relative to E2E", "published (Ascend NPU): baseline → candidate",
+        "published: change", "published: change relative to E2E"]
+    rows = {(q, sc): r for q, sc, *r in table.itertuples(index=False)}
+    inter = rows[("normal-release markers ∩ all-rank no-device-task time",
+                  "profiled / isolated pair")]
     ours = _recorded_ms("idle_intersection")
-    assert inter.tolist() == [f"{ours['baseline']} ms", f"{ours['candidate']} ms", "221.3 ms",
-                              "3.165 ms", "isolated pair"]
-    assert rows.loc["telemetry errors, OOM"].tolist()[2:] == ["—", "—", "—"]
-    assert rows.loc["consecutive requests, candidate"].tolist()[:3] == ["—", "—", "—"]
-    assert rows.loc["client E2E, profiled pair"].tolist()[2:4] == ["2249 s", "2244 s"]
-    per_run = len(table) - 10  # the per-run row (issue 13's evidence) or not
-    assert table["quantity"].tolist()[:1 + per_run] == [
-        "normal-call duration per rank, profiled pair",
-        "normal-call duration per run (median over ranks)"][:1 + per_run]
-    assert len(table) in (10, 11) and table["quantity"].is_unique  # per-run row: issue 13
-    assert not too_precise(" ".join(table.astype(str).to_numpy().ravel()))
+    assert inter[0] == f"{ours['baseline']} → {ours['candidate']} ms"
+    assert inter[3:] == ["221.296680 → 3.164550 ms", "-218.132130 ms (-98.57 %)",
+                         "-0.0097 % of E2E"]
+    e2e = rows[("client E2E", "profiled / isolated pair")]
+    assert e2e[3:] == ["2248.795837 → 2244.482967 s", "-4.312870 s (-0.19 %)", "-0.19 % of E2E"]
+    assert e2e[2].endswith("% of E2E") and e2e[1].startswith("-")
+    full = [r for (q, sc), r in rows.items() if sc.startswith(FULL_STACK)]
+    assert len(full) == 3 and table.attrs["full_stack_rows"] == [len(table) - 3,
+                                                                 len(table) - 2,
+                                                                 len(table) - 1]
+    for r in full:  # never beside a figure of this change alone
+        assert r[0].startswith("—") and r[1:3] == ["—", "—"]
+    assert rows[("client E2E, median of 3 alternating unprofiled pairs", FULL_STACK)][4] == \
+        "-14.360677 s (-0.64 %)"
+    for quantity in ("client E2E, median of the pairs", "all-rank no-device-task time"):
+        mine = next(r for (q, sc), r in rows.items() if q == quantity and
+                    not sc.startswith(FULL_STACK))
+        assert mine[3].startswith("— (published for the full stack only")
+    published = {"216.822", "251.161", "221.296680", "3.164550", "218.132130", "2248.795837",
+                 "2244.482967", "4.312870", "2253.664743", "2239.304066", "14.360677",
+                 "6.631556", "3.039535", "3.592021", "3.670694", "0.941927", "2.728767"}
+    text = " ".join(table.astype(str).to_numpy().ravel())
+    assert set(too_precise(text, limit=4)) <= published  # this run's side: 4 digits
 
 
 @pytest.fixture

@@ -216,13 +216,27 @@ TOST_CASES = [
     TostCase("six pairs inside the margin", [0.1, -0.2, 0.3, 0.05, -0.1, 0.2], 0.5,
              1 / 64, 1 / 64, True, ("Equivalent within", "TOST p = 0.0156")),
     TostCase("upper bound not excluded", [1, 2, 3, 4, 5], 3.5, 1 / 32, 11 / 32, False,
-             ("Cannot tell", "pairs would show equivalence")),
+             ("Cannot tell: neither equivalence nor non-equivalence",
+              "pairs would show equivalence")),
     TostCase("four pairs cannot reach 0.05", [0.0, 0.01, -0.01, 0.02], 1.0, 1 / 16, 1 / 16,
              False, ("unreachable", "2^-4 = 0.0625")),
-    TostCase("mean delta outside the margin", [2, 3, 2.5, 3.5, 2.2, 2.8], 1.0, 1 / 64, 1.0,
-             False, ("outside the margin",)),
+    # every d - 1 > 0: the reverse one-sided test (H0 delta <= +margin) rejects with 1/64
+    TostCase("deltas beyond the margin: not equivalent", [2, 3, 2.5, 3.5, 2.2, 2.8], 1.0,
+             1 / 64, 1.0, False, ("Not equivalent: the deltas lie above +margin",
+                                  "p = 0.01562 < 0.05")),
+    # d - 1 = -1, 1, 9, 19: |.| midranks 1.5, 1.5, 3, 4, W+ = 8.5; of the 16 sign patterns
+    # W+ >= 8.5 for {1.5, 3, 4} (twice) and {1.5, 1.5, 3, 4}: p_above = 3/16, p_upper = 15/16
+    # (only W+ = 10 exceeds 8.5); d + 1 > 0 everywhere: p_lower = 1/16. Neither equivalence
+    # nor non-equivalence at 4 pairs.
+    TostCase("mean delta outside the margin, too few pairs", [0.0, 2.0, 10.0, 20.0], 1.0,
+             1 / 16, 15 / 16, False, ("Cannot tell", "outside the margin")),
     TostCase("one pair", [0.1], 1.0, None, None, False, ("cannot tell from one pair",)),
 ]
+
+
+TOST_OUTCOMES = {"six pairs inside the margin": "equivalent",
+                 "deltas beyond the margin: not equivalent": "not equivalent",
+                 "mean delta outside the margin, too few pairs": "cannot tell"}
 
 
 @pytest.mark.parametrize("case", TOST_CASES, ids=lambda c: c.name)
@@ -237,12 +251,17 @@ def test_tost_known_answers(case: TostCase) -> None:
         assert r.p_value == pytest.approx(max(case.p_lower, case.p_upper), abs=1e-12)
     for text in case.note_has:
         assert text in r.note
+    if case.name in TOST_OUTCOMES:
+        assert r.outcome == TOST_OUTCOMES[case.name]
+    if case.name == "mean delta outside the margin, too few pairs":
+        assert (r.p_below, r.p_above) == (pytest.approx(1.0), pytest.approx(3 / 16))
 
 
 def test_tost_margin_label_and_bad_input() -> None:
     r = stats.equivalence_pairs([10] * 6, [10.1] * 6, margin=0.2,
                                 margin_label="2 % of the baseline median E2E")
     assert "2 % of the baseline median E2E (+-0.2 s)" in r.note and r.equivalent
+    assert "p(delta" not in r.note  # one-sided p against a stated H0, not a probability
     with pytest.raises(ValueError, match="`margin`"):
         stats.equivalence_pairs([1, 2], [1, 2], margin=0)
     with pytest.raises(ValueError, match="`candidate`"):
@@ -268,3 +287,88 @@ def test_aa_noise_and_the_e2e_verdict() -> None:
     three = stats.compare_pairs(base[:3], same[:3])
     assert stats.e2e_verdict(three, stats.equivalence_pairs(base[:3], same[:3], margin=0.2)
                              ).startswith("No verdict")
+
+
+# ----------------------------------------------------------------------------- issue 25
+# Hand-computed known answers for the two exact paired tests and the interval coverage.
+@dataclass(frozen=True)
+class PairedTestCase:
+    name: str
+    deltas: list[float]
+    wilcoxon: float
+    sign_flip: float
+
+
+PAIRED_TEST_CASES = [
+    # ranks 1, 2, 3, 4; W+ = 1 + 3 + 4 = 8, mean 5: |W+ - 5| >= 3 for W+ in {0, 1, 2, 8, 9,
+    # 10}: 6 of 16 sign patterns. Sign flip: sum 6 of 10; flipping a subset of sum S gives
+    # |10 - 2S| >= 6 for S <= 2 or S >= 8: {}, {1}, {2}, {1,3,4}, {2,3,4}, {1,2,3,4}: 6/16.
+    PairedTestCase("four pairs, one reversed", [1, -2, 3, 4], 6 / 16, 6 / 16),
+    # ranks 1..6, W+ = 6 (the positive delta has rank 6), mean 10.5: W+ <= 6 for 14 subsets,
+    # W+ >= 15 for 14: 28/64. The deltas equal their ranks, so the sign flip counts alike.
+    PairedTestCase("six pairs, largest reversed", [-1, -2, -3, -4, -5, 6], 28 / 64, 28 / 64),
+    # all positive: only the all-plus and all-minus patterns reach W+ = 6 or |sum| = 33
+    PairedTestCase("three pairs one direction", [1, 2, 30], 2 / 8, 2 / 8),
+    # W+ = 3 = its mean: p = 1; sign flip: every pattern of +-1 +-2 +-30 has |sum| >= 27
+    PairedTestCase("the large delta reversed", [1, 2, -30], 1.0, 1.0),
+    # midranks 2, 2, 2, 4: W+ = 10 (the maximum) for 2 of 16 patterns; |sum| = 8 likewise
+    PairedTestCase("ties", [1, 1, 1, 5], 2 / 16, 2 / 16),
+    # W+ = 6, mean 5: no subset of {2, 2, 2, 4} sums to 5, so every pattern has |W+ - 5| >= 1;
+    # sign flip: |+-1 +-1 +-1 +-5| >= 2 always: p = 1 for both
+    PairedTestCase("ties, one large reversed", [1, 1, 1, -5], 1.0, 1.0),
+]
+
+
+@pytest.mark.parametrize("case", PAIRED_TEST_CASES, ids=lambda c: c.name)
+def test_exact_paired_tests_known_answers(case: PairedTestCase) -> None:
+    assert stats.wilcoxon_signed_rank(case.deltas) == pytest.approx(case.wilcoxon, abs=1e-12)
+    assert stats.sign_flip_test(case.deltas) == pytest.approx(case.sign_flip, abs=1e-12)
+
+
+def test_the_two_paired_tests_differ_where_magnitudes_matter() -> None:
+    # 1, 2, 3, 4, 5, -100: Wilcoxon ranks the reversed delta 6th: W+ = 15 of 21, mean 10.5,
+    # |W+ - 10.5| >= 4.5 for 28 of 64 patterns. The sign flip's observed |sum| is 85 and
+    # every pattern has |+-100 + s| >= 85 for s in [-15, 15]: p = 1 (the outlier dominates).
+    d = [1, 2, 3, 4, 5, -100]
+    assert stats.wilcoxon_signed_rank(d) == pytest.approx(28 / 64)
+    assert stats.sign_flip_test(d) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="`deltas`"):
+        stats.sign_flip_test([])
+    with pytest.raises(ValueError, match="at most 24"):
+        stats.sign_flip_test([1.0] * 25)
+
+
+@pytest.mark.parametrize(("n", "k", "coverage"), [
+    # 1 - 2 P(X <= k-1), X ~ Binomial(n, 1/2), the largest k with coverage >= 95 %:
+    (10, 2, 1 - 2 * 11 / 1024),  # P(X <= 1) = 11/1024 -> 97.85 %; k = 3 gives 89.06 %
+    (6, 1, 1 - 2 / 64),          # 96.88 %; k = 2 gives 1 - 2 * 7/64 = 78.1 %
+    (12, 3, 1 - 2 * 79 / 4096),  # P(X <= 2) = (1 + 12 + 66)/4096 -> 96.14 %
+    (20, 6, 1 - 2 * 21700 / 2**20),  # P(X <= 5) = 21700/2^20 -> 95.86 %
+])
+def test_median_interval_coverage_known_answers(n: int, k: int, coverage: float) -> None:
+    lo, hi, cov, k_lo, k_hi = stats.median_interval(list(range(1, n + 1)))
+    assert (k_lo, k_hi) == (k, n + 1 - k) and (lo, hi) == (k, n + 1 - k)
+    assert cov == pytest.approx(coverage, abs=1e-12)
+    assert stats.median_interval([1.0, 2.0, 3.0, 4.0, 5.0]) is None  # 1 - 2/32 = 93.75 %
+
+
+def test_pair_note_names_the_test_once_with_its_coverage_reversed_pairs_and_outliers() -> None:
+    base = [10.0 + i for i in range(10)]
+    deltas = [-0.25, -0.3, -0.2, 0.333, -0.28, -0.22, -1.352, -0.26, -0.24, -0.27]
+    r = stats.compare_pairs(base, [b + d for b, d in zip(base, deltas, strict=True)],
+                            labels=[f"p{i}" for i in range(10)])
+    assert r.note.count("Wilcoxon") == 1 and "sign-flip" not in r.note
+    assert r.test == "exact Wilcoxon signed-rank test (two-sided)"
+    assert r.ci_coverage == pytest.approx(1 - 22 / 1024) and r.ci_order == (2, 9)
+    assert "97.85 % distribution-free interval" in r.note and "95 %" not in r.note
+    assert r.reversed_pairs == (3,) and r.outlier_pairs == (3, 6)
+    assert "Reversed (against the median's direction): pair 4 (p3) +0.333 s" in r.note
+    assert "pair 7 (p6) -1.352 s" in r.note
+    assert too_many_digits(r.note.replace("1.4826 x MAD", "")) == []  # a constant's name
+
+
+def too_many_digits(text: str) -> list[str]:
+    import re
+
+    return [t for t in re.findall(r"\d+\.\d+", text)
+            if len(t.replace(".", "").lstrip("0")) > 4]

@@ -3,9 +3,12 @@
 Entry points, one per shape of evidence:
 
 * `compare_groups`: per-rank values of one run pair (exact Mann-Whitney U test);
-* `compare_pairs`: arm-level paired measurements (exact Wilcoxon signed-rank sign-flip test);
+* `compare_pairs`: arm-level paired measurements (the exact Wilcoxon signed-rank test: its
+  null distribution enumerates all 2^n sign patterns of the ranked deltas);
 * `equivalence_pairs`: the same pairs tested for equivalence within a declared margin
-  (TOST: two one-sided exact signed-rank tests);
+  (TOST: two one-sided exact Wilcoxon signed-rank tests) and for non-equivalence;
+* `sign_flip_test`, `wilcoxon_signed_rank`: the two exact paired tests on deltas, alone;
+* `median_interval`: a distribution-free interval for a median with its exact coverage;
 * `aa_noise`: the spread of A/A (same-arm) pairs, the noise an A/B delta is read against;
 * `e2e_verdict`: the E2E attribution's verdict from a difference and an equivalence test;
 * `proportion`: k of n with a Clopper-Pearson 95 % interval;
@@ -13,7 +16,8 @@ Entry points, one per shape of evidence:
 
 Every result carries `n`, `p_value` (float or None), `ci` (tuple or None), an effect
 (`ratio` and/or `delta`, in `unit`) and a plain-words `note`. Tests are two-sided at the 5 %
-level. Wording follows pyperf ("Not significant", "1.23x faster") and Google Benchmark's
+level. Numbers shown in notes have 4 significant digits (`humanize.sig`); the fields keep
+full precision. Wording follows pyperf ("Not significant", "1.23x faster") and Google Benchmark's
 compare.py (names the test, warns below 9 repetitions). No torch here.
 """
 
@@ -40,9 +44,13 @@ __all__ = [
     "E2E_MARGIN_FRACTION", "AANoise", "Equivalence", "GroupComparison", "PairComparison",
     "Proportion", "Single",
     "aa_noise", "compare_groups", "compare_pairs", "e2e_verdict", "equivalence_pairs",
-    "proportion", "single", "pairs_floor_note",
-    "fmt_num", "fmt_p", "fmt_speed", "robust_spread",
+    "proportion", "single", "pairs_floor_note", "median_interval", "sign_flip_test",
+    "wilcoxon_signed_rank", "EQUIVALENCE_OUTCOMES", "OUTLIER_SPREADS", "PAIRED_TEST",
+    "fmt_num", "fmt_p", "fmt_sig", "fmt_speed", "robust_spread",
 ]
+OUTLIER_SPREADS = 3.0
+"""A paired delta further than this many robust spreads (1.4826 x MAD) from the median delta
+is named an outlier in the note."""
 
 
 # ----------------------------------------------------------------------------- formatting
@@ -54,8 +62,19 @@ def fmt_num(x: float) -> str:
 
 
 def fmt_p(p: float) -> str:
-    """A p-value with three significant digits."""
-    return f"{p:.3g}"
+    """A p-value with four significant digits: 0.001953125 -> "0.001953"."""
+    return f"{p:.4g}"
+
+
+def fmt_sig(x: float, unit: str = "", *, sign: bool = False) -> str:
+    """`x` with 4 significant digits (and its unit): -0.293371 -> "-0.2934"; `sign` adds
+    "+" to positive values."""
+    from residency.humanize import sig
+
+    text = sig(x)
+    if sign and x > 0:
+        text = "+" + text
+    return f"{text} {unit}".rstrip()
 
 
 def fmt_speed(ratio: float | None) -> str:
@@ -186,7 +205,7 @@ def _mann_whitney_exact(b: np.ndarray, c: np.ndarray) -> tuple[float, str]:
 _REPLICATES = {
     "rank": ("The ranks of one run are not independent replicates: the claim is \"every rank, "
              "in this run pair\", not a cross-run generalisation; no interval."),
-    "run": ("Unit: the service run (one value per run, e.g. its median over ranks); separate "
+    "run": ("Unit: the service run (one value per run, e.g. its median per call); separate "
             "service starts of this design on this host, so the claim is across runs of this "
             "design, not across hosts or workloads; no interval."),
 }
@@ -233,9 +252,14 @@ def compare_groups(
 
 
 # ----------------------------------------------------------------------------- pairs
+PAIRED_TEST = "exact Wilcoxon signed-rank test (two-sided)"
+"""The paired test the E2E notes compute, named once: ranks of |delta|, null distribution
+over all 2^n sign patterns (zero deltas dropped, midranks for ties)."""
+
+
 @dataclass(frozen=True, repr=False)
 class PairComparison(_Result):
-    """Arm-level paired measurements compared with an exact sign-flip test."""
+    """Arm-level paired measurements compared with the exact Wilcoxon signed-rank test."""
 
     n: int
     deltas: tuple[float, ...]  # candidate - baseline, per pair
@@ -247,24 +271,30 @@ class PairComparison(_Result):
     unit: str
     p_value: float | None
     min_p: float | None  # smallest two-sided p reachable at this n: 2^(1-n)
-    ci: tuple[float, float] | None  # 95 % distribution-free interval for the median delta
+    ci: tuple[float, float] | None  # distribution-free interval for the median delta
     pairs_needed: int | None
     test: str
     note: str
+    ci_coverage: float | None = None  # the interval's exact coverage (binomial)
+    ci_order: tuple[int, int] | None = None  # its order statistics, 1-based, of n
+    reversed_pairs: tuple[int, ...] = ()  # 0-based: deltas of the sign opposite the median's
+    outlier_pairs: tuple[int, ...] = ()  # 0-based: beyond OUTLIER_SPREADS robust spreads
 
     def _summary(self) -> str:
         u = self.unit
-        rel = "" if self.relative is None else f" ({self.relative:+.3%})"
+        rel = "" if self.relative is None else f" ({self.relative:+.2%})"
         p = "p=None" if self.p_value is None else f"p={fmt_p(self.p_value)}"
-        ci = "" if self.ci is None else f", 95 % CI {fmt_num(self.ci[0])}..{fmt_num(self.ci[1])}"
+        ci = "" if self.ci is None else (f", {self.ci_coverage:.2%} interval "
+                                         f"{fmt_sig(self.ci[0])}..{fmt_sig(self.ci[1])}")
         pairs = "pair" if self.n == 1 else "pairs"
-        return (f"n={self.n} {pairs}: medians {fmt_num(self.baseline_median)} -> "
-                f"{fmt_num(self.candidate_median)} {u}, median delta {self.delta:+.6f} {u}"
-                f"{rel}{ci}, {p}")
+        return (f"n={self.n} {pairs}: medians {fmt_sig(self.baseline_median)} -> "
+                f"{fmt_sig(self.candidate_median)} {u}, median delta "
+                f"{fmt_sig(self.delta, u, sign=True)}{rel}{ci}, {p}")
 
 
 def pairs_floor_note(n: int) -> str:
-    """What an exact two-sided sign-flip test can reach with `n` pairs."""
+    """What an exact two-sided paired test (sign-flip or Wilcoxon signed-rank) can reach
+    with `n` pairs."""
     if n <= 1:
         return "Single observation: one pair, no interval or test possible."
     floor = 2.0 ** (1 - n)
@@ -275,11 +305,9 @@ def pairs_floor_note(n: int) -> str:
     return f"Smallest two-sided p reachable with {n} pairs: 2^(1-{n}) = {fmt_p(floor)}."
 
 
-def _signed_rank_exact(d: np.ndarray) -> tuple[float, int]:
-    """Exact two-sided Wilcoxon signed-rank p over all 2^n sign flips (zeros dropped)."""
-    d = d[d != 0]
-    if d.size == 0:
-        return 1.0, 0
+def _rank_sum_distribution(d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(doubled midranks of |d|, probability of each doubled positive-rank sum under random
+    signs); `d` without zeros."""
     r2 = np.rint(2 * _sps.rankdata(np.abs(d))).astype(np.int64)  # midranks, doubled
     counts = np.zeros(int(r2.sum()) + 1)
     counts[0] = 1.0
@@ -287,23 +315,77 @@ def _signed_rank_exact(d: np.ndarray) -> tuple[float, int]:
         shifted = np.zeros_like(counts)
         shifted[r:] = counts[:-r] if r else counts
         counts = counts + shifted
-    probs = counts / counts.sum()
+    return r2, counts / counts.sum()
+
+
+def _signed_rank_exact(d: np.ndarray) -> tuple[float, int]:
+    """Exact two-sided Wilcoxon signed-rank p over all 2^n sign flips (zeros dropped)."""
+    d = d[d != 0]
+    if d.size == 0:
+        return 1.0, 0
+    r2, probs = _rank_sum_distribution(d)
     mean = r2.sum() / 2
     observed = abs(r2[d > 0].sum() - mean)
     p = probs[np.abs(np.arange(probs.size) - mean) >= observed - 1e-9].sum()
     return float(min(1.0, p)), int(d.size)
 
 
-def _median_ci(d: np.ndarray) -> tuple[float, float] | None:
-    """Distribution-free >=95 % interval for the median (order statistics, binomial)."""
-    n = d.size
-    k = int(_sps.binom.ppf(0.025, n, 0.5))  # largest k with P(X <= k-1) <= 0.025
-    while k > 0 and _sps.binom.cdf(k - 1, n, 0.5) > 0.025:
-        k -= 1
+def wilcoxon_signed_rank(deltas: Sequence[float]) -> float:
+    """Two-sided p of the exact Wilcoxon signed-rank test of paired deltas against 0 (ranks
+    of |delta|, midranks for ties, zero deltas dropped; all 2^n sign patterns enumerated).
+
+    Raises:
+        ValueError: empty or non-finite input.
+    """
+    d = _deltas("deltas", deltas)
+    return _signed_rank_exact(d)[0]
+
+
+def sign_flip_test(deltas: Sequence[float]) -> float:
+    """Two-sided p of the exact sign-flip (Fisher-Pitman) test of paired deltas against 0:
+    the share of the 2^n sign patterns whose |sum| is at least the observed |sum| (n <= 24).
+
+    Raises:
+        ValueError: empty or non-finite input, or more than 24 deltas.
+    """
+    d = _deltas("deltas", deltas)
+    if d.size > 24:
+        raise ValueError(f"The value for `deltas` must hold at most 24 values (2^n sign "
+                         f"patterns are enumerated), but {d.size} were passed.")
+    signs = 1 - 2 * ((np.arange(2 ** d.size)[:, None] >> np.arange(d.size)) & 1)
+    sums = np.abs(signs @ d)
+    observed = abs(float(d.sum()))
+    return float(np.mean(sums >= observed - 1e-12 * max(1.0, observed)))
+
+
+def _deltas(name: str, values: Sequence[float]) -> np.ndarray:
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+        raise ValueError(f"The value for `{name}` must be a sequence of numbers, but "
+                         f"{values!r} was passed.")
+    d = np.asarray(values, dtype=float).ravel()
+    if d.size == 0 or not np.isfinite(d).all():
+        raise ValueError(f"The value for `{name}` must be a non-empty sequence of finite "
+                         f"numbers, but {values!r} was passed.")
+    return d
+
+
+def median_interval(values: Sequence[float], level: float = 0.95
+                    ) -> tuple[float, float, float, int, int] | None:
+    """A distribution-free interval for the median: the k-th smallest and k-th largest value
+    with the largest k whose exact coverage, 1 - 2 P(X <= k-1) for X ~ Binomial(n, 1/2), is
+    at least `level`. Returns (low, high, coverage, k, n + 1 - k); None when no k >= 1
+    reaches `level` (n = 10 at 95 %: the 2nd and 9th values, coverage 1 - 22/1024 =
+    97.85 %)."""
+    s = np.sort(np.asarray(values, dtype=float).ravel())
+    n = s.size
+    tail = (1 - level) / 2
+    k = 0
+    while k + 1 <= n // 2 and _sps.binom.cdf(k, n, 0.5) <= tail + 1e-15:
+        k += 1
     if k < 1:
         return None
-    s = np.sort(d)
-    return float(s[k - 1]), float(s[n - k])
+    coverage = float(1 - 2 * _sps.binom.cdf(k - 1, n, 0.5))
+    return float(s[k - 1]), float(s[n - k]), coverage, k, n + 1 - k
 
 
 def robust_spread(values: Sequence[float] | np.ndarray) -> float:
@@ -327,14 +409,33 @@ def _pairs_needed(effect: float, sd: float | None) -> int | None:
     return max(6, math.ceil(ratio ** 2))
 
 
+def _unusual_pairs(d: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(reversed, outliers), 0-based: deltas whose sign opposes the median delta's, and
+    deltas more than OUTLIER_SPREADS robust spreads from the median delta."""
+    md = float(np.median(d))
+    rev = tuple(int(i) for i in np.flatnonzero(np.sign(d) == -np.sign(md))) if md else ()
+    spread = robust_spread(d)
+    out = tuple(int(i) for i in np.flatnonzero(np.abs(d - md) > OUTLIER_SPREADS * spread)
+                ) if spread > 0 else ()
+    return rev, out
+
+
+def _name_pairs(idx: Sequence[int], d: np.ndarray, labels: Sequence[str] | None,
+                unit: str) -> str:
+    return ", ".join(f"pair {i + 1}{f' ({labels[i]})' if labels else ''} "
+                     f"{fmt_sig(float(d[i]), unit, sign=True)}" for i in idx)
+
+
 def compare_pairs(
     baseline: Sequence[float], candidate: Sequence[float], *, unit: str = "s",
-    noise: float | None = None,
+    noise: float | None = None, labels: Sequence[str] | None = None,
 ) -> PairComparison:
-    """Compare paired arm-level measurements, pair i = (baseline[i], candidate[i]).
+    """Compare paired arm-level measurements, pair i = (baseline[i], candidate[i]), with the
+    exact Wilcoxon signed-rank test (`PAIRED_TEST`).
 
     `noise` is an optional A/A noise estimate in `unit` (e.g. the typical |delta| of
-    same-arm pairs); the median delta is compared with it.
+    same-arm pairs); the median delta is compared with it. `labels` name the pairs in the
+    note (reversed pairs and outliers are named).
 
     Raises:
         ValueError: empty, NaN, infinite or negative inputs; unequal lengths; bad `noise`.
@@ -345,57 +446,78 @@ def compare_pairs(
                          f"({b.size}), but a sequence of length {c.size} was passed.")
     if noise is not None:
         noise = _scalar("noise", noise)
+    if labels is not None and len(labels) != b.size:
+        raise ValueError(f"The value for `labels` must name {b.size} pairs, but "
+                         f"{len(labels)} labels were passed.")
     n = int(b.size)
     d = c - b
     bm, cm, md = float(np.median(b)), float(np.median(c)), float(np.median(d))
     parts = [pairs_floor_note(n)]
-    p = min_p = ci = None
+    p = min_p = ci = coverage = order = None
+    rev: tuple[int, ...] = ()
+    out: tuple[int, ...] = ()
     test = "none (single pair)"
     if n >= 2:
         p, used = _signed_rank_exact(d)
         min_p = 2.0 ** (1 - n)
-        test = "Wilcoxon signed-rank test (exact sign-flip, two-sided)"
+        test = PAIRED_TEST
         dropped = f" ({n - used} zero deltas dropped)" if used < n else ""
-        parts.append(f"{test}, {n} pairs{dropped}: {_verdict(p)}.")
-        ci = _median_ci(d) if n >= MIN_CI_PAIRS else None
-        parts.append(f"Median of the paired deltas {md:+.6f} {unit} (not the delta of the "
-                     f"medians, {cm - bm:+.6f} {unit}); " + (
-            f"95 % distribution-free interval {fmt_num(ci[0])}..{fmt_num(ci[1])} {unit}."
-            if ci else f"no interval below {MIN_CI_PAIRS} pairs."))
+        parts.append(f"{test[0].upper()}{test[1:]}, {n} pairs{dropped}: {_verdict(p)}.")
+        found = median_interval(d) if n >= MIN_CI_PAIRS else None
+        if found is not None:
+            ci, coverage, order = (found[0], found[1]), found[2], (found[3], found[4])
+        parts.append(f"Median of the paired deltas {fmt_sig(md, unit, sign=True)} (not the "
+                     f"delta of the medians, {fmt_sig(cm - bm, unit, sign=True)}); " + (
+            f"{coverage:.2%} distribution-free interval {fmt_sig(ci[0])}..{fmt_sig(ci[1], unit)}"
+            f" (deltas {order[0]} and {order[1]} of {n} in order; exact coverage from the "
+            f"binomial distribution)." if ci else f"no interval below {MIN_CI_PAIRS} pairs."
+        ).replace("%", " %"))
+        rev, out = _unusual_pairs(d)
+        if rev:
+            parts.append(f"Reversed (against the median's direction): "
+                         f"{_name_pairs(rev, d, labels, unit)}.")
+        if out:
+            parts.append(f"Outlier (more than {OUTLIER_SPREADS:g} robust spreads, 1.4826 x "
+                         f"MAD, from the median delta): {_name_pairs(out, d, labels, unit)}.")
     if noise is not None:
         verdict = ("within the noise: not distinguishable from A/A variation"
                    if abs(md) <= noise else f"{abs(md) / noise:.1f}x the noise")
-        parts.append(f"A/A noise {fmt_num(noise)} {unit}: |median delta| {fmt_num(abs(md))} "
-                     f"{unit} is {verdict}.")
+        parts.append(f"A/A noise {fmt_sig(noise, unit)}: |median delta| "
+                     f"{fmt_sig(abs(md), unit)} is {verdict}.")
     spread = robust_spread(d) if n >= 2 else noise
     needed = _pairs_needed(md, spread)
     if needed is not None and spread is not None:
         src = ("spread 1.4826 x MAD of the deltas (robust to one outlier)" if n >= 2 else
                "A/A noise as the spread")
         parts.append(f"Estimate: about {needed} pairs would resolve a median delta of "
-                     f"{md:+.6f} {unit} at {src} {fmt_num(spread)} {unit} (normal "
-                     f"approximation, 80 % power, 5 % two-sided; at least 6 for the exact "
-                     f"test).")
+                     f"{fmt_sig(md, unit, sign=True)} at {src} {fmt_sig(spread, unit)} "
+                     f"(normal approximation, 80 % power, 5 % two-sided; at least 6 for the "
+                     f"exact test).")
     elif n == 1:
         parts.append("Spread unknown from one pair: at least 6 pairs needed.")
     return PairComparison(
         n=n, deltas=tuple(float(x) for x in d), baseline_median=bm, candidate_median=cm,
         delta=md, relative=md / bm if bm > 0 else None, ratio=_ratio(cm, bm), unit=unit,
-        p_value=p, min_p=min_p, ci=ci, pairs_needed=needed, test=test, note=" ".join(parts))
+        p_value=p, min_p=min_p, ci=ci, pairs_needed=needed, test=test, note=" ".join(parts),
+        ci_coverage=coverage, ci_order=order, reversed_pairs=rev, outlier_pairs=out)
 
 
 # ----------------------------------------------------------------------------- equivalence
+EQUIVALENCE_OUTCOMES = ("equivalent", "not equivalent", "cannot tell")
+
+
 @dataclass(frozen=True, repr=False)
 class Equivalence(_Result):
-    """Paired deltas tested for equivalence within +-`margin` (TOST, exact signed-rank)."""
+    """Paired deltas tested for equivalence within +-`margin` (TOST, exact signed-rank) and
+    for non-equivalence (the deltas lie beyond one bound)."""
 
     n: int
     deltas: tuple[float, ...]  # candidate - baseline, per pair
     delta: float  # median of the paired deltas
     margin: float  # declared equivalence margin, in `unit`
     margin_label: str  # how the margin was declared, e.g. "2 % of the baseline median E2E"
-    p_lower: float | None  # H0: delta <= -margin
-    p_upper: float | None  # H0: delta >= +margin
+    p_lower: float | None  # one-sided p against H0 "delta <= -margin"
+    p_upper: float | None  # one-sided p against H0 "delta >= +margin"
     p_value: float | None  # max(p_lower, p_upper): equivalence when < 0.05
     equivalent: bool
     min_p: float | None  # smallest reachable TOST p at this n: 2^-n
@@ -404,12 +526,14 @@ class Equivalence(_Result):
     test: str
     ci: None
     note: str
+    p_below: float | None = None  # one-sided p against H0 "delta >= -margin" (beyond below)
+    p_above: float | None = None  # one-sided p against H0 "delta <= +margin" (beyond above)
+    outcome: str = "cannot tell"  # one of EQUIVALENCE_OUTCOMES
 
     def _summary(self) -> str:
         p = "p=None" if self.p_value is None else f"p={fmt_p(self.p_value)}"
-        verdict = "equivalent" if self.equivalent else "not shown equivalent"
-        return (f"n={self.n} pairs: median delta {self.delta:+.6f} {self.unit} vs margin "
-                f"+-{fmt_num(self.margin)} {self.unit}: {verdict}, TOST {p}")
+        return (f"n={self.n} pairs: median delta {fmt_sig(self.delta, self.unit, sign=True)} "
+                f"vs margin +-{fmt_sig(self.margin, self.unit)}: {self.outcome}, TOST {p}")
 
 
 def _signed_rank_one_sided(d: np.ndarray, alternative: str) -> float:
@@ -418,14 +542,7 @@ def _signed_rank_one_sided(d: np.ndarray, alternative: str) -> float:
     d = d[d != 0]
     if d.size == 0:
         return 1.0
-    r2 = np.rint(2 * _sps.rankdata(np.abs(d))).astype(np.int64)  # midranks, doubled
-    counts = np.zeros(int(r2.sum()) + 1)
-    counts[0] = 1.0
-    for r in r2:
-        shifted = np.zeros_like(counts)
-        shifted[r:] = counts[:-r] if r else counts
-        counts = counts + shifted
-    probs = counts / counts.sum()
+    r2, probs = _rank_sum_distribution(d)
     observed = int(r2[d > 0].sum())
     sums = np.arange(probs.size)
     tail = sums >= observed if alternative == "greater" else sums <= observed
@@ -446,13 +563,15 @@ def equivalence_pairs(
     baseline: Sequence[float], candidate: Sequence[float], *, margin: float,
     unit: str = "s", margin_label: str | None = None,
 ) -> Equivalence:
-    """TOST on paired measurements: is candidate - baseline within +-`margin`?
+    """TOST on paired measurements: is candidate - baseline within +-`margin`, beyond it, or
+    cannot the data tell?
 
-    Two one-sided exact Wilcoxon signed-rank tests at the 5 % level: the deltas plus the
-    margin lie above 0 (p_lower) and the deltas minus the margin lie below 0 (p_upper); the
-    TOST p is the larger. Equivalence is claimed only when it is below 0.05; otherwise the
-    note says "cannot tell" and how many pairs would. `margin_label` says how the margin was
-    declared (e.g. "2 % of the baseline median E2E").
+    Two one-sided exact Wilcoxon signed-rank tests at the 5 % level: H0 "delta <= -margin"
+    (`p_lower`) and H0 "delta >= +margin" (`p_upper`); the TOST p is the larger, and
+    equivalence is claimed only when it is below 0.05. Non-equivalence is claimed when one
+    of the reverse one-sided tests rejects H0 "delta >= -margin" (`p_below`) or H0 "delta <=
+    +margin" (`p_above`) at 0.05; otherwise the outcome is "cannot tell" and the note says
+    how many pairs would tell. `margin_label` says how the margin was declared.
 
     Raises:
         ValueError: empty, NaN, infinite or negative inputs; unequal lengths; margin <= 0.
@@ -464,10 +583,10 @@ def equivalence_pairs(
     m = _scalar("margin", margin)
     if m <= 0:
         raise ValueError(f"The value for `margin` must be > 0, but {margin!r} was passed.")
-    label = margin_label or f"+-{fmt_num(m)} {unit}"
+    label = margin_label or f"+-{fmt_sig(m, unit)}"
     n, d = int(b.size), c - b
     md, mean = float(np.median(d)), float(np.mean(d))
-    test = ("TOST: two one-sided Wilcoxon signed-rank tests (exact sign-flip), 5 % level each")
+    test = "TOST: two one-sided exact Wilcoxon signed-rank tests, 5 % level each"
     if n < 2:
         return Equivalence(
             n=n, deltas=tuple(float(x) for x in d), delta=md, margin=m, margin_label=label,
@@ -477,29 +596,42 @@ def equivalence_pairs(
                   "at least 5 pairs needed)."))
     p_lower = _signed_rank_one_sided(d + m, "greater")
     p_upper = _signed_rank_one_sided(d - m, "less")
+    p_below = _signed_rank_one_sided(d + m, "less")
+    p_above = _signed_rank_one_sided(d - m, "greater")
     p = max(p_lower, p_upper)
     floor = 2.0 ** -n
     sd = float(np.std(d, ddof=1))
     needed = _equivalence_pairs_needed(mean, sd, m)
-    given = "" if margin_label is None else f" (+-{fmt_num(m)} {unit})"
+    given = "" if margin_label is None else f" (+-{fmt_sig(m, unit)})"
     head = (f"{test}, {n} pairs, margin {label}{given}: median delta "
-            f"{md:+.6f} {unit}; p(delta <= -margin) = {fmt_p(p_lower)}, p(delta >= +margin) = "
-            f"{fmt_p(p_upper)}, TOST p = {fmt_p(p)}.")
+            f"{fmt_sig(md, unit, sign=True)}; against H0 delta <= -margin one-sided p = "
+            f"{fmt_p(p_lower)}, against H0 delta >= +margin p = {fmt_p(p_upper)}: TOST p = "
+            f"{fmt_p(p)}.")
     if p < ALPHA:
+        outcome = "equivalent"
         tail = f" Equivalent within {label} at the 5 % level."
+    elif min(p_below, p_above) < ALPHA:
+        outcome = "not equivalent"
+        side, pp = (("below -margin", p_below) if p_below <= p_above else
+                    ("above +margin", p_above))
+        tail = (f" Not equivalent: the deltas lie {side} (one-sided exact Wilcoxon "
+                f"signed-rank p = {fmt_p(pp)} < 0.05).")
     else:
+        outcome = "cannot tell"
         reach = ("" if floor < ALPHA else f" With {n} pairs p < 0.05 is unreachable (smallest "
-                 f"TOST p = 2^-{n} = {fmt_p(floor)}).")
+                 f"one-sided p = 2^-{n} = {fmt_p(floor)}).")
         more = (f" About {needed} pairs would show equivalence if the mean delta stays "
-                f"{mean:+.6f} {unit} at SD {fmt_num(sd)} {unit} (normal approximation, 80 % "
-                "power)." if needed is not None else
-                f" The mean delta {mean:+.6f} {unit} is outside the margin: more pairs would "
-                "not show equivalence at this margin.")
-        tail = f" Cannot tell: not shown equivalent within {label}.{reach}{more}"
+                f"{fmt_sig(mean, unit, sign=True)} at SD {fmt_sig(sd, unit)} (normal "
+                "approximation, 80 % power)." if needed is not None else
+                f" The mean delta {fmt_sig(mean, unit, sign=True)} is outside the margin: more "
+                "pairs would not show equivalence at this margin.")
+        tail = (f" Cannot tell: neither equivalence nor non-equivalence within {label} is "
+                f"shown.{reach}{more}")
     return Equivalence(
         n=n, deltas=tuple(float(x) for x in d), delta=md, margin=m, margin_label=label,
         p_lower=p_lower, p_upper=p_upper, p_value=p, equivalent=p < ALPHA, min_p=floor,
-        pairs_needed=needed, unit=unit, test=test, ci=None, note=head + tail)
+        pairs_needed=needed, unit=unit, test=test, ci=None, note=head + tail,
+        p_below=p_below, p_above=p_above, outcome=outcome)
 
 
 @dataclass(frozen=True, repr=False)
@@ -546,29 +678,39 @@ def aa_noise(slot_a: Sequence[float], slot_b: Sequence[float], *, unit: str = "s
 
 def e2e_verdict(difference: PairComparison, equivalence: Equivalence, *,
                 expected: str = "faster") -> str:
-    """One sentence: a significant delta in the `expected` direction ("faster": candidate
-    below baseline), a significant delta against it, equivalence within the margin, or
-    "no verdict" with what would give one."""
+    """One sentence beginning "Verdict:" (or "No verdict:"): a significant delta in the
+    `expected` direction ("faster": candidate below baseline) or against it, with its size
+    relative to the baseline median; equivalence within the margin; or "no verdict" with
+    what would give one. The equivalence outcome is added so the two never disagree."""
     if expected not in ("faster", "slower"):
         raise ValueError(f"The value for `expected` must be one of ['faster', 'slower'], but "
                          f"{expected!r} was passed.")
     u = difference.unit
     p = difference.p_value
+    rel = ("" if difference.relative is None else
+           f" ({difference.relative:+.2%} of the baseline median)".replace("%", " %"))
     if p is not None and p < ALPHA and difference.delta != 0:
         direction = "faster" if difference.delta < 0 else "slower"
         where = ("in the expected direction" if direction == expected
                  else "AGAINST the expected direction")
-        return (f"Verdict: the candidate is {direction} in E2E, {where}: median delta "
-                f"{difference.delta:+.6f} {u} over {difference.n} pairs, {difference.test} "
-                f"p = {fmt_p(p)}.")
+        eq = {"equivalent": f"; yet equivalent within {equivalence.margin_label}",
+              "not equivalent": f"; not equivalent within {equivalence.margin_label}",
+              }.get(equivalence.outcome, "")
+        return (f"Verdict: the candidate is {direction} in E2E, {where}: median paired delta "
+                f"{fmt_sig(difference.delta, u, sign=True)}{rel} over {difference.n} pairs, "
+                f"{difference.test} p = {fmt_p(p)}{eq}.")
     if equivalence.equivalent:
-        return (f"Verdict: E2E equivalent within {equivalence.margin_label}: median delta "
-                f"{equivalence.delta:+.6f} {u} over {equivalence.n} pairs, TOST p = "
-                f"{fmt_p(equivalence.p_value or 1.0)}.")
+        return (f"Verdict: E2E equivalent within {equivalence.margin_label}: median paired "
+                f"delta {fmt_sig(equivalence.delta, u, sign=True)}{rel} over "
+                f"{equivalence.n} pairs, TOST p = {fmt_p(equivalence.p_value or 1.0)}.")
     needs = [f"about {x} pairs for the difference" for x in [difference.pairs_needed] if x]
     needs += [f"about {x} for equivalence" for x in [equivalence.pairs_needed] if x]
+    beyond = (f" (the deltas lie beyond the {equivalence.margin_label} margin, yet the "
+              "two-sided difference is not significant)"
+              if equivalence.outcome == "not equivalent" else "")
     return ("No verdict: neither a significant E2E delta nor equivalence within "
-            f"{equivalence.margin_label} with {difference.n} pairs"
+            f"{equivalence.margin_label} with {difference.n} pairs{beyond}: median paired delta "
+            f"{fmt_sig(difference.delta, u, sign=True)}{rel}"
             + (f" ({'; '.join(needs)})." if needs else "."))
 
 

@@ -145,7 +145,10 @@ def _run_reading(p: argparse.ArgumentParser) -> None:
 
 def _tables(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="run directory")
-    p.add_argument("--format", choices=("md", "csv", "json"), default="md")
+    p.add_argument("--format", choices=("md", "csv", "json", "pr"), default="md",
+                   help="md, csv or json tables; pr: the pull request's \"Test Result\" "
+                   "block (one bullet per attribution with both arms, change, n and verdict; "
+                   "device kind and run digest), regenerated rather than retyped")
     p.add_argument("--published", action="store_true",
                    help="also print the published NPU figures in the same format")
     p.add_argument("--aa", metavar="AA_RUN_DIR",
@@ -380,6 +383,25 @@ def cmd_idle(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tables_pr(args: argparse.Namespace) -> int:
+    """`tables RUN_DIR --format pr`: the pull request's Test Result block of one run."""
+    from residency import evidence
+    from residency.reports import summary
+    from residency.rundir.run import load_run
+
+    if args.run_dir is None:
+        raise ValueError("--format pr needs RUN_DIR (the Test Result block of a run)")
+    run = load_run(args.run_dir, allow_incomplete=args.allow_incomplete,
+                   verify=not args.no_verify)
+    extra = {} if args.aa is None else {"aa": load_run(
+        args.aa, allow_incomplete=args.allow_incomplete, verify=not args.no_verify)}
+    ev = evidence.build(run, **extra)
+    block = summary.pr_markdown(summary.summarize(ev, manifest=run.manifest),
+                                run_dir=str(args.run_dir))
+    sys.stdout.write(block)
+    return 0
+
+
 def cmd_tables(args: argparse.Namespace) -> int:
     """`tables`: the evidence table of a run and/or the published figures."""
     from residency.reports import tables
@@ -387,6 +409,8 @@ def cmd_tables(args: argparse.Namespace) -> int:
 
     if args.run_dir is None and not args.published:
         raise ValueError("give RUN_DIR, --published, or both")
+    if args.format == "pr":
+        return _tables_pr(args)
     out = []
     if args.run_dir is not None:
         run = load_run(args.run_dir, allow_incomplete=args.allow_incomplete,

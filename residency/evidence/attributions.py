@@ -76,6 +76,8 @@ def build(run: Run, *, idle: Mapping[str, Mapping[str, int]] | None = None,
                                           "outside_count": a.outside_count,
                                           "outside_first_wall_ns": a.outside_first_wall_ns,
                                           "outside_last_wall_ns": a.outside_last_wall_ns,
+                                          "startup_count": a.startup_count,
+                                          "warmup_by_kind": a.warmup_by_kind,
                                           "note": a.outside_note()})
                         for name, a in attrs.items()),
                     service=MappingProxyType(service_of(run.manifest)),
@@ -83,23 +85,28 @@ def build(run: Run, *, idle: Mapping[str, Mapping[str, int]] | None = None,
 
 
 # ----------------------------------------------------------------------------- helpers
-def _normal_ms_by_rank(data: RunData, entry: RunEntry) -> dict[int, float]:
-    """Rank -> summed normal-call duration (ms) of the entry's measured requests; from the
-    decisions, else from the service response's per-rank durations."""
+def _normal_calls_ms(data: RunData, entry: RunEntry) -> dict[int, list[float]]:
+    """Rank -> duration (ms) of each normal call of the entry's measured requests, in order;
+    from the decisions, else from the service response's per-call durations."""
     d = data.measured
     normal = d[(d["run"] == entry.name) & (d["kind"] == "normal")]
     if not normal.empty:
-        return {int(r): float(v) / 1e6
-                for r, v in normal.groupby("rank")["duration_ns"].sum().items()}
-    out: dict[int, float] = {}
+        return {int(r): [float(v) / 1e6 for v in g.sort_values("start_ns")["duration_ns"]]
+                for r, g in normal.groupby("rank")}
+    out: dict[int, list[float]] = {}
     for response in data.responses(entry):
         for pr in response.get("per_rank") or []:
             n = pr.get("normal") or {}
             if n.get("count"):
                 dur = n["duration_ns"]
-                total = sum(dur) if isinstance(dur, (list, tuple)) else dur
-                out[int(pr["rank"])] = out.get(int(pr["rank"]), 0.0) + float(total) / 1e6
+                calls = list(dur) if isinstance(dur, (list, tuple)) else [dur]
+                out.setdefault(int(pr["rank"]), []).extend(float(v) / 1e6 for v in calls)
     return out
+
+
+def _normal_ms_by_rank(data: RunData, entry: RunEntry) -> dict[int, float]:
+    """Rank -> median duration (ms) per normal call of the entry's measured requests."""
+    return {r: float(np.median(v)) for r, v in _normal_calls_ms(data, entry).items() if v}
 
 
 def _range(values: Sequence[float]) -> tuple[float, float]:
@@ -114,8 +121,8 @@ def _fmt_range(values: Sequence[float], unit: str) -> str:
 # ----------------------------------------------------------------------------- attributions
 @attributor("normal_call_per_rank")
 def _normal_call_per_rank(data: RunData) -> Attribution | None:
-    """Per-rank summed normal-call duration of the reference pair: a description of every
-    rank of one run pair, no test."""
+    """Per-rank normal-call duration of the reference pair, per call (each rank's median over
+    its calls): a description of every rank of one run pair, no test."""
     if data.pair is None:
         return None
     by_rank = {a: _normal_ms_by_rank(data, e) for a, e in zip(PAIRED_ARMS, data.pair, strict=True)}
@@ -134,7 +141,7 @@ def _normal_call_per_rank(data: RunData) -> Attribution | None:
     what = "profiled pair" if data.pair[0].profiled else "reference pair"
     speed = stats.fmt_speed(cm / bm if bm else None)
     note = (f"Every rank, in this run pair ({what} {names}): baseline {_fmt_range(b, 'ms')}, "
-            f"candidate {_fmt_range(c, 'ms')}, {order}; median over ranks "
+            f"candidate {_fmt_range(c, 'ms')} per call, {order}; median over ranks "
             f"{stats.fmt_num(bm)} -> {stats.fmt_num(cm)} ms ({speed}). A description of the "
             f"ranks of one run each, not a test: ranks of one run are not independent "
             f"replicates (the cross-run claim is the per-run attribution).")
@@ -142,7 +149,8 @@ def _normal_call_per_rank(data: RunData) -> Attribution | None:
         key="normal_call_per_rank", metric=f"normal-call duration per rank, {what} {names}",
         kind="description", unit="ms", values=vals, n={a: len(vals[a]) for a in PAIRED_ARMS},
         labels={a: [f"rank {r}" for r in sorted(by_rank[a])] for a in PAIRED_ARMS},
-        judged_on="rank (every rank, in this run pair; no test)",
+        judged_on="rank (each rank's median per call; every rank, in this run pair; no "
+                  "test)",
         scope=Scope(runs=(data.pair[0].name, data.pair[1].name), what=what), note=note,
         detail={"ranks": {a: sorted(by_rank[a]) for a in PAIRED_ARMS}, "medians": {
             "baseline": bm, "candidate": cm}})
@@ -150,36 +158,51 @@ def _normal_call_per_rank(data: RunData) -> Attribution | None:
 
 @attributor("normal_call_per_run")
 def _normal_call_per_run(data: RunData) -> Attribution | None:
-    """One value per measured run: the median over ranks of each rank's summed normal-call
-    duration; arms compared with an exact Mann-Whitney U test, the run as the unit (only
-    with at least 2 runs per arm: n = 1 allows no test)."""
-    per_run: dict[str, list[tuple[RunEntry, float, list[float]]]] = {a: [] for a in PAIRED_ARMS}
+    """One value per measured run, per call: the run's median over all its normal calls
+    (every rank, every measured request); arms compared with an exact Mann-Whitney U test,
+    the run as the unit. Profiled and unprofiled runs are never pooled: the unprofiled runs
+    when each arm has at least 2, else the profiled ones (n = 1 per arm allows no test)."""
+    per_run: dict[bool, dict[str, list[tuple[RunEntry, float, list[float], list[float]]]]] = {
+        p: {a: [] for a in PAIRED_ARMS} for p in (False, True)}
     for a in PAIRED_ARMS:
         for e in data.entries(a):
-            ranks = _normal_ms_by_rank(data, e)
-            if ranks:
-                v = [ranks[r] for r in sorted(ranks)]
-                per_run[a].append((e, float(np.median(v)), v))
-    if min(len(v) for v in per_run.values()) < 2:  # one run per arm: the per-rank view says it
+            calls = _normal_calls_ms(data, e)
+            flat = [v for r in sorted(calls) for v in calls[r]]
+            if flat:
+                per_rank = [float(np.median(calls[r])) for r in sorted(calls)]
+                per_run[e.profiled][a].append((e, float(np.median(flat)), per_rank,
+                                              [min(flat), max(flat), len(flat)]))
+    profiled = next((p for p in (False, True)
+                     if min(len(v) for v in per_run[p].values()) >= 2), None)
+    if profiled is None:  # one run per arm: the per-rank view says it
         return None
-    vals = {a: [v for _, v, _ in per_run[a]] for a in PAIRED_ARMS}
+    runs_of = per_run[profiled]
+    vals = {a: [v for _, v, _, _ in runs_of[a]] for a in PAIRED_ARMS}
     result = stats.compare_groups(vals["baseline"], vals["candidate"], unit="ms",
                                   replicate="run")
-    prof = {a: sum(e.profiled for e, _, _ in per_run[a]) for a in PAIRED_ARMS}
-    mix = ", ".join(f"{a}: {prof[a]} profiled + {len(per_run[a]) - prof[a]} unprofiled"
-                    for a in PAIRED_ARMS)
-    note = (f"{result.note} Runs per arm ({mix}); each value is one run's median over its "
-            f"ranks of the summed normal-call duration; profiled runs also record trace "
-            f"markers (about 10 us per call).")
-    runs = tuple(e.name for a in PAIRED_ARMS for e, _, _ in per_run[a])
+    word = "profiled" if profiled else "unprofiled"
+    other = sum(len(per_run[not profiled][a]) for a in PAIRED_ARMS)
+    left = (f" The {other} {'unprofiled' if profiled else 'profiled'} run(s) are not pooled "
+            "with these (profiling adds trace markers to every call)." if other else "")
+    calls = {a: sorted({int(r[2]) for _, _, _, r in runs_of[a]}) for a in PAIRED_ARMS}
+    note = (f"{result.note} Each value is one {word} run's median over its normal calls "
+            f"(all ranks and measured requests: "
+            + "; ".join(f"{a} {'/'.join(map(str, calls[a]))} calls per run" for a in PAIRED_ARMS)
+            + f").{left}")
+    runs = tuple(e.name for a in PAIRED_ARMS for e, _, _, _ in runs_of[a])
     return Attribution(
-        key="normal_call_per_run", metric="normal-call duration per run (median over ranks)",
+        key="normal_call_per_run",
+        metric=f"normal-call duration per call, {word} runs (each run's median)",
         kind="groups", unit="ms", values=vals, n={a: len(vals[a]) for a in PAIRED_ARMS},
-        labels={a: [e.name for e, _, _ in per_run[a]] for a in PAIRED_ARMS},
-        judged_on="run (one value per service run)", result=result,
-        scope=Scope(runs=runs, what="all measured runs"), note=note,
-        detail={"profiled": {a: [e.profiled for e, _, _ in per_run[a]] for a in PAIRED_ARMS},
-                "per_rank_ms": {a: [v for _, _, v in per_run[a]] for a in PAIRED_ARMS}})
+        labels={a: [e.name for e, _, _, _ in runs_of[a]] for a in PAIRED_ARMS},
+        judged_on=f"run (one value per {word} service run: its median per call over its "
+                  "calls and ranks)", result=result,
+        scope=Scope(runs=runs, what=f"{word} runs"), note=note,
+        detail={"profiled": {a: [e.profiled for e, _, _, _ in runs_of[a]] for a in PAIRED_ARMS},
+                "per_rank_ms": {a: [v for _, _, v, _ in runs_of[a]] for a in PAIRED_ARMS},
+                "per_call_range_ms": {a: [r[:2] for _, _, _, r in runs_of[a]] for a in PAIRED_ARMS},
+                "calls": {a: [int(r[2]) for _, _, _, r in runs_of[a]] for a in PAIRED_ARMS},
+                "runs_kind": word})
 
 
 @attributor("normal_call_durations")
@@ -446,7 +469,8 @@ def _e2e_pairs(data: RunData, profiled: bool) -> Attribution | None:
     extra = f" {left} run(s) without a complete pair left out." if left else ""
     aa = None if profiled else _aa_noise(data)
     result = stats.compare_pairs([p[2] for p in pairs], [p[3] for p in pairs], unit="s",
-                                 noise=None if aa is None else aa[1].spread)
+                                 noise=None if aa is None else aa[1].spread,
+                                 labels=[f"{p[0].name} / {p[1].name}" for p in pairs])
     present = {r.profiled for r in data.run.runs}
     key = "e2e_profiled" if profiled else "e2e_unprofiled"
     if len(present) > 1:
@@ -456,19 +480,27 @@ def _e2e_pairs(data: RunData, profiled: bool) -> Attribution | None:
     verdict, detail = "", {}
     if not profiled:  # the E2E claim: a significant delta, equivalence, or no verdict
         base = [p[2] for p in pairs]
-        margin = stats.E2E_MARGIN_FRACTION * float(sorted(base)[len(base) // 2])
+        baseline_median = float(np.median(base))  # the median shown, never the upper one
+        margin = stats.E2E_MARGIN_FRACTION * baseline_median
         if margin > 0:
             eq = stats.equivalence_pairs(
                 base, [p[3] for p in pairs], margin=margin, unit="s",
-                margin_label=f"{stats.E2E_MARGIN_FRACTION:.0%} of the baseline median E2E")
+                margin_label=f"{stats.E2E_MARGIN_FRACTION:.0%} of the baseline median E2E".replace(
+                    "%", " %"))
             sentence = stats.e2e_verdict(result, eq)
             verdict = " " + eq.note + " " + sentence
             detail = {"equivalence_margin_s": margin, "equivalence_p": eq.p_value,
-                      "equivalent": eq.equivalent, "verdict": sentence}
+                      "equivalent": eq.equivalent, "equivalence": eq.outcome,
+                      "equivalence_p_below": eq.p_below, "equivalence_p_above": eq.p_above,
+                      "baseline_median_s": baseline_median, "verdict": sentence}
     if aa is not None:
         detail["aa_spread_s"] = aa[1].spread
         detail["aa_run"] = aa[0].path.name
         verdict += f" (A/A noise from {aa[0].path.name}: {aa[1].n} same-arm pair(s).)"
+    elif not profiled:
+        verdict += (" No A/A run given: the delta is not read against same-arm noise (record "
+                    "one with `residency pair --design aa`).")
+    labels = [f"{p[0].name} / {p[1].name}" for p in pairs]
     return Attribution(
         key=key, metric=metric, kind="pairs", unit="s",
         values={"baseline": [p[2] for p in pairs], "candidate": [p[3] for p in pairs]},
@@ -480,7 +512,18 @@ def _e2e_pairs(data: RunData, profiled: bool) -> Attribution | None:
         note=result.note + verdict + extra,
         detail={"deltas_s": list(result.deltas), "delta_of_medians_s":
                 result.candidate_median - result.baseline_median,
-                "median_of_deltas_s": result.delta, **detail})
+                "median_of_deltas_s": result.delta, "relative": result.relative,
+                "ci_s": list(result.ci) if result.ci else None,
+                "ci_coverage": result.ci_coverage,
+                "reversed_pairs": [labels[i] for i in result.reversed_pairs],
+                "outlier_pairs": [labels[i] for i in result.outlier_pairs],
+                "requests_per_run": _requests_per_run(data, [e for p in pairs for e in p[:2]]),
+                **detail})
+
+
+def _requests_per_run(data: RunData, entries: Sequence[RunEntry]) -> list[int]:
+    """How many measured requests each run's E2E is the median of (sorted, distinct)."""
+    return sorted({len(data.responses(e)) for e in entries})
 
 
 @attributor("e2e_profiled")

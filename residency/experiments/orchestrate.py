@@ -32,6 +32,7 @@ from residency.errors import BadInput, RunFailed
 from residency.jsonio import write_json_atomic
 from residency.policy.cache import PAIRED_ARMS
 from residency.processes import PARENT_PID_ENV, free_port, pdeathsig_preexec
+from residency.rundir import hostload
 from residency.rundir.layout import (
     CLIENT,
     DECISIONS_GLOB,
@@ -512,11 +513,14 @@ def run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, s
     if requests > 1:
         client["requests"] = measured
     write_json_atomic(run_dir / CLIENT, client)
-    entry = {"arm": arm, "index": index, "dir": rel, "e2e_s": median_s,
-             "profiled": profiled, "request_id": first["request_id"]}
+    # `request_id` and `e2e_s` describe the same thing: one measured request and its E2E, or,
+    # with R > 1, the R requests (`request_ids`) and their median (issue 25)
+    entry = {"arm": arm, "index": index, "dir": rel, "e2e_s": median_s, "profiled": profiled}
     if requests > 1:
         entry["request_ids"] = [m["request_id"] for m in measured]
         entry["e2e_s_requests"] = [m["e2e_s"] for m in measured]
+    else:
+        entry["request_id"] = first["request_id"]
     return entry
 
 
@@ -653,11 +657,15 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
     try:
         for index, (arm, profiled) in enumerate(order):
             bar.set_postfix_str(f"{arm} #{index}")
+            before = hostload.sample()
             entry = run_arm(spec, arm, index, out, steps=steps, seed=seed, profiled=profiled,
                             requests=1 if profiled else requests)
+            entry["host_load"] = hostload.record(before, hostload.sample())
             if slots is not None:
                 entry["slot"] = slots[index]
             manifest.runs.append(entry)
+            manifest.extra["host_load"] = hostload.summarize(
+                [r.get("host_load") for r in manifest.runs])
             if info["versions"] is None:  # what the first external service reported
                 client = json.loads((out / manifest.runs[-1]["dir"] / CLIENT)
                                     .read_text(encoding="utf-8"))

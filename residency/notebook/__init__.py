@@ -46,11 +46,15 @@ from residency.notebook.outputs import (
 )
 from residency.notebook.paired import (
     ATTRIBUTIONS,
+    PER_RUN_COLUMNS,
     e2e_frame,
     evidence_tables,
+    first_screen,
+    first_screen_notes,
     headline,
     normal_call_frame,
     note,
+    notes,
     paired_profile,
     paired_results,
     per_run_frame,
@@ -76,13 +80,14 @@ from residency.reports.figures import (
 
 __all__ = [
     "ACCELERATOR_PATCH_CHOICES", "PAIRED_ARMS", "ATTRIBUTIONS", "DEVICE_SPECS",
-    "NOTEBOOKS", "RESULTS_FILE",
+    "NOTEBOOKS", "PER_RUN_COLUMNS", "RESULTS_FILE",
     "GateError", "ParameterError", "WhatIf", "api_from_run", "api_reproduction", "api_results",
     "arms_table", "check_gates", "check_parameters", "check_ranges", "consecutive_notes",
     "consecutive_summary", "consecutive_table", "describe_run", "describe_service",
     "e2e_frame",
-    "evidence_tables", "finish", "fractions", "gate_failures", "headline", "idle_frame",
-    "markdown_table", "normal_call_frame", "note", "open_source", "paired_profile",
+    "evidence_tables", "finish", "first_screen", "first_screen_notes", "fractions",
+    "gate_failures", "headline", "idle_frame",
+    "markdown_table", "normal_call_frame", "note", "notes", "open_source", "paired_profile",
     "paired_results", "per_run_frame", "plot_fractions", "plot_idle",
     "plot_normal_calls", "policy_whatif", "prepare_output_dir", "probe", "probe_table",
     "releases_frame", "row_label", "save_figure", "statistical_note", "verdict_markdown",

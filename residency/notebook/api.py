@@ -184,14 +184,33 @@ def api_from_run(run: Run) -> dict[str, Any]:
                           "error": f"not observed: on {run.device_kind} both arms read the "
                           "generic telemetry"} for q in ("allocated", "reserved")}
     bug, verdict = _recorded_verdict(generic, registered)
+    arms = {a: _recorded_arm(dec[a], "registered" if a == "candidate" and kind is not None and
+                             kind.torch_type == "npu" else "generic") for a in dec
+            if len(dec[a])}
     v = run.manifest.get("versions") or {}
     model = (run.manifest.get("params") or {}).get("emulated_npu")
     patch = model.get("accelerator_patch") if isinstance(model, dict) else None
     return {"device_kind": run.device_kind, "device": None, "python": v.get("python"),
             "torch": v.get("torch"), "torch_npu": v.get("torch_npu"),
             "vllm_ascend": v.get("vllm_ascend"), "accelerator_patch": patch,
-            "generic": generic, "registered": registered, "mem_get_info": None, "arms": None,
+            "generic": generic, "registered": registered, "mem_get_info": None,
+            "arms": arms or None,
             "bug_present": bug, "verdict": verdict, "recorded": True, "run_dir": str(run.path)}
+
+
+def _recorded_arm(decisions: Any, telemetry: str) -> dict[str, Any]:
+    """What one arm's recorded normal decisions show of its telemetry: the source it reads,
+    the first recorded snapshot (or None), and the first telemetry error (or None)."""
+    normal = decisions[decisions["kind"] == "normal"]
+    errors = normal[normal["reason"] == "telemetry-unavailable"]
+    error = None if errors.empty else str(errors.iloc[0]["error"])
+    snapshot = None
+    ok = normal[normal["reason"] != "telemetry-unavailable"]
+    if not ok.empty:
+        first = ok.iloc[0]
+        snapshot = {k: first.get(k) for k in ("reserved", "allocated", "free", "total")
+                    if first.get(k) is not None}
+    return {"telemetry": telemetry, "snapshot": snapshot, "error": error}
 
 
 def api_reproduction(source: str, device: str = "auto", *, accelerator_patch: str = "both"

@@ -117,9 +117,10 @@ def save_figure(fig: Figure, output_dir: str | os.PathLike[str], name: str) -> P
     return path
 
 
-def describe_run(run: Run) -> str:
+def describe_run(run: Run, *, attribution: bool = True) -> str:
     """A Markdown paragraph: which run is analysed, on what device kind, with which
-    parameters and runs."""
+    parameters and runs; `attribution=False` leaves out how decisions were attributed to
+    requests (for a report that says it elsewhere: no sentence twice)."""
     m = run.manifest
     params = ", ".join(f"{k}={v}" for k, v in (m.get("params") or {}).items()
                        if v is not None and k != "emulated_npu")
@@ -142,16 +143,17 @@ def describe_run(run: Run) -> str:
             f"{md_text(m.get('service', '?'))} service; parameters {md_text(params)}; measured "
             f"runs in order: {order}. Recorded {md_text(m.get('started_at'))} to "
             f"{md_text(m.get('ended_at'))} on host {md_code(m.get('host'))}.")
-    text += " " + describe_service(run)
+    text += " " + describe_service(run, attribution=attribution)
     if devices.emulated(run.device_kind):
         text += (" The emulated NPU keeps real host buffers and does its own accounting: its "
                  "durations describe this host, never an NPU.")
     return text
 
 
-def describe_service(run: Run) -> str:
+def describe_service(run: Run, *, attribution: bool = True) -> str:
     """Markdown: which service ran (name, service file, command, the versions it reported)
-    and how its decisions were attributed to requests (outside decisions counted)."""
+    and, unless `attribution` is False, how its decisions were attributed to requests, said
+    once for all runs (warm-ups per kind, decisions truly outside every request counted)."""
     from residency.evidence import service_of
 
     info = service_of(run.manifest)
@@ -161,11 +163,14 @@ def describe_service(run: Run) -> str:
     versions = info["versions"]
     reported = (", ".join(f"{k} {v}" for k, v in versions.items() if v is not None)
                 if isinstance(versions, Mapping) and versions else "none reported")
-    notes = [f"{e.name}: {run.attribution(e).outside_note()}" for e in run.runs]
-    return (f"**Service** {md_code(name)}{where} ({md_text(info['kind'] or '?')}): command "
-            f"{md_code(command)}; versions: {md_text(reported)}. **Attribution of decisions to "
-            f"requests** (warm-up and decisions outside every request excluded): "
-            f"{md_text(' '.join(notes)) or 'no runs'}")
+    from residency.rundir.attribution import scope_note
+
+    text = (f"**Service** {md_code(name)}{where} ({md_text(info['kind'] or '?')}): command "
+            f"{md_code(command)}; versions: {md_text(reported)}.")
+    if not attribution:
+        return text
+    summary = scope_note([run.attribution(e) for e in run.runs]) if run.runs else "no runs"
+    return f"{text} **Attribution of decisions to requests**: {md_text(summary)}"
 
 
 def statistical_note(text: str, *, what: str | None = None) -> str:
@@ -183,7 +188,7 @@ def finish(output_dir: str | os.PathLike[str], results: Mapping[str, Any]) -> Pa
     path = write_results(out, {"files": files, **results, "output_dir": str(out.resolve()),
                                "written_at": datetime.now(timezone.utc).isoformat(
                                    timespec="seconds")})
-    tables = sum(f.endswith(".md") for f in files)
+    tables = len({f.rsplit(".", 1)[0] for f in files if f.endswith((".md", ".csv"))})
     figures = sum(f.endswith(".png") for f in files)
     _announce(f"done: results.json, {tables} table(s) (.md/.csv) and {figures} figure(s) "
               f"(.png) in {out.resolve()}")

@@ -8,14 +8,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from residency import devices, evidence
+from residency import evidence
 from residency.evidence import PAIRED_ARMS, Evidence
+from residency.humanize import sig
 from residency.notebook.outputs import statistical_note
 from residency.rundir.run import Run
 
 ATTRIBUTIONS = {  # evidence key -> words (also the consecutive notebook's count notes)
     "normal_call_per_rank": "normal-call duration per rank, profiled pair",
-    "normal_call_per_run": "normal-call duration per run",
+    "normal_call_per_run": "normal-call duration per call, one value per run",
     "normal_released": "normal calls that released",
     "forced_released": "forced releases that released",
     "idle_intersection": "normal-release markers ∩ all-rank no-device-task time",
@@ -30,7 +31,8 @@ NOTE_KEYS = ("normal_call_per_rank", "normal_call_per_run", "normal_released",
              "forced_released", "idle_intersection", "all_rank_idle", "preparation_window",
              "e2e_profiled", "e2e_unprofiled", "e2e_aa")
 
-__all__ = ["ATTRIBUTIONS", "e2e_frame", "evidence_tables", "headline",
+__all__ = ["ATTRIBUTIONS", "PER_RUN_COLUMNS", "e2e_frame", "evidence_tables",
+           "first_screen", "first_screen_notes", "headline", "notes",
            "normal_call_frame",
            "note", "paired_profile", "paired_results", "per_run_frame", "releases_frame"]
 
@@ -42,33 +44,40 @@ def paired_profile(run: Run, aa: Run | str | None = None) -> Evidence:
     return evidence.build(run) if aa is None else evidence.build(run, aa=aa)
 
 
-MAIN_JOB_TARGET_S = 600  # issue 16: the default main job on the emulated NPU, 2 cores
+def first_screen(ev: Evidence, run: Run) -> str:
+    """Markdown for the top of the report (`residency.summary`): the E2E verdict with its
+    relative size, scope and n; one row per attribution (baseline, candidate, change, n and
+    unit of analysis, verdict); what the run can and cannot say about an NPU; warnings
+    (emulated shares of E2E far from the published ones, a loaded host)."""
+    from residency.reports.summary import first_screen_markdown, summarize
+
+    return first_screen_markdown(summarize(ev, manifest=run.manifest))
+
+
+def first_screen_notes(ev: Evidence, run: Run) -> str:
+    """Markdown: one short note per first-screen attribution, the runs' scope (attribution
+    of decisions, warm-ups per kind) and the host load, each said once."""
+    from residency.reports.summary import notes_markdown, summarize
+
+    return notes_markdown(summarize(ev, manifest=run.manifest))
 
 
 def headline(ev: Evidence, run: Run) -> str:
-    """Markdown, two lines for the top of the report: the E2E verdict of the unprofiled
-    pairs (or why there is none) and how long recording the run took, with the 10-minute
-    target of the default main job when the device is the emulated NPU."""
-    from residency.humanize import duration_text
-    from residency.reports.banner import elapsed_s
+    """The first screen (`first_screen`), kept under its former name."""
+    return first_screen(ev, run)
 
-    a = ev.get("e2e_unprofiled")
-    verdict = (a.detail.get("verdict") if a is not None else None) or (
-        "No verdict: this run has no unprofiled pairs." if a is None else
-        "No verdict: E2E of the unprofiled pairs is not positive.")
-    aa = ev.get("e2e_aa")
-    if aa is not None and a is not None:
-        verdict += (f" A/A noise (median |delta| of {aa.n['A']} same-arm pairs): "
-                    f"{aa.detail['spread_s']:.3g} s.")
-    secs = elapsed_s(run.manifest)
-    line = ("recording time not in the manifest" if secs is None else
-            f"recording the run took {duration_text(secs)}")
-    if secs is not None and devices.emulated(run.device_kind):
-        line += (f" (the default main job's target on the emulated NPU with 2 cores: at most "
-                 f"{MAIN_JOB_TARGET_S // 60} min, "
-                 f"{'met' if secs <= MAIN_JOB_TARGET_S else 'NOT met'}; the notebook's own "
-                 f"analysis adds to it)")
-    return f"**E2E verdict** (unprofiled pairs, {ev.label}): {verdict}\n\n**Time**: {line}."
+
+def notes(ev: Evidence, keys: tuple[str, ...] | list[str]) -> list[str]:
+    """The notes of several attributions (`note`), the statistical unit and scope said once,
+    under the last one, when they all share them (no sentence repeated per attribution)."""
+    found = [ev.get(k) for k in keys]
+    shared = {(a.judged_on, a.scope.describe()) for a in found if a is not None}
+    if len(shared) != 1 or any(a is None for a in found):
+        return [note(ev, k) for k in keys]
+    judged, scope = next(iter(shared))
+    out = [statistical_note(a.note, what=ATTRIBUTIONS.get(a.key, a.key)) for a in found]
+    out[-1] += f" *Judged on (all {len(found)}): {judged}. Scope: {scope}.*"
+    return out
 
 
 def note(ev: Evidence, key: str) -> str:
@@ -84,7 +93,8 @@ def note(ev: Evidence, key: str) -> str:
 
 
 def normal_call_frame(ev: Evidence) -> pd.DataFrame:
-    """Rank x arm table of normal-call durations (ms, summed per rank) of the profiled pair."""
+    """Rank x arm table of normal-call durations of the profiled pair (ms, each rank's median
+    per call)."""
     a = ev.get("normal_call_per_rank")
     ranks = {arm: list(a.detail["ranks"][arm]) if a else [] for arm in PAIRED_ARMS}
     values = {arm: dict(zip(ranks[arm], a.values[arm], strict=True)) if a else {}
@@ -98,22 +108,29 @@ def normal_call_frame(ev: Evidence) -> pd.DataFrame:
     return df.set_index("rank")
 
 
+PER_RUN_COLUMNS = ["run", "arm", "profiled", "normal calls", "per-call range (ms)",
+                   "per rank, median per call (ms)", "median per call (ms)"]
+
+
 def per_run_frame(ev: Evidence) -> pd.DataFrame:
-    """One row per measured run: arm, profiled or not, its per-rank normal-call durations and
-    their median (ms): the values of the per-run (cross-run) comparison."""
+    """One row per run of the per-run comparison (unprofiled runs, or profiled ones when
+    the design has no others; never both): arm, its number of normal calls, their range, each
+    rank's median per call and the run's median per call (ms), the value compared."""
     a = ev.get("normal_call_per_run")
     rows = []
     if a is not None:
         for arm in PAIRED_ARMS:
-            for name, prof, med, ranks in zip(a.labels[arm], a.detail["profiled"][arm],
-                                              a.values[arm], a.detail["per_rank_ms"][arm],
-                                              strict=True):
+            for name, prof, med, ranks, rng, calls in zip(
+                    a.labels[arm], a.detail["profiled"][arm], a.values[arm],
+                    a.detail["per_rank_ms"][arm], a.detail["per_call_range_ms"][arm],
+                    a.detail["calls"][arm], strict=True):
                 rows.append({"run": name, "arm": arm,
                              "profiled": "profiled" if prof else "unprofiled",
-                             "per rank (ms)": ", ".join(f"{v:.6g}" for v in ranks),
-                             "median over ranks (ms)": med})
-    return pd.DataFrame(rows, columns=["run", "arm", "profiled", "per rank (ms)",
-                                       "median over ranks (ms)"]).set_index("run")
+                             "normal calls": calls,
+                             "per-call range (ms)": f"{sig(rng[0])}–{sig(rng[1])}",
+                             "per rank, median per call (ms)": ", ".join(sig(v) for v in ranks),
+                             "median per call (ms)": med})
+    return pd.DataFrame(rows, columns=PER_RUN_COLUMNS).set_index("run")
 
 
 def releases_frame(ev: Evidence) -> pd.DataFrame:
@@ -149,14 +166,15 @@ def _e2e_lists(ev: Evidence, key: str) -> dict[str, list[float]]:
     return {arm: list(a.values[arm]) if a else [] for arm in PAIRED_ARMS}
 
 
-def paired_results(ev: Evidence, **extra: Any) -> dict[str, Any]:
+def paired_results(ev: Evidence, *, manifest: Any = None, **extra: Any) -> dict[str, Any]:
     """The `results.json` of paired_profile, rendered from the evidence: `device_kind`,
     `normal_call_ms` (per-rank lists by rank, profiled pair), `normal_call_per_run_ms`,
     `idle_intersection_ms`, `e2e_s` (the unprofiled pairs when there are any, else the
     profiled pair; `e2e_s_source` says which), `notes`, counts, the other idle figures, both
     E2E lists, `e2e_verdict` (one sentence, unprofiled pairs), `e2e_aa_s` (the A/A noise when
     given), `evidence` (every attribution with values, n, unit, statistical unit, scope,
-    p-value and note) and `extra`."""
+    p-value and note), `summary` (the first screen, `residency.summary`; `manifest`, the
+    run's, adds its scope and host load) and `extra`."""
     def per_arm(key: str) -> dict[str, Any]:
         a = ev.get(key)
         return {arm: (a.values[arm][0] if a else None) for arm in PAIRED_ARMS}
@@ -193,7 +211,14 @@ def paired_results(ev: Evidence, **extra: Any) -> dict[str, Any]:
         "preparation_window_source": prep.source if prep else "none recorded",
         "idle_error": ev.idle_error,
         "profiled_pair": list(ev.reference_pair) if ev.reference_pair else None,
-        "run_dir": str(ev.run_dir), "evidence": ev.to_dict(), **extra}
+        "run_dir": str(ev.run_dir), "evidence": ev.to_dict(),
+        "summary": _summary_dict(ev, manifest), **extra}
+
+
+def _summary_dict(ev: Evidence, manifest: Any) -> dict[str, Any]:
+    from residency.reports.summary import summarize
+
+    return summarize(ev, manifest=manifest).to_dict()
 
 
 def evidence_tables(ev: Evidence) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -105,7 +105,7 @@ def render_html(notebook: str | os.PathLike[str], out_dir: str | os.PathLike[str
     if not _executed(nb):
         raise ReportError(f"{src}: has no outputs: execute it first "
                           f"(papermill {src} OUT.ipynb)")
-    _banner_first(nb)
+    heading = _banner_first(nb)
     from traitlets.config import Config
 
     # merged streams keep only what a terminal would show last (progress bars redraw with \r)
@@ -113,6 +113,9 @@ def render_html(notebook: str | os.PathLike[str], out_dir: str | os.PathLike[str
     exporter = HTMLExporter(config=config, exclude_input=True, exclude_input_prompt=True,
                             exclude_output_prompt=True)
     title = nb.metadata.get("title") or src.stem.replace("_", " ")
+    if heading:  # the device kind in the window title too (issue 25); the template escapes it
+        title = f"{title} — {heading}"
+        nb.metadata["title"] = title
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
     body = with_csp(body)
     out = Path(out_dir)
@@ -139,9 +142,10 @@ def _is_banner(output: Any) -> bool:
     return bool((output.get("metadata") or {}).get(BANNER_METADATA))
 
 
-def _banner_first(nb: Any) -> None:
+def _banner_first(nb: Any) -> str | None:
     """Move the first banner output (`residency.reports.banner.display_banner`) into a cell of its
-    own at the top, so the page's first visible text is the banner."""
+    own at the top, so the page's first visible text is the banner; returns its heading (device
+    kind and label, from the banner's one-line text), None without a banner."""
     import nbformat
 
     for cell in nb.cells:
@@ -152,7 +156,9 @@ def _banner_first(nb: Any) -> None:
                 top = nbformat.v4.new_code_cell("", outputs=[out])
                 top.metadata["tags"] = ["residency-banner"]
                 nb.cells.insert(0, top)
-                return
+                line = str((out.get("data") or {}).get("text/plain") or "")
+                return line.split(" · ", 1)[0].strip()[:200] or None
+    return None
 
 
 class _BannerText(HTMLParser):

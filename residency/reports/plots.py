@@ -398,6 +398,22 @@ def _pairs(lists: Mapping[str, Sequence[float]]) -> list[tuple[float, float]]:
     return [(float(x), float(y)) for x, y in zip(b, c, strict=False)]
 
 
+def _spread_labels(ys: Sequence[float], gap: float) -> list[float]:
+    """Label positions near `ys`, at least `gap` apart (same order), so that pair numbers of
+    close values do not overlap; the group's centre stays where it was."""
+    if not ys:
+        return []
+    order = sorted(range(len(ys)), key=lambda i: ys[i])
+    out = [float(ys[i]) for i in order]
+    for j in range(1, len(out)):
+        out[j] = max(out[j], out[j - 1] + gap)
+    shift = (sum(ys) - sum(out)) / len(out)  # keep the mean position
+    placed = [0.0] * len(ys)
+    for j, i in enumerate(order):
+        placed[i] = out[j] + shift
+    return placed
+
+
 def e2e_slopegraph(profiled: Mapping[str, Sequence[float]],
                    unprofiled: Mapping[str, Sequence[float]], *, device_kind: str,
                    unit: str = "s", aa_spread: float | None = None) -> Figure:
@@ -415,10 +431,11 @@ def e2e_slopegraph(profiled: Mapping[str, Sequence[float]],
     deltas: dict[str, list[tuple[int, float]]] = {}
     for ax, (name, pairs) in zip(axes[:2], groups.items(), strict=True):
         deltas[name] = []
-        for b, c in pairs:
+        label_y = _spread_labels([c for _, c in pairs], 0.035 * top)
+        for (b, c), y in zip(pairs, label_y, strict=True):
             number += 1
             ax.plot([0, 1], [b, c], "-o", color="tab:gray", lw=1.2, ms=5)
-            ax.text(1.06, c, f"{number}", va="center", fontsize=8)
+            ax.text(1.06, y, f"{number}", va="center", fontsize=8)
             deltas[name].append((number, c - b))
         ax.set_xticks([0, 1], list(PAIRED_ARMS))
         ax.set_xlim(-0.25, 1.3)
@@ -434,17 +451,25 @@ def e2e_slopegraph(profiled: Mapping[str, Sequence[float]],
     if aa_spread is not None:
         dax.axhspan(-aa_spread, aa_spread, color="tab:blue", alpha=0.15, lw=0,
                     label=f"A/A noise: ±median |delta| ({quantity(aa_spread, unit)})")
+    every = [v for items in deltas.values() for _, v in items] + [0.0]
+    span = (max(every) - min(every)) or 1.0
+    labelled = False
     for k, items in enumerate(deltas.values()):
         if not items:
             continue
         vals = [v for _, v in items]
         xs = np.full(len(vals), k, float)
         dax.scatter(xs, vals, color="tab:gray", zorder=3)
-        for (n, v), x in zip(items, xs, strict=True):
-            dax.text(x + 0.08, v, f"{n}", va="center", fontsize=8)
+        for (n, _), x, y in zip(items, xs, _spread_labels(vals, 0.045 * span), strict=True):
+            dax.text(x - 0.08, y, f"{n}", va="center", ha="right", fontsize=8)
+        if len(vals) < 2:  # one pair: its delta, no median to draw
+            dax.text(k + 0.1, vals[0], f"n = 1: {quantity(vals[0], unit)}", fontsize=8,
+                     va="center", ha="left")
+            continue
         med = float(np.median(vals))
         dax.hlines(med, k - 0.25, k + 0.25, color="red", lw=2.5, zorder=4,
-                   label="median paired delta" if k == 0 or not deltas["profiled"] else None)
+                   label=None if labelled else "median paired delta")
+        labelled = True
         dax.text(k + 0.28, med, f"median {quantity(med, unit)}", color="red", fontsize=8,
                  va="center", ha="left")
     dax.set_xticks([0, 1], ["profiled", "unprofiled"])
@@ -453,7 +478,7 @@ def e2e_slopegraph(profiled: Mapping[str, Sequence[float]],
     dax.set_title("paired deltas (below 0: candidate faster)", fontsize=10)
     dax.grid(axis="y", alpha=0.3)
     _sig_axis(dax)
-    if any(deltas.values()) or aa_spread is not None:
+    if labelled or aa_spread is not None:
         dax.legend(fontsize=8, loc="best")
     n_all = sum(len(p) for p in groups.values())
     fig.suptitle(figure_title("Client end-to-end time per pair (profiled and unprofiled never "

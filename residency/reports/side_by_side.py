@@ -1,60 +1,71 @@
-"""The run's evidence beside the published NPU figures, aligned row by row on the same
-quantities: a quantity one side lacks shows "—", the device labels (emulated NPU or NPU) sit
-in the column headers, numbers have 4 significant digits.
+"""The run's evidence beside the published NPU figures, quantity by quantity, with honest
+effect sizes: for each side the value (baseline -> candidate), the change, and the change
+relative to E2E (release cost / E2E, idle intersection / E2E, E2E delta %).
 
-Input: two evidence tables as `residency.reports.tables` renders them (columns `metric`,
-`baseline`, `candidate`, ...; `attrs["device_kind"]`); a row of either side belongs to the
-quantity in `QUANTITIES` whose metric prefix it starts with. No torch.
+This run's numbers show 4 significant digits; published figures keep their published
+precision (2248.795837 -> 2244.482967 s, -4.312870 s, -0.19 %), so a 4.313 s change never
+reads as 5 s. Rows the published run measured on the full stack (this change with five
+others) are marked and sit apart, below the rows of this change alone: a full-stack figure is
+never set beside a this-change-only one as if comparable. Input: the run's
+`residency.evidence.Evidence` and the published figures (`residency.reports.summary.
+published_figures`). No torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
-from residency.humanize import MISSING, round_numbers
+from residency.evidence import Evidence
+from residency.humanize import MISSING, sig
 
-__all__ = ["QUANTITIES", "Quantity", "side_by_side"]
+__all__ = ["FULL_STACK", "QUANTITIES", "Quantity", "side_by_side"]
+
+FULL_STACK = "FULL STACK (this change with #8129, #8229, #8577, #8579 and a resident VAE)"
 
 
 @dataclass(frozen=True)
 class Quantity:
-    """One aligned row: the name people read, the metric prefixes that identify it in the
-    run's table and in the published table (None: that side never has it), and what the
-    published figure measured (its scope)."""
+    """One row: the name people read, its scope words, the evidence key of this run's side
+    (None: this run never has it) and the metric prefix of the published side (None: not
+    published for this change alone), and whether the published figure is full-stack."""
 
     name: str
+    scope: str
     run: str | None
     published: str | None
-    published_scope: str = MISSING
+    full_stack: bool = False
 
 
-_FULL = "full stack, complete combination (not this change alone)"
 QUANTITIES: tuple[Quantity, ...] = (
-    Quantity("normal-call duration per rank, profiled pair", "normal-call duration per rank",
-             "normal-call duration per rank", "isolated 50-step pair"),
-    Quantity("normal-call duration per run (median over ranks)",
-             "normal-call duration per run", None),
-    Quantity("normal calls that released cache", "normal calls that released",
-             "normal calls that released", "isolated pair"),
-    Quantity("forced releases that released", "forced releases that released",
-             "forced releases that released", "isolated pair"),
-    Quantity("telemetry errors, OOM", "telemetry errors", None),
+    Quantity("normal-call duration per rank, per call", "profiled / isolated pair",
+             "normal_call_per_rank", "normal-call duration per rank"),
+    Quantity("normal-call duration per call, one value per run", "unprofiled runs",
+             "normal_call_per_run", None),
+    Quantity("normal calls that released cache", "all measured requests", "normal_released",
+             "normal calls that released"),
+    Quantity("forced releases that released", "all measured requests", "forced_released",
+             "forced releases that released"),
     Quantity("normal-release markers ∩ all-rank no-device-task time",
-             "normal-release markers ∩ all-rank no-device-task time",
-             "normal-release markers ∩ all-rank no-device-task time", "isolated pair"),
-    Quantity("all-rank no-device-task time, profiled pair", "all-rank no-device-task time",
-             "full stack, profiled pair, all-rank no-device-task time", _FULL),
-    Quantity("preparation window, profiled pair", "preparation window",
-             "full stack, profiled pair, preparation window", _FULL),
-    Quantity("client E2E, profiled pair", "client E2E, profiled pair",
-             "client E2E, one isolated pair", "isolated pair"),
-    Quantity("client E2E, unprofiled pairs (median)", "client E2E per unprofiled pair",
-             "full stack, 3 alternating unprofiled pairs", f"3 pairs; {_FULL}"),
-    Quantity("consecutive requests, candidate", "consecutive requests",
-             "three consecutive 2-step requests", "3 requests of 2 steps x 8 ranks"),
+             "profiled / isolated pair", "idle_intersection",
+             "normal-release markers ∩ all-rank no-device-task time"),
+    Quantity("client E2E", "profiled / isolated pair", "e2e_profiled",
+             "client E2E, one isolated pair"),
+    Quantity("client E2E, median of the pairs", "unprofiled pairs", "e2e_unprofiled", None),
+    Quantity("all-rank no-device-task time", "profiled pair", "all_rank_idle", None),
+    Quantity("preparation window", "profiled pair", "preparation_window", None),
+    Quantity("consecutive requests, candidate", "3 requests of 2 steps", None,
+             "three consecutive 2-step requests"),
+    Quantity("client E2E, median of 3 alternating unprofiled pairs", FULL_STACK, None,
+             "full stack, 3 alternating unprofiled pairs", full_stack=True),
+    Quantity("all-rank no-device-task time", FULL_STACK + ", profiled pair", None,
+             "full stack, profiled pair, all-rank no-device-task time", full_stack=True),
+    Quantity("preparation window", FULL_STACK + ", profiled pair", None,
+             "full stack, profiled pair, preparation window", full_stack=True),
 )
 
 
@@ -64,50 +75,181 @@ def _label(kind: str) -> str:
     return device_heading(kind).split(": ", 1)[-1] if kind else "unknown device kind"
 
 
-def _find(table: pd.DataFrame, prefix: str | None, used: set[int]) -> pd.Series | None:
-    if prefix is None or table.empty:
+# ----------------------------------------------------------------------------- this run
+def _s(x: float, unit: str = "") -> str:
+    return f"{sig(x)} {unit}".rstrip()
+
+
+def _signed(x: float, unit: str = "") -> str:
+    return ("+" if x > 0 else "") + _s(x, unit)
+
+
+def _pct(x: float | None) -> str:
+    if x is None or not math.isfinite(x):
+        return MISSING
+    return f"{'+' if x > 0 else ''}{sig(x * 100)} %"
+
+
+def _ratio(b: float, c: float) -> str:
+    if b <= 0 or c <= 0 or b == c:
+        return "no change" if b == c else "ratio undefined"
+    return f"{sig(b / c)}x faster" if c < b else f"{sig(c / b)}x slower"
+
+
+def _run_e2e(ev: Evidence, profiled: bool) -> float | None:
+    a = ev.get("e2e_profiled" if profiled else "e2e_unprofiled")
+    return None if a is None else float(a.result.baseline_median)
+
+
+def _run_cells(ev: Evidence, key: str) -> tuple[str, str, str] | None:
+    a = ev.get(key)
+    if a is None:
         return None
-    for i, metric in enumerate(table["metric"].astype(str)):
-        if i not in used and metric.startswith(prefix):
-            used.add(i)
-            return table.iloc[i]
+    e2e_prof = _run_e2e(ev, True) or _run_e2e(ev, False)
+    if key == "normal_call_per_rank":
+        b, c = a.values["baseline"], a.values["candidate"]
+        med = a.detail["medians"]
+        rel = (f"baseline per call {sig(100 * min(b) / 1e3 / e2e_prof)}–"
+               f"{sig(100 * max(b) / 1e3 / e2e_prof)} % of E2E" if e2e_prof else MISSING)
+        return (f"{_s(min(b))}–{_s(max(b), 'ms')} → {_s(min(c))}–{_s(max(c), 'ms')}",
+                f"{_ratio(med['baseline'], med['candidate'])} (medians over ranks)", rel)
+    if key == "normal_call_per_run":
+        r = a.result
+        e2e = _run_e2e(ev, False) or e2e_prof
+        rel = (f"baseline per call {sig(100 * r.baseline_median / 1e3 / e2e)} % of E2E"
+               if e2e else MISSING)
+        return (f"median {_s(r.baseline_median, 'ms')} → {_s(r.candidate_median, 'ms')} "
+                f"({r.n[0]} vs {r.n[1]} runs)", _ratio(r.baseline_median, r.candidate_median),
+                rel)
+    if a.kind == "counts":
+        k = {arm: int(a.values[arm][0]) for arm in ("baseline", "candidate")}
+        n = dict(a.n)
+        if not all(n.values()):
+            return f"{k['baseline']}/{n['baseline']} → {k['candidate']}/{n['candidate']}", \
+                MISSING, MISSING
+        pp = 100 * (k["candidate"] / n["candidate"] - k["baseline"] / n["baseline"])
+        return (f"{k['baseline']}/{n['baseline']} → {k['candidate']}/{n['candidate']}",
+                "unchanged" if pp == 0 else f"{'+' if pp > 0 else ''}{sig(pp)} pp", MISSING)
+    if a.kind == "single":
+        r = a.result
+        scale = 1e3 if a.unit == "ms" else 1.0
+        rel = (f"{_pct(r.delta / scale / e2e_prof)} of E2E" if e2e_prof else MISSING)
+        return (f"{_s(r.baseline)} → {_s(r.candidate, a.unit)}",
+                f"{_signed(r.delta, a.unit)} ({_pct(r.relative)})", rel)
+    if a.kind == "pairs":
+        r = a.result
+        med = "median " if r.n > 1 else ""
+        delta = "median paired delta " if r.n > 1 else ""
+        return (f"{med}{_s(r.baseline_median)} → {_s(r.candidate_median, 's')}"
+                + (f" ({r.n} pairs)" if r.n > 1 else ""),
+                f"{delta}{_signed(r.delta, 's')}", f"{_pct(r.relative)} of E2E")
     return None
 
 
-def side_by_side(run_table: pd.DataFrame, published: pd.DataFrame, *,
-                 quantities: Sequence[Quantity] = QUANTITIES) -> pd.DataFrame:
-    """One row per quantity either side has, in `quantities` order, then rows of either
-    table no quantity claims (under their own metric name): baseline and candidate of the
-    run and of the published figures, and the published row's scope. Column headers carry
-    each side's device label; `attrs` keep both device kinds."""
-    run_kind = str(run_table.attrs.get("device_kind", ""))
-    pub_kind = str(published.attrs.get("device_kind", ""))
-    cols = ["quantity", f"baseline: this run ({_label(run_kind)})",
-            f"candidate: this run ({_label(run_kind)})",
-            f"baseline: published ({_label(pub_kind)})",
-            f"candidate: published ({_label(pub_kind)})", "published scope"]
-    used_run: set[int] = set()
-    used_pub: set[int] = set()
-    rows = []
+# ----------------------------------------------------------------------------- published
+def _fixed(x: float, decimals: int) -> str:
+    return f"{x:.{decimals}f}"
 
-    def cells(row: pd.Series | None) -> list[str]:
-        if row is None:
-            return [MISSING, MISSING]
-        return [round_numbers(str(row[a])) if str(row[a]).strip() else MISSING
-                for a in ("baseline", "candidate")]
 
+def _pub_pct(x: float) -> str:
+    """A published change in %, at the precision the publication uses: 2 decimals (-0.19 %,
+    -54.17 %), 2 significant digits below 0.1 % (-0.0097 %)."""
+    text = f"{x:.2f}" if abs(x) >= 0.1 or x == 0 else f"{x:.2g}"
+    return f"{'+' if x > 0 else ''}{text} %"
+
+
+def _published_cells(row: Mapping[str, Any], e2e_s: float | None) -> tuple[str, str, str]:
+    b, c, unit, d = row["baseline"], row["candidate"], row.get("unit", ""), row["decimals"]
+    kind = row["kind"]
+    if kind == "range":
+        rel = (f"baseline per call {sig(100 * b[0] / 1e3 / e2e_s)}–"
+               f"{sig(100 * b[1] / 1e3 / e2e_s)} % of E2E" if e2e_s and unit == "ms"
+               else MISSING)
+        return (f"{_fixed(b[0], d)}–{_fixed(b[1], d)} {unit} → {_fixed(c[0], d)}–"
+                f"{_fixed(c[1], d)} {unit}", f"{sig(b[0] / c[1])}x–{sig(b[1] / c[0])}x faster "
+                "(any rank vs any rank)", rel)
+    if kind == "count":
+        pp = 100 * (c["k"] / c["n"] - b["k"] / b["n"])
+        return (f"{b['k']}/{b['n']} → {c['k']}/{c['n']}",
+                "unchanged" if pp == 0 else f"{'+' if pp > 0 else ''}{sig(pp)} pp", MISSING)
+    if kind == "tally":
+        parts = [f"{v['k']}/{v['n']} {k}" if isinstance(v, Mapping) else f"{v} {k}"
+                 for k, v in c.items()]
+        return f"candidate: {', '.join(parts)}", MISSING, MISSING
+    delta = c - b
+    pct = _pub_pct(100 * delta / b) if b else MISSING
+    scale = 1e3 if unit == "ms" else 1.0
+    rel = (f"{_pub_pct(100 * delta / scale / e2e_s)} of E2E" if e2e_s and unit in ("ms", "s")
+           else MISSING)
+    if row["metric"].startswith(("client E2E", "full stack, 3 alternating")):
+        rel = f"{pct} of E2E"
+    return (f"{_fixed(b, d)} → {_fixed(c, d)} {unit}",
+            f"{'+' if delta > 0 else ''}{_fixed(delta, d)} {unit} ({pct})", rel)
+
+
+def _published_rows() -> dict[str, Mapping[str, Any]]:
+    from residency.reports.summary import published_figures
+
+    return published_figures()["rows"]
+
+
+def _find(rows: Mapping[str, Mapping[str, Any]], prefix: str | None
+          ) -> Mapping[str, Any] | None:
+    if prefix is None:
+        return None
+    return next((r for m, r in rows.items() if m.startswith(prefix)), None)
+
+
+def side_by_side(run: Evidence | pd.DataFrame, published: Any = None, *,
+                 evidence: Evidence | None = None,
+                 rows: Callable[[], Mapping[str, Mapping[str, Any]]] = _published_rows,
+                 quantities: tuple[Quantity, ...] = QUANTITIES) -> pd.DataFrame:
+    """One row per quantity either side has, in `quantities` order (full-stack published
+    rows last, marked): scope, then for this run and for the published figures the value
+    (baseline → candidate), the change and the change relative to E2E. Column headers carry
+    each side's device label; `attrs` keep both device kinds.
+
+    `run` is the run's `Evidence` (or its evidence table, with the Evidence as `evidence`);
+    `published` is accepted for symmetry with the tables and ignored: the published figures
+    come from `rows()` at their own precision.
+
+    Raises:
+        ValueError: no `Evidence` was given.
+    """
+    ev = evidence if evidence is not None else run
+    if not isinstance(ev, Evidence):
+        raise ValueError("The value for `evidence` must be the run's residency.evidence."
+                         "Evidence, but it was not passed.")
+    pub = rows()
+    pub_kind = "npu"
+    run_label, pub_label = _label(ev.device_kind), _label(pub_kind)
+    cols = ["quantity", "scope", f"this run ({run_label}): baseline → candidate",
+            "this run: change", "this run: change relative to E2E",
+            f"published ({pub_label}): baseline → candidate", "published: change",
+            "published: change relative to E2E"]
+    iso_e2e = _find(pub, "client E2E, one isolated pair")
+    full_e2e = _find(pub, "full stack, 3 alternating")
+    out, full = [], []
     for q in quantities:
-        r = _find(run_table, q.run, used_run)
-        p = _find(published, q.published, used_pub)
-        if r is None and p is None:
+        mine = _run_cells(ev, q.run) if q.run else None
+        theirs = _find(pub, q.published)
+        if mine is None and theirs is None:
             continue
-        rows.append([q.name, *cells(r), *cells(p), MISSING if p is None else q.published_scope])
-    for i, r in run_table.reset_index(drop=True).iterrows():
-        if i not in used_run:
-            rows.append([str(r["metric"]), *cells(r), MISSING, MISSING, MISSING])
-    for i, p in published.reset_index(drop=True).iterrows():
-        if i not in used_pub:
-            rows.append([str(p["metric"]), MISSING, MISSING, *cells(p), "as named"])
-    out = pd.DataFrame(rows, columns=cols)
-    out.attrs.update(run_device_kind=run_kind, published_device_kind=pub_kind)
-    return out
+        e2e = (full_e2e if q.full_stack else iso_e2e) or {}
+        if theirs is not None:
+            pcells = _published_cells(theirs, e2e.get("baseline"))
+        elif q.run in ("e2e_unprofiled", "all_rank_idle", "preparation_window"):
+            pcells = (f"{MISSING} (published for the full stack only: marked below)",
+                      MISSING, MISSING)
+        else:
+            pcells = (MISSING, MISSING, MISSING)
+        if mine is None:
+            mine = ((f"{MISSING} (no figure of this change alone to set beside it)",
+                     MISSING, MISSING) if q.full_stack else (MISSING, MISSING, MISSING))
+        if q.full_stack:
+            full.append(len(out))
+        out.append([q.name, q.scope, *mine, *pcells])
+    table = pd.DataFrame(out, columns=cols)
+    table.attrs.update(run_device_kind=ev.device_kind, published_device_kind=pub_kind,
+                       full_stack_rows=full)
+    return table

@@ -31,7 +31,7 @@ PUBLISHED_NAME = "h3_ref2va_910b1.json"
 _TESTS = {
     "description": "per-rank rows describe every rank of one run pair (no test)",
     "groups": "Mann-Whitney U (exact, two-sided) on one value per run (the run as the unit)",
-    "pairs": "Wilcoxon signed-rank (exact sign-flip, two-sided) on paired E2E",
+    "pairs": "exact Wilcoxon signed-rank test (two-sided) on paired E2E",
     "counts": "Clopper-Pearson 95 % intervals on counts",
     "single": "single observations: no test",
     "aa": "A/A noise: median |delta| of same-arm pairs (no test)",
@@ -149,7 +149,8 @@ def _title(name: str, device_kind: str) -> str:
 def _footer(used: set, extra: str = "") -> str:
     tests = "; ".join(_TESTS[k] for k in _TESTS if k in used)
     return ("Units: ms = milliseconds, s = seconds, pp = percentage points; every number carries "
-            "its unit. n: ranks per arm for per-rank rows, runs per arm for per-run rows, calls "
+            "its unit. n: ranks per arm for per-rank rows (each rank's median per call), runs per "
+            "arm for per-run rows (each run's median per call), calls "
             "per arm for counts, pairs for E2E"
             + (" (A/A pairs for the noise row)" if "aa" in used else "")
             + ", 1 per arm for single observations. Tests: "

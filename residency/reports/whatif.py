@@ -240,7 +240,8 @@ def gate_lines(gate: pd.DataFrame) -> list[str]:
                     for c, f in a.get("own_settings", []))
     what = (f"{a.get('checked')} recorded normal decisions (runs {', '.join(a.get('runs', []))};"
             f" ranks {', '.join(map(str, a.get('ranks', [])))}) replayed with their own bounds "
-            f"({own})")
+            f"({own}); warm-up decisions included, unlike the counts below, which are of the "
+            "measured requests only")
     if gate.empty:
         return [f"Consistency gate: PASS: all {what} reproduced their recorded outcome and "
                 "reason."]

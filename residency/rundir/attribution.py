@@ -3,9 +3,13 @@
 The vLLM-Omni adapter writes `request_id: null` (its workers never see a request id), so
 decisions are attributed by time: the client records each request's window
 `[start_wall_ns, end_wall_ns)` (`time.time_ns()`, warm-up included) in `client.json`, and
-a decision belongs to the request whose window contains its `wall_ns`. Decisions outside
-every window (a service's own start-up warm-up, calls between requests) are counted with
-their first and last time and excluded, never pooled with a request. The built-in service
+a decision belongs to the request whose window contains its `wall_ns`. Decisions of the
+service's own start-up warm-up (a recorded request id starting `warmup-`, such as the
+built-in service's `warmup-service`, or, by time, any decision before the client's first
+request) are warm-ups, counted per kind; the client's warm-up request is request 0. Only the
+rest, decisions truly outside every window (calls between or after requests), are "outside
+every request": counted with their first and last time. Both are excluded, never pooled
+with a request. The built-in service
 also records request ids; runs recorded before the client kept wall times are attributed by
 those ids (`method="id"`), which must agree with the time attribution wherever both exist.
 
@@ -30,7 +34,7 @@ __all__ = ["ATTRIBUTED_COLUMNS", "COUNT_COLUMNS", "RequestAttribution", "Attribu
            "RequestWindow", "attribute", "attribute_by_id", "attribute_by_time",
            "consecutive_gates", "count_failures", "expected_calls", "has_wall_times",
            "missing_rank_message", "request_counts", "scope_note",
-           "request_windows"]
+           "request_windows", "warmup_text"]
 
 ATTRIBUTED_COLUMNS = (
     "request", "request_id", "warmup", "rank", "kind", "outcome", "reason", "error",
@@ -146,7 +150,27 @@ class RequestAttribution:
     outside_last_wall_ns: int | None = None
     outside_by_kind: Mapping[str, int] = field(default_factory=dict)
     numbers: pd.Series = field(default=None, repr=False)  # type: ignore[assignment]
-    """Per input row (same index): its request number, <NA> outside every request."""
+    """Per input row (same index): its request number, <NA> outside every request and for
+    the service's start-up warm-up."""
+    startup_count: int = 0
+    """Decisions of the service's own start-up warm-up (not a client request)."""
+    startup_by_kind: Mapping[str, int] = field(default_factory=dict)
+    startup_ids: tuple[str, ...] = ()  # the start-up request ids recorded (e.g. warmup-service)
+
+    @property
+    def warmup_by_kind(self) -> dict[str, dict[str, int]]:
+        """Warm-up decisions per source and kind: `service start-up` (the service's own
+        start-up request) and `client warm-up` (request 0), e.g. {"service start-up":
+        {"normal": 2, "forced": 4}, "client warm-up": {...}}; sources without decisions left
+        out."""
+        out = {}
+        if self.startup_count:
+            out["service start-up"] = dict(self.startup_by_kind)
+        warm = self.warmup
+        if len(warm):
+            out["client warm-up"] = {str(k): int(n) for k, n in
+                                     warm["kind"].value_counts().items()}
+        return out
 
     def request_id_of(self, number: int) -> str | None:
         """The client's id of request `number` (0 = warm-up)."""
@@ -163,17 +187,20 @@ class RequestAttribution:
         return self.decisions[self.decisions["warmup"].astype(bool)].reset_index(drop=True)
 
     def outside_note(self) -> str:
-        """One sentence: how many decisions lay outside every request window, and when."""
+        """One sentence: the warm-up decisions per source and kind (excluded), and how many
+        decisions lay truly outside every request window, and when."""
         how = ("by time (client wall-clock windows)" if self.method == "time" else
                "by request id")
+        warm = warmup_text(self.warmup_by_kind, self.startup_ids)
+        warm = f" warm-ups excluded: {warm};" if warm else ""
         if not self.outside_count:
-            return f"Attributed {how}: no decision lay outside every request."
+            return f"Attributed {how}:{warm} no decision lay outside every request."
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(self.outside_by_kind.items()))
         span = (f"first at {_iso(self.outside_first_wall_ns)}, last at "
                 f"{_iso(self.outside_last_wall_ns)}" if self.method == "time" else
                 "their ids match no client request")
-        return (f"Attributed {how}: {self.outside_count} decision(s) ({kinds}) lay outside "
-                f"every request ({span}) and are excluded.")
+        return (f"Attributed {how}:{warm} {self.outside_count} decision(s) ({kinds}) lay "
+                f"outside every request ({span}) and are excluded.")
 
     def __repr__(self) -> str:
         return (f"RequestAttribution(by {self.method}: {len(self.windows)} windows, "
@@ -206,16 +233,51 @@ def _attributed(decisions: pd.DataFrame, number: np.ndarray, windows: Sequence[R
     return out[list(ATTRIBUTED_COLUMNS)].reset_index(drop=True)
 
 
+def warmup_text(by_source: Mapping[str, Mapping[str, int]],
+                startup_ids: Sequence[str] = ()) -> str:
+    """Warm-up decisions for people: "service start-up (warmup-service) 6 (2 normal, 4
+    forced), client warm-up 6 (2 normal, 4 forced)"; "" without any."""
+    parts = []
+    for source, kinds in by_source.items():
+        ids = f" ({', '.join(startup_ids)})" if source == "service start-up" and \
+            startup_ids else ""
+        detail = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+        parts.append(f"{source}{ids} {sum(kinds.values())} ({detail})")
+    return ", ".join(parts)
+
+
+def _startup_mask(rows: pd.DataFrame, method: str, windows: tuple[RequestWindow, ...]
+                  ) -> np.ndarray:
+    """Rows (outside every client window) that belong to the service's own start-up
+    warm-up: a recorded id starting `warmup-`, or, by time, before the first window."""
+    if not len(rows):
+        return np.zeros(0, dtype=bool)
+    ids = rows["request_id"] if "request_id" in rows else pd.Series(None, index=rows.index)
+    mask = ids.map(lambda r: isinstance(r, str) and r.startswith("warmup-")).to_numpy(
+        dtype=bool, copy=True)
+    if method == "time" and windows and "wall_ns" in rows:
+        wall = pd.to_numeric(rows["wall_ns"], errors="coerce").to_numpy()
+        mask |= wall < windows[0].start_wall_ns
+    return mask
+
+
 def _outside(rows: pd.DataFrame, method: str, windows: tuple[RequestWindow, ...],
              inside: pd.DataFrame, numbers: pd.Series) -> RequestAttribution:
+    startup = _startup_mask(rows, method, windows)
+    boot, rows = rows[startup], rows[~startup]
     walls = pd.to_numeric(rows.get("wall_ns"), errors="coerce").dropna() \
         if len(rows) else pd.Series(dtype="int64")
     kinds = {str(k): int(n) for k, n in rows["kind"].value_counts().items()} if len(rows) else {}
+    boot_kinds = ({str(k): int(n) for k, n in boot["kind"].value_counts().items()}
+                  if len(boot) else {})
+    boot_ids = tuple(sorted({str(r) for r in boot["request_id"] if isinstance(r, str)})) \
+        if len(boot) and "request_id" in boot else ()
     return RequestAttribution(method=method, windows=windows, decisions=inside,
                        outside_count=len(rows),
                        outside_first_wall_ns=int(walls.min()) if len(walls) else None,
                        outside_last_wall_ns=int(walls.max()) if len(walls) else None,
-                       outside_by_kind=kinds, numbers=numbers)
+                       outside_by_kind=kinds, numbers=numbers, startup_count=len(boot),
+                       startup_by_kind=boot_kinds, startup_ids=boot_ids)
 
 
 def _numbers(decisions: pd.DataFrame) -> pd.Series:
@@ -444,17 +506,35 @@ def consecutive_gates(run: Any, *, arm: str = "candidate") -> list[str]:
 
 
 def scope_note(attributions: Sequence[RequestAttribution]) -> str:
-    """One sentence for a table footer: how the runs' decisions were attributed, that
-    warm-ups are excluded, and how many decisions lay outside every request (and when)."""
+    """One summary for a table footer (never one sentence per run): how many service runs,
+    how their decisions were attributed to requests, the warm-up decisions per source and
+    kind (excluded), and how many decisions lay truly outside every request (and when)."""
     if not attributions:
         return "Warm-up requests excluded."
     methods = sorted({a.method for a in attributions})
     how = " and ".join("by time (client wall-clock windows)" if m == "time" else "by request id"
                        for m in methods)
+    warm: dict[str, dict[str, int]] = {}
+    ids: set[str] = set()
+    for a in attributions:
+        ids.update(a.startup_ids)
+        for source, kinds in a.warmup_by_kind.items():
+            for k, n in kinds.items():
+                warm.setdefault(source, {})[k] = warm.get(source, {}).get(k, 0) + n
     outside = sum(a.outside_count for a in attributions)
     firsts = [a.outside_first_wall_ns for a in attributions if a.outside_first_wall_ns]
     lasts = [a.outside_last_wall_ns for a in attributions if a.outside_last_wall_ns]
     span = (f" (first at {_iso(min(firsts))}, last at {_iso(max(lasts))})"
             if firsts and lasts else "")
-    return (f"Decisions attributed to requests {how}; warm-up requests excluded; "
-            f"{outside} decision(s) outside every request excluded{span}.")
+    runs = len(attributions)
+    text = ("1 service run after its warm-up; " if runs == 1 else
+            f"{runs} service runs, each after its own warm-up; ")
+    text += f"decisions attributed to requests {how}"
+    warm_text = warmup_text(warm, sorted(ids))
+    text += f"; warm-up decisions excluded: {warm_text}" if warm_text else \
+        "; warm-up requests excluded"
+    if outside:
+        text += f"; {outside} decision(s) outside every request excluded{span}"
+    else:
+        text += "; no decision outside every request"
+    return text + "."
