@@ -784,3 +784,17 @@ def test_rendered_html_carries_a_policy_that_forbids_script() -> None:
     head = html.split("<head>", 1)[1]
     assert head.startswith('<meta http-equiv="Content-Security-Policy"')
     assert "default-src &#x27;none&#x27;" in head and "script-src" not in head
+
+
+def test_the_notebook_progress_bar_is_output_not_an_error(capsys: pytest.CaptureFixture
+                                                          ) -> None:
+    """The bar draws on stdout: a notebook renders stderr streams pink, as if they were
+    errors (issue 25's first screen)."""
+    lines: list[str] = []
+    p = RunProgress([("baseline", False), ("candidate", False)], design="alternating",
+                    interval_s=0, bar=True, write=lines.append)
+    bar = p(total=2, desc="alternating (emulated-npu)")
+    bar.update(1)
+    bar.close()
+    out, err = capsys.readouterr()
+    assert "1/2" in out and err == ""

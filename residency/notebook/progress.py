@@ -127,7 +127,9 @@ class RunProgress:
         if self._want_bar:
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(total=total, desc=desc, unit="run", file=sys.stderr)
+            # on stdout: in the notebook (and its report) a progress bar is output, not an
+            # error; stderr streams render pink there
+            self._bar = tqdm(total=total, desc=desc, unit="run", file=sys.stdout)
         self._started = self._run_started = self._clock()
         self._emit()
         if self.interval_s > 0:
