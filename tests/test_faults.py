@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from residency.experiments import ExperimentError, run_pair
+from residency.service import MAX_STEPS
 from tests.servicekit import SMALL, alive, http, service, wait_for
 
 pytestmark = pytest.mark.slow
@@ -54,7 +55,7 @@ def test_rank_killed_mid_request(tmp_path) -> None:
         pids = http("GET", url + "/health")[1]["rank_pids"]
         result = {}
         t = threading.Thread(target=lambda: result.setdefault(
-            "r", http("POST", url + "/v1/generate", {"steps": 2000, "seed": 1})))
+            "r", http("POST", url + "/v1/generate", {"steps": MAX_STEPS, "seed": 1})))
         t.start()
         # mid-request: both ranks have recorded a decision of r0001 (no sleep to hope for it)
         wait_for(lambda: all('"request_id":"r0001"' in (p.read_text() if p.exists() else "")
