@@ -274,6 +274,8 @@ def _discover(path: Path) -> tuple[Literal["kineto", "ascend"], list[Path]]:
     ascend: list[Path] = []
     runs: list[Path] = []  # trace/ folders of run directories below PATH
     for d, dirs, files in os.walk(root):
+        dirs[:] = [x for x in dirs if not x.startswith(".")]  # hidden: never a trace
+        files = [f for f in files if not f.startswith(".")]
         ascend += [Path(d, x) for x in dirs if x.endswith("_ascend_pt")]
         runs += [Path(d, x) for x in dirs if x == "trace"]
         dirs[:] = [x for x in dirs if not x.endswith("_ascend_pt") and x != CACHE_DIR]

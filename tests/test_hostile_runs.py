@@ -1,0 +1,134 @@
+"""Hostile runs (issue 28): each built by copying a recorded run, changing it as an author or
+a sender could, and sealing it again with the project's own sealing code, so that nothing but
+the finding stands between the change and the analysis."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from residency.evidence.runs import idle_from_traces, load_run_traces, reference_pair
+from residency.rundir import artifact_hashes, load_run, verify_run
+from residency.seal import seal
+from residency.tracefiles import TraceError
+from residency.traces import load_traces
+
+ROOT = Path(__file__).resolve().parent.parent
+PAIRED = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
+
+
+def reseal(run: Path) -> None:
+    """Re-record every artifact's sha256 and the seal, as `residency pair` does at the end."""
+    path = run / "manifest.json"
+    m = json.loads(path.read_text())
+    m["artifacts"] = artifact_hashes(run)
+    m.pop("seal", None)
+    m["seal"] = seal(m)
+    path.write_text(json.dumps(m, indent=2))
+
+
+@pytest.fixture
+def paired(tmp_path: Path) -> Path:
+    out = tmp_path / "run"
+    shutil.copytree(PAIRED, out)
+    return out
+
+
+def _third_rank(trace_dir: Path, name: str) -> Path:
+    """A copy of rank 0's trace that says it is rank 2."""
+    text = (trace_dir / "rank0.trace.json").read_text()
+    old = '"distributedInfo":{"backend":"gloo","rank":0,"world_size":2}'
+    assert old in text
+    path = trace_dir / name
+    path.write_text(text.replace(old, old.replace('"rank":0', '"rank":2')))
+    return path
+
+
+# ------------------------------------------------------------- hidden files: sealed, not read
+def test_a_hidden_file_added_after_the_seal_is_listed_by_verify(paired: Path) -> None:
+    """Before: any path part starting with "." was skipped by the seal, so a planted
+    `.rank2.trace.json` passed `verify` (and `--digest`) while the analysis read it."""
+    digest = verify_run(paired).digest
+    _third_rank(paired / "runs" / "01-candidate" / "trace", ".rank2.trace.json")
+    result = verify_run(paired, expected_digest=digest)
+    assert result.extra == ("runs/01-candidate/trace/.rank2.trace.json",)
+    assert not result.ok
+
+
+def test_a_sealed_hidden_file_is_never_read_as_a_trace(paired: Path) -> None:
+    """Sealed by its author, a hidden file still never becomes a rank (before: a 2-rank run
+    became 3 ranks)."""
+    trace = paired / "runs" / "01-candidate" / "trace"
+    _third_rank(trace, ".rank2.trace.json")
+    reseal(paired)
+    assert verify_run(paired).ok
+    assert sorted(load_traces(trace, cache=False).ranks) == [0, 1]
+
+
+def test_trace_ranks_must_be_the_runs_ranks(paired: Path) -> None:
+    """A sealed run whose trace folder holds a rank the run never had (params.ranks = 2):
+    the analysis refuses it naming the folder (before: analysed as 3 ranks)."""
+    trace = paired / "runs" / "01-candidate" / "trace"
+    _third_rank(trace, "rank2.trace.json")
+    reseal(paired)
+    run = load_run(paired)
+    _, candidate = reference_pair(run)
+    with pytest.raises(TraceError, match=r"ranks \[0, 1, 2\], but the run had "
+                                         r"params.ranks = 2"):
+        load_run_traces(run, candidate)
+    figures, error = idle_from_traces(run)
+    assert figures is None and "params.ranks = 2" in error
+
+
+# -------------------------------------------------- the bytes parsed are the bytes verified
+def test_a_file_changed_after_verification_is_never_parsed(paired: Path) -> None:
+    """`load_run` verified every sha256; a decisions file and a client record swapped after
+    that (between hashing and reading, as a hostile mount can) are refused when read, since
+    each read is hashed and checked against the seal (before: parsed, under the verified
+    digest)."""
+    from residency.rundir import RunDirError
+
+    run = load_run(paired)
+    entry = run.runs[0]
+    decisions = entry.dir / "decisions-rank0.jsonl"
+    lines = decisions.read_text().split("\n")
+    decisions.write_text("\n".join(lines[1:]))  # a decision gone, the rest still valid
+    with pytest.raises(RunDirError, match="changed since the run was verified"):
+        run.decisions(entry)
+    client = entry.dir / "client.json"
+    client.write_text(client.read_text().replace('"e2e_s"', '"e2e_s" ', 1))
+    with pytest.raises(RunDirError, match="client.json.*changed since the run was verified"):
+        run.client(entry)
+    unverified = load_run(paired, verify=False)  # --no-verify reads what is there
+    assert len(unverified.decisions(entry, warmup=True)) > 0
+
+
+def test_decisions_lines_split_on_newline_only(paired: Path) -> None:
+    """A JSON string may hold U+2028 (valid JSONL); `str.splitlines` split the record there
+    and the run was refused as invalid JSON."""
+    entry = load_run(paired).runs[0]
+    path = entry.dir / "decisions-rank0.jsonl"
+    lines = path.read_text().split("\n")
+    record = json.loads(lines[0])
+    record["error"] = "line\u2028separator"
+    lines[0] = json.dumps(record, ensure_ascii=False)
+    path.write_text("\n".join(lines), encoding="utf-8")
+    reseal(paired)
+    rows = load_run(paired).decisions(entry, warmup=True)
+    assert "line\u2028separator" in set(rows["error"])
+
+
+def test_decisions_have_a_total_budget_per_service_run(paired: Path, monkeypatch) -> None:
+    """Each decisions file within the per-file limit, but all of a service run's together
+    over the budget: one error naming the file where it ran out (before: no total)."""
+    from residency import rundir
+
+    entry = load_run(paired).runs[0]
+    sizes = [f.stat().st_size for f in sorted(entry.dir.glob("decisions-rank*.jsonl"))]
+    monkeypatch.setattr(rundir, "MAX_DECISIONS_BYTES", sizes[0] + sizes[1] // 2)
+    with pytest.raises(rundir.RunDirError, match=r"decisions-rank1\.jsonl: the decisions "
+                                                 r"files of this service run exceed"):
+        load_run(paired).decisions(entry)
