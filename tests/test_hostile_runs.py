@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -132,3 +133,64 @@ def test_decisions_have_a_total_budget_per_service_run(paired: Path, monkeypatch
     with pytest.raises(rundir.RunDirError, match=r"decisions-rank1\.jsonl: the decisions "
                                                  r"files of this service run exceed"):
         load_run(paired).decisions(entry)
+
+
+# ------------------------------------------------------------ the memory-timeline reader
+def _memory_trace(path: Path, ts_values: list[str], *, gz: bool = False) -> Any:
+    """A Kineto trace of `[memory]` events, one per `ts` (JSON number text), as a TraceSet
+    of one rank (all `memory_timeline` reads of it)."""
+    import gzip
+    from types import SimpleNamespace
+
+    events = ",".join(
+        f'{{"name":"[memory]","ph":"i","ts":{ts},"pid":1,"tid":1,"args":{{"Device Id":0,'
+        f'"Total Allocated":{100 + i},"Total Reserved":{200 + i}}}}}'
+        for i, ts in enumerate(ts_values))
+    text = ('{"baseTimeNanoseconds":1000000000,"traceEvents":[' + events + "]}").encode()
+    path.write_bytes(gzip.compress(text) if gz else text)
+    return SimpleNamespace(format="kineto", ranks={0: SimpleNamespace(source=path)})
+
+
+def test_memory_ts_converts_like_the_trace_loader(tmp_path: Path) -> None:
+    """Half-up to the ns (0.0025 us is 3 ns, as `decimal_us_to_ns` gives; before: 2, half to
+    even), and an absurd exponent rejected before any arithmetic (before: decimal.Overflow
+    out of the paired notebook, or 37 s per event for 1e999000)."""
+    from residency.memory import memory_timeline
+    from residency.traceformats import decimal_us_to_ns
+
+    traces = _memory_trace(tmp_path / "rank0.trace.json",
+                           ["0.0025", "1e999999", "1e999000", '"12.5"', "7"])
+    with pytest.warns(UserWarning, match="2 memory event"):
+        f = memory_timeline(traces)
+    base = 1_000_000_000
+    assert f["ts_ns"].tolist() == [base + 3, base + 7000, base + 12500]
+    assert decimal_us_to_ns("0.0025") == 3
+    assert f["allocated_bytes"].tolist() == [100, 104, 103]  # sorted by time
+
+
+def test_memory_reader_is_bounded_like_the_trace_loader(tmp_path: Path) -> None:
+    """The gzip of a memory trace is inflated through the loader's stream within its limit
+    (before: `gzip.decompress` of the whole file, no bound: 2.85 GB for 1.5 MB of gzip)."""
+    from residency.memory import memory_timeline
+
+    traces = _memory_trace(tmp_path / "rank0.trace.json.gz", ["1"] * 2000, gz=True)
+    assert len(memory_timeline(traces)) == 2000
+    assert (tmp_path / "rank0.trace.json.gz").stat().st_size < 50_000
+    with pytest.raises(TraceError, match="decompresses to more than 50000 bytes"):
+        memory_timeline(traces, max_trace_bytes=50_000)
+
+
+def test_memory_record_megabytes_refuse_absurd_exponents(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from residency.memory import memory_timeline
+
+    session = tmp_path / "x_ascend_pt" / "ASCEND_PROFILER_OUTPUT"
+    session.mkdir(parents=True)
+    (session / "memory_record.csv").write_text(
+        "Component,Timestamp(us),Total Allocated(MB),Total Reserved(MB)\n"
+        "PTA,1.5,1e999999,2\nPTA,2.5,1,2\n")
+    traces = SimpleNamespace(format="ascend",
+                             ranks={0: SimpleNamespace(source=session / "trace_view.json")})
+    f = memory_timeline(traces)
+    assert f["allocated_bytes"].tolist() == [2**20]

@@ -82,7 +82,9 @@ def load_run_traces(run: Run, entry: RunEntry) -> Any:
     from residency.tracefiles import TraceError
     from residency.traces import load_traces
 
-    folder = entry.dir / "trace"
+    folder = entry.trace_dir
+    if folder is None:
+        raise TraceError(entry.dir / "trace", "no such directory: the run recorded no traces")
     traces = load_traces(folder)
     ranks = (run.manifest.get("params") or {}).get("ranks")
     if isinstance(ranks, int) and not isinstance(ranks, bool) and \
