@@ -194,3 +194,81 @@ def test_memory_record_megabytes_refuse_absurd_exponents(tmp_path: Path) -> None
                              ranks={0: SimpleNamespace(source=session / "trace_view.json")})
     f = memory_timeline(traces)
     assert f["allocated_bytes"].tolist() == [2**20]
+
+
+# ---------------------------------------------------------------- SQLite exports, untrusted
+def _db(path: Path, *, tasks: int = 3, strings: int = 1, value_sql: str | None = None,
+        wal: bool = False) -> Path:
+    """A minimal torch-npu database: STRING_IDS (each id 1, `strings` times: a join over
+    repeated ids multiplies) and `tasks` TASK rows of type 1."""
+    import sqlite3
+
+    con = sqlite3.connect(path)
+    if wal:
+        con.execute("PRAGMA journal_mode=WAL")
+    if value_sql is None:
+        con.execute("CREATE TABLE STRING_IDS (id INTEGER, value TEXT)")
+    else:  # a generated column: computed by whoever reads the row
+        con.execute(f"CREATE TABLE STRING_IDS (id INTEGER, v TEXT, value TEXT AS ({value_sql}))")
+    con.executemany("INSERT INTO STRING_IDS (id, v) VALUES (1, 'AI_CORE')" if value_sql else
+                    "INSERT INTO STRING_IDS VALUES (1, 'AI_CORE')", [()] * strings)
+    con.execute("CREATE TABLE TASK (startNs INTEGER, endNs INTEGER, globalTaskId INTEGER, "
+                "taskType INTEGER)")
+    con.executemany("INSERT INTO TASK VALUES (?, ?, ?, 1)",
+                    [(1000 * i, 1000 * i + 500, i) for i in range(tasks)])
+    con.commit()
+    con.close()
+    return path
+
+
+def test_a_wal_database_is_read_without_writing_beside_it(tmp_path: Path) -> None:
+    """Before: `mode=ro` alone made SQLite create `-shm`/`-wal` in the run directory (then
+    `verify` listed them and `tables` refused the run)."""
+    from residency.ascend import read_db
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    path = _db(folder / "ascend_pytorch_profiler_0.db", wal=True)
+    before = sorted(p.name for p in folder.iterdir())
+    assert len(read_db(path).device) == 3
+    assert sorted(p.name for p in folder.iterdir()) == before
+
+
+def test_a_database_value_over_the_length_limit_is_refused(tmp_path: Path) -> None:
+    from residency.ascend import read_db
+
+    path = _db(tmp_path / "big.db", value_sql="hex(zeroblob(10000000))")  # 20 MB of text
+    with pytest.raises(TraceError, match=r"big\.db: a value is longer than 16777216 bytes"):
+        read_db(path)
+
+
+def test_a_join_multiplied_by_repeated_ids_is_stopped(tmp_path: Path) -> None:
+    """400 tasks x 400 strings of one id: 160,000 rows out of a 20 KB file (before: read;
+    the issue's 12 KB database reached 2.97 GB this way)."""
+    from residency.ascend import read_db
+
+    path = _db(tmp_path / "dup.db", tasks=400, strings=400)
+    with pytest.raises(TraceError, match=r"dup\.db: a query returned more than 100000 rows"):
+        read_db(path)
+
+
+def test_a_query_past_its_time_budget_is_stopped(tmp_path: Path, monkeypatch) -> None:
+    """The budget is a constant (600 s): set to 0 here, so the first progress check stops
+    the query, whatever the machine's speed (no wall-clock threshold)."""
+    from residency import sqlitedb
+    from residency.ascend import read_db
+
+    path = _db(tmp_path / "slow.db", tasks=5000)
+    monkeypatch.setattr(sqlitedb, "QUERY_BUDGET_S", 0.0)
+    with pytest.raises(TraceError, match=r"slow\.db: a query took longer than 0 s"):
+        read_db(path)
+
+
+def test_a_database_name_is_not_read_as_uri_parameters(tmp_path: Path) -> None:
+    """`file:{path}?mode=ro` put the name into the URI unquoted: `#` or `?` in a folder name
+    cut the path there."""
+    from residency.ascend import read_db
+
+    folder = tmp_path / "a#b?mode=rwc"
+    folder.mkdir()
+    assert len(read_db(_db(folder / "x.db")).device) == 3
