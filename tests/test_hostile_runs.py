@@ -272,3 +272,19 @@ def test_a_database_name_is_not_read_as_uri_parameters(tmp_path: Path) -> None:
     folder = tmp_path / "a#b?mode=rwc"
     folder.mkdir()
     assert len(read_db(_db(folder / "x.db")).device) == 3
+
+
+def test_gzip_with_trailing_nul_padding_is_read_as_gzip_reads_it(tmp_path: Path) -> None:
+    """gzip(1) and Python's gzip module skip NUL padding after the last member (tape and
+    block devices pad so); before, the trace loader refused such a file."""
+    import gzip
+
+    source = PAIRED / "runs" / "01-candidate" / "trace"
+    for rank in (0, 1):
+        data = gzip.compress((source / f"rank{rank}.trace.json").read_bytes())
+        (tmp_path / f"rank{rank}.trace.json.gz").write_bytes(data + b"\0" * 3000)
+        assert gzip.decompress(data + b"\0" * 3000)
+    padded = load_traces(tmp_path, cache=False)
+    plain = load_traces(source, cache=False)
+    assert sorted(padded.ranks) == [0, 1]
+    assert all((padded.ranks[r].device == plain.ranks[r].device).all() for r in (0, 1))
