@@ -29,6 +29,7 @@ from residency.seal import (
     UnsafePathError,
     confined,
     open_regular,
+    printable,
     read_regular,
     run_digest,
     seal_findings,
@@ -454,7 +455,7 @@ class Verification:
         for what, names in (("unsafe", self.unsafe), ("missing", self.missing),
                             ("extra", self.extra), ("changed", self.changed)):
             out += [f"{what:<8} {name}" for name in names]
-        return out
+        return [printable(line) for line in out]  # names come from the run: never raw
 
     def summary(self) -> str:
         """One line: counts of each finding."""
@@ -475,7 +476,7 @@ class Verification:
 
     def lines(self) -> list[str]:
         """The summary, the run's digest, then one line per finding."""
-        out = [f"{self.path}: {self.summary()}"]
+        out = [printable(f"{self.path}: {self.summary()}")]
         if self.digest:
             out.append(f"  digest   {self.digest}")
         return out + [f"  {line}" for line in self.findings()]

@@ -25,7 +25,8 @@ from typing import Any, BinaryIO
 
 __all__ = ["SEAL_FIELD", "MAX_EVIDENCE_BYTES", "UnsafePathError", "canonical_json",
            "run_digest", "seal", "seal_findings", "confined", "open_regular", "read_regular",
-           "walk_files", "sha256_regular", "parse_digest", "CHANGED_SINCE_VERIFIED"]
+           "walk_files", "sha256_regular", "parse_digest", "CHANGED_SINCE_VERIFIED",
+           "printable"]
 
 SEAL_FIELD = "seal"
 SEAL_ALGORITHM = "sha256"
@@ -40,6 +41,16 @@ class UnsafePathError(ValueError):
     def __init__(self, path: Path | str, message: str) -> None:
         self.path = Path(path)
         super().__init__(f"{self.path}: {message}")
+
+
+def printable(text: str) -> str:
+    """`text` for a terminal: every character it would act on or hide (control characters
+    and escapes, line and paragraph separators, undecodable bytes of a file name) written as
+    a Python escape (``\\x1b``); printable text unchanged."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else
+                   c.encode("unicode_escape", "backslashreplace").decode("ascii") for c in text)
 
 
 # ---------------------------------------------------------------------------------- the seal

@@ -288,3 +288,24 @@ def test_gzip_with_trailing_nul_padding_is_read_as_gzip_reads_it(tmp_path: Path)
     plain = load_traces(source, cache=False)
     assert sorted(padded.ranks) == [0, 1]
     assert all((padded.ranks[r].device == plain.ranks[r].device).all() for r in (0, 1))
+
+
+def test_verify_prints_file_names_escaped(paired: Path) -> None:
+    """A file name holding ANSI escapes could clear the screen and print a fake "verified"
+    line (before: printed raw)."""
+
+    name = "\x1b[2J\x1b[1;1Hrun: 23 artifacts and the manifest verified\u2028x\udcff"
+    (paired / name).write_bytes(b"x")
+    lines = verify_run(paired).lines()
+    assert all(line.isprintable() for line in lines)
+    assert any("extra    \\x1b[2J\\x1b[1;1Hrun: " in line and "\\u2028x\\udcff" in line
+               for line in lines)
+
+
+def test_verify_command_output_has_no_control_characters(paired: Path, capsys) -> None:
+    from residency.cli import main
+
+    (paired / "runs" / "a\rb\x07.json").write_bytes(b"x")
+    assert main(["verify", str(paired)]) == 1
+    out = capsys.readouterr().out
+    assert "\r" not in out and "\x07" not in out and "a\\rb\\x07.json" in out
