@@ -29,7 +29,7 @@ from typing import Any
 import tomllib
 
 from residency.devices import KINDS
-from residency.lifecycle import PARENT_PID_ENV, pdeathsig_preexec
+from residency.lifecycle import PARENT_PID_ENV, SCRATCH_ENV, interruption, pdeathsig_preexec
 from residency.netutil import free_port
 from residency.rundir import Manifest, write_json_atomic
 
@@ -37,6 +37,7 @@ DESIGNS = ("profiled-pair", "alternating", "paired-profile", "consecutive", "aa"
 ARMS = ("baseline", "candidate")
 STOP_GRACE_S = 30.0
 SERVICE_TMP = "tmp"  # the built-in service's TMPDIR inside its run directory, while it runs
+RAW_TRACES = "trace-raw"  # the built-in service's profiles, until the measured one is kept
 BUILTIN_EXPECT = {"normal_per_request": 1, "forced_per_request": 2}
 """Policy calls per rank per measured request of the built-in service (and H3 Ref2VA)."""
 
@@ -313,7 +314,7 @@ def start_service(spec: ServiceSpec, arm: str, run_dir: Path, *, profiled: bool
                   ) -> RunningService:
     """Start the arm's service in its own process group and wait until it is healthy."""
     port = free_port()
-    profile_dir = run_dir / ("trace-raw" if spec.builtin else "trace")
+    profile_dir = run_dir / (RAW_TRACES if spec.builtin else "trace")
     values: dict[str, Any] = {
         "port": port, "arm": arm, "decisions_dir": str(run_dir), "python": sys.executable,
         "profile_dir": str(profile_dir) if profiled else "",
@@ -334,6 +335,9 @@ def start_service(spec: ServiceSpec, arm: str, run_dir: Path, *, profiled: bool
         tmp_dir = run_dir / SERVICE_TMP
         tmp_dir.mkdir()
         env["TMPDIR"] = str(tmp_dir)
+        # what the service removes itself when we are gone (killed: we cannot)
+        env[SCRATCH_ENV] = os.pathsep.join([str(tmp_dir), *([str(profile_dir)] if profiled
+                                                           else [])])
     try:
         with open(log_path, "wb") as log:
             # the service dies with us (SIGTERM from the kernel when this process is killed,
@@ -485,6 +489,8 @@ def run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, s
         raise
     finally:
         service.stop()
+        if sys.exc_info()[0] is not None and spec.builtin:  # failed: nobody collects them
+            shutil.rmtree(run_dir / RAW_TRACES, ignore_errors=True)
     _check_decisions_written(spec, Path(_fill(spec.decisions, values)), arm, requests + 1)
     first = measured[0]
     # the unit of the E2E claim is the run: with R requests, the median of its R E2Es
@@ -537,7 +543,7 @@ def _json_or_none(payload: bytes) -> Any:
 
 
 def _collect_builtin_traces(run_dir: Path, request_id: str | None) -> None:
-    raw = run_dir / "trace-raw"
+    raw = run_dir / RAW_TRACES
     src = raw / str(request_id)
     if request_id is None or not src.is_dir():
         raise ExperimentError(f"{run_dir}: no traces for request {request_id} under {raw}")
@@ -679,7 +685,7 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
     except BaseException as exc:
         unsaved = ""
         try:  # best effort: the directory may be what failed
-            manifest.fail(out, f"{type(exc).__name__}: {exc}")
+            manifest.fail(out, interruption(exc))
         except OSError as werr:
             unsaved = f" (manifest.json could not be updated either: {werr.strerror or werr})"
         if isinstance(exc, ExperimentError):

@@ -31,7 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from residency.lifecycle import die_with_parent, parent_gone, watched_parent
+from residency.lifecycle import die_with_parent, parent_gone, remove_scratch, watched_parent
 
 STOP = {"op": "stop"}
 RANK_READY_TIMEOUT_S = 600.0
@@ -815,9 +815,12 @@ def _serve(cfg: ServeConfig, *, port: int, failure_grace_s: float) -> int:
         httpd.shutdown()
         return 3
     if stop_event.is_set() or orphaned():  # a signal during warm-up
-        service.stop(grace_s=ORPHAN_GRACE_S if orphaned() else 20.0)
+        gone = orphaned()
+        service.stop(grace_s=ORPHAN_GRACE_S if gone else 20.0)
         httpd.shutdown()
-        return 3 if orphaned() else 0
+        if gone:
+            remove_scratch()
+        return 3 if gone else 0
     port = httpd.server_address[1]
     print(f"listening on http://127.0.0.1:{port}", flush=True)
     while not stop_event.wait(0.2):
@@ -835,6 +838,7 @@ def _serve(cfg: ServeConfig, *, port: int, failure_grace_s: float) -> int:
         service.stop(grace_s=ORPHAN_GRACE_S)
         httpd.shutdown()
         httpd.server_close()
+        remove_scratch()  # its TMPDIR and raw profiles: the starting process cannot any more
         return 3
     # finish the current request (or give up after the grace), then stop the ranks
     if service.busy.acquire(timeout=60.0):

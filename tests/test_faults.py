@@ -161,5 +161,7 @@ def test_sigterm_during_profiling(tmp_path) -> None:
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "interrupted" in err
     m = _manifest(out)
-    assert m["status"] == "incomplete" and "KeyboardInterrupt" in m["error"]
+    # recorded as the signal it was (before: "KeyboardInterrupt: ")
+    assert m["status"] == "incomplete" and m["error"] == "SIGTERM received", m["error"]
+    assert not list(out.glob("runs/*/tmp")) and not list(out.glob("runs/*/trace-raw"))
     assert not _pids_with(str(out))

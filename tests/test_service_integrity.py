@@ -161,6 +161,8 @@ def test_kill_9_of_pair_leaves_no_process(tmp_path, launcher) -> None:
                   limit_s=300)
         manifest = json.loads((out / "manifest.json").read_text())
         assert manifest["status"] == "incomplete"
+        # the orphaned service removed its TMPDIR and raw profiles (nobody else could)
+        assert not (run / "tmp").exists() and not (run / "trace-raw").exists()
     finally:  # whatever happened, leave nothing behind
         for pid in [pair.pid, *pids]:
             with contextlib.suppress(ProcessLookupError):
