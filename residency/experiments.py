@@ -453,7 +453,18 @@ def _post_control(url: str, values: dict[str, Any], timeout: float) -> None:
 def run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, seed: int,
             profiled: bool, requests: int = 1) -> dict[str, Any]:
     """Start, warm, measure `requests` consecutive requests and stop one arm; returns its
-    manifest entry."""
+    manifest entry. An arm that fails leaves no raw profiles (`trace-raw/`) behind."""
+    try:
+        return _run_arm(spec, arm, index, out, steps=steps, seed=seed, profiled=profiled,
+                        requests=requests)
+    except BaseException:
+        if spec.builtin:  # nobody will collect them; tmp/ already went with the service
+            shutil.rmtree(out / f"runs/{index:02d}-{arm}" / RAW_TRACES, ignore_errors=True)
+        raise
+
+
+def _run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, seed: int,
+             profiled: bool, requests: int = 1) -> dict[str, Any]:
     rel = f"runs/{index:02d}-{arm}"
     run_dir = out / rel
     run_dir.mkdir(parents=True, exist_ok=False)
@@ -489,8 +500,6 @@ def run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, s
         raise
     finally:
         service.stop()
-        if sys.exc_info()[0] is not None and spec.builtin:  # failed: nobody collects them
-            shutil.rmtree(run_dir / RAW_TRACES, ignore_errors=True)
     _check_decisions_written(spec, Path(_fill(spec.decisions, values)), arm, requests + 1)
     first = measured[0]
     # the unit of the E2E claim is the run: with R requests, the median of its R E2Es

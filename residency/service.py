@@ -846,5 +846,7 @@ def _serve(cfg: ServeConfig, *, port: int, failure_grace_s: float) -> int:
     service.stop()
     httpd.shutdown()
     httpd.server_close()
+    if orphaned():  # the SIGTERM was the parent's death signal: its threads die one by one,
+        remove_scratch()  # so only now is it surely gone (a normal stop waits for us)
     print("stopped", flush=True)
     return exit_code[0]
