@@ -32,9 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from residency import stats
-from residency.experiments import run_pair
-from residency.rundir import Run, RunEntry, load_run
+from residency.analysis import stats
+from residency.experiments.orchestrate import run_pair
+from residency.rundir.run import Run, RunEntry, load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 PHASES = ("prepare_ns", "denoise_ns", "decode_ns")

@@ -121,8 +121,8 @@ def cpu():  # CPU seconds of this process and its finished children (worker proc
     s, c = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
     return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 t0 = time.perf_counter()
-from residency.traces import load_traces
-from residency.idle import idle_summary
+from residency.traces.load import load_traces
+from residency.analysis.idle import idle_summary
 t1, c1 = time.perf_counter(), cpu()
 workers = None if sys.argv[3] == "auto" else int(sys.argv[3])
 s = idle_summary(load_traces(sys.argv[1], cache=sys.argv[2] == "1", workers=workers),
@@ -248,7 +248,7 @@ def standard(args: argparse.Namespace, work: Path, env: dict[str, str]) -> None:
         "cold": [py, "-c", OURS, w, "0", args.workers, MARKER],
         "one": [py, "-c", OURS, w, "0", "1", MARKER],
         "warm": [py, "-c", OURS, w, "1", args.workers, MARKER],
-        "cli": [py, "-m", "residency.cli", "idle", w, "--json", "--no-cache", "--marker",
+        "cli": [py, "-m", "residency", "idle", w, "--json", "--no-cache", "--marker",
                 MARKER],
     }
     shutil.rmtree(work / "residency.parquet.cache", ignore_errors=True)

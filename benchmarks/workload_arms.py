@@ -16,8 +16,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from residency.experiments import run_pair
-from residency.rundir import load_run
+from residency.experiments.orchestrate import run_pair
+from residency.rundir.run import load_run
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ SERVICE_HELP = (
 
 IMPORTS = ("from IPython.display import Markdown, display\n\n"
            "from residency import notebook as nb\n"
-           "from residency import report_views as rv\n")
+           "from residency.reports import views as rv\n")
 
 
 def _params(**values: object) -> str:
@@ -126,8 +126,8 @@ CONSECUTIVE_REQUESTS = [
         "least 5 % of device capacity.\n\n"
         "**Gates** fail this notebook: any telemetry error or out-of-memory error with the "
         "candidate, or any recorded decision that disagrees with the policy re-evaluated on "
-        "its own recorded snapshot (the policy's bounds rule, `residency.policy`; the one replay "
-        "gate, `residency.whatif.consistency`).\n\n" + PARAMETERS_HELP
+        "its own recorded snapshot (the policy's bounds rule, `residency.policy.cache`; the one "
+        "replay gate, `residency.analysis.whatif.consistency`).\n\n" + PARAMETERS_HELP
         + " `ranks`, `requests`, `steps` and `scale` (workload size) set up a fresh run; a "
         "recorded run keeps its own." + SERVICE_HELP),
     new_code_cell(_params(device="auto", output_dir=None, source="run", ranks=2, requests=3,
@@ -335,7 +335,7 @@ PAIRED_PROFILE = [
         "memory: its numbers are not NPU measurements and are not comparable in size. The "
         "full tables with every statistical note are `evidence.md` and `published.md` (CSV "
         "beside them)."),
-    new_code_cell("from residency.side_by_side import side_by_side\n\n"
+    new_code_cell("from residency.reports.side_by_side import side_by_side\n\n"
                   "evidence, published = nb.evidence_tables(ev)\n"
                   'nb.write_tables(out, {"evidence": evidence, "published": published})\n'
                   "rv.show_table(side_by_side(evidence, published))\n"
@@ -365,7 +365,7 @@ POLICY_WHATIF = [
                           cached_range="0.05:0.5:0.05", free_range="0.01:0.2:0.01",
                           policy="bounded"), metadata={"tags": ["parameters"]}),
     new_code_cell(_check("policy_whatif", ["device", "output_dir", "source"]).replace(
-        "as rv\n", "as rv\nfrom residency import whatif\n")
+        "as rv\n", "as rv\nfrom residency.reports import whatif as whatif_report\n")
         + "\nnb.check_ranges(cached_range, free_range, policy)"),
     new_markdown_cell("## The run"),
     new_code_cell('run = nb.open_source(params["source"], output_dir=out, design="profiled-pair",\n'
@@ -376,11 +376,11 @@ POLICY_WHATIF = [
     new_markdown_cell(
         "## Consistency gate\n\n"
         "Replaying each recorded normal decision with its own recorded bounds must reproduce "
-        "its outcome and reason (the policy's own bounds rule, `residency.policy`); otherwise "
-        "the what-if counts below would not be trustworthy, and the notebook stops."),
+        "its outcome and reason (the policy's own bounds rule, `residency.policy.cache`); "
+        "otherwise the what-if counts below would not be trustworthy, and the notebook stops."),
     new_code_cell("w = nb.policy_whatif(run, cached_range=cached_range, free_range=free_range, "
                   "policy=policy)\n"
-                  'print("\\n".join(whatif.gate_lines(w.gate)))\n'
+                  'print("\\n".join(whatif_report.gate_lines(w.gate)))\n'
                   "if not w.gate.empty:\n"
                   '    raise nb.GateError(["The replay does not reproduce the recorded "\n'
                   '                        "decisions: see the mismatches above."])'),

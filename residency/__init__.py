@@ -1,7 +1,7 @@
 """Evidence for allocator cache-retention policies in diffusion-model component offload."""
 
-from residency.policy import BoundedAllocatorCache, Decision, policy_for
-from residency.telemetry import MemorySnapshot, TelemetryUnavailable, telemetry_for
+from residency.policy.cache import BoundedAllocatorCache, Decision, policy_for
+from residency.policy.telemetry import MemorySnapshot, TelemetryUnavailable, telemetry_for
 
 __version__ = "0.1.0"
 __all__ = [

@@ -8,6 +8,7 @@ a profiler factory imports its profiler only when called.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from dataclasses import dataclass
 from typing import Any
@@ -46,8 +47,8 @@ RECORDED_KINDS: tuple[str, ...] = (*KINDS, "cpu")  # what an artifact may say (p
 SPECS: tuple[str, ...] = ("auto", *KINDS)
 
 __all__ = ["EMULATED_LABEL", "KINDS", "RECORDED_KINDS", "REGISTRY", "SPECS", "DeviceKind",
-           "backend", "check_kind", "emulated", "info", "label", "note", "profiler", "register",
-           "resolve", "torch_device"]
+           "backend", "check_kind", "device_count", "emulated", "info", "label",
+           "load_device_package", "note", "register", "resolve", "torch_device"]
 
 
 def check_kind(kind: Any, *, name: str = "device_kind", allowed: tuple[str, ...] = KINDS
@@ -73,6 +74,25 @@ def label(kind: str) -> str:
 def emulated(kind: str) -> bool:
     """True for a kind whose figures are never device measurements (the emulated NPU)."""
     return kind in REGISTRY and not REGISTRY[kind].measurement
+
+
+def load_device_package(kind: str) -> None:
+    """Import the package that registers `kind`'s torch device module (torch_npu for npu);
+    nothing for kinds torch knows itself or the emulated NPU (installed by its own code)."""
+    package = info(kind).device_package
+    if package is not None:
+        importlib.import_module(package)
+
+
+def device_count(kind: str) -> int | None:
+    """How many devices of a measured kind are visible (its torch device module's
+    `device_count()`); None for the emulated NPU, whose devices are as many as its ranks."""
+    if emulated(kind):
+        return None
+    import torch
+
+    load_device_package(kind)
+    return int(getattr(torch, info(kind).torch_type).device_count())
 
 
 def note(kind: str) -> str:
@@ -149,11 +169,3 @@ def resolve(spec: str = "auto") -> str:
     return "emulated-npu"
 
 
-def profiler(kind: str, *, rank: int, world_size: int, module: Any = None) -> Any:
-    """The per-request profiler of `kind`, the class registered for it in
-    `residency.profiling.PROFILERS`: torch-npu's profiler on npu, `torch.profiler` on cuda,
-    the emulator's own Kineto export on emulated-npu (`module`: the installed emulated
-    device module)."""
-    from residency.profiling import PROFILERS
-
-    return PROFILERS[check_kind(kind)](rank=rank, world_size=world_size, module=module)

@@ -30,9 +30,9 @@ _WORDS = {  # whole-word replacements in headers
     "max": "max", "min": "min",
 }
 
-__all__ = ["DIGITS", "MISSING", "bytes_text", "cell", "count_text", "for_people", "header",
+__all__ = ["DIGITS", "MISSING", "bytes_text", "cell", "duration_text", "for_people", "header",
            "html_table", "markdown_table", "md_code", "md_text", "ms_from_ns", "percent",
-           "quantity", "round_numbers", "sig", "span_text"]
+           "quantity", "round_numbers", "sig", "span_text", "write_markdown_table"]
 
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]{}()!|~])")
@@ -52,6 +52,18 @@ def md_code(value: Any) -> str:
     text escaped as `md_text` escapes it (a backtick in the value cannot close it early, and
     Markdown inside it stays text)."""
     return f"<code>{md_text(value)}</code>"
+
+
+def duration_text(seconds: float) -> str:
+    """The suite's one duration for people: "45 s", "3 min 05 s", "1 h 02 min"."""
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return f"{s} s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m} min {s:02d} s"
+    h, m = divmod(m, 60)
+    return f"{h} h {m:02d} min"
 
 
 def _is_missing(x: Any) -> bool:
@@ -139,11 +151,6 @@ def percent(fraction: float | None, digits: int = 3) -> str:
     return MISSING if _is_missing(fraction) else f"{sig(float(fraction) * 100, digits)} %"
 
 
-def count_text(k: int, n: int) -> str:
-    """A count of a total: "16/16"."""
-    return f"{int(k)}/{int(n)}"
-
-
 def header(name: Any) -> str:
     """A column name as words with its unit: "normal_checks" -> "normal checks",
     "e2e_s" -> "E2E (s)", "max_cached_fraction" -> "max cached (fraction of total)".
@@ -202,12 +209,29 @@ def for_people(df: pd.DataFrame, *, digits: int = DIGITS,
     return out
 
 
+_LINE_BREAKS = re.compile("[\r\n\x0b\x0c\x1c-\x1e\x85\u2028\u2029]+")
+
+
+def _md_cell(x: Any) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return ""
+    text = _LINE_BREAKS.sub(" ", str(x))  # \r, \n, U+2028 ... would end the row
+    return text.replace("<", "&lt;").replace("|", "\\|")  # no tag can open; -> stays
+
+
+def write_markdown_table(header: Sequence[Any], rows: Sequence[Sequence[Any]]) -> str:
+    """The one Markdown-table writer of the suite: header row, separator, one line per row
+    (pipes escaped, line breaks flattened, `<` as an entity so no tag opens, None/NaN empty)."""
+    lines = ["| " + " | ".join(_md_cell(h) for h in header) + " |",
+             "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
 def markdown_table(df: pd.DataFrame, **kwargs: Any) -> str:
     """`df` for people (`for_people`) as a Markdown table."""
-    from residency.tables import markdown_table as write  # the suite's one writer
-
     t = for_people(df, **kwargs)
-    return write(list(t.columns), list(t.itertuples(index=False)))
+    return write_markdown_table(list(t.columns), list(t.itertuples(index=False)))
 
 
 def html_table(df: pd.DataFrame, *, caption: str | None = None,

@@ -19,6 +19,9 @@ REQUEST = "residency.request"
 PHASE_PREPARE = "residency.phase[prepare]"
 PHASE_DENOISE = "residency.phase[denoise]"
 PHASE_DECODE = "residency.phase[decode]"
+PHASE_PREFIX = "residency.phase["  # every phase range starts so
+RELEASES = {"normal": RELEASE_NORMAL, "forced": RELEASE_FORCED}  # by policy-call kind
+PHASES = {"prepare": PHASE_PREPARE, "denoise": PHASE_DENOISE, "decode": PHASE_DECODE}
 
 
 def load(component: str) -> str:

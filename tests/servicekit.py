@@ -35,7 +35,7 @@ def http(method: str, url: str, body: object | bytes | None = None, timeout: flo
 def service(tmp: Path, *args: str, ready_timeout: float = 240):
     """Yield (process, base_url, markers_dir); always stops the process group."""
     markers = tmp / "markers"
-    cmd = [sys.executable, "-m", "residency.cli", "serve", "--device", "emulated-npu",
+    cmd = [sys.executable, "-m", "residency", "serve", "--device", "emulated-npu",
            "--port", "0", "--decisions-dir", str(markers), *args]
     log = open(tmp / "service.log", "w")  # noqa: SIM115
     service_tmp = tmp / "service-tmp"  # its rendezvous directory outlives a SIGKILL

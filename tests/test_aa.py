@@ -12,10 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from residency import cli, evidence, tables
+from residency import evidence
 from residency import notebook as nb
+from residency.cli import main as cli
 from residency.notebook.params import ParameterError
-from residency.rundir import load_run
+from residency.reports import tables
+from residency.rundir.run import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 AA = ROOT / "data" / "runs" / "emulated-aa-2r50s"
@@ -119,7 +121,7 @@ def test_headline_states_the_verdict_the_aa_spread_and_the_recording_time(with_a
     secs = (datetime.fromisoformat(m["ended_at"])
             - datetime.fromisoformat(m["started_at"])).total_seconds()
     minutes, s = divmod(int(round(secs)), 60)
-    assert f"recording the run took {minutes} min {s} s" in text
+    assert f"recording the run took {minutes} min {s:02d} s" in text
     assert ("met;" in text) is (secs <= 600) and "emulated NPU" in text
 
 
@@ -149,8 +151,8 @@ def test_an_aa_runs_table_says_its_other_column_is_empty_by_design() -> None:
 
 
 def test_e2e_figure_draws_the_aa_band(with_aa) -> None:
-    from residency import report_views as rv
-    from residency.report_figures import e2e_slopegraph
+    from residency.reports import views as rv
+    from residency.reports.plots import e2e_slopegraph
 
     spread = rv.aa_spread(with_aa)
     assert spread == pytest.approx(with_aa["e2e_aa"].detail["spread_s"])

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from residency.busy import classify, resolve
-from residency.causes import NO_HOST_RANGE, cause_diff, idle_by_cause, top_cause
-from residency.idle import busy_intervals, idle_summary
-from residency.traces import CACHE_DIR, TraceError, load_traces
+from residency.analysis.causes import NO_HOST_RANGE, cause_diff, idle_by_cause, top_cause
+from residency.analysis.idle import busy_intervals, idle_summary
+from residency.traces.busy import classify, resolve
+from residency.traces.load import CACHE_DIR, TraceError, load_traces
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "traces"
@@ -246,7 +246,7 @@ def test_cli_session_and_busy(tmp_path):
     d = two_sessions(tmp_path)
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "residency.cli", "idle", str(d), *args],
+        return subprocess.run([sys.executable, "-m", "residency", "idle", str(d), *args],
                               capture_output=True, text=True, cwd=ROOT)
 
     bad = run("--json")
@@ -464,14 +464,16 @@ def test_plain_profiler_info_is_rank_0(tmp_path):
 
 def test_npu_analysis_modules_import_neither_torch_nor_the_workload():
     code = ("import sys, warnings; warnings.simplefilter('ignore'); "
-            "import residency.ascend, residency.busy, residency.causes, residency.memory, "
-            "residency.tracediff; from residency.traces import load_traces; "
+            "import residency.traces.ascend, residency.traces.busy, residency.analysis.causes, "
+            "residency.traces.memory, "
+            "residency.analysis.tracediff; from residency.traces.load import load_traces; "
             f"a = load_traces({str(DATA / 'ascend_real')!r}, cache=False); "
             f"b = load_traces({str(DATA / 'ascend_real_db')!r}, cache=False); "
-            "residency.causes.idle_by_cause(a); residency.memory.memory_timeline(a); "
-            "residency.tracediff.trace_diff(a, b); "
+            "residency.analysis.causes.idle_by_cause(a); "
+            "residency.traces.memory.memory_timeline(a); "
+            "residency.analysis.tracediff.trace_diff(a, b); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch' "
-            "or m.startswith(('residency.workload', 'residency.emulated'))))")
+            "or m.startswith(('residency.workload.pipeline', 'residency.emulated'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from residency import attribution as at
-from residency.rundir import RunDirError, load_run
+from residency.rundir import attribution as at
+from residency.rundir.run import RunDirError, load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = sorted((ROOT / "data" / "runs").iterdir())

@@ -1,4 +1,4 @@
-"""The one CLI wiring point: every parser in `residency.cli`, one error policy (bad input exit
+"""The one CLI wiring point: every parser in `residency.cli.main`, one error policy (bad input exit
 2 with `residency <cmd>: error: ...`, a failed gate or verification exit 1), fast start."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from residency import cli
+from residency.cli import main as cli
 
 ROOT = Path(__file__).resolve().parent.parent
 PAIRED = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
@@ -75,10 +75,10 @@ def test_failed_verification_exits_1(tmp_path: Path) -> None:
     assert rc == 1 and "changed" in out and err == ""
 
 
-def test_markers_is_a_deprecated_alias_of_decisions_dir(capsys: pytest.CaptureFixture) -> None:
-    args = cli.create_parser().parse_args(["serve", "--arm", "candidate", "--markers", "d"])
-    assert args.decisions_dir == "d"
-    assert "--markers is deprecated; use --decisions-dir" in capsys.readouterr().err
+def test_the_removed_markers_alias_is_refused(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.create_parser().parse_args(["serve", "--arm", "candidate", "--markers", "d"])
+    assert exit_.value.code == 2 and "unrecognized arguments: --markers" in capsys.readouterr().err
     args = cli.create_parser().parse_args(["serve", "--arm", "candidate", "--decisions-dir",
                                            "e"])
     assert args.decisions_dir == "e" and capsys.readouterr().err == ""
@@ -92,10 +92,11 @@ def test_every_subcommand_is_wired_here() -> None:
 
 
 def test_building_the_parser_imports_no_concern() -> None:
-    code = ("import sys, residency.cli as c; c.create_parser(); "
+    code = ("import sys, residency.cli.main as c; c.create_parser(); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'pandas', "
-            "'numpy', 'scipy') or m in ('residency.tables', 'residency.service', "
-            "'residency.experiments', 'residency.whatif', 'residency.traces')))")
+            "'numpy', 'scipy') or m in ('residency.reports.tables', 'residency.workload.service', "
+            "'residency.experiments.orchestrate', 'residency.analysis.whatif', "
+            "'residency.traces.load')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -458,9 +458,9 @@ def test_registered_backend_reproduces_the_generic_failure_and_the_fix(
         import json, torch
         from residency.devices import resolve, torch_device
         from residency.emulated import install_emulated_npu
-        from residency.policy import ListRecorder, policy_for
-        from residency.telemetry import GenericTelemetry, RegisteredModuleTelemetry
-        from residency.telemetry import TelemetryUnavailable
+        from residency.policy.cache import ListRecorder, policy_for
+        from residency.policy.telemetry import GenericTelemetry, RegisteredModuleTelemetry
+        from residency.policy.telemetry import TelemetryUnavailable
 
         out = {}
         try:
@@ -750,8 +750,8 @@ def test_vllm_ascend_patch_reserved_answers_allocated_raises(
     result = subprocess_python("""
         import json, torch
         from residency.emulated import DeviceModel, install_emulated_npu
-        from residency.policy import ListRecorder, policy_for
-        from residency.telemetry import query_paths
+        from residency.policy.cache import ListRecorder, policy_for
+        from residency.workload.probe import query_paths
 
         npu = install_emulated_npu(model=DeviceModel(accelerator_patch="vllm-ascend"))
         d = torch.device("npu:0")
@@ -782,7 +782,7 @@ def test_vllm_ascend_patch_reserved_answers_allocated_raises(
 def test_probe_shows_which_function_answered_each_query(
         patch: str, reserved_ok: bool, reserved_redirected: bool) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "residency.cli", "probe", "--device", "emulated-npu", "--json",
+        [sys.executable, "-m", "residency", "probe", "--device", "emulated-npu", "--json",
          "--accelerator-patch", patch], capture_output=True, text=True, check=False,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
     assert proc.returncode == 0, proc.stderr
@@ -841,7 +841,7 @@ def test_the_installed_vllm_ascend_patch_file_runs_alone_and_is_detected(
     result = subprocess_python("""
         import json
         from residency.emulated import install_emulated_npu
-        from residency.telemetry import (apply_vllm_ascend_patch, probe_queries,
+        from residency.workload.probe import (apply_vllm_ascend_patch, probe_queries,
                                          vllm_ascend_installed)
 
         before = vllm_ascend_installed()
@@ -862,7 +862,7 @@ def test_the_installed_vllm_ascend_patch_file_runs_alone_and_is_detected(
 
 def test_probe_patch_needs_an_npu_device() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "residency.cli", "probe", "--device", "cpu",
+        [sys.executable, "-m", "residency", "probe", "--device", "cpu",
          "--accelerator-patch", "vllm-ascend"], capture_output=True, text=True, check=False,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr

@@ -11,9 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from residency import cli, evidence, whatif
+from residency import evidence
 from residency import notebook as nb
-from residency.rundir import load_run
+from residency.analysis import whatif
+from residency.cli import main as cli
+from residency.reports import whatif as whatif_report
+from residency.rundir.run import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 PAIRED = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
@@ -103,7 +106,7 @@ def test_paired_report_tables_json_and_whatif_effect_give_identical_numbers(
         "released": report["normal_released"]["values"]["candidate"][0]}
 
     grid = whatif.replay_run(run, cached="0.25", free="0.05")
-    effect = whatif.estimated_effect(run, grid).to_dict()
+    effect = whatif_report.estimated_effect(run, grid).to_dict()
     own = next(r for r in effect["rows"] if r["own"])
     assert (own["calls"], own["released"]) == (
         report["normal_released"]["n"]["candidate"],
@@ -150,8 +153,8 @@ def test_a_new_attribution_is_one_function() -> None:
     def _count(data: evidence.RunData) -> evidence.Attribution:
         return evidence.Attribution(
             key="test_run_count", metric="runs", kind="tally", unit="runs",
-            values={a: [len(data.entries(a))] for a in evidence.ARMS},
-            n={a: len(data.entries(a)) for a in evidence.ARMS}, judged_on="run",
+            values={a: [len(data.entries(a))] for a in evidence.PAIRED_ARMS},
+            n={a: len(data.entries(a)) for a in evidence.PAIRED_ARMS}, judged_on="run",
             scope=evidence.Scope(runs=tuple(e.name for e in data.run.runs)),
             note=f"Runs; compared with {data.inputs.get('reference', 'nothing')}.")
 

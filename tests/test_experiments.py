@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from residency.experiments import (
+from residency.experiments.orchestrate import (
     ExperimentError,
     aa_slots,
     builtin_service,
@@ -121,11 +121,11 @@ def test_pair_under_the_vllm_ascend_patch_records_the_second_querys_error(tmp_pa
     import subprocess
 
     from residency import notebook as nb
-    from residency.rundir import load_run
+    from residency.rundir.run import load_run
 
     out = tmp_path / "patched"
     proc = subprocess.run(
-        [sys.executable, "-m", "residency.cli", "pair", "--design", "alternating",
+        [sys.executable, "-m", "residency", "pair", "--design", "alternating",
          "--pairs", "1", "--device", "emulated-npu", "--ranks", "2", "--steps", "2",
          "--scale", "0.02", "--resident-mib", "256", "--no-progress", "--out", str(out),
          "--accelerator-patch", "vllm-ascend"], capture_output=True, text=True, check=False,
@@ -181,7 +181,7 @@ name = "stand-in"
 device_kind = "emulated-npu"
 ranks = 2
 [serve]
-command = ["{sys.executable}", "-m", "residency.cli", "serve", "--arm", "{{arm}}",
+command = ["{sys.executable}", "-m", "residency", "serve", "--arm", "{{arm}}",
            "--device", "emulated-npu", "--ranks", "2", "--port", "{{port}}",
            "--decisions-dir", "{{decisions_dir}}", "--scale", "0.02", "--resident-mib", "256"]
 env = {{ RESIDENCY_ARM = "{{arm}}" }}

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from residency import attribution as at
 from residency.evidence import build as build_evidence
-from residency.experiments import ExperimentError, ServiceFileError, run_pair
-from residency.rundir import load_run
-from residency.tables import evidence_table
+from residency.experiments.orchestrate import ExperimentError, ServiceFileError, run_pair
+from residency.reports.tables import evidence_table
+from residency.rundir import attribution as at
+from residency.rundir.run import load_run
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -133,7 +133,7 @@ def test_paired_profile_external_run_has_traces_idle_and_counts(tmp_path: Path) 
 def test_service_file_that_does_not_parse_exits_2_with_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('name = "x"\n[serve\ncommand = []\n')
-    proc = subprocess.run([sys.executable, "-m", "residency.cli", "pair", "--service", str(bad),
+    proc = subprocess.run([sys.executable, "-m", "residency", "pair", "--service", str(bad),
                            "--out", str(tmp_path / "out"), "--no-progress"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 2 and proc.stdout == ""

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from residency.experiments import ExperimentError, run_pair
-from residency.service import MAX_STEPS
+from residency.experiments.orchestrate import ExperimentError, run_pair
+from residency.protocol import MAX_STEPS
 from tests.servicekit import SMALL, alive, http, service, wait_for
 
 pytestmark = pytest.mark.slow
@@ -75,15 +75,13 @@ def test_port_already_taken(tmp_path) -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        proc = subprocess.run([sys.executable, "-m", "residency.cli", "serve", "--arm",
+        proc = subprocess.run([sys.executable, "-m", "residency", "serve", "--arm",
                                "candidate", "--device", "emulated-npu", "--ranks", "1",
-                               "--port", str(port), "--markers", str(tmp_path / "m")],
+                               "--port", str(port), "--decisions-dir", str(tmp_path / "m")],
                               capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr
     assert "Traceback" not in proc.stderr
-    # --markers is the deprecated alias of --decisions-dir for one release
-    assert "warning: --markers is deprecated; use --decisions-dir" in proc.stderr
 
 
 def test_unwritable_output_directory(tmp_path) -> None:
@@ -91,7 +89,7 @@ def test_unwritable_output_directory(tmp_path) -> None:
     blocker.write_text("a file, not a directory")
     with pytest.raises(ExperimentError, match="cannot write the run directory"):
         run_pair("profiled-pair", out=blocker / "run", device="emulated-npu", progress=False)
-    proc = subprocess.run([sys.executable, "-m", "residency.cli", "pair", "--device",
+    proc = subprocess.run([sys.executable, "-m", "residency", "pair", "--device",
                            "emulated-npu", "--out", str(blocker / "run"), "--no-progress"],
                           capture_output=True, text=True, timeout=120)
     # bad input (README: an unusable output directory): exit 2, one line, no traceback
@@ -144,7 +142,7 @@ timeout_s = 2
 def test_sigterm_during_profiling(tmp_path) -> None:
     out = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "residency.cli", "pair", "--design", "profiled-pair",
+        [sys.executable, "-m", "residency", "pair", "--design", "profiled-pair",
          "--device", "emulated-npu", "--ranks", "2", "--steps", "3000", "--scale", "0.02",
          "--resident-mib", "256", "--out", str(out), "--no-progress"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -51,8 +51,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from residency.idle import IdleSummary, idle_summary
-from residency.traces import DEVICE_CATEGORIES, HOST_CATEGORIES, TraceError, TraceSet, load_traces
+from residency.analysis.idle import IdleSummary, idle_summary
+from residency.traces.load import (
+    DEVICE_CATEGORIES,
+    HOST_CATEGORIES,
+    TraceError,
+    TraceSet,
+    load_traces,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT / "tests" / "data" / "traces"
@@ -135,7 +141,7 @@ def check_error(err: TraceError, *paths: Path) -> None:
 
 def union_ns(rows: Any) -> int:
     """Measure of the union of ``[start, end)`` rows, by a plain sweep (independent of
-    residency.intervals)."""
+    residency.traces.intervals)."""
     total, reach = 0, None
     for s, e in sorted(map(tuple, np.asarray(rows).tolist())):
         if e <= s:
@@ -885,7 +891,7 @@ def test_cli_on_corpus_cases(tmp_path):
     for i, case in enumerate(CLI_CASES):
         path, _ = stage(case, tmp_path / str(i))
         runs.append((case, subprocess.Popen(
-            [sys.executable, "-m", "residency.cli", "idle", str(path), "--json"],
+            [sys.executable, "-m", "residency", "idle", str(path), "--json"],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
     for case, proc in runs:
         out, err = proc.communicate(timeout=120)

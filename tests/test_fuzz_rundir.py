@@ -8,7 +8,7 @@ print no traceback, write at most one line on stderr when they fail on input (ex
 return (each case runs in a thread joined with a generous timeout: a hang detector, not a
 timing assertion).
 
-The commands run in-process through `residency.cli.main` so that thousands of cases stay cheap;
+The commands run in-process through `residency.cli.main.main` so that thousands of cases stay cheap;
 an exception escaping `main` is exactly the traceback a user would see. ``tests/data/
 rundir-fuzz/`` keeps the cases fuzzing found (replayed first). Reproducible: hypothesis
 derandomized, no example database.
@@ -31,9 +31,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from residency.cli import main
-from residency.rundir import artifact_hashes
-from residency.seal import seal
+from residency.cli.main import main
+from residency.rundir.run import artifact_hashes
+from residency.rundir.seal import seal
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "data" / "rundir" / "fixture-run"
@@ -268,7 +268,7 @@ TOML_VALUES = ['"X"', "nan", "inf", "-inf", "-1", "0", "1e400", str(2**63), "[1,
 @given(st.sampled_from(TOML_KEYS), st.sampled_from(TOML_VALUES), st.booleans())
 @pytest.mark.slow
 def test_fuzzed_service_toml(key: str, value: str, drop: bool) -> None:
-    from residency.experiments import ExperimentError, load_service_file
+    from residency.experiments.orchestrate import ExperimentError, load_service_file
 
     table, _, leaf = key.rpartition(".")
     lines, current, out, done = TOML_BASE.splitlines(), "", [], False

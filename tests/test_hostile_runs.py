@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from residency.evidence.runs import idle_from_traces, load_run_traces, reference_pair
-from residency.rundir import artifact_hashes, load_run, verify_run
-from residency.seal import seal
-from residency.tracefiles import TraceError
-from residency.traces import load_traces
+from residency.rundir.run import artifact_hashes, load_run, verify_run
+from residency.rundir.seal import seal
+from residency.traces.files import TraceError
+from residency.traces.load import load_traces
 
 ROOT = Path(__file__).resolve().parent.parent
 PAIRED = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
@@ -90,7 +90,7 @@ def test_a_file_changed_after_verification_is_never_parsed(paired: Path) -> None
     that (between hashing and reading, as a hostile mount can) are refused when read, since
     each read is hashed and checked against the seal (before: parsed, under the verified
     digest)."""
-    from residency.rundir import RunDirError
+    from residency.rundir.run import RunDirError
 
     run = load_run(paired)
     entry = run.runs[0]
@@ -125,7 +125,7 @@ def test_decisions_lines_split_on_newline_only(paired: Path) -> None:
 def test_decisions_have_a_total_budget_per_service_run(paired: Path, monkeypatch) -> None:
     """Each decisions file within the per-file limit, but all of a service run's together
     over the budget: one error naming the file where it ran out (before: no total)."""
-    from residency import rundir
+    from residency.rundir import run as rundir
 
     entry = load_run(paired).runs[0]
     sizes = [f.stat().st_size for f in sorted(entry.dir.glob("decisions-rank*.jsonl"))]
@@ -155,8 +155,8 @@ def test_memory_ts_converts_like_the_trace_loader(tmp_path: Path) -> None:
     """Half-up to the ns (0.0025 us is 3 ns, as `decimal_us_to_ns` gives; before: 2, half to
     even), and an absurd exponent rejected before any arithmetic (before: decimal.Overflow
     out of the paired notebook, or 37 s per event for 1e999000)."""
-    from residency.memory import memory_timeline
-    from residency.traceformats import decimal_us_to_ns
+    from residency.traces.formats import decimal_us_to_ns
+    from residency.traces.memory import memory_timeline
 
     traces = _memory_trace(tmp_path / "rank0.trace.json",
                            ["0.0025", "1e999999", "1e999000", '"12.5"', "7"])
@@ -171,7 +171,7 @@ def test_memory_ts_converts_like_the_trace_loader(tmp_path: Path) -> None:
 def test_memory_reader_is_bounded_like_the_trace_loader(tmp_path: Path) -> None:
     """The gzip of a memory trace is inflated through the loader's stream within its limit
     (before: `gzip.decompress` of the whole file, no bound: 2.85 GB for 1.5 MB of gzip)."""
-    from residency.memory import memory_timeline
+    from residency.traces.memory import memory_timeline
 
     traces = _memory_trace(tmp_path / "rank0.trace.json.gz", ["1"] * 2000, gz=True)
     assert len(memory_timeline(traces)) == 2000
@@ -183,7 +183,7 @@ def test_memory_reader_is_bounded_like_the_trace_loader(tmp_path: Path) -> None:
 def test_memory_record_megabytes_refuse_absurd_exponents(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from residency.memory import memory_timeline
+    from residency.traces.memory import memory_timeline
 
     session = tmp_path / "x_ascend_pt" / "ASCEND_PROFILER_OUTPUT"
     session.mkdir(parents=True)
@@ -224,7 +224,7 @@ def _db(path: Path, *, tasks: int = 3, strings: int = 1, value_sql: str | None =
 def test_a_wal_database_is_read_without_writing_beside_it(tmp_path: Path) -> None:
     """Before: `mode=ro` alone made SQLite create `-shm`/`-wal` in the run directory (then
     `verify` listed them and `tables` refused the run)."""
-    from residency.ascend import read_db
+    from residency.traces.ascend import read_db
 
     folder = tmp_path / "run"
     folder.mkdir()
@@ -235,7 +235,7 @@ def test_a_wal_database_is_read_without_writing_beside_it(tmp_path: Path) -> Non
 
 
 def test_a_database_value_over_the_length_limit_is_refused(tmp_path: Path) -> None:
-    from residency.ascend import read_db
+    from residency.traces.ascend import read_db
 
     path = _db(tmp_path / "big.db", value_sql="hex(zeroblob(10000000))")  # 20 MB of text
     with pytest.raises(TraceError, match=r"big\.db: a value is longer than 16777216 bytes"):
@@ -245,7 +245,7 @@ def test_a_database_value_over_the_length_limit_is_refused(tmp_path: Path) -> No
 def test_a_join_multiplied_by_repeated_ids_is_stopped(tmp_path: Path) -> None:
     """400 tasks x 400 strings of one id: 160,000 rows out of a 20 KB file (before: read;
     the issue's 12 KB database reached 2.97 GB this way)."""
-    from residency.ascend import read_db
+    from residency.traces.ascend import read_db
 
     path = _db(tmp_path / "dup.db", tasks=400, strings=400)
     with pytest.raises(TraceError, match=r"dup\.db: a query returned more than 100000 rows"):
@@ -255,8 +255,8 @@ def test_a_join_multiplied_by_repeated_ids_is_stopped(tmp_path: Path) -> None:
 def test_a_query_past_its_time_budget_is_stopped(tmp_path: Path, monkeypatch) -> None:
     """The budget is a constant (600 s): set to 0 here, so the first progress check stops
     the query, whatever the machine's speed (no wall-clock threshold)."""
-    from residency import sqlitedb
-    from residency.ascend import read_db
+    from residency.traces import sqlitedb
+    from residency.traces.ascend import read_db
 
     path = _db(tmp_path / "slow.db", tasks=5000)
     monkeypatch.setattr(sqlitedb, "QUERY_BUDGET_S", 0.0)
@@ -267,7 +267,7 @@ def test_a_query_past_its_time_budget_is_stopped(tmp_path: Path, monkeypatch) ->
 def test_a_database_name_is_not_read_as_uri_parameters(tmp_path: Path) -> None:
     """`file:{path}?mode=ro` put the name into the URI unquoted: `#` or `?` in a folder name
     cut the path there."""
-    from residency.ascend import read_db
+    from residency.traces.ascend import read_db
 
     folder = tmp_path / "a#b?mode=rwc"
     folder.mkdir()
@@ -303,7 +303,7 @@ def test_verify_prints_file_names_escaped(paired: Path) -> None:
 
 
 def test_verify_command_output_has_no_control_characters(paired: Path, capsys) -> None:
-    from residency.cli import main
+    from residency.cli.main import main
 
     (paired / "runs" / "a\rb\x07.json").write_bytes(b"x")
     assert main(["verify", str(paired)]) == 1

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from residency.idle import idle_summary, per_rank_idle
-from residency.traces import load_traces
+from residency.analysis.idle import idle_summary, per_rank_idle
+from residency.traces.load import load_traces
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "traces"
@@ -168,16 +168,13 @@ def test_cross_check_span_idle_against_independent_implementation(tmp_path, kine
 
 # -- the CLI contract ---------------------------------------------------------------------------
 
-def cli(*args: str, module: str = "residency.cli") -> subprocess.CompletedProcess:
-    prefix = ["idle"] if module == "residency.cli" else []
-    return subprocess.run([sys.executable, "-m", module, *prefix, *args], capture_output=True,
-                          text=True, cwd=ROOT, timeout=180)
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "residency", "idle", *args],
+                          capture_output=True, text=True, cwd=ROOT, timeout=180)
 
 
-@pytest.mark.parametrize("module", ["residency.cli", "residency.idle"])
-def test_cli_json_golden(module):
-    out = cli(str(DATA / "kineto_basic"), "--marker", NORMAL, "--json", "--no-cache",
-              module=module)
+def test_cli_json_golden():
+    out = cli(str(DATA / "kineto_basic"), "--marker", NORMAL, "--json", "--no-cache")
     assert (out.returncode, out.stderr) == (0, "")
     assert json.loads(out.stdout) == KINETO_GOLDEN
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from residency import intervals as iv
+from residency.traces import intervals as iv
 
 # small coordinates so a set of covered integer points is an exact model of [start, end)
 interval = st.tuples(st.integers(-20, 60), st.integers(0, 25)).map(lambda p: (p[0], p[0] + p[1]))

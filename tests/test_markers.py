@@ -5,8 +5,8 @@ from __future__ import annotations
 from torch.profiler import ProfilerActivity, profile
 
 from residency import markers
-from residency.policy import BoundedAllocatorCache
-from residency.telemetry import MemorySnapshot
+from residency.policy.cache import BoundedAllocatorCache
+from residency.policy.telemetry import MemorySnapshot
 
 
 class Instant:

@@ -1,4 +1,4 @@
-"""Notebook support (`residency.notebook`), reports (`residency.reports`) and the three
+"""Notebook support (`residency.notebook`), reports (`residency.reports.html`) and the three
 notebooks executed with papermill at small parameters (slow)."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import nbformat
 import pytest
 
 from residency import notebook as nb
-from residency import report_views as rv
-from residency import reports
-from residency.report_figures import e2e_slopegraph
-from residency.rundir import load_run
+from residency.reports import html as reports
+from residency.reports import views as rv
+from residency.reports.plots import e2e_slopegraph
+from residency.rundir.run import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "notebooks"
@@ -442,8 +442,8 @@ def test_api_probe_on_the_emulated_npu_shows_both_rows() -> None:
     assert patched["bug_present"] is True and "second query" in patched["verdict"]
     verdict = nb.verdict_markdown(probes)
     assert "with the vllm-ascend patch, applied by residency.emulated.patches" in verdict
-    assert ("Redirected: `reserved`, `memory_stats`, `get_memory_info`; PyTorch's own: "
-            "`allocated`.") in verdict
+    assert ("Redirected: <code>reserved</code>, <code>memory\\_stats</code>, "
+            "<code>get\\_memory\\_info</code>; PyTorch's own: <code>allocated</code>.") in verdict
     arms = nb.arms_table(probes)
     assert set(arms["accelerator patch"]) == {"none", "vllm-ascend"}
 
@@ -512,7 +512,7 @@ def test_report_hides_inputs(tmp_path: Path) -> None:
 
 
 def test_report_cli(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from residency.cli import main
+    from residency.cli.main import main
 
     (tmp_path / "nbs").mkdir()
     _executed_notebook(tmp_path / "nbs" / "a.ipynb")

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from residency.memory import (
+from residency.analysis.tracediff import NO_PHASE, name_group, task_groups, trace_diff
+from residency.traces.load import CACHE_DIR, TraceError, load_traces
+from residency.traces.memory import (
     allocator_memory,
     memory_timeline,
     release_drops,
     release_markers,
 )
-from residency.tracediff import NO_PHASE, name_group, task_groups, trace_diff
-from residency.traces import CACHE_DIR, TraceError, load_traces
 
 DATA = Path(__file__).resolve().parent / "data" / "traces"
 EPOCH_NS = 1_764_500_000_000_000_000

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import pytest
 
 from residency import BoundedAllocatorCache, MemorySnapshot, policy_for
-from residency.policy import JsonlRecorder, ListRecorder, retains
-from residency.telemetry import TelemetryUnavailable
+from residency.policy.cache import JsonlRecorder, ListRecorder, retains
+from residency.policy.telemetry import TelemetryUnavailable
 
 GiB = 1024**3
 TOTAL = 64 * GiB
@@ -129,7 +129,7 @@ def test_any_telemetry_exception_releases_and_records_type_and_message(exc) -> N
 def test_bounds_rule_is_one_function_for_scalars_and_arrays() -> None:
     import numpy as np
 
-    from residency.policy import crossed_bounds
+    from residency.policy.cache import crossed_bounds
 
     total = np.array([100, 100, 100, 1000], dtype=np.int64)
     cached = np.array([25, 26, 0, 250])
@@ -236,7 +236,7 @@ for name in ("memory_allocated", "memory_reserved", "memory_stats"):
     setattr(torch.accelerator, name, spy)
 
 from residency import policy_for
-from residency.policy import ListRecorder
+from residency.policy.cache import ListRecorder
 
 def expectations(arm):
     calls.clear(); generic_calls.clear()

@@ -1,5 +1,5 @@
 """The four notebooks rendered from the recorded runs in `data/runs/` as a reviewer reads
-them (slow: papermill, then `residency.reports`): the banner first, no table over 40 rows, no
+them (slow: papermill, then `residency.reports.html`): the banner first, no table over 40 rows, no
 number with more than 6 significant digits in the visible text, the paired report's timeline
 and memory figures listed in `results.json`, and full-page screenshots."""
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from residency import reports
+from residency.reports import html as reports
 from tests.test_reports import LABEL, too_precise, visible_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,7 +45,7 @@ class Rendered:
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Rendered]]:
     """Each notebook executed by papermill on its recorded run (all at once), then rendered
-    to HTML by `residency.reports.render_html`."""
+    to HTML by `residency.reports.html.render_html`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     procs = {}
     for name, source in SOURCES.items():

@@ -17,8 +17,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from residency import banner, humanize, reports
-from residency.progress import RunProgress, clock_text, pair_labels
+from residency import humanize
+from residency.humanize import duration_text
+from residency.notebook.progress import RunProgress, pair_labels
+from residency.reports import banner
+from residency.reports import html as reports
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
@@ -133,7 +136,7 @@ def _recorded_ms(key: str, scale: float = 1.0) -> dict[str, str]:
     by the evidence model, independent of the figure and table code under test)."""
     from residency.evidence import build
     from residency.humanize import sig
-    from residency.rundir import load_run
+    from residency.rundir.run import load_run
 
     values = build(load_run(RECORDED))[key].to_dict()["values"]
     return {arm: sig(v[0] * scale) for arm, v in values.items()}
@@ -152,7 +155,7 @@ def test_banner_says_the_device_kind_before_any_number() -> None:
     prov = " ".join(texts[1:])
     took_s = round((datetime.fromisoformat(m["ended_at"])
                     - datetime.fromisoformat(m["started_at"])).total_seconds())
-    took = f"{took_s // 60} min {took_s % 60} s" if took_s >= 60 else f"{took_s} s"
+    took = f"{took_s // 60} min {took_s % 60:02d} s" if took_s >= 60 else f"{took_s} s"
     for part in (m["versions"]["git_commit"][:12], m["versions"]["torch"], m["host"],
                  m["started_at"], m["ended_at"], f"({took})"):
         assert part in prov
@@ -195,7 +198,7 @@ def test_rendered_report_starts_with_the_banner(tmp_path: Path) -> None:
 
 def test_index_lists_every_report_with_its_banner(tmp_path: Path,
                                                   capsys: pytest.CaptureFixture) -> None:
-    from residency.cli import main
+    from residency.cli.main import main
 
     nbs = tmp_path / "nbs"
     nbs.mkdir()
@@ -250,8 +253,8 @@ def test_screenshot_without_chromium_is_one_error(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- figures
 @pytest.fixture(scope="module")
 def timelines() -> tuple:
-    from residency.timeline import arm_timeline
-    from residency.traces import load_traces
+    from residency.analysis.timeline import arm_timeline
+    from residency.traces.load import load_traces
 
     return tuple(arm_timeline(load_traces(RECORDED / "runs" / d / "trace", cache=False),
                               arm=a, device_kind="emulated-npu")
@@ -259,8 +262,8 @@ def timelines() -> tuple:
 
 
 def test_timeline_data_agrees_with_the_idle_analysis(timelines: tuple) -> None:
-    from residency.idle import idle_summary
-    from residency.traces import load_traces
+    from residency.analysis.idle import idle_summary
+    from residency.traces.load import load_traces
 
     for t, d in zip(timelines, ("00-baseline", "01-candidate"), strict=True):
         s = idle_summary(load_traces(RECORDED / "runs" / d / "trace", cache=False),
@@ -275,7 +278,7 @@ def test_timeline_data_agrees_with_the_idle_analysis(timelines: tuple) -> None:
 
 
 def test_timeline_figure(timelines: tuple) -> None:
-    from residency.report_figures import timeline_figure
+    from residency.reports.plots import timeline_figure
 
     fig = timeline_figure(*timelines)
     titles = [ax.get_title(loc="left") or ax.get_title() for ax in fig.axes]
@@ -293,8 +296,8 @@ def test_timeline_figure(timelines: tuple) -> None:
 
 
 def test_memory_figure_from_recorded_decisions() -> None:
-    from residency.report_figures import memory_figure
-    from residency.rundir import load_run
+    from residency.reports.plots import memory_figure
+    from residency.rundir.run import load_run
 
     run = load_run(RECORDED)
     dec = pd.concat([run.decisions(e).assign(run=e.name) for e in run.runs], ignore_index=True)
@@ -311,7 +314,7 @@ def test_memory_figure_from_recorded_decisions() -> None:
 def test_memory_timeline_figure_draws_the_envelope_of_a_long_series() -> None:
     """100 001 records on one rank: at most 6 points per bin of 2000 are drawn, and the one
     spike of reserved memory and the one dip of allocated memory are among them."""
-    from residency.report_figures import memory_timeline_figure
+    from residency.reports.plots import memory_timeline_figure
 
     n = 100_001
     reserved = np.full(n, 4 << 30, np.int64)
@@ -337,7 +340,7 @@ def test_memory_timeline_figure_draws_the_envelope_of_a_long_series() -> None:
 
 
 def test_e2e_slopegraph_shares_a_zero_based_axis_and_numbers_pairs_once() -> None:
-    from residency.report_figures import e2e_slopegraph
+    from residency.reports.plots import e2e_slopegraph
 
     fig = e2e_slopegraph({"baseline": [5.05], "candidate": [5.45]},
                          {"baseline": [4.9, 3.5, 7.2], "candidate": [4.6, 3.4, 4.5]},
@@ -352,8 +355,8 @@ def test_e2e_slopegraph_shares_a_zero_based_axis_and_numbers_pairs_once() -> Non
 
 
 def test_whatif_neighbours() -> None:
-    from residency import whatif
-    from residency.report_figures import neighbour_table
+    from residency.analysis import whatif
+    from residency.reports.plots import neighbour_table
 
     totals = whatif.totals(whatif.replay_run(RECORDED))
     own = tuple(totals.attrs["own_settings"][0])
@@ -376,7 +379,7 @@ class FakeClock:
 
 
 def test_progress_lines_say_what_runs_and_the_time_left(tmp_path: Path) -> None:
-    from residency.experiments import plan
+    from residency.experiments.orchestrate import plan
 
     clock, lines = FakeClock(), []
     order = plan("paired-profile", 2)
@@ -424,13 +427,13 @@ def test_progress_ticks_between_runs() -> None:
     assert all("run 1/1: candidate, request series" in line for line in lines[:3])
 
 
-def test_pair_labels_and_clock_text() -> None:
-    from residency.experiments import plan
+def test_pair_labels_and_duration_text() -> None:
+    from residency.experiments.orchestrate import plan
 
     assert pair_labels(plan("paired-profile", 2), "paired-profile") == [
         "profiled pair", "profiled pair", "unprofiled pair 1 of 2", "unprofiled pair 1 of 2",
         "unprofiled pair 2 of 2", "unprofiled pair 2 of 2"]
-    assert [clock_text(s) for s in (4.4, 65, 3725)] == ["4 s", "1 min 05 s", "1 h 02 min"]
+    assert [duration_text(s) for s in (4.4, 65, 3725)] == ["4 s", "1 min 05 s", "1 h 02 min"]
 
 
 @pytest.mark.slow
@@ -445,7 +448,7 @@ def test_progress_reaches_the_terminal_papermill_runs_in(tmp_path: Path) -> None
     import time
 
     code = ("import time\n"
-            "from residency.progress import RunProgress\n"
+            "from residency.notebook.progress import RunProgress\n"
             "p = RunProgress([('baseline', True), ('candidate', True)], design='demo', "
             "interval_s=0.3, bar=True)\n"
             "bar = p(total=2, desc='demo')\n"
@@ -502,7 +505,7 @@ def test_round_numbers_in_text_built_elsewhere() -> None:
 
 
 def test_live_manifest_for_the_probe() -> None:
-    from residency.experiments import versions
+    from residency.rundir.run import versions
 
     m = banner.live_manifest("emulated-npu", versions=versions())
     assert m["design"] == "live probe" and m["versions"]["python"]
@@ -510,9 +513,9 @@ def test_live_manifest_for_the_probe() -> None:
 
 
 def test_evidence_side_by_side_aligns_rows_and_labels_columns() -> None:
-    from residency import tables as tb
-    from residency.rundir import load_run
-    from residency.side_by_side import side_by_side
+    from residency.reports import tables as tb
+    from residency.reports.side_by_side import side_by_side
+    from residency.rundir.run import load_run
 
     table = side_by_side(tb.evidence_table(load_run(RECORDED)), tb.published_table())
     assert list(table.columns) == [
@@ -537,7 +540,7 @@ def test_evidence_side_by_side_aligns_rows_and_labels_columns() -> None:
 
 @pytest.fixture
 def shown(monkeypatch: pytest.MonkeyPatch) -> list:
-    from residency import report_views
+    from residency.reports import views as report_views
 
     seen: list = []
     monkeypatch.setattr(report_views, "_display", lambda *objs: seen.extend(objs))
@@ -545,8 +548,8 @@ def shown(monkeypatch: pytest.MonkeyPatch) -> list:
 
 
 def test_views_write_and_show_the_paired_figures(tmp_path: Path, shown: list) -> None:
-    from residency import report_views as rv
-    from residency.rundir import load_run
+    from residency.reports import views as rv
+    from residency.rundir.run import load_run
 
     run = load_run(RECORDED)
     pair = (run.runs[0], run.runs[1])
@@ -567,8 +570,8 @@ def test_views_memory_timeline_of_the_profiled_pair(tmp_path: Path, shown: list,
     empty_cache returns the reserved block; the candidate's release returns nothing)."""
     from types import SimpleNamespace
 
-    from residency import report_views as rv
-    from residency.rundir import load_run
+    from residency.reports import views as rv
+    from residency.rundir.run import load_run
     from tests.memorytraces import record
 
     held = {}
@@ -622,7 +625,7 @@ def test_views_memory_timeline_of_a_torch_npu_database_pair(tmp_path: Path,
     import shutil
     from types import SimpleNamespace
 
-    from residency import report_views as rv
+    from residency.reports import views as rv
 
     pair = []
     for arm in ("baseline", "candidate"):
@@ -642,12 +645,13 @@ def test_views_memory_timeline_of_a_torch_npu_database_pair(tmp_path: Path,
 
 
 def test_views_whatif_small_tables_and_full_csv(tmp_path: Path, shown: list) -> None:
-    from residency import report_views as rv
-    from residency import whatif
+    from residency.analysis import whatif
+    from residency.reports import views as rv
+    from residency.reports import whatif as whatif_report
 
     bounded = whatif.replay_run(RECORDED)
     learned = whatif.replay_run(RECORDED, policy="learned-budget")
-    effect = whatif.estimated_effect(RECORDED, bounded)
+    effect = whatif_report.estimated_effect(RECORDED, bounded)
     own = tuple(bounded.attrs["own_settings"][0])
     grid_csv = rv.write_whatif([bounded, learned], output_dir=tmp_path)
     effect_csv = rv.write_effect(effect.table, output_dir=tmp_path)
@@ -663,7 +667,7 @@ def test_views_whatif_small_tables_and_full_csv(tmp_path: Path, shown: list) -> 
 
 
 def test_show_table_caps_the_rows(shown: list) -> None:
-    from residency.report_views import show_table
+    from residency.reports.views import show_table
 
     show_table(pd.DataFrame({"value_ms": np.arange(50) / 3}), caption="values",
                full="values.csv")
@@ -684,8 +688,8 @@ def _hostile_run(tmp_path: Path) -> Path:
     versions were set to markup, as a hostile author would ship it."""
     import shutil
 
-    from residency.rundir import artifact_hashes
-    from residency.seal import seal
+    from residency.rundir.run import artifact_hashes
+    from residency.rundir.seal import seal
 
     run = Path(shutil.copytree(ROOT / "data" / "runs" / "emulated-consecutive-2r2s",
                                tmp_path / "hostile"))
@@ -705,7 +709,7 @@ def test_run_supplied_strings_reach_the_report_as_text(tmp_path: Path) -> None:
     from nbconvert.filters import markdown2html
 
     from residency.notebook.outputs import describe_run
-    from residency.rundir import load_run
+    from residency.rundir.run import load_run
 
     text = describe_run(load_run(_hostile_run(tmp_path)))
     html = markdown2html(text)
@@ -716,11 +720,11 @@ def test_run_supplied_strings_reach_the_report_as_text(tmp_path: Path) -> None:
 
 
 def test_markdown_table_cells_stay_in_their_row() -> None:
-    from residency.tables import markdown_table
+    from residency.humanize import write_markdown_table
 
-    md = markdown_table(["a", "b"], [[HOSTILE, 1]])
+    md = write_markdown_table(["a", "b"], [[HOSTILE, 1]])
     assert len(md.strip().splitlines()) == 3  # header, separator, one row
-    assert "<script" not in md and "&lt;script&gt;" in md
+    assert "<script" not in md and "&lt;script>" in md
 
 
 @needs_chromium

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from residency.rundir import RunDirError, load_run, verify_run
-from residency.seal import parse_digest, run_digest, seal, seal_findings
+from residency.rundir.run import RunDirError, load_run, verify_run
+from residency.rundir.seal import parse_digest, run_digest, seal, seal_findings
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
@@ -34,7 +34,7 @@ def run(tmp_path: Path) -> Path:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "residency.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "residency", *args], capture_output=True,
                           text=True, timeout=HANG_S)
 
 
@@ -113,7 +113,7 @@ def test_a_resealed_run_is_caught_by_the_quoted_digest(run: Path) -> None:
     client.write_text(json.dumps(c))
 
     def rehash(m: dict[str, Any]) -> None:
-        from residency.rundir import artifact_hashes
+        from residency.rundir.run import artifact_hashes
 
         m["artifacts"] = artifact_hashes(run)
         m["seal"] = seal(m)

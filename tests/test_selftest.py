@@ -35,7 +35,7 @@ def _selftest(tmp_path: Path, *args: str, faults: tuple[str, ...] = (),
     env["PYTHONPATH"] = os.pathsep.join([str(FAULTSITE), str(ROOT)] if faults else [str(ROOT)])
     if faults:
         env["RESIDENCY_TEST_FAULTS"] = ",".join(faults)
-    return subprocess.run([sys.executable, "-m", "residency.cli", "selftest", "--device", device,
+    return subprocess.run([sys.executable, "-m", "residency", "selftest", "--device", device,
                            *args], capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
                           env=env)
 
@@ -177,7 +177,7 @@ def test_sigterm_stops_the_services_and_prints_the_partial_report(tmp_path: Path
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RESIDENCY_")}
     env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.Popen([sys.executable, "-m", "residency.cli", "selftest", "--device",
+    proc = subprocess.Popen([sys.executable, "-m", "residency", "selftest", "--device",
                              "emulated-npu", "--json", "--out", str(out)], cwd=tmp_path,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     log = out / "service" / "runs" / "00-candidate" / "service.log"

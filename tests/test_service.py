@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from residency.service import MAX_STEPS
+from residency.protocol import MAX_STEPS
 from tests.servicekit import SMALL, alive, decisions, http, post_when_free, service, wait_for
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from residency import service as svc
+from residency.workload import service as svc
 from tests.servicekit import wait_for
 
 

@@ -20,11 +20,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from residency.experiments import ServiceFileError, load_service_file
-from residency.service import MAX_HANDLERS, MAX_SEED, MAX_STEPS, ServeConfig, Service
+from residency.experiments.orchestrate import ServiceFileError, load_service_file
+from residency.protocol import MAX_SEED, MAX_STEPS
+from residency.workload.service import MAX_HANDLERS, ServeConfig, Service
 from tests.servicekit import SMALL, alive, http, post_when_free, service
 
-SERVE = [sys.executable, "-m", "residency.cli", "serve"]
+SERVE = [sys.executable, "-m", "residency", "serve"]
 
 
 def _wait_for(predicate, what: str, limit_s: float = 120.0) -> None:
@@ -129,7 +130,7 @@ def test_socket_limits_and_disconnect_cancels(tmp_path) -> None:
 
 KERNEL = """
 import sys
-from residency.experiments import run_pair
+from residency.experiments.orchestrate import run_pair
 run_pair("profiled-pair", out=sys.argv[1], device="emulated-npu", ranks=2, steps=3000,
          scale=0.02, resident_mib=256, progress=False)
 """
@@ -140,7 +141,7 @@ run_pair("profiled-pair", out=sys.argv[1], device="emulated-npu", ranks=2, steps
 def test_kill_9_of_pair_leaves_no_process(tmp_path, launcher) -> None:
     """`residency pair`, or a Python process running a design as a notebook kernel would."""
     out = tmp_path / "run"
-    argv = ([sys.executable, "-m", "residency.cli", "pair", "--design", "profiled-pair",
+    argv = ([sys.executable, "-m", "residency", "pair", "--design", "profiled-pair",
              "--device", "emulated-npu", "--ranks", "2", "--steps", "3000", "--scale", "0.02",
              "--resident-mib", "256", "--out", str(out), "--no-progress"]
             if launcher == "cli" else [sys.executable, "-c", KERNEL, str(out)])
@@ -282,7 +283,7 @@ def test_service_file_fields_are_checked(tmp_path, where, line, field) -> None:
     ({"scale": float("nan")}, "scale"), ({"resident_mib": float("inf")}, "resident_mib"),
 ])
 def test_pair_checks_builtin_bounds_before_starting(tmp_path, kwargs, name) -> None:
-    from residency.experiments import run_pair
+    from residency.experiments.orchestrate import run_pair
 
     with pytest.raises(ValueError, match=f"`{name}`"):
         run_pair(out=tmp_path / "run", device="emulated-npu", progress=False, **kwargs)
@@ -290,7 +291,7 @@ def test_pair_checks_builtin_bounds_before_starting(tmp_path, kwargs, name) -> N
 
 
 def test_pair_with_a_directory_as_service_file_is_exit_2(tmp_path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "residency.cli", "pair", "--service",
+    proc = subprocess.run([sys.executable, "-m", "residency", "pair", "--service",
                            str(tmp_path), "--out", str(tmp_path / "run"), "--no-progress"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2

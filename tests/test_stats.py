@@ -1,4 +1,4 @@
-"""Known answers, bad input and properties of `residency.stats`."""
+"""Known answers, bad input and properties of `residency.analysis.stats`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from residency import stats
+from residency.analysis import stats
 
 
 @dataclass(frozen=True)
@@ -191,7 +191,7 @@ def test_power_estimate_of_a_vanishing_median_delta_is_none() -> None:
 
 
 def test_analysis_modules_do_not_import_torch() -> None:
-    code = ("import sys, residency.stats, residency.rundir, residency.tables; "
+    code = ("import sys, residency.analysis.stats, residency.rundir.run, residency.reports.tables; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 

@@ -13,8 +13,10 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from residency import cli, evidence, tables
-from residency.rundir import RunDirError, load_run
+from residency import evidence
+from residency.cli import main as cli
+from residency.reports import tables
+from residency.rundir.run import RunDirError, load_run
 
 DATA = Path(__file__).parent / "data" / "rundir"
 FIXTURE = DATA / "fixture-run"
@@ -133,16 +135,16 @@ def test_cli_uses_trace_analysis_and_survives_its_failure(run_copy: Path, monkey
     for name in ("00-baseline", "01-candidate"):
         (run_copy / "runs" / name / "trace").mkdir()
     ranks = int(json.loads((run_copy / "manifest.json").read_text())["params"]["ranks"])
-    monkeypatch.setitem(__import__("sys").modules, "residency.traces", types.SimpleNamespace(
-        load_traces=lambda path: types.SimpleNamespace(path=path, ranks=dict.fromkeys(
-            range(ranks)))))
+    monkeypatch.setitem(__import__("sys").modules, "residency.traces.load",
+                        types.SimpleNamespace(load_traces=lambda path: types.SimpleNamespace(
+                            path=path, ranks=dict.fromkeys(range(ranks)))))
 
     def summary(traces: Any, *, marker: str, window_marker: str | None = None) -> dict:
         arm = IDLE["baseline" if "baseline" in str(traces.path) else "candidate"]
         start = 0 if window_marker is None else 10
         return {**arm, "window_ns": [start, start + arm["prepare_ns"]]}
 
-    monkeypatch.setitem(__import__("sys").modules, "residency.idle",
+    monkeypatch.setitem(__import__("sys").modules, "residency.analysis.idle",
                         types.SimpleNamespace(idle_summary=summary))
     rc, out, err = _cli(str(run_copy))
     assert (rc, err) == (0, "") and "| 180.2 ms | 2.125 ms |" in out  # 4 significant digits
@@ -150,7 +152,7 @@ def test_cli_uses_trace_analysis_and_survives_its_failure(run_copy: Path, monkey
     def broken(*args: object, **kwargs: object) -> dict:
         raise ValueError("ranks do not overlap")
 
-    monkeypatch.setitem(__import__("sys").modules, "residency.idle",
+    monkeypatch.setitem(__import__("sys").modules, "residency.analysis.idle",
                         types.SimpleNamespace(idle_summary=broken))
     rc, out, err = _cli(str(run_copy))
     assert (rc, err) == (0, "")

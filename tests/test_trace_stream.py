@@ -26,9 +26,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from residency import traces
-from residency.tracefiles import TraceError
-from residency.traceformats import (
+from residency.traces import load as traces
+from residency.traces.files import TraceError
+from residency.traces.formats import (
     NotAligned,
     join_parts,
     parse_part,
@@ -36,7 +36,7 @@ from residency.traceformats import (
     parse_whole,
     part_bounds,
 )
-from residency.traces import CACHE_DIR, load_traces
+from residency.traces.load import CACHE_DIR, load_traces
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
@@ -220,7 +220,7 @@ def test_empty_runs_between_separators_are_errors_as_whole(tmp_path, text):
 # peak of the forking parent, pytest, across exec)
 BOMB = """
 import sys
-from residency.traces import TraceError, load_traces
+from residency.traces.load import TraceError, load_traces
 try:
     load_traces(sys.argv[1], cache=False, **eval(sys.argv[2]))
     print("loaded")
@@ -299,7 +299,7 @@ def test_fifo_named_like_a_trace_is_refused_without_blocking(tmp_path):
     with pytest.raises(TraceError, match="a FIFO, not a regular file"):
         load_traces(tmp_path / "rank1.json", cache=False)
     # the command line: one line, exit 2, no hang (a timeout here would be the hang)
-    out = subprocess.run([sys.executable, "-m", "residency.cli", "idle", str(tmp_path)],
+    out = subprocess.run([sys.executable, "-m", "residency", "idle", str(tmp_path)],
                          capture_output=True, text=True, cwd=ROOT, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 2 and out.stdout == ""

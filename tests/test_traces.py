@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from residency import traces
-from residency.traces import CACHE_DIR, TraceError, load_traces
+from residency.traces import load as traces
+from residency.traces.load import CACHE_DIR, TraceError, load_traces
 
 DATA = Path(__file__).parent / "data" / "traces"
 BASE = 1_764_500_000_000_000_000

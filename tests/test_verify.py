@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from residency.rundir import RunDirError, artifact_hashes, load_run, verify_run
-from residency.seal import seal
+from residency.rundir.run import RunDirError, artifact_hashes, load_run, verify_run
+from residency.rundir.seal import seal
 
 FIXTURE = Path(__file__).parent / "data" / "rundir" / "fixture-run"
 
@@ -29,7 +29,7 @@ def sealed(tmp_path) -> Path:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "residency.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "residency", *args], capture_output=True,
                           text=True, timeout=120)
 
 

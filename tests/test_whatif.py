@@ -25,11 +25,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from residency import whatif
-from residency.policy import retains
-from residency.rundir import RunDirError, load_run
-from residency.seal import seal
-from residency.telemetry import MemorySnapshot
+from residency.analysis import whatif
+from residency.policy.cache import retains
+from residency.policy.telemetry import MemorySnapshot
+from residency.reports import whatif as whatif_report
+from residency.rundir.run import RunDirError, load_run
+from residency.rundir.seal import seal
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = Path(__file__).parent / "data" / "rundir" / "whatif-run"
@@ -98,7 +99,7 @@ def _write_run(root: Path, arms: dict[str, dict[int, list[dict]]], *,
 
 
 def _cli(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "residency.cli", "whatif", *argv],
+    return subprocess.run([sys.executable, "-m", "residency", "whatif", *argv],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 
@@ -167,7 +168,7 @@ def test_mismatch_is_reported_with_rank_and_request_id(run_copy: Path) -> None:
     assert (row["rank"], row["request_id"], row["run"]) == (1, "r0001", "01-candidate")
     assert (row["recorded_outcome"], row["replayed_outcome"]) == ("released", "retained")
     assert row["start_ns"] == target["start_ns"]
-    text = "\n".join(whatif.gate_lines(gate))
+    text = "\n".join(whatif_report.gate_lines(gate))
     assert text.startswith("Consistency gate: FAIL: 1 of 10") and "rank 1 request r0001" in text
 
 
@@ -365,7 +366,7 @@ def test_malformed_decision_is_refused_naming_the_field(tmp_path: Path, field: s
 # ----------------------------------------------------------------------------- effect
 def test_estimated_effect_prices_predicted_releases_with_measured_costs() -> None:
     grid = whatif.replay_run(FIXTURE, cached="0.25:0.3:0.05", free="0.05")
-    effect = whatif.estimated_effect(FIXTURE, grid)
+    effect = whatif_report.estimated_effect(FIXTURE, grid)
     release = [99.123456, 100.25, 101.5, 102.1, 99.8, 99.123456, 100.25]  # baseline measured
     retain = [1.334, 1.402, 1.579, 1.512, 1.455]  # candidate measured retained
     assert effect.release_cost_ms == pytest.approx(np.median(release))
@@ -386,7 +387,7 @@ def test_estimated_effect_prices_predicted_releases_with_measured_costs() -> Non
 
 def test_effect_without_a_measured_release_says_so(tmp_path: Path) -> None:
     run = _write_run(tmp_path, {"candidate": {0: [_call(0, "r0001", 10, GIB)]}})
-    effect = whatif.estimated_effect(run, whatif.replay_run(run, cached="0.25", free="0.05"))
+    effect = whatif_report.estimated_effect(run, whatif.replay_run(run, cached="0.25", free="0.05"))
     assert effect.release_cost_ms is None and effect.table["estimated_ms"].isna().all()
     assert "No estimate" in effect.note and "no release" in effect.note
 
@@ -427,7 +428,7 @@ def test_cli_exit_1_when_the_gate_fails(run_copy: Path) -> None:
 
 
 def _cli_in_process(*argv: str) -> tuple[int, str, str]:
-    from residency import cli
+    from residency.cli import main as cli
 
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
@@ -469,8 +470,8 @@ def test_results_document_is_json_ready() -> None:
     run = load_run(FIXTURE)
     bounded = whatif.replay_run(run, cached="0.25", free="0.05")
     learned = whatif.replay_run(run, cached="0.25", free="0.05", policy="learned-budget")
-    doc = whatif.results(whatif.consistency(run), bounded, learned,
-                         whatif.estimated_effect(run, bounded), files={"figure": "x.png"})
+    doc = whatif_report.results(whatif.consistency(run), bounded, learned,
+                         whatif_report.estimated_effect(run, bounded), files={"figure": "x.png"})
     back = json.loads(json.dumps(doc))
     assert back["bounded"][0]["released"] == 2 and back["learned_budget"][0]["released"] == 4
     assert back["consistency"]["passed"] and back["files"] == {"figure": "x.png"}

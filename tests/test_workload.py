@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from residency import devices
-from residency.workload import DEVICE_OPS, EmulatedOps, TorchOps, open_device
+from residency.workload.pipeline import DEVICE_OPS, EmulatedOps, TorchOps, open_device
 
-WORKLOAD = Path(__file__).resolve().parent.parent / "residency" / "workload.py"
+WORKLOAD = Path(__file__).resolve().parent.parent / "residency" / "workload" / "pipeline.py"
 
 
 def test_every_kind_a_run_records_has_device_ops() -> None:
@@ -42,7 +42,7 @@ def test_workload_never_switches_on_a_device_kind_string() -> None:
 def test_open_device_installs_the_emulated_npu(subprocess_python: Callable[..., dict]) -> None:
     result = subprocess_python("""
         import json
-        from residency.workload import open_device
+        from residency.workload.pipeline import open_device
 
         ops = open_device("emulated-npu", 1, devices=2, capacity_bytes=1 << 30)
         print(json.dumps({"type": type(ops).__name__, "device": str(ops.device),

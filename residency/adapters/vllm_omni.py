@@ -36,7 +36,7 @@ What upstream looks like (vllm_omni/diffusion/offloader/module_residency.py):
 
 What `register` does: on the fixed-bounds shape it replaces the class's `release_if_needed`
 (class object, once per process: instances made before and after are covered) with a
-wrapper that keeps one `residency.policy.BoundedAllocatorCache` per upstream instance, built
+wrapper that keeps one `residency.policy.cache.BoundedAllocatorCache` per upstream instance, built
 from that instance's `device`, `max_cached_fraction` and `min_free_fraction`, releasing
 through the upstream `current_omni_platform.empty_cache()` and recording to the process's
 decisions file. Decisions keep upstream semantics (bounds compared with `int(total * f)`,
@@ -70,10 +70,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from residency.policy import (
+from residency.policy.cache import (
     ARMS,
     BoundedAllocatorCache,
     JsonlRecorder,
+    decisions_file,
     default_rank,
     policy_for,
 )
@@ -191,7 +192,7 @@ class _Session:
         if self.decisions_dir is None:
             return
         device_type = getattr(device, "type", None) or str(device).split(":")[0]
-        self.recorder = JsonlRecorder(self.decisions_dir / f"decisions-rank{self.rank}.jsonl",
+        self.recorder = JsonlRecorder(self.decisions_dir / decisions_file(self.rank),
                                       request_id=None, device_kind=device_type)
         atexit.register(self.recorder.close)
 

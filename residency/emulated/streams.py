@@ -14,6 +14,7 @@ import torch
 from residency.emulated.allocator import CachingHostAllocator
 from residency.emulated.model import Cost, DeviceModel, modelled_cost
 from residency.emulated.trace import DEVICE_PID_BASE, Tracer, TraceRecord
+from residency.errors import RunFailed
 
 if TYPE_CHECKING:
     from residency.emulated.device import EmulatedNPU
@@ -22,7 +23,7 @@ TASK_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 _IDLE_POLL_S = 1.0  # an idle worker checks this often whether its stream still exists
 
 
-class DeviceTaskError(RuntimeError):
+class DeviceTaskError(RunFailed):
     """A device task raised; the device stays failed (a sticky error) for this process."""
 
     def __init__(self, device_index: int, task_name: str, error_type: str,

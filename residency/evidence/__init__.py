@@ -3,7 +3,7 @@
 `build(run)` loads a run's decisions and client records once (`RunData`), then calls each
 registered attributor; the result is one immutable `Evidence` holding `Attribution`s, each
 with its values, unit, n, the statistical unit it was judged on, its scope (which runs,
-warm-up excluded or not), the statistics result and a note. `residency.tables`, every
+warm-up excluded or not), the statistics result and a note. `residency.reports.tables`, every
 notebook, `results.json` and the what-if effect model only render it, so they agree by
 construction.
 
@@ -29,7 +29,7 @@ from residency.evidence.attributions import (
     attributor,
     build,
 )
-from residency.evidence.model import ARMS, Attribution, Evidence, Scope
+from residency.evidence.model import PAIRED_ARMS, Attribution, Evidence, Scope
 from residency.evidence.runs import (
     NORMAL_MARKER,
     PREPARE_MARKER,
@@ -41,7 +41,7 @@ from residency.evidence.runs import (
     service_of,
 )
 
-__all__ = ["ARMS", "ATTRIBUTORS", "NORMAL_MARKER", "PREPARE_MARKER", "REQUEST_COLUMNS",
+__all__ = ["PAIRED_ARMS", "ATTRIBUTORS", "NORMAL_MARKER", "PREPARE_MARKER", "REQUEST_COLUMNS",
            "RESPONSE_SOURCE", "TRACE_SOURCE", "Attribution", "Evidence", "RunData", "Scope",
            "attributor", "build", "idle_from_traces", "load_decisions", "measured_requests",
            "reference_pair", "service_of"]

@@ -10,12 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from residency import stats
-from residency.evidence.model import ARMS, Attribution, Evidence, Scope, plain
+from residency import markers
+from residency.analysis import stats
+from residency.evidence.model import PAIRED_ARMS, Attribution, Evidence, Scope
 from residency.evidence.runs import RunData, measured_requests, service_of
-from residency.rundir import Run, RunEntry
+from residency.jsonio import plain
+from residency.rundir.run import Run, RunEntry
 
-TRACE_SOURCE = "trace window marker residency.phase[prepare]"
+TRACE_SOURCE = f"trace window marker {markers.PHASE_PREPARE}"
 RESPONSE_SOURCE = "service response, max over ranks of per_rank prepare_ns"
 
 __all__ = ["ATTRIBUTORS", "REQUEST_COLUMNS", "aa_pairs", "attributor", "build"]
@@ -46,7 +48,7 @@ def build(run: Run, *, idle: Mapping[str, Mapping[str, int]] | None = None,
     reads the unprofiled E2E delta against its spread.
     """
     if isinstance(inputs.get("aa"), (str, Path)):
-        from residency.rundir import load_run
+        from residency.rundir.run import load_run
 
         inputs["aa"] = load_run(inputs["aa"])
     data = RunData(run, idle_override=idle, idle_error_override=idle_error, traces=traces,
@@ -61,7 +63,7 @@ def build(run: Run, *, idle: Mapping[str, Mapping[str, int]] | None = None,
     pair = data.pair
     needs_idle = keys is None or any(k in keys for k in ("idle_intersection", "all_rank_idle",
                                                           "preparation_window"))
-    from residency.attribution import scope_note
+    from residency.rundir.attribution import scope_note
 
     attrs = data.attributions
     return Evidence(run_dir=run.path, device_kind=run.device_kind, design=run.design,
@@ -116,10 +118,10 @@ def _normal_call_per_rank(data: RunData) -> Attribution | None:
     rank of one run pair, no test."""
     if data.pair is None:
         return None
-    by_rank = {a: _normal_ms_by_rank(data, e) for a, e in zip(ARMS, data.pair, strict=True)}
+    by_rank = {a: _normal_ms_by_rank(data, e) for a, e in zip(PAIRED_ARMS, data.pair, strict=True)}
     if not all(by_rank.values()):
         return None
-    vals = {a: [by_rank[a][r] for r in sorted(by_rank[a])] for a in ARMS}
+    vals = {a: [by_rank[a][r] for r in sorted(by_rank[a])] for a in PAIRED_ARMS}
     b, c = vals["baseline"], vals["candidate"]
     bm, cm = float(np.median(b)), float(np.median(c))
     if max(c) < min(b):
@@ -138,11 +140,11 @@ def _normal_call_per_rank(data: RunData) -> Attribution | None:
             f"replicates (the cross-run claim is the per-run attribution).")
     return Attribution(
         key="normal_call_per_rank", metric=f"normal-call duration per rank, {what} {names}",
-        kind="description", unit="ms", values=vals, n={a: len(vals[a]) for a in ARMS},
-        labels={a: [f"rank {r}" for r in sorted(by_rank[a])] for a in ARMS},
+        kind="description", unit="ms", values=vals, n={a: len(vals[a]) for a in PAIRED_ARMS},
+        labels={a: [f"rank {r}" for r in sorted(by_rank[a])] for a in PAIRED_ARMS},
         judged_on="rank (every rank, in this run pair; no test)",
         scope=Scope(runs=(data.pair[0].name, data.pair[1].name), what=what), note=note,
-        detail={"ranks": {a: sorted(by_rank[a]) for a in ARMS}, "medians": {
+        detail={"ranks": {a: sorted(by_rank[a]) for a in PAIRED_ARMS}, "medians": {
             "baseline": bm, "candidate": cm}})
 
 
@@ -151,8 +153,8 @@ def _normal_call_per_run(data: RunData) -> Attribution | None:
     """One value per measured run: the median over ranks of each rank's summed normal-call
     duration; arms compared with an exact Mann-Whitney U test, the run as the unit (only
     with at least 2 runs per arm: n = 1 allows no test)."""
-    per_run: dict[str, list[tuple[RunEntry, float, list[float]]]] = {a: [] for a in ARMS}
-    for a in ARMS:
+    per_run: dict[str, list[tuple[RunEntry, float, list[float]]]] = {a: [] for a in PAIRED_ARMS}
+    for a in PAIRED_ARMS:
         for e in data.entries(a):
             ranks = _normal_ms_by_rank(data, e)
             if ranks:
@@ -160,24 +162,24 @@ def _normal_call_per_run(data: RunData) -> Attribution | None:
                 per_run[a].append((e, float(np.median(v)), v))
     if min(len(v) for v in per_run.values()) < 2:  # one run per arm: the per-rank view says it
         return None
-    vals = {a: [v for _, v, _ in per_run[a]] for a in ARMS}
+    vals = {a: [v for _, v, _ in per_run[a]] for a in PAIRED_ARMS}
     result = stats.compare_groups(vals["baseline"], vals["candidate"], unit="ms",
                                   replicate="run")
-    prof = {a: sum(e.profiled for e, _, _ in per_run[a]) for a in ARMS}
+    prof = {a: sum(e.profiled for e, _, _ in per_run[a]) for a in PAIRED_ARMS}
     mix = ", ".join(f"{a}: {prof[a]} profiled + {len(per_run[a]) - prof[a]} unprofiled"
-                    for a in ARMS)
+                    for a in PAIRED_ARMS)
     note = (f"{result.note} Runs per arm ({mix}); each value is one run's median over its "
             f"ranks of the summed normal-call duration; profiled runs also record trace "
             f"markers (about 10 us per call).")
-    runs = tuple(e.name for a in ARMS for e, _, _ in per_run[a])
+    runs = tuple(e.name for a in PAIRED_ARMS for e, _, _ in per_run[a])
     return Attribution(
         key="normal_call_per_run", metric="normal-call duration per run (median over ranks)",
-        kind="groups", unit="ms", values=vals, n={a: len(vals[a]) for a in ARMS},
-        labels={a: [e.name for e, _, _ in per_run[a]] for a in ARMS},
+        kind="groups", unit="ms", values=vals, n={a: len(vals[a]) for a in PAIRED_ARMS},
+        labels={a: [e.name for e, _, _ in per_run[a]] for a in PAIRED_ARMS},
         judged_on="run (one value per service run)", result=result,
         scope=Scope(runs=runs, what="all measured runs"), note=note,
-        detail={"profiled": {a: [e.profiled for e, _, _ in per_run[a]] for a in ARMS},
-                "per_rank_ms": {a: [v for _, _, v in per_run[a]] for a in ARMS}})
+        detail={"profiled": {a: [e.profiled for e, _, _ in per_run[a]] for a in PAIRED_ARMS},
+                "per_rank_ms": {a: [v for _, _, v in per_run[a]] for a in PAIRED_ARMS}})
 
 
 @attributor("normal_call_durations")
@@ -189,16 +191,16 @@ def _normal_call_durations(data: RunData) -> Attribution | None:
     if normal.empty:
         return None
     vals, outcomes, runs = {}, {}, {}
-    for a in ARMS:
+    for a in PAIRED_ARMS:
         mine = normal[normal["run_arm"] == a]
         vals[a] = [float(x) / 1e6 for x in mine["duration_ns"]]
         outcomes[a] = [str(x) for x in mine["outcome"]]
         runs[a] = [str(x) for x in mine["run"]]
     return Attribution(
         key="normal_call_durations", metric="normal-call duration per call", kind="samples",
-        unit="ms", values=vals, n={a: len(vals[a]) for a in ARMS},
+        unit="ms", values=vals, n={a: len(vals[a]) for a in PAIRED_ARMS},
         labels={a: [f"{r} rank {k}" for r, k in zip(runs[a], normal[normal["run_arm"] == a][
-            "rank"], strict=True)] for a in ARMS},
+            "rank"], strict=True)] for a in PAIRED_ARMS},
         judged_on="call (samples for the what-if cost model; no test: calls of one run are "
                   "not independent replicates)",
         scope=Scope(runs=tuple(sorted(set(normal["run"]))), what="all measured runs"),
@@ -212,15 +214,15 @@ def _counts(data: RunData, kind: str, key: str, metric: str) -> Attribution | No
     calls = d[d["kind"] == kind]
     if calls.empty:
         return None
-    k = {a: int((calls[calls["run_arm"] == a]["outcome"] == "released").sum()) for a in ARMS}
-    n = {a: int((calls["run_arm"] == a).sum()) for a in ARMS}
-    runs = {a: sorted(set(calls[calls["run_arm"] == a]["run"])) for a in ARMS}
-    ranks = {a: int(calls[calls["run_arm"] == a]["rank"].nunique()) for a in ARMS}
-    result = {a: stats.proportion(k[a], n[a]) for a in ARMS if n[a]}
+    k = {a: int((calls[calls["run_arm"] == a]["outcome"] == "released").sum()) for a in PAIRED_ARMS}
+    n = {a: int((calls["run_arm"] == a).sum()) for a in PAIRED_ARMS}
+    runs = {a: sorted(set(calls[calls["run_arm"] == a]["run"])) for a in PAIRED_ARMS}
+    ranks = {a: int(calls[calls["run_arm"] == a]["rank"].nunique()) for a in PAIRED_ARMS}
+    result = {a: stats.proportion(k[a], n[a]) for a in PAIRED_ARMS if n[a]}
     ci = ", ".join(f"{a} {p.ci[0]:.1%}-{p.ci[1]:.1%}" for a, p in result.items()
                    ).replace("%", " %")
     clusters = "; ".join(f"{a}: {n[a]} calls in {len(runs[a])} runs x {ranks[a]} ranks"
-                         for a in ARMS if n[a])
+                         for a in PAIRED_ARMS if n[a])
     note = (f"Clopper-Pearson 95 %: {ci or 'no calls'}. The calls are outcomes of a "
             f"deterministic rule (the policy on each call's memory state), clustered in runs "
             f"and ranks ({clusters}): the interval describes these calls as if they were "
@@ -230,7 +232,7 @@ def _counts(data: RunData, kind: str, key: str, metric: str) -> Attribution | No
         note = "No calls of this kind recorded in at least one arm: nothing to compare. " + note
     return Attribution(
         key=key, metric=metric, kind="counts", unit="calls",
-        values={a: [k[a]] for a in ARMS}, n=n, judged_on="call (k of n; clustered in runs "
+        values={a: [k[a]] for a in PAIRED_ARMS}, n=n, judged_on="call (k of n; clustered in runs "
         "and ranks)", result=result or None,
         scope=Scope(runs=tuple(sorted(set(calls["run"]))), what="all measured runs"),
         note=note, detail={"runs": runs, "ranks": ranks})
@@ -252,13 +254,13 @@ def _telemetry_errors(data: RunData) -> Attribution | None:
     if d.empty:
         return None
     errors = {a: int((d[d["run_arm"] == a]["reason"] == "telemetry-unavailable").sum())
-              for a in ARMS}
+              for a in PAIRED_ARMS}
     first = {a: next((str(x) for x in d[(d["run_arm"] == a) & (
-        d["reason"] == "telemetry-unavailable")]["error"]), None) for a in ARMS}
+        d["reason"] == "telemetry-unavailable")]["error"]), None) for a in PAIRED_ARMS}
     return Attribution(
         key="telemetry_errors", metric="telemetry errors", kind="tally", unit="calls",
-        values={a: [errors[a]] for a in ARMS}, n={a: int((d["run_arm"] == a).sum())
-                                                   for a in ARMS},
+        values={a: [errors[a]] for a in PAIRED_ARMS}, n={a: int((d["run_arm"] == a).sum())
+                                                   for a in PAIRED_ARMS},
         judged_on="call (plain counts)", scope=Scope(runs=tuple(sorted(set(d["run"]))),
                                                      what="all measured runs"),
         note="Counts over all measured runs. A telemetry error makes a normal call release "
@@ -269,7 +271,7 @@ def _telemetry_errors(data: RunData) -> Attribution | None:
 def _oom(data: RunData) -> Attribution | None:
     vals: dict[str, list[int]] = {}
     reported = True
-    for a in ARMS:
+    for a in PAIRED_ARMS:
         ooms = [pr.get("oom") for e in data.entries(a) for resp in data.responses(e)
                 for pr in resp.get("per_rank") or []]
         if not ooms or None in ooms:
@@ -279,8 +281,8 @@ def _oom(data: RunData) -> Attribution | None:
         return None
     return Attribution(
         key="oom", metric="out-of-memory errors", kind="tally", unit="errors",
-        values=vals if reported else {a: [None] for a in ARMS},
-        n={a: len(data.entries(a)) for a in ARMS}, judged_on="run (plain counts)",
+        values=vals if reported else {a: [None] for a in PAIRED_ARMS},
+        n={a: len(data.entries(a)) for a in PAIRED_ARMS}, judged_on="run (plain counts)",
         scope=Scope(runs=tuple(e.name for e in data.run.runs), what="all measured runs"),
         note="Out-of-memory errors the service reported per rank, summed over measured "
              "requests." + ("" if reported else " Not reported by this service: n/a."))
@@ -294,7 +296,7 @@ def _single(key: str, metric: str, unit: str, scale: float, b: float, c: float,
     return Attribution(
         key=key, metric=metric, kind="single", unit=unit,
         values={"baseline": [result.baseline], "candidate": [result.candidate]},
-        n={a: 1 for a in ARMS}, judged_on="single observation per arm", result=result,
+        n={a: 1 for a in PAIRED_ARMS}, judged_on="single observation per arm", result=result,
         scope=Scope(runs=runs, what="profiled pair" if pair and pair[0].profiled else
                     "reference pair"),
         note=f"{result.note} Source: {source}.", source=source)
@@ -303,7 +305,7 @@ def _single(key: str, metric: str, unit: str, scale: float, b: float, c: float,
 @attributor("idle_intersection")
 def _idle_intersection(data: RunData) -> Attribution | None:
     idle = data.idle or {}
-    if not all("marker_idle_intersection_ns" in (idle.get(a) or {}) for a in ARMS):
+    if not all("marker_idle_intersection_ns" in (idle.get(a) or {}) for a in PAIRED_ARMS):
         return None
     return _single("idle_intersection", "normal-release markers ∩ all-rank no-device-task time",
                    "ms", 1e6, idle["baseline"]["marker_idle_intersection_ns"],
@@ -314,7 +316,7 @@ def _idle_intersection(data: RunData) -> Attribution | None:
 @attributor("all_rank_idle")
 def _all_rank_idle(data: RunData) -> Attribution | None:
     idle = data.idle or {}
-    if not all("all_rank_idle_ns" in (idle.get(a) or {}) for a in ARMS):
+    if not all("all_rank_idle_ns" in (idle.get(a) or {}) for a in PAIRED_ARMS):
         return None
     return _single("all_rank_idle", "all-rank no-device-task time", "s", 1e9,
                    idle["baseline"]["all_rank_idle_ns"], idle["candidate"]["all_rank_idle_ns"],
@@ -324,12 +326,12 @@ def _all_rank_idle(data: RunData) -> Attribution | None:
 @attributor("preparation_window")
 def _preparation_window(data: RunData) -> Attribution | None:
     idle = data.idle or {}
-    prep = {a: (idle.get(a) or {}).get("prepare_ns") for a in ARMS}
+    prep = {a: (idle.get(a) or {}).get("prepare_ns") for a in PAIRED_ARMS}
     source = TRACE_SOURCE
     if None in prep.values() and data.pair is not None:
         source = RESPONSE_SOURCE
         prep = {}
-        for a, e in zip(ARMS, data.pair, strict=True):
+        for a, e in zip(PAIRED_ARMS, data.pair, strict=True):
             per_rank = [pr for resp in data.responses(e) for pr in resp.get("per_rank") or []]
             prep[a] = max((pr["prepare_ns"] for pr in per_rank if "prepare_ns" in pr),
                           default=None)
@@ -435,7 +437,7 @@ def _e2e_aa(data: RunData) -> Attribution | None:
 
 
 def _e2e_pairs(data: RunData, profiled: bool) -> Attribution | None:
-    runs = tuple(data.entries(a, profiled=profiled) for a in ARMS)
+    runs = tuple(data.entries(a, profiled=profiled) for a in PAIRED_ARMS)
     both = [(b, c, _e2e(data, b), _e2e(data, c)) for b, c in zip(*runs, strict=False)]
     pairs = [(b, c, x, y) for b, c, x, y in both if x is not None and y is not None]
     if not pairs:
@@ -470,8 +472,8 @@ def _e2e_pairs(data: RunData, profiled: bool) -> Attribution | None:
     return Attribution(
         key=key, metric=metric, kind="pairs", unit="s",
         values={"baseline": [p[2] for p in pairs], "candidate": [p[3] for p in pairs]},
-        n={a: len(pairs) for a in ARMS},
-        labels={a: [f"{p[0].name} / {p[1].name}" for p in pairs] for a in ARMS},
+        n={a: len(pairs) for a in PAIRED_ARMS},
+        labels={a: [f"{p[0].name} / {p[1].name}" for p in pairs] for a in PAIRED_ARMS},
         judged_on="pair (pair i: the i-th run of each arm; ABBA order)", result=result,
         scope=Scope(runs=tuple(e.name for p in pairs for e in p[:2]),
                     what="profiled runs" if profiled else "unprofiled runs"),
@@ -546,8 +548,8 @@ def _request_gates(data: RunData) -> Attribution | None:
     """The consecutive-request gates of the candidate from the attribution of decisions to
     requests (by time for any service): every rank wrote decisions, the normal and forced
     calls per rank and measured request the service declares, no telemetry error, no OOM
-    (`residency.attribution.consecutive_gates`)."""
-    from residency.attribution import consecutive_gates, expected_calls
+    (`residency.rundir.attribution.consecutive_gates`)."""
+    from residency.rundir.attribution import consecutive_gates, expected_calls
 
     entries = data.entries("candidate")
     if not entries:
@@ -569,9 +571,9 @@ def _request_gates(data: RunData) -> Attribution | None:
 @attributor("replay_gate")
 def _replay_gate(data: RunData) -> Attribution | None:
     """The one replay gate: every recorded normal decision with a snapshot, of every arm,
-    warm-up included, replayed with its own bounds by `residency.policy`'s rule
-    (`residency.whatif.consistency`) must reproduce its outcome and reason."""
-    from residency import whatif
+    warm-up included, replayed with its own bounds by `residency.policy.cache`'s rule
+    (`residency.analysis.whatif.consistency`) must reproduce its outcome and reason."""
+    from residency.analysis import whatif
 
     try:
         gate = whatif.consistency(data.run, arm=None)
@@ -594,6 +596,6 @@ def _replay_gate(data: RunData) -> Attribution | None:
         scope=Scope(runs=tuple(gate.attrs.get("runs", [])), warmup=True,
                     what="all runs, every arm"),
         note=(f"{checked - len(mismatches)} of {checked} recorded normal decisions (warm-up "
-              f"included) reproduced by residency.policy's bounds rule on their own snapshots "
-              f"and bounds."),
+              f"included) reproduced by residency.policy.cache's bounds rule on their own "
+              f"snapshots and bounds."),
         detail={"mismatches": plain(mismatches), "passed": not mismatches})

@@ -9,13 +9,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import numpy as np
-
 from residency import devices
+from residency.jsonio import plain
+from residency.policy.cache import PAIRED_ARMS
 
-ARMS = ("baseline", "candidate")
-
-__all__ = ["ARMS", "Attribution", "Evidence", "Scope", "plain"]
+__all__ = ["PAIRED_ARMS", "Attribution", "Evidence", "Scope", "plain"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +51,7 @@ class Attribution:
     calls, Clopper-Pearson), `tally` (plain counts), `single` (one value per arm), `samples`
     (per-call values, no test), `gate` (pass/fail checks). `values[arm]` holds the numbers
     (for `counts`: (k,) with `n[arm]` calls); `labels[arm]` names each value (rank, run or
-    pair). `result` is the `residency.stats` result, if a test or interval applies.
+    pair). `result` is the `residency.analysis.stats` result, if a test or interval applies.
     """
 
     key: str
@@ -97,18 +95,6 @@ class Attribution:
                 "note": self.note, "detail": plain(self.detail)}
 
 
-def plain(value: Any) -> Any:
-    """`value` as plain JSON-ready data (mappings to dicts, sequences to lists, numpy scalars
-    to Python numbers)."""
-    if isinstance(value, Mapping):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
 @dataclass(frozen=True)
 class Evidence:
     """Every attribution of one run directory (see the module docstring)."""
@@ -123,7 +109,7 @@ class Evidence:
     digest: str | None = None  # the run's seal digest (`sha256:...`), None when unsealed
     attribution_note: str = "Warm-up requests excluded."
     """How decisions were attributed to requests (by time or id), that warm-ups are excluded,
-    and how many decisions lay outside every request (`residency.attribution.scope_note`)."""
+    and how many decisions lay outside every request (`residency.rundir.attribution.scope_note`)."""
     request_attribution: tuple[Mapping[str, Any], ...] = ()
     """Per service run: `run`, `method`, `outside_count`, `outside_first_wall_ns`,
     `outside_last_wall_ns`, `note`."""

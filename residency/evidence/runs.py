@@ -3,6 +3,7 @@ place: `load_decisions`), client records, the reference pair, the traces' idle f
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -10,11 +11,12 @@ from typing import Any
 
 import pandas as pd
 
-from residency.evidence.model import ARMS
-from residency.rundir import DECISION_COLUMNS, Run, RunEntry
+from residency import markers
+from residency.evidence.model import PAIRED_ARMS
+from residency.rundir.run import Run, RunEntry, load_decisions
 
-NORMAL_MARKER = r"residency\.release\[normal\]"
-PREPARE_MARKER = r"residency\.phase\[prepare\]"
+NORMAL_MARKER = re.escape(markers.RELEASE_NORMAL)  # regular expressions for the trace loader
+PREPARE_MARKER = re.escape(markers.PHASE_PREPARE)
 
 __all__ = ["NORMAL_MARKER", "PREPARE_MARKER", "RunData", "idle_from_traces", "load_decisions",
            "load_run_traces", "measured_requests", "reference_pair"]
@@ -27,31 +29,6 @@ def measured_requests(run: Run, entry: RunEntry) -> list[dict[str, Any]]:
         return [{"request_id": r.get("request_id"), "response": r.get("response") or {}}
                 for r in client["requests"]]
     return [{"request_id": client.get("request_id"), "response": client.get("response") or {}}]
-
-
-def load_decisions(run: Run) -> pd.DataFrame:
-    """Every decision of every run entry, warm-up included, one row per policy call.
-
-    The decisions columns plus `run` (entry name), `run_arm` (the entry's arm), `profiled`,
-    `run_index`, `warmup` (True unless the decision belongs to a measured request) and
-    `request` (1-based order of the measured request within its run; 0 for the warm-up and
-    for decisions outside every request). Which request a decision belongs to comes from
-    `Run.attribution` (`residency.attribution`: by the client's wall-clock windows when
-    recorded, so for any service, else by request id); this is the one place evidence reads
-    it.
-    """
-    frames = []
-    for entry in run.runs:
-        df = run.decisions(entry, warmup=True)
-        snap = ["reserved", "allocated", "free", "total"]
-        df = df.astype({k: object for k in snap})  # ints stay ints across runs (no float64)
-        frames.append(df.assign(run=entry.name, run_arm=entry.arm, profiled=entry.profiled,
-                                run_index=entry.index,
-                                request=df["request"].fillna(0).astype("int64")))
-    cols = [*DECISION_COLUMNS, "run", "run_arm", "profiled", "run_index", "request"]
-    if not frames:
-        return pd.DataFrame(columns=cols)
-    return pd.concat(frames, ignore_index=True)[cols]
 
 
 def service_of(manifest: Mapping[str, Any]) -> dict[str, Any]:
@@ -67,7 +44,7 @@ def service_of(manifest: Mapping[str, Any]) -> dict[str, Any]:
 def reference_pair(run: Run) -> tuple[RunEntry, RunEntry] | None:
     """The profiled pair if any, else the first run of each arm (None without both arms)."""
     first = {}
-    for arm in ARMS:
+    for arm in PAIRED_ARMS:
         runs = run.arm(arm)
         if not runs:
             return None
@@ -79,8 +56,8 @@ def load_run_traces(run: Run, entry: RunEntry) -> Any:
     """The `TraceSet` of one run entry's ``trace/`` folder, whose ranks must be exactly the
     run's `params.ranks` (0..N-1): a trace folder with another rank set (a planted file
     read as an extra rank, a rank missing) is a `TraceError` naming the folder."""
-    from residency.tracefiles import TraceError
-    from residency.traces import load_traces
+    from residency.traces.files import TraceError
+    from residency.traces.load import load_traces
 
     folder = entry.trace_dir
     if folder is None:
@@ -103,10 +80,10 @@ def idle_from_traces(run: Run, pair: tuple[RunEntry, RunEntry] | None = None
     if pair is None or any(e.trace_dir is None for e in pair):
         return None, None
     try:
-        from residency.idle import idle_summary
+        from residency.analysis.idle import idle_summary
 
         out = {}
-        for arm, entry in zip(ARMS, pair, strict=True):
+        for arm, entry in zip(PAIRED_ARMS, pair, strict=True):
             timelines = load_run_traces(run, entry)
             whole = idle_summary(timelines, marker=NORMAL_MARKER)
             prep = idle_summary(timelines, marker=NORMAL_MARKER, window_marker=PREPARE_MARKER)
@@ -149,7 +126,7 @@ class RunData:
 
     @cached_property
     def attributions(self) -> dict[str, Any]:
-        """Run name -> `residency.attribution.Attribution` of its decisions."""
+        """Run name -> `residency.rundir.attribution.Attribution` of its decisions."""
         return {e.name: self.run.attribution(e) for e in self.run.runs}
 
     @cached_property

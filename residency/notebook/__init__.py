@@ -1,7 +1,7 @@
 """Support for the four notebooks (`notebooks/`), split by notebook: `params` (parameter
 checks, the run to analyse), `outputs` (output folder, `results.json`, tables, figures),
 `api` (API reproduction), `consecutive` (consecutive requests and their gates), `paired`
-(paired profile) and `whatif` (policy what-if). Every figure lives in `residency.figures`;
+(paired profile) and `whatif` (policy what-if). Every figure lives in `residency.reports.figures`;
 every attribution in `residency.evidence`. Notebooks use `from residency import notebook as
 nb`: every public name of the submodules is available here.
 
@@ -12,13 +12,7 @@ fresh runs start their services as subprocesses.
 
 from __future__ import annotations
 
-from residency.evidence import ARMS
-from residency.figures import (
-    plot_fractions,
-    plot_idle,
-    plot_normal_calls,
-    whatif_figure,
-)
+from residency.evidence import PAIRED_ARMS
 from residency.notebook.api import (
     api_from_run,
     api_reproduction,
@@ -39,11 +33,9 @@ from residency.notebook.consecutive import (
     gate_failures,
 )
 from residency.notebook.outputs import (
-    EMULATED_LABEL,
     RESULTS_FILE,
     describe_run,
     describe_service,
-    device_label,
     finish,
     markdown_table,
     prepare_output_dir,
@@ -57,7 +49,6 @@ from residency.notebook.paired import (
     e2e_frame,
     evidence_tables,
     headline,
-    idle_frame,
     normal_call_frame,
     note,
     paired_profile,
@@ -75,14 +66,21 @@ from residency.notebook.params import (
     open_source,
 )
 from residency.notebook.whatif import WhatIf, check_ranges, policy_whatif, whatif_results
+from residency.reports.figures import (
+    idle_frame,
+    plot_fractions,
+    plot_idle,
+    plot_normal_calls,
+    whatif_figure,
+)
 
 __all__ = [
-    "ACCELERATOR_PATCH_CHOICES", "ARMS", "ATTRIBUTIONS", "DEVICE_SPECS", "EMULATED_LABEL",
+    "ACCELERATOR_PATCH_CHOICES", "PAIRED_ARMS", "ATTRIBUTIONS", "DEVICE_SPECS",
     "NOTEBOOKS", "RESULTS_FILE",
     "GateError", "ParameterError", "WhatIf", "api_from_run", "api_reproduction", "api_results",
     "arms_table", "check_gates", "check_parameters", "check_ranges", "consecutive_notes",
     "consecutive_summary", "consecutive_table", "describe_run", "describe_service",
-    "device_label", "e2e_frame",
+    "e2e_frame",
     "evidence_tables", "finish", "fractions", "gate_failures", "headline", "idle_frame",
     "markdown_table", "normal_call_frame", "note", "open_source", "paired_profile",
     "paired_results", "per_run_frame", "plot_fractions", "plot_idle",

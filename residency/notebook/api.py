@@ -17,7 +17,7 @@ from residency import devices
 from residency.evidence import load_decisions
 from residency.humanize import md_code, md_text
 from residency.notebook.params import check_accelerator_patch, check_device
-from residency.rundir import Run, load_run
+from residency.rundir.run import Run, load_run
 
 __all__ = ["api_from_run", "api_reproduction", "api_results",
            "arms_table", "probe", "probe_table", "row_label", "verdict_markdown",
@@ -27,7 +27,7 @@ _PATCH = "vllm-ascend"
 
 
 def _run_probe(spec: str, *, patch: str = "none", timeout_s: float) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "residency.cli", "probe", "--device", spec, "--json",
+    cmd = [sys.executable, "-m", "residency", "probe", "--device", spec, "--json",
            "--accelerator-patch", patch]
     what = f"`residency probe --device {spec} --accelerator-patch {patch}`"
     try:

@@ -9,9 +9,10 @@ from typing import Any
 
 import pandas as pd
 
-from residency import evidence, stats
+from residency import evidence
+from residency.analysis import stats
 from residency.evidence import REQUEST_COLUMNS, Evidence
-from residency.rundir import Run
+from residency.rundir.run import Run
 
 __all__ = ["check_gates", "consecutive_notes", "consecutive_summary", "consecutive_table",
            "fractions", "gate_failures"]
@@ -83,7 +84,7 @@ def gate_failures(run: Run | Evidence, *, arm: str = "candidate") -> list[str]:
     calls per rank and measured request the service declares, telemetry errors, OOM; the
     evidence's `request_gates`); or any recorded normal decision (any arm, warm-up
     included) that disagrees with the policy's bounds rule replayed on its snapshot (the one
-    replay gate, `residency.whatif.consistency`)."""
+    replay gate, `residency.analysis.whatif.consistency`)."""
     ev = _evidence(run)
     failures = []
     durations = ev.get("normal_call_durations")

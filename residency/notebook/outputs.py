@@ -3,7 +3,6 @@ Markdown a notebook prints about its run."""
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from collections.abc import Mapping
@@ -11,21 +10,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pandas as pd
 
 from residency import devices, humanize
 from residency.humanize import md_code, md_text
+from residency.jsonio import plain, write_json_atomic
 from residency.notebook.params import ParameterError, check_output_dir
-from residency.rundir import Run, write_json_atomic
+from residency.rundir.run import Run
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 RESULTS_FILE = "results.json"
-EMULATED_LABEL = devices.EMULATED_LABEL
 
-__all__ = ["EMULATED_LABEL", "RESULTS_FILE", "describe_run", "device_label", "finish",
+__all__ = ["RESULTS_FILE", "describe_run", "finish",
            "markdown_table", "prepare_output_dir", "save_figure", "statistical_note",
            "write_results", "write_tables"]
 
@@ -35,7 +33,7 @@ def _announce(line: str) -> None:
     started it (papermill's stderr), which sees nothing of the notebook's own output."""
     print(line, flush=True)
     if type(sys.stderr).__module__.startswith("ipykernel"):
-        from residency.progress import to_terminal
+        from residency.notebook.progress import to_terminal
 
         to_terminal(line)
 
@@ -73,24 +71,10 @@ def prepare_output_dir(output_dir: str | os.PathLike[str] | None, name: str) -> 
     return path
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def write_results(output_dir: str | os.PathLike[str], results: Mapping[str, Any]) -> Path:
     """Write `results.json` into `output_dir` atomically; returns its path. NaN and
     infinities become null; numpy values and paths become plain JSON."""
-    return write_json_atomic(Path(output_dir) / RESULTS_FILE, _jsonable(results),
+    return write_json_atomic(Path(output_dir) / RESULTS_FILE, plain(results, finite=True),
                              allow_nan=False)
 
 
@@ -98,8 +82,8 @@ def write_tables(output_dir: str | os.PathLike[str], tables: Mapping[str, pd.Dat
                  ) -> list[Path]:
     """Write each table as `<name>.md` (for people: readable headers, 4 significant digits)
     and `<name>.csv` (full precision) into `output_dir`; returns the paths. Evidence tables
-    (with a title in `attrs`) use `residency.tables` formatting."""
-    from residency import tables as tb
+    (with a title in `attrs`) use `residency.reports.tables` formatting."""
+    from residency.reports import tables as tb
 
     paths = []
     for name, table in tables.items():
@@ -119,7 +103,7 @@ def write_tables(output_dir: str | os.PathLike[str], tables: Mapping[str, pd.Dat
 
 def markdown_table(df: pd.DataFrame) -> str:
     """`df` as a Markdown table with every cell in full (a named index becomes columns)."""
-    from residency.tables import markdown_table as md
+    from residency.humanize import write_markdown_table as md
 
     if any(n is not None for n in df.index.names):
         df = df.reset_index()
@@ -131,12 +115,6 @@ def save_figure(fig: Figure, output_dir: str | os.PathLike[str], name: str) -> P
     path = Path(output_dir) / f"{name}.png"
     fig.savefig(path, dpi=120, bbox_inches="tight")
     return path
-
-
-def device_label(device_kind: str) -> str:
-    """How figures and tables name a device kind (emulated runs say they are not NPU
-    measurements)."""
-    return devices.label(device_kind)
 
 
 def describe_run(run: Run) -> str:
@@ -160,7 +138,7 @@ def describe_run(run: Run) -> str:
     order = ", ".join(f"{md_text(r.name)}{' (profiled)' if r.profiled else ''}"
                       for r in run.runs)
     text = (f"**Run** {md_code(run.path)}: design {md_code(run.design)}, device kind "
-            f"**{md_text(run.device_kind)}** ({md_text(device_label(run.device_kind))}), "
+            f"**{md_text(run.device_kind)}** ({md_text(devices.label(run.device_kind))}), "
             f"{md_text(m.get('service', '?'))} service; parameters {md_text(params)}; measured "
             f"runs in order: {order}. Recorded {md_text(m.get('started_at'))} to "
             f"{md_text(m.get('ended_at'))} on host {md_code(m.get('host'))}.")

@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 
 from residency import devices, evidence
-from residency.evidence import ARMS, Evidence
+from residency.evidence import PAIRED_ARMS, Evidence
 from residency.notebook.outputs import statistical_note
-from residency.rundir import Run
+from residency.rundir.run import Run
 
 ATTRIBUTIONS = {  # evidence key -> words (also the consecutive notebook's count notes)
     "normal_call_per_rank": "normal-call duration per rank, profiled pair",
@@ -30,7 +30,7 @@ NOTE_KEYS = ("normal_call_per_rank", "normal_call_per_run", "normal_released",
              "forced_released", "idle_intersection", "all_rank_idle", "preparation_window",
              "e2e_profiled", "e2e_unprofiled", "e2e_aa")
 
-__all__ = ["ATTRIBUTIONS", "e2e_frame", "evidence_tables", "headline", "idle_frame",
+__all__ = ["ATTRIBUTIONS", "e2e_frame", "evidence_tables", "headline",
            "normal_call_frame",
            "note", "paired_profile", "paired_results", "per_run_frame", "releases_frame"]
 
@@ -49,7 +49,8 @@ def headline(ev: Evidence, run: Run) -> str:
     """Markdown, two lines for the top of the report: the E2E verdict of the unprofiled
     pairs (or why there is none) and how long recording the run took, with the 10-minute
     target of the default main job when the device is the emulated NPU."""
-    from residency.banner import elapsed_s, humanize_s
+    from residency.humanize import duration_text
+    from residency.reports.banner import elapsed_s
 
     a = ev.get("e2e_unprofiled")
     verdict = (a.detail.get("verdict") if a is not None else None) or (
@@ -61,7 +62,7 @@ def headline(ev: Evidence, run: Run) -> str:
                     f"{aa.detail['spread_s']:.3g} s.")
     secs = elapsed_s(run.manifest)
     line = ("recording time not in the manifest" if secs is None else
-            f"recording the run took {humanize_s(secs)}")
+            f"recording the run took {duration_text(secs)}")
     if secs is not None and devices.emulated(run.device_kind):
         line += (f" (the default main job's target on the emulated NPU with 2 cores: at most "
                  f"{MAIN_JOB_TARGET_S // 60} min, "
@@ -85,10 +86,10 @@ def note(ev: Evidence, key: str) -> str:
 def normal_call_frame(ev: Evidence) -> pd.DataFrame:
     """Rank x arm table of normal-call durations (ms, summed per rank) of the profiled pair."""
     a = ev.get("normal_call_per_rank")
-    ranks = {arm: list(a.detail["ranks"][arm]) if a else [] for arm in ARMS}
+    ranks = {arm: list(a.detail["ranks"][arm]) if a else [] for arm in PAIRED_ARMS}
     values = {arm: dict(zip(ranks[arm], a.values[arm], strict=True)) if a else {}
-              for arm in ARMS}
-    rows = [{"rank": r, **{f"{arm} (ms)": values[arm].get(r) for arm in ARMS}}
+              for arm in PAIRED_ARMS}
+    rows = [{"rank": r, **{f"{arm} (ms)": values[arm].get(r) for arm in PAIRED_ARMS}}
             for r in sorted(set(ranks["baseline"]) | set(ranks["candidate"]))]
     df = pd.DataFrame(rows, columns=["rank", "baseline (ms)", "candidate (ms)"])
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -103,7 +104,7 @@ def per_run_frame(ev: Evidence) -> pd.DataFrame:
     a = ev.get("normal_call_per_run")
     rows = []
     if a is not None:
-        for arm in ARMS:
+        for arm in PAIRED_ARMS:
             for name, prof, med, ranks in zip(a.labels[arm], a.detail["profiled"][arm],
                                               a.values[arm], a.detail["per_rank_ms"][arm],
                                               strict=True):
@@ -124,27 +125,7 @@ def releases_frame(ev: Evidence) -> pd.DataFrame:
 
     return pd.DataFrame([{"arm": arm, "normal calls released": cell("normal_released", arm),
                           "forced calls released": cell("forced_released", arm)}
-                         for arm in ARMS]).set_index("arm")
-
-
-_IDLE_COLUMNS = (("idle_intersection",
-                  "normal-release markers ∩ all-rank no-device-task time (ms)"),
-                 ("all_rank_idle", "all-rank no-device-task time (s)"),
-                 ("preparation_window", "preparation window (s)"))
-
-
-def idle_frame(ev: Evidence) -> pd.DataFrame:
-    """Per arm (profiled pair): normal-release markers ∩ all-rank no-device-task time (ms),
-    all-rank no-device-task time (s), preparation window (s); empty values where no traces
-    were recorded."""
-    rows = []
-    for arm in ARMS:
-        row: dict[str, Any] = {"arm": arm}
-        for key, col in _IDLE_COLUMNS:
-            a = ev.get(key)
-            row[col] = None if a is None else a.values[arm][0]
-        rows.append(row)
-    return pd.DataFrame(rows, columns=["arm", *(c for _, c in _IDLE_COLUMNS)]).set_index("arm")
+                         for arm in PAIRED_ARMS]).set_index("arm")
 
 
 def e2e_frame(ev: Evidence) -> pd.DataFrame:
@@ -165,7 +146,7 @@ def e2e_frame(ev: Evidence) -> pd.DataFrame:
 
 def _e2e_lists(ev: Evidence, key: str) -> dict[str, list[float]]:
     a = ev.get(key)
-    return {arm: list(a.values[arm]) if a else [] for arm in ARMS}
+    return {arm: list(a.values[arm]) if a else [] for arm in PAIRED_ARMS}
 
 
 def paired_results(ev: Evidence, **extra: Any) -> dict[str, Any]:
@@ -178,12 +159,12 @@ def paired_results(ev: Evidence, **extra: Any) -> dict[str, Any]:
     p-value and note) and `extra`."""
     def per_arm(key: str) -> dict[str, Any]:
         a = ev.get(key)
-        return {arm: (a.values[arm][0] if a else None) for arm in ARMS}
+        return {arm: (a.values[arm][0] if a else None) for arm in PAIRED_ARMS}
 
     def counts(key: str) -> dict[str, dict[str, int]]:
         a = ev.get(key)
         return {arm: {"total": a.n[arm] if a else 0, "released": a.values[arm][0] if a else 0}
-                for arm in ARMS}
+                for arm in PAIRED_ARMS}
 
     rank = ev.get("normal_call_per_rank")
     per_run = ev.get("normal_call_per_run")
@@ -192,9 +173,9 @@ def paired_results(ev: Evidence, **extra: Any) -> dict[str, Any]:
     prep = ev.get("preparation_window")
     return {
         "device_kind": ev.device_kind, "device_label": ev.label,
-        "normal_call_ms": {arm: list(rank.values[arm]) if rank else [] for arm in ARMS},
+        "normal_call_ms": {arm: list(rank.values[arm]) if rank else [] for arm in PAIRED_ARMS},
         "normal_call_per_run_ms": {arm: list(per_run.values[arm]) if per_run else []
-                                   for arm in ARMS},
+                                   for arm in PAIRED_ARMS},
         "idle_intersection_ms": per_arm("idle_intersection"),
         "e2e_s": _e2e_lists(ev, f"e2e_{source}"),
         "notes": {k: ev[k].note for k in NOTE_KEYS if k in ev},
@@ -217,6 +198,6 @@ def paired_results(ev: Evidence, **extra: Any) -> dict[str, Any]:
 
 def evidence_tables(ev: Evidence) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The run's evidence table and the published NPU figures, in the same columns."""
-    from residency import tables as tb
+    from residency.reports import tables as tb
 
     return tb.evidence_table(ev), tb.published_table()

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from residency import devices
-from residency.rundir import Run, RunDirError, load_run
+from residency.errors import BadInput, RunFailed
+from residency.rundir.run import Run, RunDirError, load_run
 
 DEVICE_SPECS = devices.SPECS
 NOTEBOOKS = ("api_reproduction", "consecutive_requests", "paired_profile", "policy_whatif")
@@ -27,7 +28,7 @@ __all__ = ["ACCELERATOR_PATCH_CHOICES", "DEVICE_SPECS", "NOTEBOOKS", "GateError"
 
 
 # ----------------------------------------------------------------------------- errors
-class ParameterError(ValueError):
+class ParameterError(BadInput):
     """A notebook parameter that cannot be used; IPython shows only its one-sentence message."""
 
     def _render_traceback_(self) -> list[str]:
@@ -35,7 +36,7 @@ class ParameterError(ValueError):
         return [f"ParameterError: {self}"]
 
 
-class GateError(AssertionError):
+class GateError(RunFailed, AssertionError):
     """A gate of a notebook failed; `failures` holds one sentence per failed check."""
 
     def __init__(self, failures: Sequence[str]) -> None:
@@ -141,7 +142,7 @@ def _check_service(value: Any) -> str | None:
     if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
         raise ParameterError(f"The value for `service` must be None or a service file (TOML), "
                              f"but {value!r} was passed.")
-    from residency.experiments import ExperimentError, load_service_file
+    from residency.experiments.orchestrate import ExperimentError, load_service_file
 
     try:
         load_service_file(value)
@@ -156,7 +157,7 @@ def _check_service_use(service: str, source: str | None, device: str) -> None:
         raise ParameterError(f"The value for `service` must be None when `source` is a "
                              f"recorded run directory (its manifest names the service that "
                              f"ran), but {service!r} was passed.")
-    from residency.experiments import load_service_file
+    from residency.experiments.orchestrate import load_service_file
 
     kind = load_service_file(service).device_kind
     if device not in ("auto", kind):
@@ -234,13 +235,13 @@ def open_source(source: str | os.PathLike[str], *, output_dir: str | os.PathLike
                 resident_mib: float = 1024, service: str | os.PathLike[str] | None = None
                 ) -> Run:
     """The run to analyse: the recorded run directory `source`, or with `source="run"` a new
-    run of `design` recorded into `output_dir/run` by `residency.experiments.run_pair`
+    run of `design` recorded into `output_dir/run` by `residency.experiments.orchestrate.run_pair`
     (services start as subprocesses): the built-in service, or the external one the service
     file `service` describes (then `device`, `ranks` and `scale` come from that file)."""
     if str(source) != "run":
         return load_run(source)
-    from residency.experiments import plan, run_pair
-    from residency.progress import RunProgress
+    from residency.experiments.orchestrate import plan, run_pair
+    from residency.notebook.progress import RunProgress
 
     out = Path(output_dir) / "run"
     progress = RunProgress(plan(design, pairs), design=design, run_dir=out)  # + terminal

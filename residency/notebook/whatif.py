@@ -1,5 +1,5 @@
 """The policy-what-if notebook: the gate, both policies' grids, the effect estimate and the
-`results.json`, rendered from `residency.whatif` (which prices calls from the evidence)."""
+`results.json`, rendered from `residency.analysis.whatif` (which prices calls from the evidence)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from typing import Any
 
 import pandas as pd
 
-from residency import whatif
-from residency.rundir import Run
+from residency.analysis import whatif
+from residency.reports import whatif as whatif_report
+from residency.rundir.run import Run
 
 __all__ = ["WhatIf", "check_ranges", "policy_whatif", "whatif_results"]
 
@@ -22,7 +23,7 @@ class WhatIf:
     gate: pd.DataFrame
     bounded: pd.DataFrame | None
     learned: pd.DataFrame | None
-    effect: whatif.EffectEstimate | None
+    effect: whatif_report.EffectEstimate | None
     policy: str
 
     @property
@@ -49,17 +50,17 @@ def policy_whatif(run: Run, *, cached_range: str, free_range: str, policy: str =
     grid = {"cached": cached_range, "free": free_range}
     bounded = whatif.replay_run(run, policy="bounded", **grid)
     learned = whatif.replay_run(run, policy="learned-budget", **grid)
-    effect = whatif.estimated_effect(run, bounded if policy == "bounded" else learned)
+    effect = whatif_report.estimated_effect(run, bounded if policy == "bounded" else learned)
     return WhatIf(gate, bounded, learned, effect, policy)
 
 
 def whatif_results(w: WhatIf, *, files: dict[str, str | Path] | None = None,
                    **extra: Any) -> dict[str, Any]:
-    """The `results.json` document of the notebook (see `residency.whatif.results`)."""
+    """The `results.json` document of the notebook (see `residency.reports.whatif.results`)."""
     if w.bounded is None or w.learned is None or w.effect is None:
         return {"consistency": {"checked": int(w.gate.attrs.get("checked", 0)),
                                 "passed": False,
                                 "mismatches": w.gate.to_dict(orient="records")}, **extra}
-    doc = whatif.results(w.gate, w.bounded, w.learned, w.effect,
+    doc = whatif_report.results(w.gate, w.bounded, w.learned, w.effect,
                          files={k: str(v) for k, v in (files or {}).items()})
     return {**doc, **extra}

@@ -30,18 +30,14 @@ report is still printed).
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import json
-import shutil
-import signal
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from residency import devices
+from residency.errors import BadInput
 from residency.selftest.core import (
     HINTS,
     SCHEMA,
@@ -50,7 +46,6 @@ from residency.selftest.core import (
     Report,
     Skipped,
     StepResult,
-    write_json,
 )
 from residency.selftest.environment import cann_version, collect_environment, driver_version
 from residency.selftest.steps import STEP_NAMES, STEPS, check_trace_dir
@@ -118,97 +113,51 @@ def run_selftest(kind: str, *, ranks: int, out: Path, device_count: int, keep: b
                   out=str(out) if keep else None, interrupted=interrupted)
 
 
-# --- CLI ------------------------------------------------------------------------------------
-
-class UsageError(ValueError):
-    """Bad input: the CLI prints it on one line and exits 2."""
-
+# --- what the CLI resolves (`residency.cli.main.cmd_selftest`) ------------------------------
 
 def device_count(kind: str, ranks: int | None) -> int:
     """Devices visible for a real kind; for the emulated NPU, as many as the ranks need."""
-    if kind == "emulated-npu":
-        return ranks or DEFAULT_MAX_RANKS
-    import torch
-
-    if kind == "npu":
-        import torch_npu  # noqa: F401  - registers torch.npu
-
-        return int(torch.npu.device_count())  # type: ignore[attr-defined]
-    return int(torch.cuda.device_count())
+    count = devices.device_count(kind)
+    return (ranks or DEFAULT_MAX_RANKS) if count is None else count
 
 
 def resolve(device: str, ranks: int | None) -> tuple[str, int, int]:
     """(device kind, ranks, device count) for the CLI's `--device` and `--ranks`.
 
     Raises:
-        UsageError: an unknown or unavailable device, or ranks < 1 or above the devices.
+        BadInput: an unknown or unavailable device, or ranks < 1 or above the devices.
     """
-    from residency import devices
 
     if ranks is not None and ranks < 1:
-        raise UsageError(f"--ranks must be >= 1, but {ranks} was passed")
+        raise BadInput(f"--ranks must be >= 1, but {ranks} was passed")
     try:
         kind = devices.resolve(device)
     except (ValueError, RuntimeError) as exc:
-        raise UsageError(f"--device {device}: {exc}") from None
-    if kind == "emulated-npu" and importlib.util.find_spec("torch_npu") is not None:
-        raise UsageError("--device emulated-npu: torch_npu is installed here; the emulated NPU "
+        raise BadInput(f"--device {device}: {exc}") from None
+    if devices.emulated(kind) and importlib.util.find_spec("torch_npu") is not None:
+        raise BadInput("--device emulated-npu: torch_npu is installed here; the emulated NPU "
                          "cannot register beside it (use --device npu)")
     count = device_count(kind, ranks)
     if ranks is None:
         ranks = max(1, min(count, DEFAULT_MAX_RANKS))
     if count < ranks:
-        raise UsageError(f"--ranks {ranks}, but only {count} {kind} device(s) are visible")
+        raise BadInput(f"--ranks {ranks}, but only {count} {kind} device(s) are visible")
     return kind, ranks, count
 
 
-def run_cli(args: argparse.Namespace) -> int:
-    """Run `selftest` for the CLI's arguments (`device`, `ranks`, `out`, `json`; the parser
-    lives in `residency.cli`): 0 all applicable steps passed, 1 a step failed, 2 bad input, 130
-    interrupted (the partial report is still printed)."""
-    try:
-        kind, ranks, count = resolve(args.device, args.ranks)
-        out, keep = _out_dir(args.out)
-    except UsageError as exc:
-        print(f"residency selftest: error: {exc}", file=sys.stderr)
-        return 2
-
-    def progress(result: StepResult) -> None:
-        if not args.json:
-            print(f"  {result.status.upper():<8} {result.name}", file=sys.stderr, flush=True)
-
-    def on_term(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, on_term)  # stop services, report, exit 130
-    try:
-        report = run_selftest(kind, ranks=ranks, out=out, device_count=count, keep=keep,
-                              on_step=progress)
-        if keep:
-            write_json(out / "selftest.json", report.to_dict())
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        if not keep:
-            shutil.rmtree(out, ignore_errors=True)
-    print(json.dumps(report.to_dict(), indent=2) if args.json else "\n".join(report.lines()))
-    if report.interrupted:
-        return 130
-    return 0 if report.ok else 1
-
-
-def _out_dir(path: str | None) -> tuple[Path, bool]:
+def out_dir(path: str | None) -> tuple[Path, bool]:
     if path is None:
         return Path(tempfile.mkdtemp(prefix="residency-selftest-")), False
     out = Path(path)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UsageError(f"--out {out}: exists and is not an empty folder; choose a new one")
+        raise BadInput(f"--out {out}: exists and is not an empty folder; choose a new one")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UsageError(f"--out {out}: cannot create it: {exc.strerror or exc}") from None
+        raise BadInput(f"--out {out}: cannot create it: {exc.strerror or exc}") from None
     return out, True
 
 
 __all__ = ["SCHEMA", "STEP_NAMES", "CheckFailed", "Context", "Report", "Skipped", "StepResult",
            "cann_version", "check_trace_dir", "collect_environment",
-           "driver_version", "resolve", "run_cli", "run_selftest", "run_step"]
+           "driver_version", "out_dir", "resolve", "run_selftest", "run_step"]

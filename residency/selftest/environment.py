@@ -90,7 +90,7 @@ def collect_environment(kind: str, device_count: int) -> dict[str, Any]:
 
     import torch
 
-    from residency.experiments import versions
+    from residency.rundir.run import versions
 
     env: dict[str, Any] = dict(versions())
     env.update(platform=f"{platform.system()} {platform.machine()}",

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from residency import devices, markers
+from residency.rundir.layout import CLIENT, DECISIONS_GLOB, decisions_file
 from residency.selftest import environment
 from residency.selftest.core import (
     HINTS,
@@ -27,8 +29,7 @@ PROFILERS = {"emulated-npu": "the emulated NPU's Kineto export",
              "cuda": "torch.profiler (CPU + CUDA activities, export_chrome_trace)",
              "npu": "torch_npu.profiler with tensorboard_trace_handler"}
 TRACE_FORMATS = {"emulated-npu": "kineto", "cuda": "kineto", "npu": "ascend"}
-REQUIRED_MARKERS = ("residency.request", "residency.release[normal]",
-                    "residency.release[forced]")
+REQUIRED_MARKERS = (markers.REQUEST, markers.RELEASE_NORMAL, markers.RELEASE_FORCED)
 
 
 # --- environment --------------------------------------------------------------------------
@@ -74,7 +75,7 @@ def step_environment(ctx: Context) -> StepOutput:
 
 def step_probe(ctx: Context) -> StepOutput:
     """The API reproduction on device 0, and which arm's telemetry answers."""
-    from residency.telemetry import probe_queries
+    from residency.workload.probe import probe_queries
 
     device, _ = ctx.device()
     result = probe_queries(device)
@@ -88,7 +89,7 @@ def step_probe(ctx: Context) -> StepOutput:
                           f"on {device}: {candidate['error']}", hint="The fix cannot read "
                           "allocator telemetry on this device, so every normal call would "
                           "release; " + HINTS["probe"])
-    if ctx.kind == "emulated-npu" and not result["bug_present"]:
+    if devices.emulated(ctx.kind) and not result["bug_present"]:
         raise CheckFailed(f"the emulated NPU must reproduce the bug (generic query failing, "
                           f"registered module answering), but: {result['verdict']}",
                           hint=HINTS["probe"])
@@ -117,7 +118,7 @@ class _Block:
         import torch
 
         device, module = ctx.device()
-        self._emulated = ctx.kind == "emulated-npu"
+        self._emulated = devices.emulated(ctx.kind)
         self._tensor: Any = (module.empty((nbytes,), dtype=torch.uint8, device=device)
                              if self._emulated
                              else torch.empty(nbytes, dtype=torch.uint8, device=device))
@@ -138,7 +139,7 @@ def _counters(module: Any, device: Any) -> dict[str, int]:
 
 def step_policy(ctx: Context) -> StepOutput:
     """Each arm on device 0: allocate, offload, normal then forced `release_if_needed`."""
-    from residency.policy import ARMS, JsonlRecorder, policy_for, retains
+    from residency.policy.cache import ARMS, JsonlRecorder, policy_for, retains
 
     device, module = ctx.device()
     nbytes = POLICY_BLOCK_BYTES[ctx.kind]
@@ -218,7 +219,7 @@ def _check_decision(ctx: Context, arm: str, kind: str, decision: Any, before: di
     if arm != "candidate":
         return
     # the snapshot against the device's own counters, read just before and just after
-    tolerance = 0 if ctx.kind == "emulated-npu" else max(64 << 20, before["total"] // 100)
+    tolerance = 0 if devices.emulated(ctx.kind) else max(64 << 20, before["total"] // 100)
     for name in ("reserved", "allocated", "free"):
         if abs(snap[name] - before[name]) > tolerance:
             raise CheckFailed(f"{where}: snapshot {name} = {snap[name]} bytes but the device "
@@ -262,7 +263,7 @@ def step_adapter(ctx: Context) -> StepOutput:
     session = cls.__dict__[adapter.SESSION_ATTR]
     if session.recorder is not None:
         session.recorder.close()
-    lines = [json.loads(x) for f in sorted((ctx.out / "adapter").glob("decisions-rank*.jsonl"))
+    lines = [json.loads(x) for f in sorted((ctx.out / "adapter").glob(DECISIONS_GLOB))
              for x in f.read_text().splitlines() if x.strip()]
     if [x["kind"] for x in lines] != ["normal", "forced"]:
         raise CheckFailed(f"expected one normal and one forced decision through the patched "
@@ -279,14 +280,14 @@ def step_adapter(ctx: Context) -> StepOutput:
 
 def step_service(ctx: Context) -> StepOutput:
     """One profiled few-step request on the built-in service with the requested ranks."""
-    from residency.experiments import run_arm
+    from residency.experiments.orchestrate import run_arm
 
     root = ctx.out / "service"
     root.mkdir(parents=True, exist_ok=True)
     entry = run_arm(ctx.service_spec(), "candidate", 0, root, steps=REQUEST_STEPS, seed=SEED,
                     profiled=True)
     run_dir = root / entry["dir"]
-    client = json.loads((run_dir / "client.json").read_text(encoding="utf-8"))
+    client = json.loads((run_dir / CLIENT).read_text(encoding="utf-8"))
     per_rank = client["response"].get("per_rank", [])
     request_id = entry["request_id"]
     if sorted(r.get("rank") for r in per_rank) != list(range(ctx.ranks)):
@@ -302,7 +303,7 @@ def step_service(ctx: Context) -> StepOutput:
                               f"{r['oom']} OOM with the candidate", hint=HINTS["probe"])
     counts = []
     for rank in range(ctx.ranks):
-        path = run_dir / f"decisions-rank{rank}.jsonl"
+        path = run_dir / decisions_file(rank)
         if not path.is_file():
             raise CheckFailed(f"{path.name} was not written", hint=HINTS["service"])
         lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
@@ -331,8 +332,8 @@ def check_trace_dir(trace: Path, *, kind: str, ranks: int) -> StepOutput:
     """
     import warnings
 
-    from residency.idle import idle_summary
-    from residency.traces import TraceError, load_traces
+    from residency.analysis.idle import idle_summary
+    from residency.traces.load import TraceError, load_traces
 
     profiler = PROFILERS[kind]
     files = sorted(p for p in trace.rglob("*") if p.is_file()) if trace.is_dir() else []
@@ -340,7 +341,7 @@ def check_trace_dir(trace: Path, *, kind: str, ranks: int) -> StepOutput:
         raise CheckFailed(f"the profiler wrote nothing under {trace}", hint=(
             f"{profiler} produced no file for this request; on NPU the trace handler writes "
             "at stop (check the service log for its errors), on CUDA check that "
-            "torch.profiler's CUDA activity (CUPTI) is available." if kind != "emulated-npu"
+            "torch.profiler's CUDA activity (CUPTI) is available." if not devices.emulated(kind)
             else "The emulated NPU's trace export did not run; check the service log."))
     if kind == "npu" and not any(p.name == "trace_view.json" for p in files) and any(
             p.suffix == ".db" for p in files):
@@ -377,7 +378,7 @@ def check_trace_dir(trace: Path, *, kind: str, ranks: int) -> StepOutput:
                               f"{len(names)} host range names", hint="record_function "
                               "ranges are emitted only while a profiler records; "
                               + HINTS["profiler"])
-    summary = idle_summary(traces, marker=re.escape("residency.release[normal]"))
+    summary = idle_summary(traces, marker=re.escape(markers.RELEASE_NORMAL))
     tasks = {rank: t.device_tasks for rank, t in traces.ranks.items()}
     detail = (f"{traces.format} traces of {len(tasks)} rank(s) from {profiler}: device tasks "
               f"{list(tasks.values())}, markers {', '.join(REQUIRED_MARKERS)} on every rank; "
@@ -398,8 +399,8 @@ def step_profiler(ctx: Context) -> StepOutput:
 
 def step_paired(ctx: Context) -> StepOutput:
     """A tiny profiled-pair run directory, then `residency verify` on it."""
-    from residency.experiments import run_design
-    from residency.rundir import load_run, verify_run
+    from residency.experiments.orchestrate import run_design
+    from residency.rundir.run import load_run, verify_run
 
     out = ctx.out / "pair"
     run_design("profiled-pair", out, spec=ctx.service_spec(), steps=REQUEST_STEPS, seed=SEED,

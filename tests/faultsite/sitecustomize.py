@@ -89,8 +89,9 @@ def _workload(module):
 
 
 PATCHES = {"residency.selftest.environment": _selftest, "residency.emulated.device": _device,
-           "residency.adapters.vllm_omni": _adapter, "residency.experiments": _experiments,
-           "residency.profiling": _profiling, "residency.workload": _workload}
+           "residency.adapters.vllm_omni": _adapter,
+           "residency.experiments.orchestrate": _experiments,
+           "residency.workload.profiling": _profiling, "residency.workload.pipeline": _workload}
 
 
 class _PatchAfterImport(importlib.abc.MetaPathFinder):

@@ -1,0 +1,8 @@
+"""`python -m residency`: the command line (`residency.cli.main`)."""
+
+import sys
+
+from residency.cli.main import main
+
+if __name__ == "__main__":
+    sys.exit(main())

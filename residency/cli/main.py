@@ -1,0 +1,535 @@
+"""`residency` command line: the one wiring point.
+
+`create_parser()` builds every subcommand's parser (argparse only: nothing else is imported
+to start), each `cmd_*` handler imports its concern lazily, `COMMANDS` dispatches, and every
+error leaves the same way (`main`):
+
+* bad input (a `ValueError` such as `RunDirError`, `TraceError`, `WhatIfError`, or an
+  `OSError`): one line `residency <cmd>: error: ...` on stderr, exit 2, no traceback;
+* a failed gate or verification, or a run that could not finish: exit 1;
+* interrupted (Ctrl-C, SIGTERM to `pair`): exit 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from residency.errors import BadInput, RunFailed
+
+__all__ = ["COMMANDS", "CommandFailed", "create_parser", "main"]
+
+
+class CommandFailed(RunFailed):
+    """A command that ran but failed (not bad input): exit 1 with its message."""
+
+
+# ----------------------------------------------------------------------------- parsers
+def _probe(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto",
+                   help="auto|cpu|cuda|npu|emulated-npu (default: auto)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--accelerator-patch", choices=("none", "vllm-ascend"), default="none",
+                   help="vllm-ascend: first apply vllm-ascend's torch.accelerator redirection "
+                   "(the emulated one on emulated-npu, the installed vllm_ascend's on npu)")
+
+
+def _serve(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--arm", required=True, choices=["candidate", "baseline", "always-release"])
+    p.add_argument("--device", default="auto", help="auto|npu|cuda|emulated-npu")
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    p.add_argument("--decisions-dir", dest="decisions_dir", metavar="DIR",
+                   help="directory of the decisions JSONL files (one per rank)")
+    p.add_argument("--profile", metavar="DIR", help="write one trace per rank per request")
+    p.add_argument("--scale", type=float, default=1.0)
+    p.add_argument("--capacity", type=int, metavar="BYTES",
+                   help="emulated NPU capacity per device (default 4 GiB)")
+    p.add_argument("--resident-mib", type=float, default=1024,
+                   help="resident DiT footprint in MiB at scale 1 (default 1024)")
+    p.add_argument("--request-timeout", type=float, default=3600.0, metavar="S",
+                   help="answer 504 and cancel a request still running after S seconds "
+                        "(default 3600)")
+    from residency.devicemodel import add_model_arguments
+
+    add_model_arguments(p)
+
+
+def _pair(p: argparse.ArgumentParser) -> None:
+    from residency.rundir.layout import DESIGNS
+
+    p.add_argument("--design", choices=DESIGNS, default="profiled-pair",
+                   help="aa: the same arm (--aa-arm) in both slots, ABBA order: E2E noise")
+    p.add_argument("--pairs", type=int, default=1, help="alternating pairs (ABBA order)")
+    p.add_argument("--requests", type=int, default=1,
+                   help="measured requests per unprofiled service run after its warm-up "
+                   "(the run's E2E is their median; every one is recorded)")
+    p.add_argument("--aa-arm", choices=("baseline", "candidate"), default="candidate",
+                   help="the arm of both slots of --design aa")
+    p.add_argument("--device", default="auto", help="auto|npu|cuda|emulated-npu")
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--seed", type=int, default=2101)
+    p.add_argument("--scale", type=float, default=1.0)
+    p.add_argument("--capacity", type=int, metavar="BYTES")
+    p.add_argument("--resident-mib", type=float, default=1024)
+    p.add_argument("--service", metavar="FILE", help="external service TOML file")
+    p.add_argument("--out", required=True, metavar="RUN_DIR")
+    p.add_argument("--no-progress", action="store_true")
+    from residency.devicemodel import add_model_arguments
+
+    add_model_arguments(p)
+
+
+def _idle(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", metavar="PATH",
+                   help="directory of one format's rank traces, or a run directory with trace/")
+    p.add_argument("--marker", metavar="REGEX", help="host ranges to attribute, e.g. "
+                   r"'residency\.release\[normal\]'")
+    p.add_argument("--window-marker", metavar="REGEX",
+                   help="window = union of matching host ranges (default: busy-task span)")
+    p.add_argument("--busy", metavar="DEF", default="default",
+                   choices=["default", "ascend", "msprof", "kineto", "all"],
+                   help="which device tasks count as work: default (ascend for torch-npu: "
+                   "compute, memory copies, communication; kineto: kernels, memcpy, memset), "
+                   "msprof (compute + communication, as msprof-analyze), all")
+    p.add_argument("--session", metavar="WHICH",
+                   help="torch-npu: the profiling session when a rank has several: latest, N "
+                   "(0 = earliest) or an ISO time prefix of its start")
+    p.add_argument("--group", metavar="NAME",
+                   help="vLLM-Omni: the process group (diffusion, stage0, ...) when several")
+    p.add_argument("--by-cause", action="store_true",
+                   help="also attribute all-rank idle time to the innermost host range")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--no-cache", action="store_true",
+                   help="neither read nor write the Parquet cache beside the traces")
+
+
+def _run_reading(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-incomplete", action="store_true",
+                   help="read a run whose manifest status is not 'complete'")
+    p.add_argument("--no-verify", action="store_true",
+                   help="read a run whose files differ from its recorded sha256")
+
+
+def _tables(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="run directory")
+    p.add_argument("--format", choices=("md", "csv", "json"), default="md")
+    p.add_argument("--published", action="store_true",
+                   help="also print the published NPU figures in the same format")
+    p.add_argument("--aa", metavar="AA_RUN_DIR",
+                   help="an A/A run (`pair --design aa`, same device kind): adds its E2E "
+                   "noise row and reads the unprofiled E2E delta against it")
+    _run_reading(p)
+
+
+def _report(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="+", metavar="NOTEBOOK_OR_DIR")
+    p.add_argument("--out", default="reports", metavar="DIR",
+                   help="folder for the HTML files (default: reports/)")
+    p.add_argument("--screenshot", action="store_true",
+                   help="also save a full-page PNG of each report (needs Chromium)")
+
+
+def _verify(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--digest", metavar="sha256:HEX",
+                   help="also check the run against this digest, as quoted in the pull "
+                   "request or the evidence table's footer")
+
+
+def _whatif(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="run directory")
+    p.add_argument("--cached", default="0.05:0.5:0.05", metavar="START:STOP:STEP",
+                   help="max_cached_fraction grid, inclusive (default: 0.05:0.5:0.05)")
+    p.add_argument("--free", default="0.01:0.2:0.01", metavar="START:STOP:STEP",
+                   help="min_free_fraction grid, inclusive (default: 0.01:0.2:0.01)")
+    p.add_argument("--policy", choices=("bounded", "learned-budget"), default="bounded")
+    p.add_argument("--arm", default="candidate", help="arm whose decisions are replayed")
+    p.add_argument("--format", choices=("md", "csv", "json"), default="md")
+    _run_reading(p)
+
+
+def _selftest(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", help="auto|npu|cuda|emulated-npu "
+                   "(default: auto)")
+    p.add_argument("--ranks", type=int, default=None, metavar="N",
+                   help="service ranks (default: all devices, at most 2)")
+    p.add_argument("--out", metavar="DIR", help="keep everything the steps write here "
+                   "(a new or empty folder; default: a temporary folder, removed)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+# ----------------------------------------------------------------------------- handlers
+def _resolve(spec: str) -> str:
+    from residency import devices
+
+    try:
+        return devices.resolve(spec)
+    except RuntimeError as exc:  # an explicit device that is not usable here: bad input
+        raise ValueError(str(exc)) from None
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    """`probe`: each query path's value or exception on the device."""
+    import platform
+
+    kind = "cpu" if args.device == "cpu" else _resolve(args.device)
+    import torch
+
+    from residency.workload.probe import probe_queries, setup_probe
+
+    patch_info = setup_probe(kind, args.accelerator_patch)  # ValueError: bad input
+    device = {"cpu": "cpu", "cuda": "cuda:0"}.get(kind, "npu:0")
+    result = {"device_kind": kind, "python": platform.python_version(),
+              "torch": torch.__version__, **patch_info, **probe_queries(device)}
+    try:
+        import torch_npu  # type: ignore[import-not-found]
+
+        result["torch_npu"] = torch_npu.__version__
+    except ImportError:
+        result["torch_npu"] = None
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"device {result['device']} ({kind}); torch {result['torch']}, "
+          f"torch-npu {result['torch_npu']}, vllm-ascend {result['vllm_ascend']}")
+    if result["patch_source"]:
+        print(f"accelerator patch: {result['accelerator_patch']}, applied by "
+              f"{result['patch_source']}")
+    for source in ("generic", "registered"):
+        for query, out in result[source].items():
+            path = f"  <- {out['path']}" if out.get("path") else ""
+            print(f"  {source:<10} {query:<15} {_fmt_outcome(out)}{path}")
+    print(f"  {'registered':<10} {'mem_get_info':<15} {_fmt_outcome(result['mem_get_info'])}")
+    for arm, info in result["arms"].items():
+        src = info["telemetry"] or "none (releases on every call)"
+        state = "n/a" if info["telemetry"] is None else (
+            "ok" if info["error"] is None else f"unavailable -> releases ({info['error']})")
+        print(f"  arm {arm:<15} telemetry {src}: {state}")
+    print(f"verdict: {result['verdict']}")
+    return 0
+
+
+def _fmt_outcome(outcome: dict) -> str:
+    if outcome["ok"]:
+        return f"ok  {outcome['value']}"
+    return f"ERR {outcome['error_type']}: {outcome['error']}"
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """`serve`: the multi-rank workload service until SIGTERM."""
+    if args.decisions_dir is None:
+        raise ValueError("the following argument is required: --decisions-dir DIR")
+    import math
+
+    if args.ranks <= 0:
+        raise ValueError(f"--ranks must be positive, got {args.ranks}")
+    for option, value in (("--scale", args.scale), ("--resident-mib", args.resident_mib),
+                          ("--request-timeout", args.request_timeout)):
+        if not math.isfinite(value) or value <= 0:  # nan passes `<= 0`
+            raise ValueError(f"{option} must be a positive finite number, got {value}")
+    if args.capacity is not None and args.capacity <= 0:
+        raise ValueError(f"--capacity must be positive, got {args.capacity}")
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    from residency import devices
+
+    kind = _resolve(args.device)
+    if args.capacity is not None and not devices.emulated(kind):
+        raise ValueError("--capacity applies to the emulated NPU only")
+    import os
+
+    from residency.devicemodel import ENV_VAR, DeviceModel, model_changed, model_from_args
+
+    # the ranks (spawned processes) read the emulated NPU's model from the environment
+    if model_changed(args) and not devices.emulated(kind):
+        raise ValueError("the emulated NPU's model options apply to emulated-npu only")
+    if model_changed(args) or ENV_VAR not in os.environ:
+        os.environ[ENV_VAR] = model_from_args(args).to_env()
+    DeviceModel.from_env()  # a malformed inherited value fails here, not in every rank
+    from residency.workload.service import ServeConfig, serve
+
+    cfg = ServeConfig(arm=args.arm, device_kind=kind, ranks=args.ranks,
+                      decisions_dir=args.decisions_dir, profile_dir=args.profile,
+                      scale=args.scale, capacity_bytes=args.capacity,
+                      resident_mib=args.resident_mib, request_timeout_s=args.request_timeout)
+    return serve(cfg, port=args.port)
+
+
+def cmd_pair(args: argparse.Namespace) -> int:
+    """`pair`: a paired design into a new run directory."""
+    import signal
+
+    from residency.devicemodel import model_from_args
+    from residency.experiments.orchestrate import ExperimentError, run_pair
+    from residency.processes import raise_terminated
+
+    emulator = model_from_args(args)  # ValueError naming the option: bad input
+    signal.signal(signal.SIGTERM, raise_terminated)  # recorded as SIGTERM, exit 130
+    try:
+        out = run_pair(args.design, out=args.out, device=args.device, ranks=args.ranks,
+                       steps=args.steps, seed=args.seed, pairs=args.pairs,
+                       requests=args.requests, scale=args.scale,
+                       capacity_bytes=args.capacity, resident_mib=args.resident_mib,
+                       service_file=args.service, progress=not args.no_progress,
+                       emulator=emulator, aa_arm=args.aa_arm)
+    except ExperimentError as exc:
+        if isinstance(exc, ValueError):  # the output directory or service file: bad input
+            raise
+        raise CommandFailed(str(exc)) from None
+    except RuntimeError as exc:  # an explicit device that is not usable here: bad input
+        raise ValueError(str(exc)) from None
+    from residency.rundir.run import load_run
+    from residency.rundir.seal import SEAL_FIELD
+
+    run = load_run(out)
+    digest = (run.manifest.get(SEAL_FIELD) or {}).get("digest")
+    print(f"run complete: {out}")
+    if digest:
+        print(f"digest: {digest} (quote it in the pull request; check a copy with "
+              f"`residency verify RUN_DIR --digest {digest}`)")
+    if args.design == "aa":
+        from residency.evidence import build
+
+        noise = build(run, traces=False, keys=("e2e_aa",)).get("e2e_aa")
+        if noise is not None:
+            print(f"{noise.note} Use it with `residency tables RUN_DIR --aa {out}`.")
+    return 0
+
+
+def cmd_idle(args: argparse.Namespace) -> int:
+    """`idle`: all-rank no-device-task time and marker attribution of a trace directory."""
+    from residency.analysis.idle import format_summary, idle_summary
+    from residency.traces.load import load_traces
+
+    causes = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            traces = load_traces(args.path, cache=not args.no_cache, session=args.session,
+                                 group=args.group)
+            summary = idle_summary(traces, marker=args.marker, window_marker=args.window_marker,
+                                   busy=args.busy)
+            if args.by_cause:
+                from residency.analysis.causes import idle_by_cause
+
+                causes = idle_by_cause(traces, busy=args.busy, window_marker=args.window_marker)
+        finally:
+            for w in caught:
+                print(f"residency idle: warning: {w.message}", file=sys.stderr)
+    if args.json:
+        out = summary.to_dict()
+        if causes is not None:
+            out["idle_by_cause"] = causes.to_dict(orient="records")
+        print(json.dumps(out))
+        return 0
+    lines = format_summary(summary)
+    if causes is not None:
+        from residency.analysis.causes import format_causes
+
+        lines += ["", *format_causes(causes)]
+    print("\n".join(lines))
+    return 0
+
+
+def cmd_tables(args: argparse.Namespace) -> int:
+    """`tables`: the evidence table of a run and/or the published figures."""
+    from residency.reports import tables
+    from residency.rundir.run import load_run
+
+    if args.run_dir is None and not args.published:
+        raise ValueError("give RUN_DIR, --published, or both")
+    out = []
+    if args.run_dir is not None:
+        run = load_run(args.run_dir, allow_incomplete=args.allow_incomplete,
+                       verify=not args.no_verify)
+        aa = None if args.aa is None else load_run(
+            args.aa, allow_incomplete=args.allow_incomplete, verify=not args.no_verify)
+        out.append(tables.evidence_table(run, aa=aa))
+    if args.published:
+        out.append(tables.published_table())
+    sys.stdout.write(tables.render(out, args.format).rstrip("\n") + "\n")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """`report`: executed notebooks to HTML (and PNG); exit 1 if any failed."""
+    from residency.reports import html as reports
+
+    try:
+        notebooks = reports.find_notebooks(args.paths)
+    except reports.ReportError as exc:  # paths that hold no notebook: bad input
+        raise ValueError(str(exc)) from None
+    failed = 0
+    for nb, name in zip(notebooks, reports.output_names(notebooks), strict=True):
+        try:
+            html = reports.render_html(nb, args.out, name=name)
+            print(html)
+            if args.screenshot:
+                for png in reports.capture(html, html.with_suffix(".png")).paths:
+                    print(png)
+        except reports.ReportError as exc:
+            print(f"residency report: error: {exc}", file=sys.stderr)
+            failed += 1
+    if len(notebooks) > failed and (len(notebooks) > 1
+                                    or any(os.path.isdir(p) for p in args.paths)):
+        print(reports.write_index(args.out))
+    return 1 if failed else 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """`verify`: the run against its seal (and a quoted digest); exit 1 on any finding."""
+    from residency.rundir.run import verify_run
+    from residency.rundir.seal import parse_digest
+
+    expected = None if args.digest is None else parse_digest(args.digest)
+    result = verify_run(args.run_dir, expected_digest=expected)
+    print("\n".join(result.lines()))
+    return 0 if result.ok else 1
+
+
+def cmd_whatif(args: argparse.Namespace) -> int:
+    """`whatif`: gate, totals, effect; exit 1 when the gate fails."""
+    from residency.reports import whatif as whatif_report
+    from residency.rundir.run import load_run
+
+    run = load_run(args.run_dir, allow_incomplete=args.allow_incomplete,
+                   verify=not args.no_verify)
+    text, passed = whatif_report.report(run, cached=args.cached, free=args.free, policy=args.policy,
+                                 arm=args.arm, fmt=args.format)
+    sys.stdout.write(text.rstrip("\n") + "\n")
+    return 0 if passed else 1
+
+
+def cmd_selftest(args: argparse.Namespace) -> int:
+    """`selftest`: every path of the suite on the device at hand (residency.selftest)."""
+    import json
+    import shutil
+    import signal
+
+    from residency.selftest import StepResult, out_dir, resolve, run_selftest
+    from residency.selftest.core import write_json
+
+    kind, ranks, count = resolve(args.device, args.ranks)  # BadInput: exit 2
+    out, keep = out_dir(args.out)
+
+    def progress(result: StepResult) -> None:
+        if not args.json:
+            print(f"  {result.status.upper():<8} {result.name}", file=sys.stderr, flush=True)
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # the running step stops its services and is reported
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        report = run_selftest(kind, ranks=ranks, out=out, device_count=count, keep=keep,
+                              on_step=progress)
+        if keep:
+            write_json(out / "selftest.json", report.to_dict())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if not keep:
+            shutil.rmtree(out, ignore_errors=True)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else "\n".join(report.lines()))
+    if report.interrupted:
+        return 130  # the partial report was printed
+    return 0 if report.ok else 1
+
+
+# ----------------------------------------------------------------------------- wiring
+# name -> (help, description, parser builder, handler)
+COMMANDS: dict[str, tuple[str, str, Callable[[argparse.ArgumentParser], None],
+                          Callable[[argparse.Namespace], int]]] = {
+    "probe": ("outcome of every allocator-telemetry query path on a device",
+              "Query allocated/reserved bytes through torch.accelerator and through the "
+              "registered device module, and mem_get_info; report value or exception per "
+              "path.", _probe, cmd_probe),
+    "serve": ("run the multi-rank workload service on loopback",
+              "The multi-rank workload service (HTTP on loopback, torch.distributed ranks).",
+              _serve, cmd_serve),
+    "pair": ("run an isolated baseline/candidate design",
+             "Each arm runs in a fresh service process group: started, health-checked, warmed "
+             "with the same request, measured, stopped before the other arm starts.",
+             _pair, cmd_pair),
+    "idle": ("all-rank no-device-task time and marker attribution from traces",
+             "All-rank no-device-task time within a window, and host markers intersected with "
+             "it, from Kineto or torch-npu traces (times in ms; --json in ns).",
+             _idle, cmd_idle),
+    "tables": ("evidence table of a run directory",
+               "Print the evidence table of RUN_DIR (one row per attribution, units on every "
+               "number) and/or the published NPU figures.", _tables, cmd_tables),
+    "report": ("render executed notebooks to HTML with the code hidden",
+               "Render each executed notebook (files, or folders searched recursively) to "
+               "OUT/<name>.html with inputs hidden, as `jupyter nbconvert --to html "
+               "--no-input`, the report's banner (device kind, provenance) on top; with "
+               "--screenshot also a full-page OUT/<name>.png from headless Chromium "
+               "(<name>-2.png, ... for pages taller than 16384 px). Given a folder or several "
+               "notebooks, also OUT/index.html linking every report in OUT with its banner "
+               "line.",
+               _report, cmd_report),
+    "verify": ("check a run directory against its seal",
+               "Check RUN_DIR against the seal recorded when it completed: the sha256 of every "
+               "artifact (missing, extra, changed, not a regular file), every manifest field, "
+               "runs[] against each client.json, and with --digest the digest quoted by its "
+               "author; prints the run's digest (exit 1 on any finding).", _verify,
+               cmd_verify),
+    "whatif": ("replay a run's recorded snapshots under other bounds and policies",
+               "Replay every recorded normal decision's memory snapshot of RUN_DIR through the "
+               "policy with other bounds: a consistency gate (own bounds reproduce every "
+               "decision), retained/released totals per setting, and an estimated effect (a "
+               "model).", _whatif, cmd_whatif),
+    "selftest": ("run this suite's own paths on the device at hand, step by step",
+                 "Environment, API reproduction, policy arms, the vLLM-Omni adapter, a profiled "
+                 "1-request service, its trace parsed back, and a verified paired run "
+                 "directory; each step passed / failed (with a hint) / skipped.",
+                 _selftest, cmd_selftest),
+}
+
+
+def create_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand (imports nothing but argparse)."""
+    from residency import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="residency",
+        description="Produce, regenerate and judge evidence for allocator cache retention.")
+    parser.add_argument("--version", action="version", version=f"residency {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (help_, description, configure, _) in COMMANDS.items():
+        configure(sub.add_parser(name, help=help_, description=description))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `residency` console script (see the module docstring for the exit
+    codes)."""
+    args = create_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    handler = COMMANDS[args.command][3]
+    try:
+        return int(handler(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BadInput as exc:  # before RunFailed: bad input found before a run is input
+        print(f"residency {args.command}: error: {_message(exc)}", file=sys.stderr)
+        return 2
+    except RunFailed as exc:
+        print(f"residency {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except (ValueError, OSError) as exc:  # bad input from the standard library
+        print(f"residency {args.command}: error: {_message(exc)}", file=sys.stderr)
+        return 2
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror}"
+    return str(exc)
+
+

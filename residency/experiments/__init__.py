@@ -1,0 +1,2 @@
+"""Orchestration: service files, starting services, the HTTP client and the paired designs that
+write run directories."""

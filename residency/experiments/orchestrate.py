@@ -1,0 +1,772 @@
+"""Paired designs: isolated baseline/candidate arms, warmed, measured and stopped one at a time,
+for the built-in service or an external one described by a TOML service file.
+
+Data flow: service -> run directory (`docs/contracts.md`): manifest.json, and per measured run
+`client.json`, `service.log`, decisions JSONL per rank and traces per rank when profiled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from residency.devices import KINDS
+from residency.errors import BadInput, RunFailed
+from residency.jsonio import write_json_atomic
+from residency.policy.cache import PAIRED_ARMS
+from residency.processes import (
+    PARENT_PID_ENV,
+    SCRATCH_ENV,
+    free_port,
+    interruption,
+    pdeathsig_preexec,
+)
+from residency.rundir.layout import (
+    CLIENT,
+    DECISIONS_GLOB,
+    DESIGNS,
+    SERVICE_LOG,
+    TRACE,
+    TRACE_RAW,
+)
+from residency.rundir.layout import run_dir as run_dir_name
+from residency.rundir.run import Manifest, versions
+
+STOP_GRACE_S = 30.0
+SERVICE_TMP = "tmp"  # the built-in service's TMPDIR inside its run directory, while it runs
+BUILTIN_EXPECT = {"normal_per_request": 1, "forced_per_request": 2}
+"""Policy calls per rank per measured request of the built-in service (and H3 Ref2VA)."""
+
+
+class ExperimentError(RunFailed):
+    """A paired run could not finish; the run directory is left marked `incomplete`."""
+
+
+class ExperimentInputError(ExperimentError, BadInput):
+    """Bad input found before anything ran: an output directory that cannot be used, or a
+    service file that cannot be read (`ServiceFileError`); the CLI exits 2."""
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """How to start one arm's service and measure one request on it (strings are templates
+    with `{port}`, `{arm}`, `{profile_dir}`, `{profiler_config}`, `{decisions_dir}`,
+    `{python}` (this interpreter), `{steps}`, `{seed}`)."""
+
+    name: str
+    device_kind: str
+    ranks: int
+    command: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str = "."
+    health_url: str = "http://127.0.0.1:{port}/health"
+    health_timeout_s: float = 600.0
+    method: str = "POST"
+    url: str = "http://127.0.0.1:{port}/v1/generate"
+    json_body: dict[str, Any] | None = None
+    form: dict[str, str] | None = None
+    files: dict[str, str] | None = None
+    request_timeout_s: float = 3600.0
+    profile_start_url: str | None = None
+    profile_stop_url: str | None = None
+    profile_stop_timeout_s: float = 1800.0
+    traces: str = "{profile_dir}"
+    decisions: str = "{decisions_dir}"
+    builtin: bool = False
+    warmup_json: dict[str, Any] | None = None
+    version_url: str | None = None
+    source: str | None = None  # the service file this spec was read from
+    expect: dict[str, int] | None = None  # policy calls per rank per measured request
+
+
+def builtin_service(*, device_kind: str, ranks: int, scale: float = 1.0,
+                    capacity_bytes: int | None = None, resident_mib: float = 1024,
+                    health_timeout_s: float = 600.0,
+                    emulator: dict[str, Any] | None = None) -> ServiceSpec:
+    """The spec of `residency serve` for these parameters. `emulator` (the emulated NPU's
+    `DeviceModel.to_params()`) reaches the service's ranks in the environment."""
+    command = [sys.executable, "-m", "residency", "serve", "--arm", "{arm}", "--device",
+               device_kind, "--ranks", str(ranks), "--port", "{port}", "--decisions-dir",
+               "{decisions_dir}", "--scale", repr(scale), "--resident-mib", repr(resident_mib),
+               "{profile_flag}"]
+    if capacity_bytes is not None:
+        command += ["--capacity", str(capacity_bytes)]
+    env = {}
+    if emulator is not None:
+        env["RESIDENCY_EMULATED_NPU"] = json.dumps(emulator, sort_keys=True)
+    return ServiceSpec(
+        name="residency-builtin", device_kind=device_kind, ranks=ranks, command=tuple(command),
+        env=env, json_body={"steps": "{steps}", "seed": "{seed}"},
+        warmup_json={"steps": "{steps}", "seed": "{seed}", "warmup": True},
+        health_timeout_s=health_timeout_s, builtin=True, expect=dict(BUILTIN_EXPECT))
+
+
+class ServiceFileError(ExperimentInputError):
+    """A service TOML file is unreadable or invalid (bad input: `residency pair` exits 2)."""
+
+
+def load_service_file(path: str | os.PathLike[str]) -> ServiceSpec:
+    """A `ServiceSpec` from a TOML service file; errors name the file and the field."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ServiceFileError(f"{path}: service file not found") from None
+    except IsADirectoryError:
+        raise ServiceFileError(f"{path}: is a directory, not a service file") from None
+    except OSError as exc:
+        raise ServiceFileError(f"{path}: cannot read the service file: "
+                               f"{exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ServiceFileError(f"{path}: not UTF-8 text: {exc.reason}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ServiceFileError(f"{path}: invalid TOML: {exc}") from None
+
+    def need(table: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+        if key not in table:
+            raise ServiceFileError(f"{path}: missing field `{where}{key}`")
+        return check(table, key, kind, where)
+
+    def check(table: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str,
+              default: Any = None) -> Any:
+        value = table.get(key, default)
+        if value is None:
+            return None
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            names = kind if isinstance(kind, tuple) else (kind,)
+            raise ServiceFileError(f"{path}: field `{where}{key}` must be "
+                                   f"{' or '.join(_TOML_TYPES[k] for k in names)}, "
+                                   f"not {_TOML_TYPES.get(type(value), type(value).__name__)}")
+        return value
+
+    def seconds(table: dict[str, Any], key: str, where: str, default: float) -> float:
+        value = float(check(table, key, (int, float), where, default))
+        if not math.isfinite(value) or value <= 0:
+            raise ServiceFileError(f"{path}: field `{where}{key}` must be a positive finite "
+                                   f"number of seconds, not {value}")
+        return value
+
+    def strings(table: dict[str, Any], key: str, where: str) -> dict[str, Any] | None:
+        value = check(table, key, dict, where)
+        for k, v in (value or {}).items():
+            if not isinstance(v, (str, int, float)) or isinstance(v, bool):
+                raise ServiceFileError(f"{path}: field `{where}{key}.{k}` must be a string "
+                                       "or a number")
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ServiceFileError(f"{path}: field `{where}{key}.{k}` must be finite, "
+                                       f"not {v}")
+        return value
+
+    serve = need(data, "serve", dict, "")
+    health = need(data, "health", dict, "")
+    request = need(data, "request", dict, "")
+    profile = check(data, "profile", dict, "", {})
+    kind = need(data, "device_kind", str, "")
+    if kind not in KINDS:
+        raise ServiceFileError(f"{path}: field `device_kind` must be npu, cuda or "
+                               f"emulated-npu, not {kind!r}")
+    ranks = need(data, "ranks", int, "")
+    if ranks < 1:
+        raise ServiceFileError(f"{path}: field `ranks` must be >= 1, not {ranks}")
+    command = need(serve, "command", list, "serve.")
+    if not command or not all(isinstance(c, (str, int)) for c in command):
+        raise ServiceFileError(f"{path}: field `serve.command` must be a non-empty list of "
+                               "strings")
+    json_body = check(request, "json", dict, "request.")
+    if json_body is not None:
+        _check_finite(json_body, f"{path}: field `request.json")
+    expect = data.get("expect", {})
+    if not isinstance(expect, dict) or not all(
+            k in BUILTIN_EXPECT and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+            for k, v in expect.items()):
+        raise ServiceFileError(f"{path}: field `expect` must be a table of "
+                               f"{' and '.join(BUILTIN_EXPECT)} (integers >= 0)")
+    version_url = health.get("version_url")
+    if version_url is not None and not isinstance(version_url, str):
+        raise ServiceFileError(f"{path}: field `health.version_url` must be a string")
+    base = path.parent
+    files = {k: str((base / v).resolve())
+             for k, v in (strings(request, "files", "request.") or {}).items()}
+    return ServiceSpec(
+        name=str(check(data, "name", str, "", path.stem)), device_kind=kind, ranks=ranks,
+        command=tuple(str(c) for c in command),
+        env={str(k): str(v) for k, v in (strings(serve, "env", "serve.") or {}).items()},
+        cwd=str((base / check(serve, "cwd", str, "serve.", ".")).resolve()),
+        health_url=need(health, "url", str, "health."),
+        health_timeout_s=seconds(health, "timeout_s", "health.", 600),
+        method=str(check(request, "method", str, "request.", "POST")).upper(),
+        url=need(request, "url", str, "request."),
+        json_body=json_body, form=strings(request, "form", "request."), files=files or None,
+        request_timeout_s=seconds(request, "timeout_s", "request.", 3600),
+        profile_start_url=check(profile, "start_url", str, "profile."),
+        profile_stop_url=check(profile, "stop_url", str, "profile."),
+        profile_stop_timeout_s=seconds(profile, "stop_timeout_s", "profile.", 1800),
+        traces=str(check(profile, "traces", str, "profile.", "{profile_dir}")),
+        decisions=str(check(profile, "decisions", str, "profile.", "{decisions_dir}")),
+        version_url=version_url, source=str(path), expect=expect or None,
+    )
+
+
+_TOML_TYPES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean",
+               list: "an array", dict: "a table"}
+
+
+def _check_finite(value: Any, where: str) -> None:
+    """Non-finite floats (nan, inf) anywhere in a TOML value are refused, naming the field."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ServiceFileError(f"{where}` must be finite, not {value}")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_finite(v, f"{where}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_finite(v, f"{where}[{i}]")
+
+
+# --- template filling and HTTP ----------------------------------------------------------------
+
+def _fill(value: Any, values: dict[str, Any]) -> Any:
+    """Fill `{name}` placeholders; a string that is exactly one placeholder keeps its type."""
+    if isinstance(value, str):
+        for key, v in values.items():
+            if value == "{" + key + "}":
+                return v
+        out = value
+        for key, v in values.items():
+            out = out.replace("{" + key + "}", str(v))
+        return out
+    if isinstance(value, dict):
+        return {k: _fill(v, values) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_fill(v, values) for v in value]
+    return value
+
+
+def _multipart(form: dict[str, Any], files: dict[str, str]) -> tuple[bytes, str]:
+    boundary = uuid.uuid4().hex
+    parts: list[bytes] = []
+    for name, value in form.items():
+        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n'
+                     f"{value}\r\n".encode())
+    for name, file in files.items():
+        p = Path(file)
+        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; '
+                     f'filename="{p.name}"\r\nContent-Type: application/octet-stream\r\n\r\n'
+                     .encode() + p.read_bytes() + b"\r\n")
+    parts.append(f"--{boundary}--\r\n".encode())
+    return b"".join(parts), f"multipart/form-data; boundary={boundary}"
+
+
+def _http(method: str, url: str, *, body: bytes | None = None, content_type: str | None = None,
+          timeout: float) -> tuple[int, bytes]:
+    headers = {"Content-Type": content_type} if content_type else {}
+    req = urllib.request.Request(url, data=body, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+# --- one arm ----------------------------------------------------------------------------------
+
+@dataclass
+class RunningService:
+    """A started service process group and its filled-in values."""
+
+    proc: subprocess.Popen[bytes]
+    values: dict[str, Any]
+    log_path: Path
+    versions: dict[str, Any] | None = None  # what the service reported at `version_url`
+    tmp_dir: Path | None = None  # the service's TMPDIR, removed by `stop`
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(text[-lines:])
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> int | None:
+        """SIGTERM to the whole group, SIGKILL after `grace_s`; returns the exit code."""
+        if self.proc.poll() is None:
+            _signal_group(self.proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=grace_s)
+        _signal_group(self.proc.pid, signal.SIGKILL)  # stragglers of the group, if any
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        if self.tmp_dir is not None:  # what a killed service could not remove itself
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
+        return self.proc.returncode
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def start_service(spec: ServiceSpec, arm: str, run_dir: Path, *, profiled: bool
+                  ) -> RunningService:
+    """Start the arm's service in its own process group and wait until it is healthy."""
+    port = free_port()
+    profile_dir = run_dir / (TRACE_RAW if spec.builtin else TRACE)
+    values: dict[str, Any] = {
+        "port": port, "arm": arm, "decisions_dir": str(run_dir), "python": sys.executable,
+        "profile_dir": str(profile_dir) if profiled else "",
+        "profiler_config": json.dumps({"profiler": "torch",
+                                       "torch_profiler_dir": str(profile_dir)}),
+    }
+    command = [str(c) for c in _fill(list(spec.command), values)]
+    if spec.builtin:
+        command = [c for c in command if c != "{profile_flag}"]
+        if profiled:
+            command += ["--profile", str(profile_dir)]
+    env = {**os.environ, **{k: str(v) for k, v in _fill(spec.env, values).items()},
+           PARENT_PID_ENV: str(os.getpid())}
+    _check_command(spec, command[0], env)
+    log_path = run_dir / SERVICE_LOG
+    tmp_dir = None
+    if spec.builtin:  # its temporary files (the rendezvous) go where `stop` removes them
+        tmp_dir = run_dir / SERVICE_TMP
+        tmp_dir.mkdir()
+        env["TMPDIR"] = str(tmp_dir)
+        # what the service removes itself when we are gone (killed: we cannot)
+        env[SCRATCH_ENV] = os.pathsep.join([str(tmp_dir), *([str(profile_dir)] if profiled
+                                                           else [])])
+    try:
+        with open(log_path, "wb") as log:
+            # the service dies with us (SIGTERM from the kernel when this process is killed,
+            # even by SIGKILL), and the built-in one also watches our pid: no orphans
+            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                    cwd=spec.cwd, start_new_session=True,
+                                    preexec_fn=pdeathsig_preexec(signal.SIGTERM))
+    except BaseException:
+        if tmp_dir is not None:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise
+    service = RunningService(proc, values, log_path, tmp_dir=tmp_dir)
+    try:
+        _wait_healthy(spec, service)
+        if spec.version_url:
+            service.versions = _reported_versions(_fill(spec.version_url, values))
+    except BaseException:
+        service.stop(grace_s=5)
+        raise
+    return service
+
+
+def _check_command(spec: ServiceSpec, executable: str, env: dict[str, str]) -> None:
+    """Refuse a `serve.command` whose program cannot be found (before anything starts)."""
+    if os.sep in executable:
+        path = Path(spec.cwd) / executable
+        found = path.is_file() and os.access(path, os.X_OK)
+    else:
+        found = shutil.which(executable, path=env.get("PATH")) is not None
+    if not found:
+        where = spec.source or spec.name
+        raise ServiceFileError(f"{where}: field `serve.command` names {executable!r}, which is "
+                               "not an executable file on the service's PATH (or relative to "
+                               f"its cwd {spec.cwd}); install it or give its absolute path")
+
+
+def _reported_versions(url: str) -> dict[str, Any]:
+    """What the service answers at its version route (JSON object, else the text)."""
+    try:
+        status, payload = _http("GET", url, timeout=30)
+    except (urllib.error.URLError, OSError, TimeoutError) as exc:
+        return {"error": f"{url}: {exc}"}
+    if status != 200:
+        return {"error": f"{url} answered {status}"}
+    data = _json_or_none(payload)
+    return data if isinstance(data, dict) else {"text": payload[:500].decode(errors="replace")}
+
+
+def _wait_healthy(spec: ServiceSpec, service: RunningService) -> None:
+    url = _fill(spec.health_url, service.values)
+    deadline = time.monotonic() + spec.health_timeout_s
+    while True:
+        code = service.proc.poll()
+        if code is not None:
+            raise ExperimentError(f"service exited with code {code} before it was healthy; "
+                                  f"log tail:\n{service.log_tail()}")
+        try:
+            status, _ = _http("GET", url, timeout=5)
+            if status == 200:
+                return
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise ExperimentError(f"service not healthy at {url} after "
+                                  f"{spec.health_timeout_s:g} s; log tail:\n{service.log_tail()}")
+        time.sleep(0.25)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One request as the client saw it: status, body, E2E on the monotonic clock, and the
+    wall-clock window `[start_wall_ns, end_wall_ns)` (`time.time_ns()`, the clock of the
+    decisions' `wall_ns`) that analysis attributes decisions by."""
+
+    status: int
+    payload: bytes
+    e2e_ns: int
+    start_wall_ns: int
+    end_wall_ns: int
+
+
+def send_request(spec: ServiceSpec, values: dict[str, Any], *, warmup: bool = False) -> Reply:
+    """Send the measured (or warm-up) request and time it."""
+    url = _fill(spec.url, values)
+    body: bytes | None = None
+    content_type = None
+    template = spec.warmup_json if warmup and spec.warmup_json else spec.json_body
+    if template is not None:
+        body, content_type = json.dumps(_fill(template, values)).encode(), "application/json"
+    elif spec.form is not None or spec.files:
+        body, content_type = _multipart(_fill(spec.form or {}, values), spec.files or {})
+    start_wall_ns = time.time_ns()
+    start = time.perf_counter_ns()
+    try:
+        status, payload = _http(spec.method, url, body=body, content_type=content_type,
+                                timeout=spec.request_timeout_s)
+    except (urllib.error.URLError, OSError, TimeoutError) as exc:
+        raise ExperimentError(f"request to {url} failed: {exc}") from exc
+    e2e_ns = time.perf_counter_ns() - start
+    return Reply(status, payload, e2e_ns, start_wall_ns, time.time_ns())
+
+
+def _post_control(url: str, values: dict[str, Any], timeout: float) -> None:
+    target = _fill(url, values)
+    try:
+        status, payload = _http("POST", target, body=b"", timeout=timeout)
+    except (urllib.error.URLError, OSError, TimeoutError) as exc:
+        raise ExperimentError(f"{target} failed: {exc}") from exc
+    if status >= 400:
+        raise ExperimentError(f"{target} answered {status}: {payload[:300]!r}")
+
+
+def run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, seed: int,
+            profiled: bool, requests: int = 1) -> dict[str, Any]:
+    """Start, warm, measure `requests` consecutive requests and stop one arm; returns its
+    manifest entry. An arm that fails leaves no raw profiles (`trace-raw/`) behind."""
+    try:
+        return _run_arm(spec, arm, index, out, steps=steps, seed=seed, profiled=profiled,
+                        requests=requests)
+    except BaseException:
+        if spec.builtin:  # nobody will collect them; tmp/ already went with the service
+            shutil.rmtree(out / run_dir_name(index, arm) / TRACE_RAW, ignore_errors=True)
+        raise
+
+
+def _run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, seed: int,
+             profiled: bool, requests: int = 1) -> dict[str, Any]:
+    rel = run_dir_name(index, arm)
+    run_dir = out / rel
+    run_dir.mkdir(parents=True, exist_ok=False)
+    service = start_service(spec, arm, run_dir, profiled=profiled)
+    values = {**service.values, "steps": steps, "seed": seed}
+    measured: list[dict[str, Any]] = []
+    try:
+        warm = send_request(spec, values, warmup=True)
+        if warm.status != 200:
+            raise ExperimentError(f"{arm} warm-up answered {warm.status}: {warm.payload[:300]!r};"
+                                  f" log tail:\n{service.log_tail()}")
+        if profiled and spec.profile_start_url:
+            _post_control(spec.profile_start_url, values, timeout=60)
+        for _ in range(requests):
+            reply = send_request(spec, values)
+            if reply.status != 200:
+                raise ExperimentError(f"{arm} request answered {reply.status}: "
+                                      f"{reply.payload[:300]!r}; log tail:\n"
+                                      f"{service.log_tail()}")
+            response = _json_or_none(reply.payload)
+            measured.append({"request_id": (response or {}).get("request_id"),
+                             "e2e_ns": reply.e2e_ns, "e2e_s": reply.e2e_ns / 1e9,
+                             "start_wall_ns": reply.start_wall_ns,
+                             "end_wall_ns": reply.end_wall_ns,
+                             "response": response if response is not None
+                             else {"bytes": len(reply.payload)}})
+        if profiled and spec.profile_stop_url:
+            _post_control(spec.profile_stop_url, values, timeout=spec.profile_stop_timeout_s)
+    except ExperimentError as exc:
+        if service.proc.poll() is not None:
+            raise ExperimentError(f"{exc}\nservice exited with code {service.proc.returncode};"
+                                  f" log tail:\n{service.log_tail()}") from exc
+        raise
+    finally:
+        service.stop()
+    _check_decisions_written(spec, Path(_fill(spec.decisions, values)), arm, requests + 1)
+    first = measured[0]
+    # the unit of the E2E claim is the run: with R requests, the median of its R E2Es
+    median_ns = int(round(statistics.median(m["e2e_ns"] for m in measured)))
+    median_s = median_ns / 1e9
+    if spec.builtin and profiled:
+        _collect_builtin_traces(run_dir, first["request_id"])
+    client = {"arm": arm, "index": index, "request": {"steps": steps, "seed": seed},
+              "request_id": first["request_id"], "e2e_ns": median_ns, "e2e_s": median_s,
+              "start_wall_ns": first["start_wall_ns"], "end_wall_ns": first["end_wall_ns"],
+              "warmup": {"request_id": (_json_or_none(warm.payload) or {}).get("request_id"),
+                         "e2e_ns": warm.e2e_ns, "start_wall_ns": warm.start_wall_ns,
+                         "end_wall_ns": warm.end_wall_ns},
+              "response": first["response"]}
+    if service.versions is not None:
+        client["service_versions"] = service.versions
+    if requests > 1:
+        client["requests"] = measured
+    write_json_atomic(run_dir / CLIENT, client)
+    entry = {"arm": arm, "index": index, "dir": rel, "e2e_s": median_s,
+             "profiled": profiled, "request_id": first["request_id"]}
+    if requests > 1:
+        entry["request_ids"] = [m["request_id"] for m in measured]
+        entry["e2e_s_requests"] = [m["e2e_s"] for m in measured]
+    return entry
+
+
+def _check_decisions_written(spec: ServiceSpec, directory: Path, arm: str, sent: int) -> None:
+    """Refuse a run whose decisions directory stayed empty: nothing could be attributed."""
+    files = sorted(directory.glob(DECISIONS_GLOB)) if directory.is_dir() else []
+    if any(f.stat().st_size for f in files):
+        return
+    if spec.builtin:
+        raise ExperimentError(f"{directory}: the built-in {arm} service answered {sent} "
+                              "requests but wrote no decisions-rank<r>.jsonl")
+    raise ExperimentError(
+        f"{directory}: the decisions directory (field `profile.decisions` of "
+        f"{spec.source or spec.name}) stayed empty after the {arm} service answered {sent} "
+        "requests; likely cause: the residency adapter did not load in the service's workers "
+        "(residency not installed in the service's environment so its "
+        "`vllm_omni.general_plugins` entry point is missing, VLLM_PLUGINS set without "
+        "`residency`, or RESIDENCY_ARM / RESIDENCY_DECISIONS_DIR missing from `serve.env`)")
+
+
+def _json_or_none(payload: bytes) -> Any:
+    try:
+        return json.loads(payload)
+    except ValueError:
+        return None
+
+
+def _collect_builtin_traces(run_dir: Path, request_id: str | None) -> None:
+    raw = run_dir / TRACE_RAW
+    src = raw / str(request_id)
+    if request_id is None or not src.is_dir():
+        raise ExperimentError(f"{run_dir}: no traces for request {request_id} under {raw}")
+    src.rename(run_dir / "trace")
+    shutil.rmtree(raw, ignore_errors=True)
+
+
+# --- designs and the run directory ------------------------------------------------------------
+
+def plan(design: str, pairs: int = 1, *, aa_arm: str = "candidate"
+         ) -> list[tuple[str, bool]]:
+    """(arm, profiled) in run order.
+
+    `profiled-pair`: one profiled baseline/candidate pair. `alternating`: `pairs` unprofiled
+    pairs in ABBA order. `paired-profile`: the profiled pair, then `pairs` alternating pairs
+    (0 allowed). `consecutive`: one candidate service (its requests are `requests`). `aa`:
+    `pairs` unprofiled pairs of `aa_arm` in both slots, slots in ABBA order (`aa_slots`).
+    """
+    if design == "consecutive":
+        return [("candidate", False)]
+    if design == "aa":
+        if aa_arm not in PAIRED_ARMS:
+            raise ValueError(f"The value for `aa_arm` must be one of {list(PAIRED_ARMS)}, but "
+                             f"{aa_arm!r} was passed.")
+        return [(aa_arm, False) for _ in aa_slots(pairs)]
+    if design not in DESIGNS:
+        raise ValueError(f"The value for `design` must be one of {list(DESIGNS)}, but "
+                         f"{design!r} was passed.")
+    minimum = 0 if design == "paired-profile" else 1
+    if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < minimum:
+        raise ValueError(f"The value for `pairs` must be an integer >= {minimum}, but "
+                         f"{pairs!r} was passed.")
+    order: list[tuple[str, bool]] = []
+    if design in ("profiled-pair", "paired-profile"):
+        order += [("baseline", True), ("candidate", True)]
+    if design in ("alternating", "paired-profile"):
+        for i in range(pairs):
+            arms = PAIRED_ARMS if i % 2 == 0 else PAIRED_ARMS[::-1]
+            order += [(arm, False) for arm in arms]
+    return order
+
+
+def aa_slots(pairs: int) -> list[str]:
+    """Slot labels of an A/A design in run order: A B, B A, A B, ... (ABBA)."""
+    if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < 1:
+        raise ValueError(f"The value for `pairs` must be an integer >= 1, but {pairs!r} was "
+                         "passed.")
+    return [s for i in range(pairs) for s in (("A", "B") if i % 2 == 0 else ("B", "A"))]
+
+
+def _builtin_versions() -> dict[str, Any]:
+    """What the built-in service runs on: this interpreter's residency, torch and python."""
+    v = versions()
+    return {k: v[k] for k in ("residency", "torch", "torch_npu", "python")}
+
+
+def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, steps: int = 50,
+               seed: int = 2101, pairs: int = 1, requests: int = 1,
+               params: dict[str, Any] | None = None, aa_arm: str = "candidate",
+               progress: bool | Callable[[Iterator[Any]], Iterator[Any]] = True) -> Path:
+    """Run a design into a new run directory; returns it. On any failure the directory stays
+    with `status: incomplete` and the error, every service is stopped, and
+    `ExperimentError` is raised.
+
+    Each unprofiled service run measures `requests` requests after its warm-up (every one
+    recorded in client.json; the run's `e2e_s` is their median); profiled runs measure one.
+    """
+    for name, value in (("steps", steps), ("requests", requests)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"The value for `{name}` must be an integer >= 1, but {value!r} "
+                             "was passed.")
+    order = plan(design, pairs, aa_arm=aa_arm)
+    slots = aa_slots(pairs) if design == "aa" else None
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExperimentInputError(f"{out}: run directory exists and is not empty; choose a "
+                                   "new one")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ExperimentInputError(f"{out}: cannot write the run directory: "
+                              f"{exc.strerror or exc}") from None
+    manifest = Manifest(
+        design=design, device_kind=spec.device_kind,
+        service="builtin" if spec.builtin else "external", service_name=spec.name,
+        params={"ranks": spec.ranks, "steps": steps, "seed": seed,
+                "pairs": pairs if design in ("alternating", "paired-profile", "aa") else 1,
+                "requests": requests, **({"aa_arm": aa_arm} if design == "aa" else {}),
+                **(params or {})},
+        versions=versions(), order=[arm for arm, _ in order],
+        extra={"service_info": {"name": spec.name, "file": spec.source,
+                                "command": list(spec.command),
+                                "versions": _builtin_versions() if spec.builtin else None,
+                                "expect": spec.expect}})
+    info = manifest.extra["service_info"]
+    try:
+        manifest.write(out)
+    except OSError as exc:
+        raise ExperimentError(f"{out}: cannot write manifest.json: {exc.strerror or exc}"
+                              ) from None
+    bar = _progress(progress, len(order), f"{design} ({spec.device_kind})")
+    try:
+        for index, (arm, profiled) in enumerate(order):
+            bar.set_postfix_str(f"{arm} #{index}")
+            entry = run_arm(spec, arm, index, out, steps=steps, seed=seed, profiled=profiled,
+                            requests=1 if profiled else requests)
+            if slots is not None:
+                entry["slot"] = slots[index]
+            manifest.runs.append(entry)
+            if info["versions"] is None:  # what the first external service reported
+                client = json.loads((out / manifest.runs[-1]["dir"] / CLIENT)
+                                    .read_text(encoding="utf-8"))
+                info["versions"] = client.get("service_versions")
+            manifest.write(out)
+            bar.update(1)
+    except BaseException as exc:
+        unsaved = ""
+        try:  # best effort: the directory may be what failed
+            manifest.fail(out, interruption(exc))
+        except OSError as werr:
+            unsaved = f" (manifest.json could not be updated either: {werr.strerror or werr})"
+        if isinstance(exc, ExperimentError):
+            if not unsaved:
+                raise
+            raise type(exc)(f"{exc}{unsaved}") from exc
+        if isinstance(exc, OSError):
+            raise ExperimentError(f"{out}: run incomplete: {exc.strerror or exc}: "
+                                  f"{exc.filename or ''}{unsaved}") from exc
+        if isinstance(exc, Exception):
+            raise ExperimentError(f"{out}: run incomplete: {exc}{unsaved}") from exc
+        raise
+    finally:
+        bar.close()
+    manifest.complete(out)
+    return out
+
+
+def _progress(progress: Any, total: int, desc: str) -> Any:
+    if callable(progress):
+        return progress(total=total, desc=desc)
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="arm", disable=not progress, file=sys.stderr)
+
+
+def run_pair(design: str = "profiled-pair", *, out: str | os.PathLike[str], device: str = "auto",
+             ranks: int = 2, steps: int = 50, seed: int = 2101, pairs: int = 1,
+             requests: int = 1,
+             scale: float = 1.0, capacity_bytes: int | None = None, resident_mib: float = 1024,
+             service_file: str | os.PathLike[str] | None = None, progress: bool = True,
+             emulator: Any = None, aa_arm: str = "candidate") -> Path:
+    """`residency pair` as a function: the built-in service unless `service_file` is given.
+
+    `emulator` is the emulated NPU's `DeviceModel` (default `DeviceModel()`: modelled device
+    time); it is recorded in the manifest's params as `emulated_npu`.
+    """
+    if service_file is not None:
+        spec = load_service_file(service_file)
+        params: dict[str, Any] = {"service_file": str(service_file)}
+    else:
+        from residency import devices
+        from residency.protocol import MAX_SEED, MAX_STEPS
+
+        if ranks < 1:
+            raise ValueError(f"The value for `ranks` must be >= 1, but {ranks!r} was passed.")
+        # the built-in service's documented bounds, checked before any service starts
+        for name, value, low, high in (("steps", steps, 1, MAX_STEPS),
+                                       ("seed", seed, 0, MAX_SEED)):
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ValueError(f"The value for `{name}` must be an integer in [{low}, {high}],"
+                                 f" but {value!r} was passed.")
+        for name, number in (("scale", scale), ("resident_mib", resident_mib)):
+            if not math.isfinite(number) or number <= 0:
+                raise ValueError(f"The value for `{name}` must be a positive finite number, "
+                                 f"but {number!r} was passed.")
+        from residency.devicemodel import DeviceModel
+
+        kind = devices.resolve(device)
+        model = None
+        if devices.emulated(kind):
+            model = (emulator or DeviceModel()).to_params()
+        elif emulator is not None and emulator != DeviceModel():
+            raise ValueError(f"the emulated NPU's model options apply to device emulated-npu "
+                             f"only, not {kind}")
+        spec = builtin_service(device_kind=kind, ranks=ranks, scale=scale,
+                               capacity_bytes=capacity_bytes, resident_mib=resident_mib,
+                               emulator=model)
+        params = {"scale": scale, "capacity_bytes": capacity_bytes,
+                  "resident_mib": resident_mib}
+        if model is not None:  # the device model and the capacity it emulates
+            from residency.devicemodel import DEFAULT_CAPACITY_BYTES
+
+            params["emulated_npu"] = {**model,
+                                      "capacity_bytes": capacity_bytes or DEFAULT_CAPACITY_BYTES}
+    return run_design(design, out, spec=spec, steps=steps, seed=seed, pairs=pairs,
+                      requests=requests, params=params, aa_arm=aa_arm, progress=progress)
+
+
+__all__ = ["BUILTIN_EXPECT", "ExperimentError", "ExperimentInputError", "Reply",
+           "ServiceFileError", "ServiceSpec", "aa_slots", "builtin_service", "load_service_file",
+           "plan", "run_design", "run_pair", "send_request"]

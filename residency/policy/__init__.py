@@ -1,0 +1,1 @@
+"""The retention policy: allocator telemetry and `BoundedAllocatorCache` with its arms."""

@@ -1,0 +1,323 @@
+"""Evidence tables: one row per attribution, units on every number, a note on what it supports.
+
+`evidence_table(run)` builds the table of a run directory, `published_table()` the published
+NPU figures of the original pull request in the same columns; `to_markdown`, `to_csv` and
+`to_json` return strings (`render` several at once); `residency tables` prints them. Rows
+are rendered from `residency.evidence`: nothing is computed here. No torch here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from residency import devices
+from residency.analysis import stats
+from residency.evidence import PAIRED_ARMS, Attribution, Evidence
+from residency.evidence import build as build_evidence
+from residency.humanize import round_numbers, write_markdown_table
+from residency.jsonio import plain
+from residency.rundir.run import Run
+
+COLUMNS = ("metric", "baseline", "candidate", "delta", "n", "note")
+PUBLISHED_NAME = "h3_ref2va_910b1.json"
+_TESTS = {
+    "description": "per-rank rows describe every rank of one run pair (no test)",
+    "groups": "Mann-Whitney U (exact, two-sided) on one value per run (the run as the unit)",
+    "pairs": "Wilcoxon signed-rank (exact sign-flip, two-sided) on paired E2E",
+    "counts": "Clopper-Pearson 95 % intervals on counts",
+    "single": "single observations: no test",
+    "aa": "A/A noise: median |delta| of same-arm pairs (no test)",
+}
+
+__all__ = ["evidence_table", "published_table", "to_markdown", "to_csv",
+           "to_json", "render"]
+
+
+# ----------------------------------------------------------------------------- cells
+def _pct(x: float | None) -> str:
+    return "" if x is None or not math.isfinite(x) else f" ({x:+.2%})".replace("%", " %")
+
+
+def _row(metric: str, b: str, c: str, delta: str, n: str, note: str) -> dict[str, str]:
+    return dict(zip(COLUMNS, (metric, b, c, delta, n, note), strict=True))
+
+
+def _num(x: float, unit: str) -> str:
+    return f"{stats.fmt_num(x)} {unit}"
+
+
+def _description_row(a: Attribution) -> dict[str, str]:
+    med = a.detail["medians"]
+
+    def cell(arm: str) -> str:
+        v = a.values[arm]
+        return (f"{stats.fmt_num(min(v))}-{stats.fmt_num(max(v))} {a.unit} "
+                f"(median over ranks {stats.fmt_num(med[arm])} {a.unit})")
+
+    ratio = med["candidate"] / med["baseline"] if med["baseline"] else None
+    delta = (f"{_num(med['candidate'] - med['baseline'], a.unit)} delta of the medians "
+             f"({stats.fmt_speed(ratio)})")
+    return _row(a.metric, cell("baseline"), cell("candidate"), delta,
+                f"{a.n['baseline']} vs {a.n['candidate']} ranks (no test)", a.note)
+
+
+def _groups_row(a: Attribution) -> dict[str, str]:
+    r = a.result
+
+    def cell(rng: tuple[float, float], med: float) -> str:
+        return f"{stats.fmt_num(rng[0])}-{stats.fmt_num(rng[1])} {a.unit} " \
+               f"(median {stats.fmt_num(med)} {a.unit})"
+
+    delta = f"{_num(r.delta, a.unit)} delta of the medians ({stats.fmt_speed(r.ratio)})"
+    return _row(a.metric, cell(r.baseline_range, r.baseline_median),
+                cell(r.candidate_range, r.candidate_median), delta,
+                f"{r.n[0]} vs {r.n[1]} runs", a.note)
+
+
+def _counts_row(a: Attribution) -> dict[str, str]:
+    k = {arm: a.values[arm][0] for arm in PAIRED_ARMS}
+    n = a.n
+    if not all(n[arm] for arm in PAIRED_ARMS):
+        return _row(a.metric, f"{k['baseline']}/{n['baseline']}",
+                    f"{k['candidate']}/{n['candidate']}", "n/a", "no calls in an arm", a.note)
+    cells = [f"{k[arm]}/{n[arm]} released ({k[arm] / n[arm]:.1%})".replace("%", " %")
+             for arm in PAIRED_ARMS]
+    pp = 100 * (k["candidate"] / n["candidate"] - k["baseline"] / n["baseline"])
+    return _row(a.metric, cells[0], cells[1], f"{pp:+.1f} pp",
+                f"{n['baseline']} vs {n['candidate']} calls", a.note)
+
+
+def _single_row(a: Attribution) -> dict[str, str]:
+    r = a.result
+    return _row(a.metric, _num(r.baseline, a.unit), _num(r.candidate, a.unit),
+                f"{_num(r.delta, a.unit)}{_pct(r.relative)}", "1 per arm", a.note)
+
+
+def _pairs_row(a: Attribution) -> dict[str, str]:
+    r = a.result
+    if r.n == 1:
+        return _row(a.metric, _num(r.baseline_median, "s"), _num(r.candidate_median, "s"),
+                    f"{_num(r.delta, 's')}{_pct(r.relative)}", "1 pair", a.note)
+    return _row(a.metric, f"median {_num(r.baseline_median, 's')}",
+                f"median {_num(r.candidate_median, 's')}",
+                f"median of the paired deltas {_num(r.delta, 's')}{_pct(r.relative)}",
+                f"{r.n} pairs", a.note)
+
+
+def _aa_row(a: Attribution) -> dict[str, str]:
+    r = a.result
+    med = {slot: float(np.median(a.values[slot])) for slot in ("A", "B")}
+    cv = "" if r.cv is None else f", CV {r.cv:.2%}".replace("%", " %")
+    return _row(a.metric, f"slot A: median {_num(med['A'], a.unit)}",
+                f"slot B: median {_num(med['B'], a.unit)}",
+                f"median |delta| {_num(r.spread, a.unit)}, largest {_num(r.max_abs, a.unit)}"
+                f"{cv}", f"{r.n} A/A pairs", a.note)
+
+
+def _errors_row(errors: Attribution, oom: Attribution | None) -> dict[str, str]:
+    cells = []
+    for arm in PAIRED_ARMS:
+        o = None if oom is None else oom.values[arm][0]
+        cells.append(f"{errors.values[arm][0]} telemetry errors, "
+                     f"{'n/a' if o is None else o} OOM")
+    return _row("telemetry errors, OOM", cells[0], cells[1], "—",
+                f"{errors.n['baseline']} vs {errors.n['candidate']} calls", errors.note)
+
+
+_RENDER = {"description": _description_row, "groups": _groups_row, "counts": _counts_row,
+           "single": _single_row, "pairs": _pairs_row, "aa": _aa_row}
+ROW_ORDER = ("normal_call_per_rank", "normal_call_per_run", "normal_released",
+             "forced_released", "telemetry_errors", "idle_intersection", "all_rank_idle",
+             "preparation_window", "e2e_profiled", "e2e_unprofiled", "e2e_aa")
+_USED = {"description": "description", "groups": "groups", "pairs": "pairs",
+         "counts": "counts", "single": "single", "aa": "aa"}
+
+
+def _title(name: str, device_kind: str) -> str:
+    label = f": {devices.label(device_kind)}" if devices.emulated(device_kind) else ""
+    return f"Evidence: {name} (device kind {device_kind}{label})"
+
+
+def _footer(used: set, extra: str = "") -> str:
+    tests = "; ".join(_TESTS[k] for k in _TESTS if k in used)
+    return ("Units: ms = milliseconds, s = seconds, pp = percentage points; every number carries "
+            "its unit. n: ranks per arm for per-rank rows, runs per arm for per-run rows, calls "
+            "per arm for counts, pairs for E2E"
+            + (" (A/A pairs for the noise row)" if "aa" in used else "")
+            + ", 1 per arm for single observations. Tests: "
+            f"{tests or 'none'}; 5 % level. {extra}").strip()
+
+
+def _frame(rows: list, title: str, device_kind: str, footer: str,
+           attributions: list[dict[str, Any]] | None = None) -> pd.DataFrame:
+    df = pd.DataFrame(rows, columns=list(COLUMNS))
+    df.attrs.update(title=title, device_kind=device_kind, footer=footer,
+                    attributions=attributions or [])
+    return df
+
+
+def evidence_table(run: Run | Evidence, *, idle: Mapping[str, Mapping[str, float]] | None = None,
+                   idle_error: str | None = None, aa: Run | str | Path | None = None
+                   ) -> pd.DataFrame:
+    """The evidence table of a run: one row per attribution of its `Evidence`.
+
+    `run` is a loaded run (its evidence is built here, traces analysed) or an `Evidence`
+    already built. `idle`/`idle_error` replace the trace analysis (see
+    `residency.evidence.build`); `aa` (an A/A run) adds its E2E noise row. Title, device
+    kind, footer and each row's attribution (JSON-ready, same order as the rows) are in
+    `DataFrame.attrs`.
+    """
+    extra = {} if aa is None else {"aa": aa}
+    ev = run if isinstance(run, Evidence) else build_evidence(run, idle=idle,
+                                                             idle_error=idle_error, **extra)
+    used: set[str] = set()
+    rows, docs = [], []
+    for key in ROW_ORDER:
+        a = ev.get(key)
+        if a is None:
+            if key == "idle_intersection" and ev.idle_error:
+                for metric in ("normal-release markers ∩ all-rank no-device-task time",
+                               "all-rank no-device-task time"):
+                    rows.append(_row(metric, "n/a", "n/a", "n/a", "0",
+                                     f"Trace analysis unavailable: {ev.idle_error}."))
+                    docs.append({"key": key, "missing": ev.idle_error})
+                    break
+            continue
+        if a.kind == "tally":  # telemetry errors and OOM share a row
+            rows.append(_errors_row(a, ev.get("oom")))
+        else:
+            rows.append(_RENDER[a.kind](a))
+            used.add(_USED[a.kind] if a.kind != "pairs" or a.n["baseline"] > 1 else "single")
+        docs.append(a.to_dict())
+    aa = ev.get("e2e_aa")
+    design = (f" A/A run: the {aa.detail['arm']} arm in both slots, so only the noise row "
+              "compares; the other arm's column is empty by design." if ev.design == "aa"
+              and aa is not None else "")
+    return _frame(rows, _title(ev.name, ev.device_kind), ev.device_kind,
+                  _footer(used, ev.attribution_note + design
+                          + (f" Run digest: {ev.digest}." if ev.digest else
+                             " The run is not sealed.")), docs)
+
+
+# ----------------------------------------------------------------------------- published
+def _published_cell(value: Any, unit: str, decimals: int) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, list):
+        return f"{value[0]:.{decimals}f}-{value[1]:.{decimals}f} {unit}"
+    if isinstance(value, dict) and "k" in value:
+        return f"{value['k']}/{value['n']} {unit}"
+    if isinstance(value, dict):  # a tally: name -> count or {"k", "n"}
+        return ", ".join(f"{v['k']}/{v['n']} {k}" if isinstance(v, dict) else f"{v} {k}"
+                         for k, v in value.items())
+    return f"{value:.{decimals}f} {unit}"
+
+
+def _published_delta(row: Mapping[str, Any]) -> str:
+    b, c, unit, d = row["baseline"], row["candidate"], row.get("unit", ""), row["decimals"]
+    if isinstance(b, (int, float)) and isinstance(c, (int, float)):
+        which = " delta of the medians" if row.get("pairs", 1) > 1 else ""
+        return f"{c - b:+.{d}f} {unit}{which}{_pct((c - b) / b if b else None)}"
+    if isinstance(b, list) and isinstance(c, list):
+        return f"{b[0] / c[1]:.1f}x-{b[1] / c[0]:.1f}x faster (any rank vs any rank)"
+    if isinstance(b, dict) and "k" in b:
+        return f"{100 * (c['k'] / c['n'] - b['k'] / b['n']):+.1f} pp"
+    return "—"
+
+
+def _published_note(row: Mapping[str, Any]) -> str:
+    b, c = row["baseline"], row["candidate"]
+    kind, note = row["kind"], row.get("note", "")
+    if kind == "range" and (c[1] < b[0] or b[1] < c[0]):
+        stat = (f"Ranges do not overlap: every rank, in this run pair ({row['n_baseline']} vs "
+                f"{row['n_candidate']} ranks of one run each): a description, not a test; "
+                f"ranks of one run are not independent replicates.")
+    elif kind == "count":
+        ps = {a: stats.proportion(v["k"], v["n"]) for a, v in (("baseline", b), ("candidate", c))}
+        stat = "Clopper-Pearson 95 %: " + ", ".join(
+            f"{a} {p.ci[0]:.1%}-{p.ci[1]:.1%}" for a, p in ps.items()).replace("%", " %") + "."
+    elif kind == "value" and row.get("pairs", 1) > 1:
+        stat = (f"Medians of {row['pairs']} pairs; the pairs themselves are not published. "
+                + stats.pairs_floor_note(row["pairs"]))
+    elif kind == "value":
+        stat = "Single observation per arm: no interval or test possible."
+    else:  # tally
+        ps = {k: stats.proportion(v["k"], v["n"]) for k, v in c.items() if isinstance(v, dict)}
+        stat = "Clopper-Pearson 95 %: " + ", ".join(
+            f"{k} {p.ci[0]:.1%}-{p.ci[1]:.1%}" for k, p in ps.items()).replace("%", " %") + "."
+    return f"{stat} {note}".strip()
+
+
+def published_table(path: str | Path | None = None) -> pd.DataFrame:
+    """The published NPU figures (package data `residency/data/h3_ref2va_910b1.json`, or
+    `path`) in the evidence-table format.
+
+    Raises:
+        ValueError: the file is missing or not the expected JSON.
+    """
+    try:
+        if path is None:
+            p: Any = resources.files("residency.data").joinpath(PUBLISHED_NAME)
+            data = json.loads(p.read_text(encoding="utf-8"))
+        else:
+            p = Path(path)
+            data = json.loads(p.read_text(encoding="utf-8"))
+        rows = [_row(r["metric"], _published_cell(r["baseline"], r.get("unit", ""),
+                                                  r["decimals"]),
+                     _published_cell(r["candidate"], r.get("unit", ""), r["decimals"]),
+                     _published_delta(r), r["n"], _published_note(r)) for r in data["rows"]]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ValueError(f"{p}: cannot read published figures ({type(exc).__name__}: {exc})"
+                         ) from None
+    used = {"counts", "single", "description"}
+    return _frame(rows, _title(data["title"], data["device_kind"]), data["device_kind"],
+                  _footer(used, f"Source: {data['source']}."))
+
+
+# ----------------------------------------------------------------------------- formatters
+def to_markdown(table: pd.DataFrame, *, title: str | None = None) -> str:
+    """A Markdown table ready to paste into a pull request, with title and footer: for
+    people, so its numbers show 4 significant digits (`humanize.round_numbers`: "221.296680
+    ms" -> "221.3 ms"); `to_csv` and `to_json` keep full precision."""
+    title = title if title is not None else table.attrs.get("title", "Evidence")
+    lines = [f"### {title}", "",
+             write_markdown_table(list(table.columns),
+                                  list(table.itertuples(index=False))).rstrip()]
+    if table.attrs.get("footer"):
+        lines += ["", f"*{table.attrs['footer']}*"]
+    return round_numbers("\n".join(lines) + "\n")
+
+
+def to_csv(table: pd.DataFrame) -> str:
+    """The table as CSV text (header row, no index)."""
+    return table.to_csv(index=False, lineterminator="\n")
+
+
+def to_json(table: pd.DataFrame) -> str:
+    """The table as one JSON object: title, device_kind, footer, rows; each row of an
+    evidence table also carries `attribution` (its key, values, n, unit, statistical unit,
+    scope, p-value and note as numbers: `residency.evidence.Attribution.to_dict`)."""
+    rows = table.to_dict(orient="records")
+    docs = table.attrs.get("attributions") or []
+    if len(docs) == len(rows):
+        rows = [{**r, "attribution": d} for r, d in zip(rows, docs, strict=True)]
+    doc = {**{k: table.attrs.get(k) for k in ("title", "device_kind", "footer")}, "rows": rows}
+    return json.dumps(plain(doc), indent=2, ensure_ascii=False)
+
+
+def render(tables: list[pd.DataFrame], fmt: str) -> str:
+    """`tables` as one text in `fmt` (md, csv or json: one object, or a list of them)."""
+    if fmt == "md":
+        return "\n".join(to_markdown(t) for t in tables)
+    if fmt == "json":
+        docs = [json.loads(to_json(t)) for t in tables]
+        return json.dumps(docs[0] if len(docs) == 1 else docs, indent=2, ensure_ascii=False)
+    return "\n".join(to_csv(t) for t in tables)

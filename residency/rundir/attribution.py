@@ -1,0 +1,476 @@
+"""Which request each policy decision belongs to: by wall-clock time, for any service.
+
+The vLLM-Omni adapter writes `request_id: null` (its workers never see a request id), so
+decisions are attributed by time: the client records each request's window
+`[start_wall_ns, end_wall_ns)` (`time.time_ns()`, warm-up included) in `client.json`, and
+a decision belongs to the request whose window contains its `wall_ns`. Decisions outside
+every window (a service's own start-up warm-up, calls between requests) are counted with
+their first and last time and excluded, never pooled with a request. The built-in service
+also records request ids; runs recorded before the client kept wall times are attributed by
+those ids (`method="id"`), which must agree with the time attribution wherever both exist.
+
+Pure analysis: pandas and numpy only, no torch, no run-directory reading (see
+`residency.rundir.run.Run.attribution`). Timestamps are int64 ns; windows are half-open.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from residency.errors import BadInput
+from residency.policy.cache import decisions_file
+
+__all__ = ["ATTRIBUTED_COLUMNS", "COUNT_COLUMNS", "RequestAttribution", "AttributionError",
+           "RequestWindow", "attribute", "attribute_by_id", "attribute_by_time",
+           "consecutive_gates", "count_failures", "expected_calls", "has_wall_times",
+           "missing_rank_message", "request_counts", "scope_note",
+           "request_windows"]
+
+ATTRIBUTED_COLUMNS = (
+    "request", "request_id", "warmup", "rank", "kind", "outcome", "reason", "error",
+    "wall_ns", "offset_ns", "duration_ns", "reserved_bytes", "allocated_bytes", "free_bytes",
+    "total_bytes", "max_cached_fraction", "min_free_fraction", "recorded_request_id", "arm",
+    "device_kind", "file",
+)
+"""Columns of `RequestAttribution.decisions`: `request` 0 for the warm-up, 1.. for the measured
+requests in order; `request_id` the client's id of that request (None when the service
+returned none); `offset_ns` = `wall_ns` - the window's start; `recorded_request_id` what the
+decision itself carried (null from the vLLM-Omni adapter)."""
+
+COUNT_COLUMNS = ("request", "request_id", "rank", "normal_checks", "normal_retained",
+                 "normal_released", "forced", "forced_released", "telemetry_errors")
+
+METHODS = ("time", "id")
+ADAPTER_CAUSE = ("likely cause: the residency adapter did not load in that worker (the "
+                 "`vllm_omni.general_plugins` entry point `residency` is missing from the "
+                 "service's environment, or VLLM_PLUGINS is set without `residency`)")
+_SNAPSHOT = {"reserved": "reserved_bytes", "allocated": "allocated_bytes", "free": "free_bytes",
+             "total": "total_bytes"}
+
+
+class AttributionError(BadInput):
+    """Decisions that cannot be attributed as asked; the message names the file and field."""
+
+
+@dataclass(frozen=True)
+class RequestWindow:
+    """One request as the client timed it: `[start_wall_ns, end_wall_ns)`."""
+
+    number: int  # 0 = warm-up, 1.. = measured requests in order
+    request_id: str | None
+    start_wall_ns: int
+    end_wall_ns: int
+
+    @property
+    def warmup(self) -> bool:
+        """True for the warm-up request."""
+        return self.number == 0
+
+    @property
+    def duration_ns(self) -> int:
+        """Window length."""
+        return self.end_wall_ns - self.start_wall_ns
+
+
+def _measured_records(client: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    requests = client.get("requests")
+    if isinstance(requests, list) and requests:
+        return requests
+    return [client]
+
+
+def has_wall_times(client: Mapping[str, Any]) -> bool:
+    """True when the client record has a wall-clock window for the warm-up and every
+    measured request."""
+    records = [client.get("warmup") or {}, *_measured_records(client)]
+    return all(isinstance(r.get("start_wall_ns"), int) and isinstance(r.get("end_wall_ns"), int)
+               for r in records)
+
+
+def request_windows(client: Mapping[str, Any], *, source: str = "client.json"
+                    ) -> tuple[RequestWindow, ...]:
+    """The warm-up's and each measured request's window from a client record, in order.
+
+    Raises:
+        AttributionError: a window is missing, not int64 ns, empty, or overlaps the one
+            before it (`source` names the file in the message).
+    """
+    records = [("warmup", client.get("warmup") or {})]
+    records += [(f"requests[{i}]" if client.get("requests") else "", r)
+                for i, r in enumerate(_measured_records(client))]
+    windows = []
+    for number, (where, rec) in enumerate(records):
+        prefix = f"{where}." if where else ""
+        for key in ("start_wall_ns", "end_wall_ns"):
+            value = rec.get(key)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise AttributionError(
+                    f"{source}: field `{prefix}{key}` is missing or not an integer, so "
+                    "decisions cannot be attributed by time (the run was recorded before the "
+                    "client kept wall-clock windows: record it again)")
+        start, end = int(rec["start_wall_ns"]), int(rec["end_wall_ns"])
+        if end <= start:
+            raise AttributionError(f"{source}: field `{prefix}end_wall_ns` ({end}) is not after "
+                                   f"`{prefix}start_wall_ns` ({start})")
+        if windows and start < windows[-1].end_wall_ns:
+            raise AttributionError(f"{source}: field `{prefix}start_wall_ns` ({start}) lies "
+                                   "inside the previous request's window: requests overlap")
+        rid = rec.get("request_id")
+        windows.append(RequestWindow(number, None if rid is None else str(rid), start, end))
+    return tuple(windows)
+
+
+def _iso(wall_ns: int | None) -> str:
+    """UTC ISO time to the millisecond, for people (the exact ns stay in the columns)."""
+    if wall_ns is None:
+        return "none"
+    stamp = datetime.fromtimestamp(wall_ns // 1_000_000_000, tz=timezone.utc)
+    return f"{stamp:%Y-%m-%dT%H:%M:%S}.{wall_ns % 1_000_000_000 // 1_000_000:03d}Z"
+
+
+@dataclass(frozen=True)
+class RequestAttribution:
+    """Decisions of one service run assigned to its requests, and what lay outside them."""
+
+    method: str  # "time" or "id"
+    windows: tuple[RequestWindow, ...]
+    decisions: pd.DataFrame = field(repr=False)  # ATTRIBUTED_COLUMNS, in a window
+    outside_count: int = 0
+    outside_first_wall_ns: int | None = None
+    outside_last_wall_ns: int | None = None
+    outside_by_kind: Mapping[str, int] = field(default_factory=dict)
+    numbers: pd.Series = field(default=None, repr=False)  # type: ignore[assignment]
+    """Per input row (same index): its request number, <NA> outside every request."""
+
+    def request_id_of(self, number: int) -> str | None:
+        """The client's id of request `number` (0 = warm-up)."""
+        return next((w.request_id for w in self.windows if w.number == number), None)
+
+    @property
+    def measured(self) -> pd.DataFrame:
+        """Decisions of the measured requests (warm-up and outside excluded)."""
+        return self.decisions[~self.decisions["warmup"].astype(bool)].reset_index(drop=True)
+
+    @property
+    def warmup(self) -> pd.DataFrame:
+        """Decisions of the warm-up request."""
+        return self.decisions[self.decisions["warmup"].astype(bool)].reset_index(drop=True)
+
+    def outside_note(self) -> str:
+        """One sentence: how many decisions lay outside every request window, and when."""
+        how = ("by time (client wall-clock windows)" if self.method == "time" else
+               "by request id")
+        if not self.outside_count:
+            return f"Attributed {how}: no decision lay outside every request."
+        kinds = ", ".join(f"{n} {k}" for k, n in sorted(self.outside_by_kind.items()))
+        span = (f"first at {_iso(self.outside_first_wall_ns)}, last at "
+                f"{_iso(self.outside_last_wall_ns)}" if self.method == "time" else
+                "their ids match no client request")
+        return (f"Attributed {how}: {self.outside_count} decision(s) ({kinds}) lay outside "
+                f"every request ({span}) and are excluded.")
+
+    def __repr__(self) -> str:
+        return (f"RequestAttribution(by {self.method}: {len(self.windows)} windows, "
+                f"{len(self.decisions)} decisions inside, {self.outside_count} outside)")
+
+
+def _empty_attributed() -> pd.DataFrame:
+    return pd.DataFrame(columns=list(ATTRIBUTED_COLUMNS))
+
+
+def _attributed(decisions: pd.DataFrame, number: np.ndarray, windows: Sequence[RequestWindow]
+                ) -> pd.DataFrame:
+    """`decisions` (the rows inside a window) in ATTRIBUTED_COLUMNS; `number` per row."""
+    if decisions.empty:
+        return _empty_attributed()
+    by_number = {w.number: w for w in windows}
+    out = pd.DataFrame({
+        "request": number.astype("int64"),
+        "request_id": [by_number[int(n)].request_id for n in number],
+        "warmup": number == 0,
+    }, index=decisions.index)
+    for col in ("rank", "kind", "outcome", "reason", "error", "wall_ns", "duration_ns",
+                "max_cached_fraction", "min_free_fraction", "arm", "device_kind", "file"):
+        out[col] = decisions.get(col)
+    starts = np.array([by_number[int(n)].start_wall_ns for n in number], dtype="int64")
+    out["offset_ns"] = decisions["wall_ns"].astype("int64").to_numpy() - starts
+    for raw, name in _SNAPSHOT.items():
+        out[name] = decisions.get(raw)
+    out["recorded_request_id"] = decisions.get("request_id")
+    return out[list(ATTRIBUTED_COLUMNS)].reset_index(drop=True)
+
+
+def _outside(rows: pd.DataFrame, method: str, windows: tuple[RequestWindow, ...],
+             inside: pd.DataFrame, numbers: pd.Series) -> RequestAttribution:
+    walls = pd.to_numeric(rows.get("wall_ns"), errors="coerce").dropna() \
+        if len(rows) else pd.Series(dtype="int64")
+    kinds = {str(k): int(n) for k, n in rows["kind"].value_counts().items()} if len(rows) else {}
+    return RequestAttribution(method=method, windows=windows, decisions=inside,
+                       outside_count=len(rows),
+                       outside_first_wall_ns=int(walls.min()) if len(walls) else None,
+                       outside_last_wall_ns=int(walls.max()) if len(walls) else None,
+                       outside_by_kind=kinds, numbers=numbers)
+
+
+def _numbers(decisions: pd.DataFrame) -> pd.Series:
+    return pd.Series(pd.NA, index=decisions.index, dtype="Int64")
+
+
+def _check_wall(decisions: pd.DataFrame) -> pd.Series:
+    wall = pd.to_numeric(decisions["wall_ns"], errors="coerce") if "wall_ns" in decisions \
+        else pd.Series(np.nan, index=decisions.index)
+    bad = wall.isna()
+    if bad.any():
+        row = decisions[bad].iloc[0]
+        raise AttributionError(f"{row.get('file', 'decisions')}: a decision of rank "
+                               f"{row.get('rank')} has no integer `wall_ns`, so it cannot be "
+                               "attributed by time")
+    return wall.astype("int64")
+
+
+def attribute_by_time(decisions: pd.DataFrame, windows: Sequence[RequestWindow]
+                      ) -> RequestAttribution:
+    """Assign each decision to the window containing its `wall_ns` (half-open).
+
+    `decisions` is one service run's decisions (all of them, warm-up included, as
+    `Run.decisions(entry, warmup=True)` gives them), `windows` from `request_windows`.
+
+    Raises:
+        AttributionError: a decision without an integer `wall_ns`.
+    """
+    windows = tuple(windows)
+    if decisions.empty:
+        return _outside(decisions, "time", windows, _empty_attributed(), _numbers(decisions))
+    wall = _check_wall(decisions).to_numpy()
+    starts = np.array([w.start_wall_ns for w in windows], dtype="int64")
+    ends = np.array([w.end_wall_ns for w in windows], dtype="int64")
+    numbers = np.array([w.number for w in windows], dtype="int64")
+    idx = np.searchsorted(starts, wall, side="right") - 1
+    ok = idx >= 0
+    ok[ok] = wall[ok] < ends[idx[ok]]
+    inside = _attributed(decisions[ok], numbers[idx[ok]], windows)
+    per_row = _numbers(decisions)
+    per_row[ok] = numbers[idx[ok]]
+    return _outside(decisions[~ok], "time", windows, inside, per_row)
+
+
+def attribute_by_id(decisions: pd.DataFrame, windows: Sequence[RequestWindow]
+                    ) -> RequestAttribution:
+    """Assign each decision to the request whose client id it carries (the built-in
+    service's ids; decisions with any other id, or none, lie outside)."""
+    windows = tuple(windows)
+    if decisions.empty:
+        return _outside(decisions, "id", windows, _empty_attributed(), _numbers(decisions))
+    ids = {w.request_id: w.number for w in windows if w.request_id is not None}
+    number = decisions["request_id"].map(lambda r: ids.get(r) if isinstance(r, str) else None)
+    ok = number.notna().to_numpy()
+    inside = _attributed(decisions[ok], number[ok].to_numpy(dtype="int64"), windows)
+    return _outside(decisions[~ok], "id", windows, inside,
+                    number.astype("Int64").rename(None))
+
+
+def _id_windows(client: Mapping[str, Any]) -> tuple[RequestWindow, ...]:
+    """Windows without times (0, 0), for id attribution of runs recorded without them."""
+    records = [client.get("warmup") or {}, *_measured_records(client)]
+    return tuple(RequestWindow(i, None if r.get("request_id") is None else
+                               str(r.get("request_id")), 0, 0) for i, r in enumerate(records))
+
+
+def attribute(decisions: pd.DataFrame, client: Mapping[str, Any], *, method: str = "auto",
+              source: str = "client.json") -> RequestAttribution:
+    """Attribute one service run's decisions to its requests.
+
+    `method`: "time" (needs the client's wall-clock windows), "id" (needs request ids in
+    the decisions; a client record without ids falls back to the original convention:
+    ids starting `warmup-` are warm-ups, the others measured requests in order), or
+    "auto": by time when the client recorded the windows, else by id when every decision
+    carries an id.
+
+    Raises:
+        AttributionError: `method` unknown, or the run cannot be attributed that way.
+    """
+    if method not in ("auto", *METHODS):
+        raise AttributionError(f"The value for `method` must be one of ['auto', 'time', 'id'], "
+                               f"but {method!r} was passed.")
+    if method == "time" or (method == "auto" and has_wall_times(client)):
+        return attribute_by_time(decisions, request_windows(client, source=source))
+    if method == "auto" and len(decisions) and decisions["request_id"].isna().any():
+        request_windows(client, source=source)  # raises: explains the missing windows
+    windows = _id_windows(client)
+    if all(w.request_id is None for w in windows):  # a client record without ids
+        windows = _prefix_windows(decisions)
+    return attribute_by_id(decisions, windows)
+
+
+def _prefix_windows(decisions: pd.DataFrame) -> tuple[RequestWindow, ...]:
+    """Requests named by the decisions themselves, for client records that carry no request
+    id (the original contract: warm-up ids start with `warmup-`): the last warm-up id to
+    appear is request 0 (earlier warm-up ids lie outside), every other id a measured
+    request, numbered in order of appearance."""
+    ids = decisions.sort_values("wall_ns")["request_id"].dropna().astype(str).unique() \
+        if len(decisions) else []
+    warm = [i for i in ids if i.startswith("warmup-")]
+    measured = [i for i in ids if not i.startswith("warmup-")]
+    return (RequestWindow(0, warm[-1] if warm else None, 0, 0),
+            *(RequestWindow(n, rid, 0, 0) for n, rid in enumerate(measured, 1)))
+
+
+# ----------------------------------------------------------------------------- gates
+def request_counts(attribution: RequestAttribution, ranks: Sequence[int]) -> pd.DataFrame:
+    """Per measured request x rank (every rank in `ranks`, zero rows included): normal
+    checks (retained / released), forced calls (released) and telemetry errors."""
+    dec = attribution.measured
+    rows = []
+    for w in (w for w in attribution.windows if not w.warmup):
+        mine = dec[dec["request"] == w.number]
+        for rank in sorted({*map(int, ranks), *mine["rank"].astype(int)}):
+            d = mine[mine["rank"].astype(int) == rank]
+            normal, forced = d[d["kind"] == "normal"], d[d["kind"] == "forced"]
+            rows.append({"request": w.number, "request_id": w.request_id, "rank": rank,
+                         "normal_checks": len(normal),
+                         "normal_retained": int((normal["outcome"] == "retained").sum()),
+                         "normal_released": int((normal["outcome"] == "released").sum()),
+                         "forced": len(forced),
+                         "forced_released": int((forced["outcome"] == "released").sum()),
+                         "telemetry_errors": int((d["reason"] == "telemetry-unavailable").sum())})
+    return pd.DataFrame(rows, columns=list(COUNT_COLUMNS))
+
+
+def missing_rank_message(run_name: str, rank: int, *, file_exists: bool) -> str:
+    """The sentence for a rank that wrote no decisions in a service run."""
+    what = ("wrote an empty decisions-rank{r}.jsonl" if file_exists else
+            "wrote no decisions-rank{r}.jsonl").format(r=rank)
+    return f"{run_name}: rank {rank} {what}; {ADAPTER_CAUSE}."
+
+
+def count_failures(counts: pd.DataFrame, *, run_name: str, ranks: Sequence[int],
+                   silent_ranks: Mapping[int, bool] | None = None,
+                   expected_normal: int | None = None, expected_forced: int | None = None
+                   ) -> list[str]:
+    """One sentence per failed count gate of one service run (empty when all pass).
+
+    `silent_ranks` maps a rank that wrote no decision at all to whether its file exists
+    (the adapter message is given instead of per-request counts for it). With expected
+    counts (declared by the service), every rank and measured request must make exactly
+    them; without, every rank and measured request must make the same normal and forced
+    counts (at least one normal check), and the ones that differ from the most common are
+    named.
+    """
+    silent = dict(silent_ranks or {})
+    failures = [missing_rank_message(run_name, r, file_exists=e) for r, e in sorted(silent.items())]
+    wanted = set(map(int, ranks))
+    rows = [row for row in counts.itertuples(index=False)
+            if int(row.rank) not in silent and int(row.rank) in wanted]
+    if expected_normal is None:  # no declared counts: every rank and request alike
+        normal, forced = _common_counts(rows)
+        bad = [f"request {row.request} rank {row.rank}: {row.normal_checks} normal, "
+               f"{row.forced} forced" for row in rows
+               if (row.normal_checks, row.forced) != (normal, forced) or row.normal_checks < 1]
+        want = (f"the same counts on every rank and measured request (most common: {normal} "
+                f"normal + {forced} forced, at least 1 normal check)")
+    else:
+        bad = [f"request {row.request} rank {row.rank}: {row.normal_checks} normal, "
+               f"{row.forced} forced" for row in rows
+               if row.normal_checks != expected_normal or row.forced != expected_forced]
+        want = f"{expected_normal} normal + {expected_forced} forced per rank per measured request"
+    if bad:
+        more = f" (and {len(bad) - 4} more)" if len(bad) > 4 else ""
+        failures.append(f"{run_name}: expected {want}, but {'; '.join(bad[:4])}{more}.")
+    return failures
+
+
+def _common_counts(rows: Sequence[Any]) -> tuple[int, int]:
+    """The most common (normal, forced) pair of `rows`; on a tie the one seen first (the
+    earliest request, lowest rank). (0, 0) without rows."""
+    tally: dict[tuple[int, int], int] = {}
+    for row in rows:
+        key = (int(row.normal_checks), int(row.forced))
+        tally[key] = tally.get(key, 0) + 1
+    return max(tally, key=tally.__getitem__) if tally else (0, 0)
+
+
+DEFAULT_EXPECT = {"normal_per_request": 1, "forced_per_request": 2}
+"""Policy calls per rank per measured request of the built-in service, used for runs whose
+manifest predates `service_info.expect`."""
+
+
+def expected_calls(manifest: Mapping[str, Any]) -> dict[str, int] | None:
+    """Policy calls per rank per measured request the run's service declares (the built-in
+    service: 1 normal + 2 forced), None when an external service declares none."""
+    info = manifest.get("service_info") or {}
+    if info.get("expect"):
+        return dict(info["expect"])
+    return dict(DEFAULT_EXPECT) if manifest.get("service", "builtin") == "builtin" else None
+
+
+def _oom_by_rank(response: Any) -> dict[int, int]:
+    if not isinstance(response, Mapping):
+        return {}
+    return {int(pr["rank"]): int(pr["oom"]) for pr in response.get("per_rank") or []
+            if isinstance(pr, Mapping) and "rank" in pr and pr.get("oom") is not None}
+
+
+def consecutive_gates(run: Any, *, arm: str = "candidate") -> list[str]:
+    """One sentence per failed consecutive-request gate of `arm` (empty when all pass), from
+    the attribution of every decision to its request (by time for any service):
+
+    * every rank wrote decisions (else the adapter most likely did not load);
+    * per rank and measured request, the normal and forced calls the service declares
+      (`service_info.expect`); when it declares none, the same normal and forced counts on
+      every rank and measured request (at least one normal check), the differing ones named;
+    * no telemetry error in a measured request; no OOM where the service reports OOMs.
+
+    `run` is a loaded `residency.rundir.run.Run`.
+    """
+    failures: list[str] = []
+    entries = run.arm(arm)
+    if not entries:
+        return [f"The run has no {arm} service run, so nothing was checked."]
+    ranks = list(range(int((run.manifest.get("params") or {}).get("ranks") or 0)))
+    expect = expected_calls(run.manifest)
+    for entry in entries:
+        attr = run.attribution(entry)
+        raw = run.decisions(entry, warmup=True)
+        present = set(raw["rank"].dropna().astype(int))
+        silent = {r: (entry.dir / decisions_file(r)).exists()
+                  for r in ranks if r not in present}
+        counts = request_counts(attr, ranks or sorted(present))
+        failures += count_failures(
+            counts, run_name=entry.name, ranks=ranks or sorted(present), silent_ranks=silent,
+            expected_normal=None if expect is None else expect.get("normal_per_request"),
+            expected_forced=None if expect is None else expect.get("forced_per_request"))
+        measured = attr.measured
+        errors = measured[measured["reason"] == "telemetry-unavailable"]
+        if len(errors):
+            failures.append(f"{entry.name}: the {arm} arm had {len(errors)} telemetry error(s) "
+                            f"(first: {errors.iloc[0]['error']}).")
+        client = run.client(entry)
+        responses = [r.get("response") for r in (client.get("requests") or [client])]
+        ooms = sum(v for resp in responses for v in _oom_by_rank(resp).values())
+        if ooms:
+            failures.append(f"{entry.name}: the {arm} service reported {ooms} out-of-memory "
+                            "error(s).")
+    return failures
+
+
+def scope_note(attributions: Sequence[RequestAttribution]) -> str:
+    """One sentence for a table footer: how the runs' decisions were attributed, that
+    warm-ups are excluded, and how many decisions lay outside every request (and when)."""
+    if not attributions:
+        return "Warm-up requests excluded."
+    methods = sorted({a.method for a in attributions})
+    how = " and ".join("by time (client wall-clock windows)" if m == "time" else "by request id"
+                       for m in methods)
+    outside = sum(a.outside_count for a in attributions)
+    firsts = [a.outside_first_wall_ns for a in attributions if a.outside_first_wall_ns]
+    lasts = [a.outside_last_wall_ns for a in attributions if a.outside_last_wall_ns]
+    span = (f" (first at {_iso(min(firsts))}, last at {_iso(max(lasts))})"
+            if firsts and lasts else "")
+    return (f"Decisions attributed to requests {how}; warm-up requests excluded; "
+            f"{outside} decision(s) outside every request excluded{span}.")

@@ -1,0 +1,835 @@
+"""The run-directory format (docs/contracts.md), both ways, without torch.
+
+Writing: `Manifest` is the one type of `manifest.json` (schema, fields, atomic write,
+sha256 list with its derived-file exclusions); `write_json_atomic` writes any JSON file of
+the suite. Reading: one entry point, `load_run`, goes: read manifest -> check fields
+(`Manifest.from_dict`) -> check status -> verify artifacts -> build `Run`. Decisions and
+client records are read on demand from a `Run`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import platform
+import subprocess
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import pandas as pd
+
+from residency.devices import RECORDED_KINDS
+from residency.errors import BadInput
+from residency.jsonio import write_json_atomic
+from residency.rundir.layout import (
+    CLIENT,
+    DECISIONS_GLOB,
+    DERIVED_DIRS,
+    MANIFEST,
+    SCHEMA,
+    STATUSES,
+)
+from residency.rundir.seal import (
+    CHANGED_SINCE_VERIFIED,
+    SEAL_FIELD,
+    UnsafePathError,
+    confined,
+    open_regular,
+    printable,
+    read_regular,
+    run_digest,
+    seal_findings,
+    sha256_regular,
+    walk_files,
+)
+from residency.rundir.seal import seal as seal_manifest
+
+DECISION_COLUMNS = (
+    "rank", "request_id", "arm", "device_kind", "kind", "outcome", "reason", "start_ns",
+    "end_ns", "wall_ns", "reserved", "allocated", "free", "total", "error",
+    "max_cached_fraction", "min_free_fraction", "duration_ns", "warmup", "file",
+)
+
+__all__ = ["DECISION_COLUMNS", "DERIVED_DIRS", "MANIFEST", "SCHEMA", "Manifest", "Run",
+           "RunDirError", "RunEntry", "Verification", "artifact_hashes", "load_run",
+           "load_decisions", "verify_run", "versions"]
+# the manifest's atomic writer's temporary file: never evidence. Hidden files are evidence like
+# any other: sealed, and listed by `verify` when they appear later (trace discovery never
+# reads them either).
+_MANIFEST_TMP = f".{MANIFEST}.tmp"
+# all decisions files of one service run together (a real 8-rank run of a thousand requests
+# writes about 10 MB); parsed records take about ten times their bytes in memory
+MAX_DECISIONS_BYTES = 32 * 1024 * 1024
+MAX_DECISION_LINE_BYTES = 1024 * 1024
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class Manifest:
+    """`manifest.json`: written after every run (status `incomplete` until the very end) and
+    read back by `load_run`. Unknown fields of a recorded manifest are kept in `extra`."""
+
+    device_kind: str
+    design: str | None = None
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    status: str = "incomplete"
+    service: str | None = None
+    service_name: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, Any] = field(default_factory=dict)
+    host: str = field(default_factory=platform.node)
+    started_at: str | None = field(default_factory=_now)
+    ended_at: str | None = None
+    order: list[str] = field(default_factory=list)
+    artifacts: dict[str, str] = field(default_factory=dict)
+    error: str | None = None
+    schema: str = SCHEMA
+    seal: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    _FIELDS = ("schema", "status", "design", "device_kind", "service", "service_name",
+               "params", "versions", "host", "started_at", "ended_at", "order", "runs",
+               "artifacts", "error", SEAL_FIELD)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object, fields in the documented order."""
+        return {**{k: getattr(self, k) for k in self._FIELDS}, **self.extra}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, path: str | os.PathLike[str] = MANIFEST
+                  ) -> Manifest:
+        """Check and read a manifest object.
+
+        Raises:
+            RunDirError: a required field is missing or has the wrong value (naming it).
+        """
+        path = Path(path)
+        for key in ("schema", "status", "device_kind", "runs"):
+            if key not in data:
+                raise RunDirError(path, "missing", field=key)
+        if data["schema"] != SCHEMA:
+            raise RunDirError(path, f"expected {SCHEMA!r}, got {data['schema']!r}",
+                              field="schema")
+        if data["status"] not in STATUSES:
+            raise RunDirError(path, f"must be one of {list(STATUSES)}, got "
+                              f"{data['status']!r}", field="status")
+        if data["device_kind"] not in RECORDED_KINDS:
+            raise RunDirError(path, f"must be one of {list(RECORDED_KINDS)}, got "
+                              f"{data['device_kind']!r}", field="device_kind")
+        if not isinstance(data["runs"], list):
+            raise RunDirError(path, "must be a list", field="runs")
+        for key, types, what in _FIELD_TYPES:
+            if key in data and data[key] is not None and not isinstance(data[key], types):
+                raise RunDirError(path, f"must be {what} or null, got "
+                                  f"{type(data[key]).__name__}", field=key)
+        if isinstance(data.get("params"), dict):
+            _check_params(path, data["params"])
+        if isinstance(data.get("order"), list) and not all(
+                isinstance(a, str) for a in data["order"]):
+            raise RunDirError(path, "must be a list of arm names", field="order")
+        known = {k: data[k] for k in cls._FIELDS if k in data}
+        extra = {k: v for k, v in data.items() if k not in cls._FIELDS}
+        return cls(**{k: v for k, v in known.items() if v is not None or k in (
+            "design", "service", "service_name", "started_at", "ended_at", "error",
+            SEAL_FIELD)},
+            extra=extra)
+
+    @classmethod
+    def read(cls, root: str | os.PathLike[str]) -> Manifest:
+        """The manifest of the run directory `root`."""
+        path = Path(root) / MANIFEST
+        return cls.from_dict(_read_json(path), path=path)
+
+    def write(self, root: str | os.PathLike[str]) -> Path:
+        """Write `root/manifest.json` atomically."""
+        return write_json_atomic(Path(root) / MANIFEST, self.to_dict())
+
+    def fail(self, root: str | os.PathLike[str], error: str) -> None:
+        """Record `error` and the end time, status staying `incomplete`, and write."""
+        self.error, self.ended_at = error, _now()
+        self.write(root)
+
+    def complete(self, root: str | os.PathLike[str]) -> str:
+        """Hash every artifact, mark the run `complete` with its end time, seal the manifest
+        (`residency.rundir.seal`) and write; returns the run's digest (`sha256:...`)."""
+        self.artifacts = artifact_hashes(root)
+        self.ended_at, self.status, self.seal = _now(), "complete", None
+        self.seal = seal_manifest(self.to_dict())
+        self.write(root)
+        return str(self.seal["digest"])
+
+
+# fields of manifest.json other than the required four: the JSON type each must have
+_FIELD_TYPES = (
+    ("design", str, "a string"), ("service", str, "a string"),
+    ("service_name", str, "a string"), ("params", dict, "an object"),
+    ("versions", dict, "an object"), ("host", str, "a string"),
+    ("started_at", str, "a string"), ("ended_at", str, "a string"),
+    ("order", list, "a list"), ("artifacts", dict, "an object"), ("error", str, "a string"),
+    ("seal", dict, "an object"), ("service_info", dict, "an object"),
+)
+
+
+_INT_PARAMS = ("ranks", "steps", "seed", "pairs", "requests", "capacity_bytes")
+
+
+def _check_params(path: Path, params: dict[str, Any]) -> None:
+    """Integer parameters are int64 integers >= 0; every other number is finite."""
+    for key, value in params.items():
+        where = f"params.{key}"
+        if key in _INT_PARAMS and value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+                raise RunDirError(path, f"must be an integer >= 0, got {value!r}"[:200],
+                                  field=where)
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise RunDirError(path, f"must be a finite number, got {value!r}", field=where)
+
+
+class RunDirError(BadInput):
+    """A run directory that cannot be read as the contract says; names the file and field."""
+
+    def __init__(self, path: Path | str, message: str, *, field: str | None = None) -> None:
+        self.path = Path(path)
+        self.field = field
+        where = f"{self.path}" + (f": field `{field}`" if field else "")
+        super().__init__(f"{where}: {message}")
+
+
+@dataclass(frozen=True)
+class RunEntry:
+    """One measured service run listed in the manifest."""
+
+    arm: str
+    index: int
+    dir: Path  # absolute
+    e2e_s: float | None
+    profiled: bool
+    request_id: str | None
+
+    @property
+    def name(self) -> str:
+        """The run's directory name, e.g. `00-baseline`."""
+        return self.dir.name
+
+    @property
+    def trace_dir(self) -> Path | None:
+        """`trace/` of this run when it exists."""
+        t = self.dir / "trace"
+        return t if t.is_dir() else None
+
+
+@dataclass(frozen=True)
+class Run:
+    """A loaded run directory: its manifest (read-only) and its measured runs."""
+
+    path: Path
+    manifest: MappingProxyType = field(repr=False)
+    runs: tuple[RunEntry, ...] = ()
+    verified: bool = False  # every read must then match the sealed sha256 of its file
+
+    def _sealed(self, path: Path) -> str | None:
+        """The sealed sha256 of `path` when the run was verified (every read is checked
+        against it: the bytes parsed are the bytes verified), else None."""
+        if not self.verified:
+            return None
+        try:
+            rel = path.relative_to(self.path).as_posix()
+        except ValueError:
+            return None
+        sha = (self.manifest.get("artifacts") or {}).get(rel)
+        if sha is None:
+            raise RunDirError(path, "is not in the run's sha256 list (never sealed)")
+        return str(sha)
+
+    def _read_decisions(self, run: RunEntry) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        budget = [MAX_DECISIONS_BYTES]
+        for f in sorted(run.dir.glob(DECISIONS_GLOB)):
+            rows.extend(_read_decisions(f, sha256=self._sealed(f), budget=budget))
+        return rows
+
+    @property
+    def device_kind(self) -> str:
+        """`npu`, `cuda`, `emulated-npu` (or `cpu`)."""
+        return str(self.manifest["device_kind"])
+
+    @property
+    def status(self) -> str:
+        """`complete` or `incomplete`."""
+        return str(self.manifest["status"])
+
+    @property
+    def design(self) -> str | None:
+        """`profiled-pair` or `alternating`, when recorded."""
+        return self.manifest.get("design")
+
+    def arm(self, arm: str) -> tuple[RunEntry, ...]:
+        """Runs of one arm, in index order."""
+        return tuple(r for r in self.runs if r.arm == arm)
+
+    def client(self, run: RunEntry) -> dict[str, Any]:
+        """The run's `client.json`, its fields checked (see `check_client`)."""
+        path = run.dir / CLIENT
+        return check_client(path, _read_json(path, sha256=self._sealed(path)))
+
+    def decisions(self, run: RunEntry, *, warmup: bool = False) -> pd.DataFrame:
+        """Policy decisions of all ranks of one run, one row per call, snapshot fields
+        flattened; empty frame with the columns if none.
+
+        Without `warmup`: only the decisions attributed to a measured request
+        (`residency.rundir.attribution`: by the client's wall-clock windows when recorded, else by
+        request id), each with `request` (1.. in order) and `request_id` of that request;
+        the warm-up and decisions outside every request are left out (`attribution`
+        counts them). With `warmup`: every decision as recorded, with `request` (<NA>
+        outside every request) and `warmup` True for each one not attributed to a measured
+        request (the warm-up's and those outside every request)."""
+        df = pd.DataFrame(self._read_decisions(run), columns=list(DECISION_COLUMNS))
+        attr = self.attribution(run, decisions=df)
+        number = attr.numbers
+        keep = (number.notna() & (number != 0)).fillna(False).astype(bool)
+        if warmup:
+            return df.assign(request=number, warmup=~keep)
+        out = df[keep].assign(request=number[keep].astype("int64"))
+        out["request_id"] = [attr.request_id_of(int(n)) for n in out["request"]]
+        return out.reset_index(drop=True)
+
+    def attribution(self, run: RunEntry, *, method: str = "auto",
+                    decisions: pd.DataFrame | None = None) -> Any:
+        """`residency.rundir.attribution.RequestAttribution` of one run: which request each decision
+        belongs to (by time when the client recorded wall-clock windows, else by id), and
+        the decisions outside every request.
+
+        Raises:
+            RunDirError: the run cannot be attributed (e.g. decisions without request ids
+                and a client record without wall-clock windows).
+        """
+        from residency.rundir import attribution as at
+
+        if decisions is None:
+            decisions = pd.DataFrame(self._read_decisions(run), columns=list(DECISION_COLUMNS))
+        path = run.dir / CLIENT
+        try:
+            return at.attribute(decisions, self.client(run), method=method, source=str(path))
+        except at.AttributionError as exc:
+            raise RunDirError(path, str(exc).removeprefix(f"{path}: ")) from None
+
+
+def load_run(path: str | Path, *, allow_incomplete: bool = False, verify: bool = True) -> Run:
+    """Load the run directory at `path`.
+
+    Raises:
+        RunDirError: missing directory, missing or invalid `manifest.json`, a missing or
+            wrong field, a listed run directory that is absent, or `status` other than
+            `complete` (unless `allow_incomplete`; then runs never written are left out),
+            or a complete run whose artifacts differ from their recorded sha256 (unless
+            `verify` is False).
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise RunDirError(root, "run directory does not exist")
+    manifest = _read_json(root / MANIFEST)
+    Manifest.from_dict(manifest, path=root / MANIFEST)
+    if manifest["status"] != "complete" and not allow_incomplete:
+        raise RunDirError(root / MANIFEST, f"status is {manifest['status']!r}, not "
+                          "'complete' (pass allow_incomplete=True / --allow-incomplete to read "
+                          "it anyway)", field="status")
+    verified = verify and _verify_artifacts(root, manifest)
+    complete = manifest["status"] == "complete"
+    entries = (_entry(root, i, r, required=complete) for i, r in enumerate(manifest["runs"]))
+    runs = tuple(sorted((e for e in entries if e is not None), key=lambda r: r.index))
+    return Run(path=root.resolve(), manifest=MappingProxyType(manifest), runs=runs,
+               verified=verified)
+
+
+# ----------------------------------------------------------------------------- steps
+def _read_bytes(path: Path, sha256: str | None = None) -> bytes:
+    try:
+        return read_regular(path, sha256=sha256)
+    except FileNotFoundError:
+        raise RunDirError(path, "file is missing") from None
+    except UnsafePathError as exc:
+        raise RunDirError(path, str(exc).removeprefix(f"{path}: ")) from None
+    except OSError as exc:
+        raise RunDirError(path, f"cannot read: {exc.strerror or exc}") from None
+
+
+def _loads(path: Path, text: str | bytes, where: str = "") -> Any:
+    """`json.loads` with every failure as a RunDirError naming the file (and line)."""
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RunDirError(path, f"{where}invalid JSON ({exc})") from None
+    except RecursionError:
+        raise RunDirError(path, f"{where}JSON nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer with too many digits
+        raise RunDirError(path, f"{where}invalid JSON ({exc})") from None
+
+
+def _read_json(path: Path, sha256: str | None = None) -> dict[str, Any]:
+    data = _loads(path, _read_bytes(path, sha256))
+    if not isinstance(data, dict):
+        raise RunDirError(path, f"expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _verify_artifacts(root: Path, manifest: dict[str, Any]) -> bool:
+    """Refuse a complete run whose files or manifest differ from what was recorded when it
+    completed (a run recorded without a sha256 list is read unverified; `residency verify`
+    says so). True when verified (later reads are then checked against the sealed sha256)."""
+    if manifest["status"] != "complete" or not manifest.get("artifacts"):
+        return False
+    result = verify_run(root)
+    if not result.ok:
+        first = result.findings()[0] if result.findings() else ""
+        raise RunDirError(root / MANIFEST, "failed verification: " + result.summary()
+                          + (f"; first: {first}" if first else "")
+                          + " (run `residency verify` for the list; pass verify=False / "
+                          "--no-verify to read it anyway)", field="artifacts")
+    return True
+
+
+@dataclass(frozen=True)
+class Verification:
+    """Outcome of checking a run directory against its seal: the manifest's own fields, the
+    sha256 of every artifact, client records against the manifest, and (when given) the
+    digest an author quoted."""
+
+    path: Path
+    checked: int
+    missing: tuple[str, ...] = ()
+    extra: tuple[str, ...] = ()
+    changed: tuple[str, ...] = ()
+    unsafe: tuple[str, ...] = ()      # "rel: what it is" (FIFO, link, device, ...)
+    manifest: tuple[str, ...] = ()    # seal findings: manifest fields edited since sealing
+    mismatched: tuple[str, ...] = ()  # manifest fields that disagree with the run's files
+    digest: str | None = None         # sha256:... of the run as it is now
+    expected_digest: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing is missing, extra, changed, unsafe, edited or mismatched, and
+        the digest equals the quoted one (when quoted)."""
+        return not (self.missing or self.extra or self.changed or self.unsafe or self.manifest
+                    or self.mismatched or self.digest_differs)
+
+    @property
+    def digest_differs(self) -> bool:
+        """A quoted digest was given and the run's digest is another."""
+        return self.expected_digest is not None and self.digest != self.expected_digest
+
+    def findings(self) -> list[str]:
+        """Every finding, one line each."""
+        out = [f"digest   {self.digest} is not the quoted {self.expected_digest}"
+               ] if self.digest_differs else []
+        out += [f"manifest {m}" for m in self.manifest]
+        out += [f"mismatch {m}" for m in self.mismatched]
+        for what, names in (("unsafe", self.unsafe), ("missing", self.missing),
+                            ("extra", self.extra), ("changed", self.changed)):
+            out += [f"{what:<8} {name}" for name in names]
+        return [printable(line) for line in out]  # names come from the run: never raw
+
+    def summary(self) -> str:
+        """One line: counts of each finding."""
+        if self.ok:
+            quoted = " and the quoted digest" if self.expected_digest else ""
+            return f"{self.checked} artifacts and the manifest verified{quoted}"
+        parts = [f"{len(self.missing)} missing, {len(self.extra)} extra, {len(self.changed)} "
+                 f"changed of {self.checked} recorded artifacts"]
+        if self.unsafe:
+            parts.append(f"{len(self.unsafe)} not regular files")
+        if self.manifest:
+            parts.append(f"{len(self.manifest)} manifest fields edited")
+        if self.mismatched:
+            parts.append(f"{len(self.mismatched)} manifest fields disagree with the files")
+        if self.digest_differs:
+            parts.append("digest differs from the quoted one")
+        return "; ".join(parts)
+
+    def lines(self) -> list[str]:
+        """The summary, the run's digest, then one line per finding."""
+        out = [printable(f"{self.path}: {self.summary()}")]
+        if self.digest:
+            out.append(f"  digest   {self.digest}")
+        return out + [f"  {line}" for line in self.findings()]
+
+    def __repr__(self) -> str:
+        return f"Verification({self.path.name}: {self.summary()})"
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a regular file's bytes (anything else is refused)."""
+    return sha256_regular(path)
+
+
+def _is_derived(rel: str) -> bool:
+    parts = rel.split("/")
+    return rel in (MANIFEST, _MANIFEST_TMP) or any(p in DERIVED_DIRS for p in parts)
+
+
+def artifact_hashes(root: str | Path) -> dict[str, str]:
+    """sha256 of every evidence file under `root` by POSIX relative path (the manifest and
+    derived caches excluded; hidden files included).
+
+    Raises:
+        RunDirError: an entry that is not a regular file (FIFO, socket, device, link).
+    """
+    root = Path(root)
+    out = {}
+    for rel, path, other in walk_files(root):
+        if _is_derived(rel):
+            continue
+        if other is not None:
+            raise RunDirError(path, f"is {other}; a run directory holds regular files only")
+        out[rel] = sha256_file(path)
+    return out
+
+
+def _client_mismatches(root: Path, manifest: dict[str, Any]) -> list[str]:
+    """Manifest run fields that disagree with the run's own `client.json`."""
+    out = []
+    runs = manifest.get("runs")
+    for i, r in enumerate(runs if isinstance(runs, list) else []):
+        if not isinstance(r, dict):
+            continue
+        try:
+            run_dir = confined(root, r.get("dir"), what=f"runs[{i}].dir")
+            client = _read_json(run_dir / CLIENT)
+        except (UnsafePathError, RunDirError):
+            continue  # reported as a manifest or artifact finding
+        for key in ("e2e_s", "request_id", "arm", "index"):
+            if key in r and key in client and client[key] != r[key]:
+                out.append(f"runs[{i}].{key} is {r[key]!r} but {r.get('dir')}/client.json "
+                           f"says {client[key]!r}")
+    return out
+
+
+def verify_run(path: str | Path, *, expected_digest: str | None = None) -> Verification:
+    """Check a run directory against its seal: every artifact's sha256, every manifest
+    field, each `runs[].e2e_s` against its `client.json`, and the quoted digest if given."""
+    root = Path(path)
+    manifest = _read_json(root / MANIFEST)
+    recorded = manifest.get("artifacts")
+    if not isinstance(recorded, dict) or not recorded:
+        raise RunDirError(root / MANIFEST, "no sha256 list recorded (the run never "
+                          "completed, or predates verification)", field="artifacts")
+    actual: dict[str, str] = {}
+    unsafe = []
+    for rel, p, other in walk_files(root):
+        if _is_derived(rel):
+            continue
+        if other is not None:
+            unsafe.append(f"{rel}: {other}")
+            continue
+        actual[rel] = sha256_file(p)
+    manifest_findings = seal_findings(manifest) if SEAL_FIELD in manifest or manifest.get(
+        "status") == "complete" else []
+    if manifest.get(SEAL_FIELD) is None and manifest_findings:
+        # sealed runs are the norm from this version on; older runs say so once
+        manifest_findings = [f + " (edits to the manifest cannot be detected)"
+                             for f in manifest_findings]
+    try:
+        digest = run_digest(manifest)
+    except ValueError:
+        digest = None
+    return Verification(
+        path=root, checked=len(recorded),
+        missing=tuple(sorted(set(recorded) - set(actual))),
+        extra=tuple(sorted(set(actual) - set(recorded))),
+        changed=tuple(sorted(k for k in set(recorded) & set(actual) if recorded[k] != actual[k])),
+        unsafe=tuple(unsafe), manifest=tuple(manifest_findings),
+        mismatched=tuple(_client_mismatches(root, manifest)),
+        digest=digest, expected_digest=expected_digest,
+    )
+
+
+_INT64 = 2**63
+
+
+def _int_field(mpath: Path, value: Any, field: str, *, lo: int = 0, hi: int = _INT64) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value < hi:
+        raise RunDirError(mpath, f"must be an integer in [{lo}, {hi}), got {value!r}"[:200],
+                          field=field)
+    return value
+
+
+def _finite_field(mpath: Path, value: Any, field: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RunDirError(mpath, f"must be a number or null, got {type(value).__name__}",
+                          field=field)
+    try:
+        out = float(value)
+    except OverflowError:
+        out = math.inf
+    if not math.isfinite(out) or out < 0:
+        raise RunDirError(mpath, f"must be a finite number >= 0, got {value!r}"[:200],
+                          field=field)
+    return out
+
+
+def _entry(root: Path, i: int, r: Any, *, required: bool) -> RunEntry | None:
+    mpath = root / MANIFEST
+    if not isinstance(r, dict):
+        raise RunDirError(mpath, "must be an object", field=f"runs[{i}]")
+    for key in ("arm", "index", "dir"):
+        if key not in r:
+            raise RunDirError(mpath, "missing", field=f"runs[{i}].{key}")
+    if not isinstance(r["arm"], str):
+        raise RunDirError(mpath, f"must be a string, got {type(r['arm']).__name__}",
+                          field=f"runs[{i}].arm")
+    index = _int_field(mpath, r["index"], f"runs[{i}].index", hi=10**6)
+    try:
+        run_dir = confined(root, r["dir"], what=f"runs[{i}].dir")
+    except UnsafePathError as exc:
+        raise RunDirError(mpath, str(exc), field=f"runs[{i}].dir") from None
+    if not run_dir.is_dir():
+        if not required:  # an incomplete run may list a run it never wrote
+            return None
+        raise RunDirError(run_dir, f"run directory listed in manifest.json runs[{i}] is missing")
+    e2e = _finite_field(mpath, r.get("e2e_s"), f"runs[{i}].e2e_s")
+    request_id = r.get("request_id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise RunDirError(mpath, f"must be a string or null, got {type(request_id).__name__}",
+                          field=f"runs[{i}].request_id")
+    return RunEntry(arm=r["arm"], index=index, dir=run_dir.resolve(), e2e_s=e2e,
+                    profiled=bool(r.get("profiled")), request_id=request_id)
+
+
+_SNAPSHOT_KEYS = ("reserved", "allocated", "free", "total")
+
+
+def _decision(path: Path, lineno: int, rec: Any) -> dict[str, Any]:
+    """One decisions line checked field by field (ints in int64, finite fractions)."""
+    where = f"line {lineno}"
+    if not isinstance(rec, dict):
+        raise RunDirError(path, f"{where}: expected a JSON object, got "
+                          f"{type(rec).__name__}")
+
+    def bad(field: str, what: str) -> RunDirError:
+        return RunDirError(path, f"{where}: {what}", field=field)
+
+    for key in ("start_ns", "end_ns"):
+        v = rec.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or not -_INT64 <= v < _INT64:
+            raise bad(key, "needs integer start_ns and end_ns (int64 nanoseconds), got "
+                      f"{v!r}"[:200])
+    if rec["end_ns"] < rec["start_ns"]:
+        raise bad("end_ns", "end_ns is before start_ns")
+    for key in ("rank", "wall_ns"):
+        v = rec.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)
+                              or not 0 <= v < _INT64):
+            raise bad(key, f"must be an integer in [0, 2**63), got {v!r}"[:200])
+    for key in ("max_cached_fraction", "min_free_fraction"):
+        v = rec.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                              or not math.isfinite(v)):
+            raise bad(key, f"must be a finite number, got {v!r}"[:200])
+    for key in ("request_id", "arm", "device_kind", "kind", "outcome", "reason"):
+        v = rec.get(key)
+        if v is not None and not isinstance(v, str):
+            raise bad(key, f"must be a string, got {type(v).__name__}")
+    snap = rec.pop("snapshot", None) or {}
+    if not isinstance(snap, dict):
+        raise bad("snapshot", f"must be an object or null, got {type(snap).__name__}")
+    for key in _SNAPSHOT_KEYS:
+        v = snap.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)
+                              or not 0 <= v < _INT64):
+            raise bad(f"snapshot.{key}", f"must be bytes as an integer in [0, 2**63), got "
+                      f"{v!r}"[:200])
+        rec[key] = v
+    rec["duration_ns"] = rec["end_ns"] - rec["start_ns"]
+    rec["warmup"] = str(rec.get("request_id") or "").startswith("warmup-")
+    rec["file"] = path.name
+    return rec
+
+
+def _read_decisions(path: Path, *, sha256: str | None = None,
+                    budget: list[int] | None = None) -> list[dict[str, Any]]:
+    """The records of one decisions file, streamed: lines split on "\\n" only (JSON text may
+    hold U+2028), at most `MAX_DECISION_LINE_BYTES` a line, `budget[0]` bytes left for the
+    whole service run (decremented), hashed while read and checked against `sha256`."""
+    digest = hashlib.sha256()
+    rows: list[dict[str, Any]] = []
+    pending = bytearray()
+    lineno = 0
+
+    def parse(raw: bytes) -> None:
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RunDirError(path, f"line {lineno}: not UTF-8 text ({exc.reason} at byte "
+                              f"{exc.start} of the line)") from None
+        if line.strip():
+            rows.append(_decision(path, lineno, _loads(path, line, f"line {lineno}: ")))
+
+    try:
+        with open_regular(path) as fh:
+            while chunk := fh.read(1 << 20):
+                digest.update(chunk)
+                if budget is not None:
+                    budget[0] -= len(chunk)
+                    if budget[0] < 0:
+                        raise RunDirError(path, "the decisions files of this service run "
+                                          f"exceed {MAX_DECISIONS_BYTES} bytes together")
+                pending += chunk
+                start = 0
+                while (end := pending.find(b"\n", start)) >= 0:
+                    lineno += 1
+                    parse(bytes(pending[start:end]))
+                    start = end + 1
+                del pending[:start]
+                if len(pending) > MAX_DECISION_LINE_BYTES:
+                    raise RunDirError(path, f"line {lineno + 1}: longer than "
+                                      f"{MAX_DECISION_LINE_BYTES} bytes")
+    except FileNotFoundError:
+        raise RunDirError(path, "file is missing") from None
+    except UnsafePathError as exc:
+        raise RunDirError(path, str(exc).removeprefix(f"{path}: ")) from None
+    except OSError as exc:
+        raise RunDirError(path, f"cannot read: {exc.strerror or exc}") from None
+    if pending:
+        lineno += 1
+        parse(bytes(pending))
+    if sha256 is not None and digest.hexdigest() != sha256:
+        raise RunDirError(path, CHANGED_SINCE_VERIFIED)
+    return rows
+
+
+# ------------------------------------------------------------------------------- client.json
+def _is_int(v: Any, lo: int = 0) -> bool:
+    return not isinstance(v, bool) and isinstance(v, int) and lo <= v < _INT64
+
+
+def _check_response(path: Path, resp: Any, where: str) -> None:
+    def bad(field: str, what: str) -> RunDirError:
+        return RunDirError(path, what, field=f"{where}{field}")
+
+    if resp is None:
+        return
+    if not isinstance(resp, dict):
+        raise bad("", f"must be an object or null, got {type(resp).__name__}")
+    per_rank = resp.get("per_rank")
+    if per_rank is None:
+        return
+    if not isinstance(per_rank, list):
+        raise bad("per_rank", f"must be a list, got {type(per_rank).__name__}")
+    for i, pr in enumerate(per_rank):
+        at = f"per_rank[{i}]"
+        if not isinstance(pr, dict):
+            raise bad(at, f"must be an object, got {type(pr).__name__}")
+        for key in ("rank", "prepare_ns", "denoise_ns", "decode_ns", "total_ns",
+                    "telemetry_errors", "oom"):
+            if key in pr and not _is_int(pr[key]):
+                raise bad(f"{at}.{key}", f"must be an integer in [0, 2**63), got "
+                          f"{pr[key]!r}"[:200])
+        for group, keys in (("normal", ("count", "retained", "released")),
+                            ("forced", ("count", "released"))):
+            g = pr.get(group)
+            if g is None:
+                continue
+            if not isinstance(g, dict):
+                raise bad(f"{at}.{group}", f"must be an object, got {type(g).__name__}")
+            for key in keys:
+                if key in g and not _is_int(g[key]):
+                    raise bad(f"{at}.{group}.{key}", f"must be an integer >= 0, got "
+                              f"{g[key]!r}"[:200])
+        durations = (pr.get("normal") or {}).get("duration_ns")
+        if durations is not None and not _is_int(durations) and (
+                not isinstance(durations, list) or not all(_is_int(d) for d in durations)):
+            raise bad(f"{at}.normal.duration_ns", "must be integer nanoseconds or a list of "
+                      "them (one per call)")
+
+
+def check_client(path: Path, c: dict[str, Any]) -> dict[str, Any]:
+    """`c` (a `client.json`) when every field analysis reads has its contract type (ints in
+    int64, finite non-negative seconds, objects and lists where the contract says);
+    `RunDirError` naming the file and field otherwise."""
+    def bad(field: str, what: str) -> RunDirError:
+        return RunDirError(path, what[:300], field=field)
+
+    for key in ("e2e_ns", "index"):
+        if c.get(key) is not None and not _is_int(c[key]):
+            raise bad(key, f"must be an integer in [0, 2**63), got {c[key]!r}")
+    for key in ("request_id", "arm"):
+        if c.get(key) is not None and not isinstance(c[key], str):
+            raise bad(key, f"must be a string, got {type(c[key]).__name__}")
+    _finite_field(path, c.get("e2e_s"), "e2e_s")
+    warm = c.get("warmup")
+    if warm is not None:
+        if not isinstance(warm, dict):
+            raise bad("warmup", f"must be an object or null, got {type(warm).__name__}")
+        if warm.get("e2e_ns") is not None and not _is_int(warm["e2e_ns"]):
+            raise bad("warmup.e2e_ns", f"must be an integer in [0, 2**63), got "
+                      f"{warm['e2e_ns']!r}")
+    _check_response(path, c.get("response"), "response.")
+    requests = c.get("requests")
+    if requests is not None:
+        if not isinstance(requests, list):
+            raise bad("requests", f"must be a list, got {type(requests).__name__}")
+        for i, r in enumerate(requests):
+            if not isinstance(r, dict):
+                raise bad(f"requests[{i}]", f"must be an object, got {type(r).__name__}")
+            if r.get("e2e_ns") is not None and not _is_int(r["e2e_ns"]):
+                raise bad(f"requests[{i}].e2e_ns", f"must be an integer, got {r['e2e_ns']!r}")
+            if r.get("request_id") is not None and not isinstance(r["request_id"], str):
+                raise bad(f"requests[{i}].request_id", "must be a string")
+            _finite_field(path, r.get("e2e_s"), f"requests[{i}].e2e_s")
+            _check_response(path, r.get("response"), f"requests[{i}].response.")
+    return c
+
+
+def load_decisions(run: Run) -> pd.DataFrame:
+    """Every decision of every run entry, warm-up included, one row per policy call.
+
+    The decisions columns plus `run` (entry name), `run_arm` (the entry's arm), `profiled`,
+    `run_index`, `warmup` (True unless the decision belongs to a measured request) and
+    `request` (1-based order of the measured request within its run; 0 for the warm-up and
+    for decisions outside every request). Which request a decision belongs to comes from
+    `Run.attribution` (`residency.rundir.attribution`: by the client's wall-clock windows when
+    recorded, so for any service, else by request id); this is the one place evidence reads
+    it.
+    """
+    frames = []
+    for entry in run.runs:
+        df = run.decisions(entry, warmup=True)
+        snap = ["reserved", "allocated", "free", "total"]
+        df = df.astype({k: object for k in snap})  # ints stay ints across runs (no float64)
+        frames.append(df.assign(run=entry.name, run_arm=entry.arm, profiled=entry.profiled,
+                                run_index=entry.index,
+                                request=df["request"].fillna(0).astype("int64")))
+    cols = [*DECISION_COLUMNS, "run", "run_arm", "profiled", "run_index", "request"]
+    if not frames:
+        return pd.DataFrame(columns=cols)
+    return pd.concat(frames, ignore_index=True)[cols]
+
+
+def versions() -> dict[str, Any]:
+    """python, torch, torch-npu, residency and its git commit."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def ver(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    commit = None
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).resolve().parent, timeout=10,
+                                check=True).stdout.strip() or None
+    return {"python": platform.python_version(), "torch": ver("torch"),
+            "torch_npu": ver("torch-npu") or ver("torch_npu"), "residency": ver("residency"),
+            "git_commit": commit}

@@ -1,0 +1,394 @@
+"""torch-npu profiles: which directories form one run, their ranks, clocks and SQLite export.
+
+Layouts read (torch-npu 2.x, ``tensorboard_trace_handler`` / ``ExportType``; vLLM-Omni):
+
+* ``{worker or host}_{pid}_{YYYYmmddHHMMSSfff}_ascend_pt/`` per rank and profiling session;
+  ``ASCEND_PROFILER_OUTPUT/trace_view.json`` (text export) or
+  ``ASCEND_PROFILER_OUTPUT/ascend_pytorch_profiler_{rank}.db`` (``ExportType.Db``, SQLite).
+* Several sessions of one rank (repeated start/stop) are listed; `choose_sessions` picks one per
+  rank by ``latest``, an index ``N`` (0 = earliest) or an ISO time prefix of the session start
+  (the directory name's timestamp), and refuses to guess.
+* vLLM-Omni writes ``<dir>/diffusion_rank<N>/...`` and ``<dir>/stage<K>_rank<N>/...``: the text
+  before ``rank<N>`` names a *group* (``diffusion``, ``stage0``); ranks of different groups are
+  different processes, so one group is analysed at a time.
+* Rank: ``profiler_info_<rank>.json`` (a plain ``profiler_info.json``, written without
+  torch.distributed, is rank 0), else ``ascend_pytorch_profiler_<rank>.db``, else a
+  ``[<group>_]rank<N>`` folder *below* the given root, never the ``*_ascend_pt`` directory's
+  own name (it starts with the host name: ``gpu-rank7-a_...`` is not rank 7) nor a folder
+  named after a host (``gpu-rank7/``: host names have no ``_``).
+* Times: torch-npu writes absolute epoch microseconds. Ascend/pytorch PR #156 (open) would
+  write them as numbers relative to the trace's own start (its ``_normalize_timestamps``),
+  recording no offset; `align_clocks` detects times that cannot be epoch microseconds and
+  refuses to put two such ranks on one time line (a lone rank is analysed, with a warning).
+  The collection times in ``profiler_info_<rank>.json`` are not the reference the PR
+  subtracts, so using them would misalign ranks silently.
+
+SQLite schema (`read_db`): tables and columns as torch-npu writes them (Ascend/pytorch
+``torch_npu/profiler/analysis/prof_common_func/_constant.py``: ``DbConstant``,
+``TableColumnsManager``: ``STRING_IDS``, ``RANK_DEVICE_MAP``, ``PYTORCH_API``, ``CANN_API``)
+and msprof's database (Ascend/msprof ``analysis/csrc/application/database/msprof_db.cpp``:
+``TASK(startNs, endNs, deviceId, connectionId, globalTaskId, globalPid, taskType, contextId,
+streamId, taskId, modelId)``, ``COMPUTE_TASK_INFO(name, globalTaskId, blockNum, mixBlockNum,
+taskType, opType, ...)``, ``COMMUNICATION_TASK_INFO``, ``COMMUNICATION_OP``, ``MSTX_EVENTS``;
+``TASK.taskType`` a ``STRING_IDS`` id of ``TaskProcessor::GetTaskType``'s type: the host task
+type, or the device SQE type for FFTS+ / unknown host types; ``COMPUTE_TASK_INFO.taskType``
+the GE task type the text export shows), read the way msprof-analyze's cluster_time_summary
+recipe reads them (``prof_exports/cluster_time_summary_export.py``: computing = ``TASK`` joined with
+``COMPUTE_TASK_INFO``, communication = ``COMMUNICATION_OP``, memory = ``MEMCPY_ASYNC`` tasks).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import sqlite3
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from residency.traces.files import RANK_COMPONENT_RE, TraceError
+from residency.traces.formats import Parsed
+from residency.traces.sqlitedb import UntrustedDatabase, open_untrusted
+
+__all__ = ["AscendSession", "RELATIVE_LIMIT_NS", "align_clocks", "choose_sessions",
+           "find_sessions", "read_db", "read_db_memory"]
+
+OUTPUT_DIR = "ASCEND_PROFILER_OUTPUT"
+TRACE_VIEW = "trace_view.json"
+_DIR_RE = re.compile(r"^(?P<worker>.+)_(?P<pid>\d+)_(?P<time>\d{17})_ascend_pt$")
+_INFO_RE = re.compile(r"profiler_info_(\d+)\.json")
+_DB_RE = re.compile(r"ascend_pytorch_profiler_(\d+)\.db")
+# "[<group>_]rank<N>": "_" never occurs in host names (RFC 1123), so a folder named after a host
+# ("gpu-rank7", "node.rank7") is no rank folder
+RELATIVE_LIMIT_NS = 10**17  # 1e17 ns after the epoch is in 1973: earlier, not epoch times
+
+
+@dataclass(frozen=True)
+class AscendSession:
+    """One ``*_ascend_pt`` directory: its rank, vLLM-Omni group and session start."""
+
+    directory: Path
+    source: Path  # trace_view.json, or the SQLite export when there is no text export
+    rank: int | None
+    group: str  # "" outside vLLM-Omni's <group>_rank<N>/ folders
+    started: dt.datetime | None  # from the directory name, local time of the profiled host
+
+    @property
+    def session(self) -> str:
+        """The session's label: its start as ISO text (ms), else the directory name."""
+        if self.started is None:
+            return self.directory.name
+        return self.started.isoformat(timespec="milliseconds")
+
+
+def find_sessions(root: Path, directories: list[Path]) -> list[AscendSession]:
+    """Describe every ``*_ascend_pt`` directory found below `root`.
+
+    Raises:
+        TraceError: a directory with neither a text nor a database export, or with more than
+            one ``profiler_info_<rank>.json``.
+    """
+    found = []
+    for d in directories:
+        m = _DIR_RE.match(d.name)
+        started = None
+        if m:
+            try:
+                started = dt.datetime.strptime(m.group("time") + "000", "%Y%m%d%H%M%S%f")
+            except ValueError:
+                started = None
+        source = _source(d)
+        rank = _info_rank(d)
+        if rank is None and (db := _DB_RE.fullmatch(source.name)):
+            rank = int(db.group(1))
+        group, path_rank = _path_rank(d, root)
+        found.append(AscendSession(d, source, rank if rank is not None else path_rank, group,
+                                   started))
+    return found
+
+
+def _source(d: Path) -> Path:
+    out = d / OUTPUT_DIR
+    if (out / TRACE_VIEW).is_file():
+        return out / TRACE_VIEW
+    dbs = sorted(p for p in out.glob("ascend_pytorch_profiler*.db") if p.is_file())
+    if len(dbs) == 1:
+        return dbs[0]
+    if len(dbs) > 1:
+        raise TraceError(d, f"more than one database export: {', '.join(p.name for p in dbs)}")
+    raise TraceError(d, f"no {OUTPUT_DIR}/{TRACE_VIEW} and no {OUTPUT_DIR}/"
+                     "ascend_pytorch_profiler_<rank>.db (was the profile parsed? torch-npu "
+                     "writes them when profiling stops)")
+
+
+def _info_rank(d: Path) -> int | None:
+    ranks = {int(m.group(1)) for f in d.glob("profiler_info_*.json")
+             if (m := _INFO_RE.fullmatch(f.name))}
+    if len(ranks) > 1:
+        raise TraceError(d, f"more than one profiler_info_<rank>.json: {sorted(ranks)}")
+    if not ranks and (d / "profiler_info.json").is_file():
+        return 0  # torch-npu writes it without a rank when torch.distributed is not used
+    return ranks.pop() if ranks else None
+
+
+def _path_rank(d: Path, root: Path) -> tuple[str, int | None]:
+    """The group and rank of the deepest ``[<group>_]rank<N>`` folder between `root` and `d`
+    (both excluded: `d`'s name starts with a host name)."""
+    try:
+        parts = d.relative_to(root).parts[:-1]
+    except ValueError:
+        parts = ()
+    for part in reversed(parts):
+        if m := RANK_COMPONENT_RE.fullmatch(part):
+            return (m.group("group") or ""), int(m.group("rank"))
+    return "", None
+
+
+def choose_sessions(root: Path, directories: list[Path], *, session: str | None = None,
+                    group: str | None = None) -> list[AscendSession]:
+    """One session per rank of one group, as chosen by `session` (``latest``, an index ``N``
+    counted from the earliest, or an ISO time prefix such as ``2025-11-30T01:02``) and `group`.
+    `session` applies to the ranks with several sessions; a rank with one keeps it.
+
+    Raises:
+        TraceError: several groups and no (or an unknown) `group`; several sessions of a rank
+            and no `session`; a `session` that matches no session, or several, of a rank. Each
+            message lists the candidates.
+    """
+    found = find_sessions(root, directories)
+    groups = sorted({s.group for s in found})
+    if group is not None:
+        if group not in groups:
+            raise TraceError(root, f"no group {group!r}; the groups are: "
+                             f"{', '.join(repr(g) for g in groups)}")
+        found = [s for s in found if s.group == group]
+    elif len(groups) > 1:
+        listed = ", ".join(f"{g!r} ({sum(s.group == g for s in found)} directories)"
+                           for g in groups)
+        raise TraceError(root, f"holds the traces of several process groups: {listed}; "
+                         "choose one with --group NAME (group= in the API)")
+    by_rank: dict[int | None, list[AscendSession]] = {}
+    for s in found:
+        by_rank.setdefault(s.rank, []).append(s)
+    chosen = list(by_rank.pop(None, []))  # unknown ranks: load_traces names them
+    several = {r: v for r, v in by_rank.items() if len(v) > 1}
+    for rank, candidates in sorted(by_rank.items()):
+        candidates = sorted(candidates, key=_order)
+        if session is None or len(candidates) == 1:  # a lone session is its rank's choice
+            if len(candidates) > 1:
+                raise TraceError(root, f"rank {rank} has {len(candidates)} profiling sessions "
+                                 f"({_listing(candidates)}); choose one with --session "
+                                 "latest|N|ISO-time (session= in the API)"
+                                 + (f"; {len(several) - 1} other rank(s) too"
+                                    if len(several) > 1 else ""))
+            chosen.append(candidates[0])
+        else:
+            chosen.append(_pick(root, rank, candidates, session))
+    return chosen
+
+
+def _order(s: AscendSession) -> tuple[Any, ...]:
+    return (s.started is None, s.started or dt.datetime.min, s.directory.name)
+
+
+def _listing(candidates: list[AscendSession]) -> str:
+    return "; ".join(f"[{i}] {s.session} {s.directory.name}" for i, s in enumerate(candidates))
+
+
+def _pick(root: Path, rank: int, candidates: list[AscendSession], choice: str) -> AscendSession:
+    text = choice.strip()
+    if text == "latest":
+        return candidates[-1]
+    if re.fullmatch(r"-?\d{1,3}", text):  # longer digit strings are years
+        i = int(text)
+        if -len(candidates) <= i < len(candidates):
+            return candidates[i]
+        raise TraceError(root, f"--session {choice}: rank {rank} has {len(candidates)} "
+                         f"session(s): {_listing(candidates)}")
+    prefix = text.replace(" ", "T")
+    hits = [s for s in candidates if s.session.startswith(prefix)]
+    if len(hits) == 1:
+        return hits[0]
+    what = "matches no session" if not hits else f"matches {len(hits)} sessions"
+    raise TraceError(root, f"--session {choice} {what} of rank {rank}: "
+                     f"{_listing(candidates)} (use latest, an index or a longer ISO time)")
+
+
+def align_clocks(sources: list[Path], parsed: list[Any]) -> list[Any]:
+    """Check that every rank's times are epoch times (or were anchored when parsed).
+
+    A rank whose every time lies below `RELATIVE_LIMIT_NS` was written relative to its own
+    start (Ascend/pytorch PR #156): alone it is analysed (with a warning); beside other ranks
+    it is refused, since nothing in the profile records the offset that puts the ranks on
+    one clock.
+
+    Raises:
+        TraceError: relative times in a run of more than one rank.
+    """
+    relative = [src for src, p in zip(sources, parsed, strict=True) if _is_relative(p)]
+    if relative and len(parsed) > 1:
+        raise TraceError(relative[0], "timestamps are relative to the profile's start (numbers "
+                         f"below {RELATIVE_LIMIT_NS // 10**9} s after the epoch, as Ascend/"
+                         "pytorch PR #156 writes them) and the profile records no offset to "
+                         "epoch time; the ranks cannot be aligned, so they are not analysed "
+                         f"together ({len(relative)} of {len(parsed)} ranks; analyse one "
+                         "rank's directory alone)")
+    if relative:
+        warnings.warn(f"{relative[0]}: timestamps are relative to the profile's start, not "
+                      "epoch times; figures of this one rank are unaffected", UserWarning,
+                      stacklevel=3)
+    return parsed
+
+
+def _is_relative(p: Any) -> bool:
+    ends = [a[:, 1] for a in (p.device, p.ranges) if len(a)]
+    if not ends:
+        return False
+    return max(int(np.abs(e).max()) for e in ends) < RELATIVE_LIMIT_NS
+
+
+# -- SQLite export -----------------------------------------------------------------------------
+
+_REQUIRED = ("STRING_IDS", "TASK")
+# the type: the compute task's GE task type (AI_CORE, ...) when it has one, else the TASK's,
+# as msprof's text export chooses it (AscendHardwareAssembler::GetTaskType; module doc)
+_DEVICE_SQL = """
+SELECT t.startNs, t.endNs,
+       COALESCE((SELECT s.value FROM {compute} ci JOIN STRING_IDS s ON s.id = ci.name
+                 WHERE ci.globalTaskId = t.globalTaskId LIMIT 1),
+                (SELECT s.value FROM {comm} c JOIN STRING_IDS s ON s.id = c.name
+                 WHERE c.globalTaskId = t.globalTaskId LIMIT 1), tt.value, ''),
+       COALESCE((SELECT s.value FROM {compute} ci JOIN STRING_IDS s ON s.id = ci.taskType
+                 WHERE ci.globalTaskId = t.globalTaskId AND s.value != 'N/A' LIMIT 1),
+                tt.value, ''),
+       EXISTS (SELECT 1 FROM {comm} c WHERE c.globalTaskId = t.globalTaskId)
+FROM TASK t
+LEFT JOIN STRING_IDS tt ON tt.id = t.taskType
+"""
+_COMM_OP_SQL = """
+SELECT o.startNs, o.endNs, COALESCE(s.value, '') FROM COMMUNICATION_OP o
+LEFT JOIN STRING_IDS s ON s.id = o.opName
+"""
+_HOST_SQL = {  # table -> (lane, its host ranges); times CAST: PYTORCH_API's are TEXT
+    table: (lane, f"SELECT CAST(a.startNs AS INTEGER), CAST(a.endNs AS INTEGER), "
+                  f"COALESCE(s.value, '') FROM {table} a LEFT JOIN STRING_IDS s ON "
+                  f"s.id = a.{name} WHERE a.startNs IS NOT NULL AND a.endNs IS NOT NULL")
+    for table, name, lane in (("PYTORCH_API", "name", "Python"), ("CANN_API", "name", "CANN"),
+                              ("MSTX_EVENTS", "message", "MsTx"))
+}
+_COMM_LANE = "Communication"
+
+
+def _open_db(path: Path) -> UntrustedDatabase:
+    """`path` opened read-only and immutable, schema untrusted, every query bounded
+    (`residency.traces.sqlitedb`); TraceError when it cannot be."""
+    return open_untrusted(path)
+
+
+def _tables(con: UntrustedDatabase) -> set[str]:
+    return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+def read_db(path: Path) -> Parsed:
+    """Read a torch-npu ``ascend_pytorch_profiler_<rank>.db`` (or msprof database) with the
+    standard library, into the columns a text export gives: every ``TASK`` row a device task
+    (type: its ``COMPUTE_TASK_INFO.taskType`` when it has one, else ``TASK.taskType``, both
+    through ``STRING_IDS``, as the text export's ``Task Type``; its name, from
+    ``COMPUTE_TASK_INFO``, kept as ``device_names``), except those listed in
+    ``COMMUNICATION_TASK_INFO``, which with the ``COMMUNICATION_OP`` operations are ranges of
+    the ``Communication`` lane as in the text export; ``PYTORCH_API`` (lane ``Python``),
+    ``CANN_API`` (``CANN``) and ``MSTX_EVENTS`` (``MsTx``) rows host ranges; the rank from
+    ``RANK_DEVICE_MAP``.
+
+    Raises:
+        TraceError: not a SQLite database, or a required table (``STRING_IDS``, ``TASK``)
+            missing, named in the message.
+    """
+    con = _open_db(path)
+    try:
+        tables = _tables(con)
+        for table in _REQUIRED:
+            if table not in tables:
+                raise TraceError(path, f"no table {table}: not a torch-npu profiler database "
+                                 f"(tables: {', '.join(sorted(tables)) or 'none'})")
+        compute = ("COMPUTE_TASK_INFO" if "COMPUTE_TASK_INFO" in tables else
+                   "(SELECT NULL AS globalTaskId, NULL AS name, NULL AS taskType WHERE 0)")
+        comm = ("COMMUNICATION_TASK_INFO" if "COMMUNICATION_TASK_INFO" in tables else
+                "(SELECT NULL AS globalTaskId, NULL AS name WHERE 0)")
+        rows = con.execute(_DEVICE_SQL.format(compute=compute, comm=comm)).fetchall()
+        device = [(s, e, n, t) for s, e, n, t, c in rows if not c]
+        host = [(s, e, n, lane) for table, (lane, sql) in _HOST_SQL.items() if table in tables
+                for s, e, n in con.execute(sql).fetchall()]
+        if "COMMUNICATION_OP" in tables:
+            host += [(s, e, n, _COMM_LANE) for s, e, n in con.execute(_COMM_OP_SQL).fetchall()]
+        host += [(s, e, n, _COMM_LANE) for s, e, n, _, c in rows if c]
+        rank = None
+        if "RANK_DEVICE_MAP" in tables:
+            found = {r[0] for r in con.execute("SELECT rankId FROM RANK_DEVICE_MAP")}
+            valid = {r for r in found if type(r) is int and 0 <= r < 2**31}  # -1: no rank
+            rank = valid.pop() if len(valid) == 1 else None
+    except sqlite3.DatabaseError as exc:
+        raise TraceError(path, f"cannot read the database: {exc}") from None
+    finally:
+        con.close()
+    device.sort(key=lambda r: r[0])
+    host.sort(key=lambda r: r[0])
+    types: dict[str, int] = {}
+    lanes: dict[str, int] = {}
+    task = np.array([types.setdefault(r[3], len(types)) for r in device], np.int16)
+    lane = np.array([lanes.setdefault(r[3], len(lanes)) for r in host], np.int16)
+    return Parsed(rank, _times(path, [r[:2] for r in device]),
+                  _times(path, [r[:2] for r in host]), _texts([r[2] for r in host]), 0, task,
+                  np.full(len(host), -1, np.int16), lane, tuple(types), tuple(lanes),
+                  device_names=_texts([r[2] for r in device]))
+
+
+_MEMORY_SQL = """
+SELECT m.timestamp, m.totalAllocated, m.totalReserved, COALESCE(s.value, '')
+FROM MEMORY_RECORD m LEFT JOIN STRING_IDS s ON s.id = m.component
+ORDER BY m.timestamp
+"""
+
+
+def read_db_memory(path: Path) -> list[tuple[int, int, int, str]]:
+    """The ``MEMORY_RECORD`` rows of a torch-npu database (``profile_memory=True``), as
+    ``(ts_ns, allocated_bytes, reserved_bytes, component)``: torch-npu writes ``timestamp`` in
+    ns and the totals in bytes, ``component`` a ``STRING_IDS`` id of PTA, GE, PTA+GE or
+    WORKSPACE (``prof_view/prof_db_parse/_memory_db_parser.py``, ``TableColumnsManager``).
+    No such table: no rows. Rows whose values are not integers are left out.
+
+    Raises:
+        TraceError: not a SQLite database, or the table cannot be read.
+    """
+    con = _open_db(path)
+    try:
+        if "MEMORY_RECORD" not in _tables(con):
+            return []
+        rows = con.execute(_MEMORY_SQL).fetchall()
+    except sqlite3.DatabaseError as exc:
+        raise TraceError(path, f"cannot read the table MEMORY_RECORD: {exc}") from None
+    finally:
+        con.close()
+    return [(t, a, r, str(c)) for t, a, r, c in rows
+            if type(t) is int and type(a) is int and type(r) is int]
+
+
+def _times(path: Path, rows: list[tuple[Any, Any]]) -> np.ndarray:
+    if not rows:
+        return np.empty((0, 2), np.int64)
+    bad = next((r for r in rows if type(r[0]) is not int or type(r[1]) is not int
+                or r[1] < r[0]), None)
+    if bad is not None:
+        raise TraceError(path, f"a row's startNs/endNs are not ordered integer nanoseconds: "
+                         f"{bad!r}")
+    return np.array(rows, np.int64).reshape(-1, 2)
+
+
+def _texts(values: list[str]) -> np.ndarray:
+    distinct: dict[str, str] = {}
+    out = np.empty(len(values), dtype=object)
+    out[:] = [distinct.setdefault(v, v) for v in map(str, values)]
+    return out

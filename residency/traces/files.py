@@ -1,0 +1,210 @@
+"""Reading one trace file as a stream of decompressed chunks, safely and with bounded memory.
+
+* Only regular files are read: a FIFO, device, socket or directory is refused with a
+  `TraceError` naming it (checked before and after opening, which never blocks), and so is a
+  path that resolves outside the folder it was found in (a symbolic link leaving it).
+* A file larger than `max_bytes` on disk, or whose decompressed stream (``*.gz``, possibly of
+  several members) grows beyond `max_bytes`, is refused with one error; decompression runs in
+  steps of at most one chunk, so a gzip bomb never holds more than a chunk in memory.
+* `TraceStream.sha256` is the SHA-256 of the file's bytes as stored (compressed), computed as
+  they are read when asked for (the Parquet cache records it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import stat
+import zlib
+from pathlib import Path
+from typing import Any
+
+from residency.errors import BadInput
+
+__all__ = ["CHUNK_BYTES", "MAX_TRACE_BYTES", "RANK_COMPONENT_RE", "TraceError", "TraceStream",
+           "file_sha256", "open_regular"]
+
+# a path component that names a rank, for both formats: "[<group>_]rank<N>" and nothing else
+# (fullmatch); "_" never occurs in host names (RFC 1123), so "gpu-rank7" or "gpu-rank7-a_123"
+# never match. vLLM-Omni's groups: diffusion_rank<N>, stage<K>_rank<N>.
+RANK_COMPONENT_RE = re.compile(r"(?:(?P<group>\w+)_)?rank[_-]?(?P<rank>\d+)", re.IGNORECASE)
+CHUNK_BYTES = 2 << 20  # decompressed bytes handed out per read (smaller decodes faster)
+MAX_TRACE_BYTES = 64 << 30  # per trace file: on disk and decompressed
+_RAW_READ_BYTES = 4 << 20
+_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device",
+          stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}
+
+
+class TraceError(BadInput):
+    """A trace that cannot be analysed: `path`, the byte `position` where known, `message`.
+
+    The position counts bytes of the decompressed stream (for a ``.gz`` file: of the JSON)."""
+
+    def __init__(self, path: str | os.PathLike[str], message: str,
+                 position: int | None = None) -> None:
+        self.path, self.message, self.position = Path(path), message, position
+        where = f" (at byte {position})" if position is not None else ""
+        super().__init__(f"{self.path}{where}: {message}")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # survives the trip back from a worker process
+        return (TraceError, (self.path, self.message, self.position))
+
+
+def _kind(mode: int) -> str:
+    return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def open_regular(path: Path, *, root: Path | None = None,
+                 max_bytes: int = MAX_TRACE_BYTES) -> tuple[int, os.stat_result]:
+    """A read-only descriptor of `path` and its status, after the checks of the module doc.
+
+    `root`: the folder `path` was found in; `path` must resolve inside it.
+
+    Raises:
+        TraceError: no such file, not a regular file, a link leaving `root`, larger than
+            `max_bytes`, or unreadable.
+    """
+    real = path.resolve()
+    if root is not None:
+        top = root.resolve()
+        if real != top and top not in real.parents:
+            raise TraceError(path, f"a symbolic link to {real}, outside {root}: only files "
+                             "inside the traces' folder are read")
+    try:
+        before = os.stat(real)
+        if not stat.S_ISREG(before.st_mode):
+            raise TraceError(path, f"{_kind(before.st_mode)}, not a regular file: only regular "
+                             "files are read")
+        # O_NONBLOCK: a FIFO swapped in after the check cannot block the open
+        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:
+        os.close(fd)
+        raise TraceError(path, f"{_kind(st.st_mode)}, not a regular file: only regular files "
+                         "are read" if not stat.S_ISREG(st.st_mode) else
+                         f"{st.st_size} bytes, more than the limit of {max_bytes} bytes per "
+                         "trace file")
+    return fd, st
+
+
+def file_sha256(path: Path, *, root: Path | None = None,
+                max_bytes: int = MAX_TRACE_BYTES) -> str:
+    """SHA-256 (hex) of the bytes of the regular file `path` (checked as `open_regular`)."""
+    fd, _ = open_regular(path, root=root, max_bytes=max_bytes)
+    digest = hashlib.sha256()
+    try:
+        with os.fdopen(fd, "rb", buffering=0, closefd=True) as f:
+            while block := f.read(_RAW_READ_BYTES):
+                digest.update(block)
+    except OSError as exc:
+        raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
+    return digest.hexdigest()
+
+
+class TraceStream:
+    """The decompressed bytes of one trace file, handed out by `read` in chunks.
+
+    `offset`: decompressed bytes handed out so far. Use as a context manager (closes the file).
+    """
+
+    def __init__(self, path: Path, *, root: Path | None = None,
+                 chunk_bytes: int = CHUNK_BYTES, max_bytes: int = MAX_TRACE_BYTES,
+                 digest: bool = False, start: int = 0, stop: int | None = None) -> None:
+        self.path, self.chunk_bytes, self.max_bytes = path, max(1, chunk_bytes), max_bytes
+        self._fd, self.stat = open_regular(path, root=root, max_bytes=max_bytes)
+        self._gz = path.name.endswith(".gz")
+        # a byte range [start, stop) of a plain file (one part of a file parsed in parallel)
+        self._left = None if stop is None else stop - start
+        if start:
+            os.lseek(self._fd, start, os.SEEK_SET)
+        self._z = zlib.decompressobj(31) if self._gz else None
+        self._pending = b""  # compressed input not yet given to the decompressor
+        self._raw_eof = False
+        self._digest = hashlib.sha256() if digest else None
+        self.offset = start
+
+    def __enter__(self) -> TraceStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    @property
+    def sha256(self) -> str | None:
+        """SHA-256 (hex) of the raw bytes read so far, if a digest was asked for."""
+        return self._digest.hexdigest() if self._digest is not None else None
+
+    def _raw(self, n: int) -> bytes:
+        if self._left is not None:
+            n = min(n, self._left)
+        try:
+            block = os.read(self._fd, n) if n else b""
+        except OSError as exc:
+            raise TraceError(self.path, f"cannot read: {exc.strerror or exc}") from None
+        if self._digest is not None:
+            self._digest.update(block)
+        if self._left is not None:
+            self._left -= len(block)
+        return block
+
+    def read(self) -> bytes:
+        """The next chunk of at most `chunk_bytes` decompressed bytes; ``b""`` at the end.
+
+        Raises:
+            TraceError: a broken or truncated gzip stream, or more than `max_bytes` in all.
+        """
+        out = self._raw(self.chunk_bytes) if self._z is None else self._inflate()
+        self.offset += len(out)
+        if self.offset > self.max_bytes:
+            raise TraceError(self.path, f"decompresses to more than {self.max_bytes} bytes, "
+                             "the limit per trace file (a gzip bomb?)")
+        return out
+
+    def _inflate(self) -> bytes:
+        z = self._z
+        assert z is not None
+        try:
+            while True:
+                if z.eof:  # a member ended: another may follow (as gzip.decompress reads)
+                    rest = z.unused_data + self._pending
+                    self._pending = b""
+                    if not rest and not self._raw_eof:
+                        rest = self._raw(_RAW_READ_BYTES)
+                        self._raw_eof = not rest
+                    while rest[:1] == b"\x00":  # NUL padding after a member, as gzip reads
+                        rest = rest.lstrip(b"\x00")
+                        if not rest and not self._raw_eof:
+                            rest = self._raw(_RAW_READ_BYTES)
+                            self._raw_eof = not rest
+                    if not rest:
+                        return b""
+                    if not rest.startswith(b"\x1f\x8b"):
+                        raise TraceError(self.path, "cannot read: data after the end of the "
+                                         "gzip stream is not another gzip member")
+                    z = self._z = zlib.decompressobj(31)
+                    self._pending = rest
+                if not self._pending and not z.unconsumed_tail:
+                    self._pending = b"" if self._raw_eof else self._raw(_RAW_READ_BYTES)
+                    if not self._pending:
+                        self._raw_eof = True
+                        if self.stat.st_size == 0:  # an empty file, as gzip.decompress reads it
+                            return b""
+                        raise TraceError(self.path, "cannot read: Compressed file ended before "
+                                         "the end-of-stream marker was reached")
+                data = z.unconsumed_tail or self._pending
+                if not z.unconsumed_tail:
+                    self._pending = b""
+                out = z.decompress(data, self.chunk_bytes)
+                if out:
+                    return out
+        except zlib.error as exc:
+            raise TraceError(self.path, f"cannot read: {exc}") from None

@@ -1,0 +1,497 @@
+"""Load profiler traces into per-rank timelines of int64-nanosecond intervals.
+
+One entry point, `load_traces`, for both formats the brief names:
+
+* Kineto JSON (`*.json`, `*.json.gz`, from torch.profiler and the emulated NPU). Device tasks:
+  ``ph == "X"`` with category (case-insensitive) in `DEVICE_CATEGORIES`; host ranges: ``ph ==
+  "X"`` with category in `HOST_CATEGORIES`. ``ts``/``dur`` are microseconds (number or decimal
+  string); absolute ns = ``baseTimeNanoseconds`` + ts * 1000 when the trace has a base.
+* torch-npu ``*_ascend_pt/`` directories: device tasks are the ``X`` events of the process
+  named `ASCEND_DEVICE_PROCESS` in ``ASCEND_PROFILER_OUTPUT/trace_view.json``; host ranges
+  are the ``X`` events of every other process except the derived `ASCEND_DERIVED_PROCESSES`.
+  Each device task keeps its ``args["Task Type"]`` and each host range its lane (process
+  name), as codes (`RankTimeline.device_task_type`, `range_task_type`, `range_lane`); the
+  derived slices are set apart (`RankTimeline.overlap`). torch-npu layouts (sessions,
+  vLLM-Omni groups, ranks, the SQLite export, relative times) are `residency.traces.ascend`'s.
+
+Timestamps are parsed exactly: decimal text goes to int64 ns without passing through float64,
+and float64 values are used only where they give the same nanosecond. An event whose ``ts``
+is not a number, whose ``dur`` is missing or negative, or whose times lie 2**62 ns (146 years)
+or more from the epoch is rejected: counted in `RankTimeline.rejected_events` and never used.
+
+Files are streamed in chunks (`residency.traces.formats`): memory depends on the chunk size and
+the number of events kept, not on the file size. Only regular files are read, none through a
+link leaving the folder searched, each at most `MAX_TRACE_BYTES` on disk and decompressed
+(`residency.traces.files`). Parsed files are cached as Parquet in a `CACHE_DIR` folder beside
+each trace, checked against the trace's digest and their own (`residency.traces.cache`).
+Parsing needs neither pandas nor pyarrow; pyarrow serves the cache.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from residency.traces.cache import CACHE_DIR
+from residency.traces.files import (
+    CHUNK_BYTES,
+    MAX_TRACE_BYTES,
+    RANK_COMPONENT_RE,
+    TraceError,
+    file_sha256,
+    open_regular,
+)
+from residency.traces.formats import (  # noqa: F401
+    ASCEND_DERIVED_PROCESSES,
+    ASCEND_DEVICE_PROCESS,
+    DEVICE_CATEGORIES,
+    HOST_CATEGORIES,
+    NotAligned,
+    Parsed,
+    decimal_text_to_ns,
+    decimal_us_to_ns,
+    join_parts,
+    parse_part,
+    parse_trace,
+    part_bounds,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["ASCEND_COMM_PROCESSES", "ASCEND_DERIVED_PROCESSES", "ASCEND_DEVICE_PROCESS",
+           "CACHE_DIR", "CHUNK_BYTES", "COMMUNICATION_LANE", "DEVICE_CATEGORIES",
+           "HOST_CATEGORIES", "MAX_TRACE_BYTES", "RankTimeline", "TraceError", "TraceSet",
+           "load_traces"]
+
+ASCEND_COMM_PROCESSES = frozenset({"Communication", "HCCL"})  # "HCCL" before torch-npu 2.1
+COMMUNICATION_LANE = "[Communication]"  # the task type `residency.traces.busy` gives their ranges
+
+_PARALLEL_MIN_BYTES = 16 << 20  # below this, starting worker processes costs more than it saves
+_PART_MIN_BYTES = 32 << 20  # a file is split into parts of at least this much
+_EMPTY_CODES = np.empty(0, np.int16)
+
+
+@dataclass(frozen=True, eq=False)
+class RankTimeline:
+    """One rank's device tasks and named host ranges, int64 ns, half-open ``[start, end)``.
+
+    `device`: ``(n, 2)`` as recorded (sorted by start; overlaps and zero-length tasks kept).
+    `ranges`: ``(m, 2)`` host ranges sorted by start; `range_names`: their names, an ``(m,)``
+    object array of str.
+
+    torch-npu only (Kineto: all -1, empty tables): `device_task_type` ``(n,)`` and
+    `range_task_type` ``(m,)``: int16 codes into `task_types` of each event's
+    ``args["Task Type"]`` (-1: none); `range_lane` ``(m,)``: codes into `lanes` of the range's
+    process name (e.g. ``Communication``, ``CANN``, ``Python``; -1: none).
+    `device_names` ``(n,)``: each device task's name (object array of str).
+    `overlap` / `overlap_names`: the derived ``Overlap Analysis`` slices (``Computing``,
+    ``Communication``, ``Communication(Not Overlapped)``, ``Free``); `session`: the torch-npu
+    profiling session the rank was read from.
+    """
+
+    rank: int
+    source: Path
+    device: np.ndarray
+    ranges: np.ndarray
+    range_names: np.ndarray
+    rejected_events: int
+    device_task_type: np.ndarray = field(default_factory=lambda: _EMPTY_CODES)
+    range_task_type: np.ndarray = field(default_factory=lambda: _EMPTY_CODES)
+    range_lane: np.ndarray = field(default_factory=lambda: _EMPTY_CODES)
+    task_types: tuple[str, ...] = ()
+    lanes: tuple[str, ...] = ()
+    overlap: np.ndarray = field(default_factory=lambda: np.empty((0, 2), np.int64))
+    overlap_names: np.ndarray = field(default_factory=lambda: np.empty(0, object))
+    session: str | None = None
+    device_names: np.ndarray = field(default_factory=lambda: np.empty(0, object))
+
+    @property
+    def device_types(self) -> np.ndarray:
+        """Each device task's type as str (``""``: none; Kineto: ``""`` for every task)."""
+        return np.array([*self.task_types, ""], object)[self.device_task_type]
+
+    def lane_mask(self, lanes: frozenset[str]) -> np.ndarray:
+        """Which host ranges lie on one of `lanes` (process names; torch-npu only)."""
+        codes = [i for i, name in enumerate(self.lanes) if name in lanes]
+        return np.isin(self.range_lane, codes) if codes else np.zeros(len(self.ranges), bool)
+
+    def __post_init__(self) -> None:
+        if len(self.device_names) != len(self.device):  # built without them: unnamed
+            names = np.empty(len(self.device), object)
+            names[:] = ""
+            object.__setattr__(self, "device_names", names)
+        for name, n in (("device_task_type", len(self.device)),
+                        ("range_task_type", len(self.ranges)), ("range_lane", len(self.ranges))):
+            if len(getattr(self, name)) != n:
+                if len(getattr(self, name)):
+                    raise ValueError(f"{name} has {len(getattr(self, name))} rows, not {n}")
+                codes = np.full(n, -1, np.int16)
+                codes.setflags(write=False)
+                object.__setattr__(self, name, codes)
+
+    @property
+    def device_tasks(self) -> int:
+        """Number of device tasks."""
+        return len(self.device)
+
+    def ranges_frame(self) -> pd.DataFrame:
+        """The host ranges as a DataFrame: ``name`` (categorical), ``start_ns``, ``end_ns``."""
+        import pandas as pd
+
+        return pd.DataFrame({"name": pd.Categorical(self.range_names.tolist()),
+                             "start_ns": self.ranges[:, 0], "end_ns": self.ranges[:, 1]})
+
+
+@dataclass(frozen=True, eq=False)
+class TraceSet:
+    """The ranks of one profiled run, in one format."""
+
+    format: Literal["kineto", "ascend"]
+    ranks: dict[int, RankTimeline]
+
+    @property
+    def rejected_events(self) -> int:
+        """Events rejected over all ranks."""
+        return sum(t.rejected_events for t in self.ranks.values())
+
+
+def load_traces(path: str | os.PathLike[str], *, cache: bool = True,
+                workers: int | None = None, chunk_bytes: int = CHUNK_BYTES,
+                max_trace_bytes: int = MAX_TRACE_BYTES, session: str | None = None,
+                group: str | None = None) -> TraceSet:
+    """Load every rank's trace under `path`.
+
+    `path` is a trace file, a directory of rank traces of one format (searched recursively),
+    or a run directory whose ``trace/`` subdirectory holds them. A Kineto file's rank is its
+    ``distributedInfo.rank``, else the deepest path component below `path` named exactly
+    ``[<group>_]rank<N>`` (``rank3.trace.json``, ``diffusion_rank3/``), never a host name
+    that contains ``rank<N>`` (``gpu-rank7-a_123.pt.trace.json`` names no rank); a
+    torch-npu directory's rank is in its ``profiler_info_<rank>.json``, else a ``rank<N>``
+    folder below `path` (vLLM-Omni writes ``diffusion_rank<N>/``), never the directory's own
+    name (a host name). Several sessions of a rank are chosen with `session`, vLLM-Omni groups
+    (``diffusion_rank<N>/``, ``stage<K>_rank<N>/``, in either format) with `group`
+    (`residency.traces.ascend.choose_sessions`). Files are parsed in `workers` processes
+    (default: one per CPU when the traces are large), each streamed in chunks of
+    `chunk_bytes`. With `cache`, parsed files are read from and written to Parquet beside them;
+    a cache that cannot be used, or does not match the trace or its own digest, is ignored.
+
+    Raises:
+        TraceError: nothing to load, both formats under `path`, a trace that is not a regular
+            file (FIFO, device, socket), a link leaving `path`, a file larger than
+            `max_trace_bytes` on disk or decompressed, unreadable or invalid JSON (with the
+            byte position in the decompressed stream where known), a rank that cannot be told
+            or appears twice, several sessions or groups and no choice among them, relative
+            torch-npu times on several ranks, or ranks whose time ranges do not overlap.
+
+    Warns:
+        UserWarning: a rank without device tasks (its busy time is zero).
+    """
+    root = Path(path)
+    fmt, items = _discover(root)
+    known: list[int | None] = [None] * len(items)
+    sessions: list[str | None] = [None] * len(items)
+    if fmt == "ascend":
+        from residency.traces import ascend
+
+        chosen = ascend.choose_sessions(root, items, session=session, group=group)
+        items = [c.directory for c in chosen]
+        sources = [c.source for c in chosen]
+        known = [c.rank for c in chosen]
+        sessions = [c.session for c in chosen]
+    else:
+        items = _choose_kineto_group(root, items, group)
+        sources = list(items)
+        known, sessions = [None] * len(items), [None] * len(items)
+    parsed = _parse_all(fmt, sources, cache=cache, workers=workers,
+                        root=None if fmt == "kineto" and not root.is_dir() else root,
+                        chunk_bytes=chunk_bytes, max_bytes=max_trace_bytes)
+    if fmt == "ascend":
+        parsed = ascend.align_clocks(sources, parsed)
+    ranks: dict[int, RankTimeline] = {}
+    origin: dict[int, Path] = {}
+    unknown = []
+    for item, source, p, rank, label in zip(items, sources, parsed, known, sessions,
+                                            strict=True):
+        if fmt == "kineto":
+            rank = p.rank if p.rank is not None else _rank_from_path(item, root)
+        if rank is None:
+            unknown.append(item)
+            continue
+        if rank in ranks:
+            raise TraceError(item, f"rank {rank} appears twice: in {origin[rank]} and in {item}")
+        origin[rank] = item
+        derived = np.isin(p.range_lane, [i for i, n in enumerate(p.lanes)
+                                         if n in ASCEND_DERIVED_PROCESSES])
+        host = ~derived
+        arrays = (p.device, p.ranges[host], p.names[host], p.device_task_type,
+                  p.range_task_type[host], p.range_lane[host], p.ranges[derived],
+                  p.names[derived])
+        for a in arrays:
+            a.setflags(write=False)
+        names = p.device_names if p.device_names is not None else np.empty(0, object)
+        names.setflags(write=False)
+        ranks[rank] = RankTimeline(rank, source, *arrays[:3], p.rejected, *arrays[3:6],
+                                   p.task_types, p.lanes, *arrays[6:], label, names)
+    if unknown:
+        listed = ", ".join(str(u) for u in unknown)
+        where = ("no distributedInfo.rank and no path component named [<group>_]rank<N> "
+                 "below the given path" if fmt == "kineto"
+                 else "no profiler_info_<rank>.json, no ascend_pytorch_profiler_<rank>.db and "
+                 "no rank<N> folder below the given path")
+        raise TraceError(root, f"cannot tell the rank of {listed} ({where})")
+    _check_overlap(root, ranks)
+    for t in ranks.values():
+        if not len(t.device):
+            warnings.warn(f"rank {t.rank} ({t.source}) has no device tasks; its busy time is 0",
+                          UserWarning, stacklevel=2)
+    return TraceSet(fmt, dict(sorted(ranks.items())))
+
+
+# -- discovery -------------------------------------------------------------------------------
+
+def _is_kineto_name(p: Path) -> bool:
+    return p.name.endswith((".json", ".json.gz"))
+
+
+def _discover(path: Path) -> tuple[Literal["kineto", "ascend"], list[Path]]:
+    if not os.path.lexists(path):
+        raise TraceError(path, "no such file or directory")
+    if not path.is_dir():  # a file (or a FIFO, device...: refused when opened)
+        if _is_kineto_name(path):
+            return "kineto", [path]
+        raise TraceError(path, "not a trace: expected *.json, *.json.gz or *_ascend_pt/")
+    root = path / "trace" if (path / "trace").is_dir() else path
+    if root.name.endswith("_ascend_pt"):
+        return "ascend", [root]
+    kineto: list[Path] = []
+    ascend: list[Path] = []
+    runs: list[Path] = []  # trace/ folders of run directories below PATH
+    for d, dirs, files in os.walk(root):
+        dirs[:] = [x for x in dirs if not x.startswith(".")]  # hidden: never a trace
+        files = [f for f in files if not f.startswith(".")]
+        ascend += [Path(d, x) for x in dirs if x.endswith("_ascend_pt")]
+        runs += [Path(d, x) for x in dirs if x == "trace"]
+        dirs[:] = [x for x in dirs if not x.endswith("_ascend_pt") and x != CACHE_DIR]
+        kineto += [p for f in files if _is_kineto_name(p := Path(d, f))]
+    if len(runs) > 1:
+        listed = ", ".join(str(r.parent.relative_to(root)) for r in sorted(runs)[:4])
+        raise TraceError(root, f"holds the traces of {len(runs)} runs ({listed}"
+                         f"{', ...' if len(runs) > 4 else ''}); point PATH at one of them")
+    if runs:
+        return _discover(runs[0].parent)
+    if kineto and ascend:
+        raise TraceError(root, f"holds both Kineto files ({kineto[0].name}, ...) and torch-npu "
+                         f"directories ({ascend[0].name}, ...); point PATH at one format")
+    if not (kineto or ascend):
+        raise TraceError(root, "no traces found: expected Kineto *.json / *.json.gz files or "
+                         "torch-npu *_ascend_pt directories")
+    return ("kineto", sorted(kineto)) if kineto else ("ascend", sorted(ascend))
+
+
+def _kineto_group(p: Path, root: Path) -> str:
+    """The vLLM-Omni process group of a Kineto file: the ``<group>`` of the deepest folder
+    below `root` named ``<group>_rank<N>`` (``diffusion_rank0/``, ``stage1_rank0/``); ""
+    when no folder names one."""
+    try:
+        parts = p.relative_to(root).parts[:-1]
+    except ValueError:
+        return ""
+    for part in reversed(parts):
+        if m := RANK_COMPONENT_RE.fullmatch(part):
+            return m.group("group") or ""
+    return ""
+
+
+def _choose_kineto_group(root: Path, files: list[Path], group: str | None) -> list[Path]:
+    """The files of one process group: those of `group` when given, else all of them as long
+    as at most one named group is present (files in no ``<group>_rank<N>/`` folder belong to
+    none and never make a choice necessary).
+
+    Raises:
+        TraceError: an unknown `group`, or several named groups and no `group`; both list
+            them.
+    """
+    by_group: dict[str, list[Path]] = {}
+    for f in files:
+        by_group.setdefault(_kineto_group(f, root) if root.is_dir() else "", []).append(f)
+    if group is not None:
+        if group not in by_group:
+            raise TraceError(root, f"no group {group!r}; the groups are: "
+                             f"{', '.join(repr(g) for g in sorted(by_group))}")
+        return by_group[group]
+    if len([g for g in by_group if g]) > 1:
+        listed = ", ".join(f"{g!r} ({len(v)} files)" for g, v in sorted(by_group.items()))
+        raise TraceError(root, f"holds the traces of several process groups: {listed}; "
+                         "choose one with --group NAME (group= in the API)")
+    return files
+
+
+def _rank_from_path(p: Path, root: Path) -> int | None:
+    """The rank named by the deepest path component of `p` below `root` that is exactly
+    ``[<group>_]rank<N>`` (a folder, or a file name before its first dot: ``rank3.trace.json``,
+    ``trace_rank3.json.gz``, ``diffusion_rank3/``). A name that merely contains ``rank<N>``
+    (Kineto's default ``<host>_<pid>.<time>.pt.trace.json`` with a host ``gpu-rank7-a``) names
+    no rank."""
+    try:
+        parts = p.relative_to(root).parts
+    except ValueError:
+        parts = (p.name,)
+    parts = parts or (p.name,)
+    for i, part in enumerate(reversed(parts)):
+        name = part.split(".", 1)[0] if i == 0 and p.is_file() else part
+        if m := RANK_COMPONENT_RE.fullmatch(name):
+            return int(m.group("rank"))
+    return None
+
+
+def _check_overlap(root: Path, ranks: dict[int, RankTimeline]) -> None:
+    spans = {}
+    for r, t in ranks.items():
+        lo = [int(a.min()) for a in (t.device[:, 0], t.ranges[:, 0]) if len(a)]
+        hi = [int(a.max()) for a in (t.device[:, 1], t.ranges[:, 1]) if len(a)]
+        if lo:
+            spans[r] = (min(lo), max(hi))
+    if len(spans) > 1 and max(s for s, _ in spans.values()) >= min(e for _, e in spans.values()):
+        listed = "; ".join(f"rank {r} ({ranks[r].source}) [{s}, {e}) ns"
+                           for r, (s, e) in sorted(spans.items()))
+        raise TraceError(root, "the ranks' time ranges do not overlap, so they cannot be one "
+                         f"run on one clock: {listed}")
+
+
+
+
+# -- parsing, one file per call (in a worker process when parallel) --------------------------
+
+def _parse_all(fmt: str, sources: list[Path], *, cache: bool, workers: int | None,
+               root: Path | None, chunk_bytes: int, max_bytes: int) -> list[Parsed]:
+    """Cached parses first, then the rest, in worker processes when that pays. Each worker
+    streams one file at a time, so memory grows with the workers, not the file sizes."""
+    stats = [open_stat(s, root, max_bytes) for s in sources]
+    found: list[Parsed | None] = [None] * len(sources)
+    if cache:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from residency.traces.cache import read_cache
+
+        # hashing each trace (to check its cache) runs in threads: hashlib releases the GIL
+        with ThreadPoolExecutor(min(8, len(sources))) as pool:
+            found = list(pool.map(lambda s, st: read_cache(s, st, root=root,
+                                                           max_bytes=max_bytes),
+                                  sources, stats))
+    todo = [i for i, f in enumerate(found) if f is None]
+    job = dict(root=root, chunk_bytes=chunk_bytes, max_bytes=max_bytes, digest=cache)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    n = workers if workers is not None else cpus or 1
+    small = sum(stats[i].st_size for i in todo) < _PARALLEL_MIN_BYTES
+    parts = {} if n <= 1 or (workers is None and small) else _plan_parts(
+        sources, [stats[i].st_size for i in range(len(sources))], todo, n)
+    jobs = len(todo) + sum(len(b) - 1 for b in parts.values())
+    if n <= 1 or jobs <= 1 or (workers is None and small):
+        parsed = [_parse_one(fmt, sources[i], **job) for i in todo]  # type: ignore[arg-type]
+    else:
+        parsed = _parse_pool(fmt, sources, stats, todo, parts, min(n, jobs), job)
+    for i, p in zip(todo, parsed, strict=True):
+        found[i] = p
+        if cache:
+            from residency.traces.cache import write_cache
+
+            write_cache(sources[i], stats[i], p)
+    return found  # type: ignore[return-value]
+
+
+def _plan_parts(sources: list[Path], sizes: list[int], todo: list[int],
+                n: int) -> dict[int, list[tuple[int, int]]]:
+    """Byte ranges for the plain files worth parsing in parts: when there are fewer files
+    than workers, each large one is split so that every worker has work."""
+    if len(todo) >= n:
+        return {}
+    out = {}
+    for i in todo:
+        k = min(n // len(todo), sizes[i] // _PART_MIN_BYTES)
+        if k > 1 and not sources[i].name.endswith((".gz", ".db")):
+            bounds = part_bounds(sources[i], sizes[i], k)
+            if len(bounds) > 1:
+                out[i] = bounds
+    return out
+
+
+def _parse_pool(fmt: str, sources: list[Path], stats: list[os.stat_result], todo: list[int],
+                parts: dict[int, list[tuple[int, int]]], n: int, job: dict) -> list[Parsed]:
+    """Parse files (and parts of files) in `n` worker processes."""
+    import multiprocessing  # (imported here: `residency idle` on small traces starts faster)
+    import tempfile
+    from concurrent.futures import ProcessPoolExecutor
+
+    part_job = {k: v for k, v in job.items() if k != "digest"}
+    # fork is cheapest but unsafe in a process with threads (a notebook kernel has some)
+    method = "fork" if (threading.active_count() == 1 and "fork" in
+                        multiprocessing.get_all_start_methods()) else "spawn"
+    # largest first: the last job to finish is a small one
+    order = sorted(todo, key=lambda i: -stats[i].st_size)
+    with tempfile.TemporaryDirectory(prefix="residency-traces-") as folder, \
+            ProcessPoolExecutor(n, mp_context=multiprocessing.get_context(method)) as pool:
+        futures = {i: [pool.submit(parse_part, fmt, sources[i], a, b, first=k == 0,
+                                   last=k == len(parts[i]) - 1, **part_job)
+                       for k, (a, b) in enumerate(parts[i])] if i in parts else
+                   pool.submit(_parse_to_disk, fmt, sources[i], job, folder) for i in order}
+        out = []
+        for i in todo:
+            if i not in parts:
+                out.append(_from_disk(*futures[i].result()))  # type: ignore[union-attr]
+                continue
+            try:
+                p = join_parts(sources[i], [f.result() for f in futures[i]])  # type: ignore[union-attr]
+            except (NotAligned, TraceError):  # parse it whole: the exact error, if any
+                p = parse_trace(fmt, sources[i], **job)
+            else:
+                if job["digest"]:
+                    p.sha256 = file_sha256(sources[i], root=job["root"],
+                                           max_bytes=job["max_bytes"])
+            out.append(p)
+    return out
+
+
+_COLUMNS = ("device", "ranges", "device_task_type", "range_task_type", "range_lane")
+
+
+def _parse_one(fmt: str, source: Path, **job: Any) -> Parsed:
+    """`parse_trace`, or `residency.traces.ascend.read_db` for torch-npu's SQLite export."""
+    if source.suffix == ".db":
+        from residency.traces.ascend import read_db
+
+        return read_db(source)
+    return parse_trace(fmt, source, **job)
+
+
+def _parse_to_disk(fmt: str, source: Path, job: dict, folder: str) -> tuple[Parsed, str]:
+    """`parse_trace` in a worker: the columns go back through a file in `folder` (read by
+    `_from_disk`), not a pickle, so neither side holds them twice."""
+    p = _parse_one(fmt, source, **job)
+    path = os.path.join(folder, f"{os.getpid()}-{source.name}-{id(p)}.npy")
+    with open(path, "wb") as f:
+        for name in _COLUMNS:
+            np.save(f, getattr(p, name), allow_pickle=False)
+            setattr(p, name, None)
+    return p, path
+
+
+def _from_disk(p: Parsed, path: str) -> Parsed:
+    with open(path, "rb") as f:
+        for name in _COLUMNS:
+            setattr(p, name, np.load(f, allow_pickle=False))
+    os.unlink(path)
+    return p
+
+
+def open_stat(source: Path, root: Path | None, max_bytes: int) -> os.stat_result:
+    """The status of `source`, after `open_regular`'s checks (regular, inside root, size)."""
+    fd, st = open_regular(source, root=root, max_bytes=max_bytes)
+    os.close(fd)
+    return st
