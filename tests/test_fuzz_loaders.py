@@ -56,6 +56,7 @@ from residency.traces.load import (
     DEVICE_CATEGORIES,
     HOST_CATEGORIES,
     TraceError,
+    TraceNote,
     TraceSet,
     load_traces,
 )
@@ -107,9 +108,11 @@ def run_bounded(fn: Callable[[], Any]) -> Any:
     if "error" in box:
         raise box["error"]
     # generated tasks have no type and torch-npu ones small times
-    expected = ("has no device tasks", "were counted busy", "timestamps are relative")
+    expected = ("has no device tasks", "were counted busy", "timestamps are relative",
+                "but its path names rank")  # fuzzed ranks in rank0.json
     stray = [f"{w.category.__name__}: {w.message}" for w in caught
-             if not (w.category is UserWarning and any(e in str(w.message) for e in expected))]
+             if not (w.category is UserWarning and any(e in str(w.message) for e in expected))
+             and w.category is not TraceNote]  # notes: a file skipped, a lone file's rank 0
     assert not stray, f"stray warnings: {stray}"
     return box["value"]
 
@@ -125,7 +128,7 @@ def analyse(path: Path, *, cache: bool = True) -> Outcome:
         try:
             return Outcome(traces, idle_summary(traces))
         except ValueError as exc:
-            if ("no rank has device tasks" in str(exc)
+            if (("no rank has device tasks" in str(exc) or "no device task" in str(exc))
                     and not any(t.device_tasks for t in traces.ranks.values())):
                 return Outcome(traces)
             raise
@@ -646,8 +649,8 @@ def ascend_trees(draw: st.DrawFn) -> tuple[str, list[str], Expect]:
             "displayTimeUnit": st.just("ns")}))}
     infos = draw(st.sampled_from([["profiler_info_0.json"]] * 12 + [
         [], ["profiler_info_0.json", "profiler_info_1.json"], ["profiler_info_x.json"]]))
-    if infos != ["profiler_info_0.json"]:
-        expect.worst("fail")  # no rank, or two
+    if infos == ["profiler_info_0.json", "profiler_info_1.json"]:
+        expect.worst("fail")  # two ranks (a lone session without a rank is rank 0)
     return to_json(_values(doc)), infos, expect
 
 

@@ -234,7 +234,7 @@ def test_broken_gzip(tmp_path):
 
 def test_not_a_trace(tmp_path):
     (tmp_path / "rank0.json").write_text('{"hello": 1}')
-    with pytest.raises(TraceError, match="no traceEvents"):
+    with pytest.raises(TraceError, match="JSON without traceEvents"):
         load_traces(tmp_path, cache=False)
 
 
@@ -304,6 +304,7 @@ def test_kineto_rank_never_from_a_host_name(tmp_path):
     assert list(load_traces(named, cache=False).ranks) == [2, 4, 5, 6]
     inside = tmp_path / "rank9" / "gpu-rank7-a_1.pt.trace.json"
     write_kineto(inside, [kernel(1, 1)])
+    write_kineto(tmp_path / "rank9" / "gpu-rank7-a_2.pt.trace.json", [kernel(1, 1)])
     with pytest.raises(TraceError, match="cannot tell the rank"):  # the root's own name: no
         load_traces(tmp_path / "rank9", cache=False)
 

@@ -56,6 +56,8 @@ class RankIdle:
     span_idle_ns: int
     excluded_tasks: dict[str, int] = dataclasses.field(default_factory=dict)
     reported_free_ns: int | None = None
+    unknown_tasks: dict[str, int] = dataclasses.field(default_factory=dict)
+    steps: tuple[Any, ...] = ()  # residency.traces.ascend.StepCheck: torch-npu's per-step figures
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,13 +82,18 @@ class IdleSummary:
         return {
             "format": self.format, "busy_definition": self.busy_definition,
             "ranks": list(self.ranks), "window_ns": list(self.window_ns),
+            "window_measure_ns": self.window_measure_ns,
+            "window_marker": self.window_marker, "marker": self.marker,
             "all_rank_idle_ns": self.all_rank_idle_ns, "marker_ns": self.marker_ns,
             "marker_idle_intersection_ns": self.marker_idle_intersection_ns,
             "rejected_events": self.rejected_events,
             "per_rank": {str(r.rank): {"busy_ns": r.busy_ns, "idle_ns": r.idle_ns,
                                        "device_tasks": r.device_tasks, "markers": r.markers,
+                                       "span_idle_ns": r.span_idle_ns,
                                        "excluded_tasks": r.excluded_tasks,
-                                       "reported_free_ns": r.reported_free_ns}
+                                       "unknown_tasks": r.unknown_tasks,
+                                       "reported_free_ns": r.reported_free_ns,
+                                       "torch_npu_steps": [c.to_dict() for c in r.steps]}
                          for r in self.per_rank},
         }
 
@@ -95,8 +102,9 @@ def _compile(pattern: str, option: str) -> re.Pattern[str]:
     try:
         return re.compile(pattern)
     except re.error as exc:
-        raise ValueError(f"The value for `{option}` must be a regular expression, but "
-                         f"{pattern!r} was passed ({exc}).") from None
+        raise busydef.OptionError(option, "The value for {option} must be a regular "
+                                  "expression, but {0!r} was passed ({1}).", pattern,
+                                  exc) from None
 
 
 def _matching(t: RankTimeline, rx: re.Pattern[str]) -> iv.Intervals:
@@ -122,14 +130,15 @@ def _window(traces: TraceSet, window_marker: str | None,
         rx = _compile(window_marker, "window_marker")
         w = iv.union(*(_matching(t, rx) for t in traces.ranks.values()))
         if not len(w):
-            raise ValueError(f"no host range matches window_marker {window_marker!r} in any "
-                             "rank, so there is no window.")
+            raise busydef.OptionError("window_marker", "no host range matches {option} "
+                                      "{0!r} in any rank, so there is no window.",
+                                      window_marker)
         return w
     spans = [b for b in busy.values() if len(b)]  # the busy tasks as recorded (not merged)
     if not spans:
-        raise ValueError("no rank has device tasks that count as busy, so there is no default "
-                         "window; pass window_marker to choose one (or another busy "
-                         "definition).")
+        raise busydef.OptionError("window_marker", "no rank has device tasks that count as "
+                                  "busy, so there is no default window; pass {option} to "
+                                  "choose one (or another busy definition).")
     return iv.as_intervals([[min(int(b[:, 0].min()) for b in spans),
                              max(int(b[:, 1].max()) for b in spans)]])
 
@@ -145,19 +154,35 @@ def busy_intervals(traces: TraceSet, *, busy: str | None = None,
     Raises:
         ValueError: an unknown `busy` name.
     """
+    definition, raw, merged, excluded, _ = _busy_details(traces, busy, warn)
+    return definition, raw, merged, excluded
+
+
+def _busy_details(traces: TraceSet, busy: str | None, warn: bool
+                  ) -> tuple[busydef.BusyDefinition, dict[int, iv.Intervals],
+                             dict[int, iv.Intervals], dict[int, dict[str, int]],
+                             dict[int, dict[str, int]]]:
+    """`busy_intervals`, and each rank's counts of tasks of unknown types (counted busy).
+    A type the trace's own Overlap Analysis counts busy on every rank that has it is not
+    warned about (`residency.traces.busy.BusyTasks.confirmed`)."""
     definition = busydef.resolve(busy, traces.format)
-    raw, merged, excluded, unknown = {}, {}, {}, Counter()
+    raw, merged, excluded, unknown_by_rank = {}, {}, {}, {}
+    unknown, unconfirmed = Counter(), set()
     for rank, t in traces.ranks.items():
         chosen = busydef.busy_tasks(t, definition, traces.format)
         raw[rank] = chosen.rows
         merged[rank] = iv.merge(raw[rank])
         excluded[rank] = chosen.excluded
+        unknown_by_rank[rank] = chosen.unknown
         unknown.update(chosen.unknown)
+        unconfirmed |= set(chosen.unknown) - chosen.confirmed
+    unknown = Counter({ty: n for ty, n in unknown.items() if ty in unconfirmed})
     if warn and unknown and definition.name != "all":
         listed = ", ".join(f"{_type_label(ty)} x {n}" for ty, n in sorted(unknown.items()))
         warnings.warn(f"device tasks of types not in residency.traces.busy's lists were counted "
-                      f"busy ({definition.name}): {listed}", UserWarning, stacklevel=2)
-    return definition, raw, merged, excluded
+                      f"busy ({definition.name}): {listed}", UserWarning, stacklevel=3)
+    return definition, raw, merged, excluded, unknown_by_rank
+
 
 
 def _type_label(task_type: str) -> str:
@@ -177,20 +202,31 @@ def all_rank_idle_intervals(traces: TraceSet, *, busy: str | None = None,
 
 
 def idle_summary(traces: TraceSet, *, marker: str | None = None,
-                 window_marker: str | None = None, busy: str | None = None) -> IdleSummary:
+                 window_marker: str | None = None, busy: str | None = None,
+                 allow_no_device_tasks: bool = False) -> IdleSummary:
     """All-rank idle, marker time and their intersection, per rank busy/idle (module doc),
     under the busy definition `busy` (default: the format's).
 
     Raises:
-        ValueError: a pattern that is not a regular expression, a `window_marker` that matches
-            nothing, no busy device task in any rank when no `window_marker` is given, or an
-            unknown `busy` name.
+        ValueError (`residency.traces.busy.OptionError`, naming the parameter): a pattern that is
+            not a regular expression, a `window_marker` that matches nothing, no busy device
+            task in any rank when no `window_marker` is given, an unknown `busy` name or one
+            that does not apply to the traces' format; no recognised device task in any rank
+            at all (a trace of host activity only: the window would be 100 % idle), unless
+            `allow_no_device_tasks`.
 
     Warns:
-        UserWarning: device tasks of unknown types (counted busy); under ``msprof``, a rank
-            whose idle time differs by more than 1 % from its ``Overlap Analysis`` Free time.
+        UserWarning: device tasks of unknown types (counted busy) that the trace's own Overlap
+            Analysis does not count busy; under ``msprof``, a rank whose idle time differs by
+            more than 1 % from its ``Overlap Analysis`` Free time; a step whose Computing or
+            Free time in torch-npu's ``step_trace_time.csv`` differs from ours by more than
+            1 % (`residency.traces.ascend.step_checks`).
     """
-    definition, raw, merged, excluded = busy_intervals(traces, busy=busy)
+    definition, raw, merged, excluded, unknown = _busy_details(traces, busy, True)
+    if not allow_no_device_tasks and not any(t.device_tasks for t in traces.ranks.values()):
+        hosts = sum(len(t.ranges) for t in traces.ranks.values())
+        raise busydef.OptionError("allow_no_device_tasks", _NO_DEVICE_TASKS[traces.format],
+                                  len(traces.ranks), hosts)
     window = _window(traces, window_marker, raw)
     length = iv.measure(window)
     rx = _compile(marker, "marker") if marker is not None else None
@@ -205,9 +241,10 @@ def idle_summary(traces: TraceSet, *, marker: str | None = None,
         free = _reported_free(t, window)
         if free is not None and definition.name == "msprof":
             _check_free(t, busy_set, window, free)
+        steps = _step_checks(t) if traces.format == "ascend" else ()
         rows.append(RankIdle(rank, busy_in, length - busy_in, t.device_tasks,
                              _overlapping(mine, window), span - iv.measure(busy_set),
-                             excluded[rank], free))
+                             excluded[rank], free, unknown[rank], steps))
     idle = iv.complement(iv.union(*busy_sets), window)
     markers = iv.intersection(iv.union(*marker_sets), window)
     return IdleSummary(
@@ -218,6 +255,44 @@ def idle_summary(traces: TraceSet, *, marker: str | None = None,
         marker_idle_intersection_ns=iv.measure(iv.intersection(markers, idle)),
         rejected_events=traces.rejected_events, per_rank=tuple(rows), marker=marker,
         window_marker=window_marker, busy_definition=definition.name)
+
+
+_NO_DEVICE_TASKS = {
+    "kineto": "no device task recognised in any of the {0} rank(s) ({1} host ranges "
+              "read): the trace records host activity only (a CPU-only profile, or an "
+              "accelerator whose device work Kineto records under no category residency "
+              "reads: kernel, gpu_memcpy, gpu_memset, mtia_ccp_events; HPU traces have "
+              "none), so every window would be 100 % idle; pass {option} to report it anyway",
+    "ascend": "no device task in any of the {0} rank(s) ({1} host ranges read): no "
+              "'Ascend Hardware' tasks (was the profile taken with NPU activities?), so every "
+              "window would be 100 % idle; pass {option} to report it anyway",
+}
+
+
+def _step_checks(t: RankTimeline) -> tuple[Any, ...]:
+    """torch-npu's per-step Computing/Free beside ours (`residency.traces.ascend.step_checks`), each
+    disagreement over 1 % warned about, quoting both."""
+    from residency.traces import ascend
+
+    if not (t.source.parent / ascend.STEP_TRACE).is_file():
+        return ()
+    computing = iv.merge(busydef.class_rows(t, frozenset({"compute", "unknown"})))
+    work = iv.merge(busydef.class_rows(t, frozenset({"compute", "unknown", "communication"})))
+    free = (iv.complement(work, [[int(work[0, 0]), int(work[-1, 1])]]) if len(work)
+            else np.empty((0, 2), np.int64))
+    checks = tuple(ascend.step_checks(t.source.parent, computing, free))
+    off = []
+    for c in checks:
+        for what, theirs, ours in (("Computing", c.reported_computing_ns, c.computing_ns),
+                                   ("Free", c.reported_free_ns, c.free_ns)):
+            if ours is not None and abs(ours - theirs) > 0.01 * max(ours, theirs):
+                off.append(f"step {c.step or '(none)'} {what} {theirs / 1e6:.6f} ms in "
+                           f"step_trace_time.csv vs {ours / 1e6:.6f} ms here")
+    if off:
+        warnings.warn(f"rank {t.rank}: torch-npu's own figures differ by more than 1 %: "
+                      + "; ".join(off[:6]) + ("; ..." if len(off) > 6 else ""),
+                      UserWarning, stacklevel=3)
+    return checks
 
 
 def _reported_free(t: RankTimeline, window: iv.Intervals) -> int | None:
@@ -289,6 +364,21 @@ def format_summary(s: IdleSummary) -> list[str]:
     if excluded:
         lines += ["", "excluded from busy (all ranks): " + ", ".join(
             f"{_type_label(ty)} x {n}" for ty, n in sorted(excluded.items()))]
+    for r in s.per_rank:
+        if r.steps:
+            lines += ["", f"torch-npu's own figures, rank {r.rank} (step_trace_time.csv vs "
+                      "here, ms):", f"{'step':>8} {'computing':>12} {'here':>12} "
+                      f"{'free':>12} {'here':>12}"]
+            lines += [f"{c.step or '-':>8} {ms(c.reported_computing_ns)} "
+                      f"{'n/a' if c.computing_ns is None else ms(c.computing_ns):>12} "
+                      f"{ms(c.reported_free_ns)} "
+                      f"{'n/a' if c.free_ns is None else ms(c.free_ns):>12}" for c in r.steps]
+    unknown = Counter()
+    for r in s.per_rank:
+        unknown.update(r.unknown_tasks)
+    if unknown:
+        lines += ["", "counted busy, of types not in residency.traces.busy's lists (all ranks): "
+                  + ", ".join(f"{_type_label(ty)} x {n}" for ty, n in sorted(unknown.items()))]
     lines += ["", f"Unit: milliseconds; n = {len(s.ranks)} ranks. busy/idle: inside the window, "
               "busy tasks only; all-rank no-device-task time: no rank runs a busy device task;",
               "excluded: device tasks the busy definition leaves out; span_idle: the rank's own "

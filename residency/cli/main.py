@@ -7,7 +7,9 @@ error leaves the same way (`main`):
 * bad input (a `ValueError` such as `RunDirError`, `TraceError`, `WhatIfError`, or an
   `OSError`): one line `residency <cmd>: error: ...` on stderr, exit 2, no traceback;
 * a failed gate or verification, or a run that could not finish: exit 1;
-* interrupted (Ctrl-C, SIGTERM to `pair`): exit 130.
+* interrupted (Ctrl-C, SIGTERM to `pair`): exit 130;
+* stdout's reader gone (`residency idle ... | head -3`): no message, exit 141 (as a process
+  ended by SIGPIPE). An option's error names it as typed (``--window-marker``).
 """
 
 from __future__ import annotations
@@ -88,7 +90,8 @@ def _pair(p: argparse.ArgumentParser) -> None:
 
 def _idle(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", metavar="PATH",
-                   help="directory of one format's rank traces, or a run directory with trace/")
+                   help="a trace file, a folder of one format's rank traces (any layout: rank<N>/, "
+                   "*_ascend_pt/, ASCEND_PROFILER_OUTPUT/, ...), or a run directory with trace/")
     p.add_argument("--marker", metavar="REGEX", help="host ranges to attribute, e.g. "
                    r"'residency\.release\[normal\]'")
     p.add_argument("--window-marker", metavar="REGEX",
@@ -105,7 +108,11 @@ def _idle(p: argparse.ArgumentParser) -> None:
                    help="vLLM-Omni: the process group (diffusion, stage0, ...) when several")
     p.add_argument("--by-cause", action="store_true",
                    help="also attribute all-rank idle time to the innermost host range")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--allow-no-device-tasks", action="store_true",
+                   help="report a trace with no recognised device task (host activity only) "
+                   "as 100 %% idle instead of refusing it")
+    p.add_argument("--json", action="store_true", help="print one JSON object (with "
+                   "`warnings`, the messages also printed on stderr)")
     p.add_argument("--no-cache", action="store_true",
                    help="neither read nor write the Parquet cache beside the traces")
 
@@ -306,7 +313,7 @@ def cmd_pair(args: argparse.Namespace) -> int:
 def cmd_idle(args: argparse.Namespace) -> int:
     """`idle`: all-rank no-device-task time and marker attribution of a trace directory."""
     from residency.analysis.idle import format_summary, idle_summary
-    from residency.traces.load import load_traces
+    from residency.traces.load import TraceNote, load_traces
 
     causes = None
     with warnings.catch_warnings(record=True) as caught:
@@ -315,16 +322,19 @@ def cmd_idle(args: argparse.Namespace) -> int:
             traces = load_traces(args.path, cache=not args.no_cache, session=args.session,
                                  group=args.group)
             summary = idle_summary(traces, marker=args.marker, window_marker=args.window_marker,
-                                   busy=args.busy)
+                                   busy=args.busy,
+                                   allow_no_device_tasks=args.allow_no_device_tasks)
             if args.by_cause:
                 from residency.analysis.causes import idle_by_cause
 
                 causes = idle_by_cause(traces, busy=args.busy, window_marker=args.window_marker)
         finally:
             for w in caught:
-                print(f"residency idle: warning: {w.message}", file=sys.stderr)
+                kind = "note" if issubclass(w.category, TraceNote) else "warning"
+                print(f"residency idle: {kind}: {w.message}", file=sys.stderr)
     if args.json:
         out = summary.to_dict()
+        out["warnings"] = [str(w.message) for w in caught]
         if causes is not None:
             out["idle_by_cause"] = causes.to_dict(orient="records")
         print(json.dumps(out))
@@ -512,7 +522,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = create_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     handler = COMMANDS[args.command][3]
     try:
-        return int(handler(args) or 0)
+        code = int(handler(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        return code
+    except BrokenPipeError:  # the reader left (`residency idle ... | head -3`): end quietly
+        return _stdout_gone()
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -527,7 +541,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+SIGPIPE_EXIT = 141  # 128 + SIGPIPE, what a shell reports for a process its pipe ended
+
+
+def _stdout_gone() -> int:
+    """After stdout's reader left: point stdout at /dev/null (so that the interpreter's own
+    flush at exit cannot fail again) and exit as a process ended by SIGPIPE reports."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    return SIGPIPE_EXIT
+
+
 def _message(exc: BaseException) -> str:
+    option = getattr(exc, "option", None)  # residency.traces.busy.OptionError (not imported)
+    if isinstance(option, str) and callable(render := getattr(exc, "render", None)):
+        return render("--" + option.replace("_", "-"))
     if isinstance(exc, OSError) and exc.strerror:
         return f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror}"
     return str(exc)

@@ -53,11 +53,15 @@ from residency.traces.files import RANK_COMPONENT_RE, TraceError
 from residency.traces.formats import Parsed
 from residency.traces.sqlitedb import UntrustedDatabase, open_untrusted
 
-__all__ = ["AscendSession", "RELATIVE_LIMIT_NS", "align_clocks", "choose_sessions",
-           "find_sessions", "read_db", "read_db_memory"]
+__all__ = ["AscendSession", "RELATIVE_LIMIT_NS", "SUMMARIES_ONLY", "StepCheck", "align_clocks",
+           "choose_sessions", "find_sessions", "profiler_db_problem", "read_db",
+           "read_db_memory", "read_kernel_details", "read_step_trace", "step_checks",
+           "summaries_only"]
 
 OUTPUT_DIR = "ASCEND_PROFILER_OUTPUT"
 TRACE_VIEW = "trace_view.json"
+KERNEL_DETAILS = "kernel_details.csv"
+STEP_TRACE = "step_trace_time.csv"
 _DIR_RE = re.compile(r"^(?P<worker>.+)_(?P<pid>\d+)_(?P<time>\d{17})_ascend_pt$")
 _INFO_RE = re.compile(r"profiler_info_(\d+)\.json")
 _DB_RE = re.compile(r"ascend_pytorch_profiler_(\d+)\.db")
@@ -85,29 +89,79 @@ class AscendSession:
 
 
 def find_sessions(root: Path, directories: list[Path]) -> list[AscendSession]:
-    """Describe every ``*_ascend_pt`` directory found below `root`.
+    """Describe every ``*_ascend_pt`` directory found below `root`, and every torch-npu export
+    file found outside one (a ``trace_view.json`` or ``ascend_pytorch_profiler_<rank>.db``
+    in ``ASCEND_PROFILER_OUTPUT/`` given as the path, a loose ``rank0/trace_view.json``).
 
     Raises:
-        TraceError: a directory with neither a text nor a database export, or with more than
-            one ``profiler_info_<rank>.json``.
+        TraceError: a directory with neither a text nor a database export (one with only
+            ``kernel_details.csv`` and other summaries: not supported), or with more than one
+            ``profiler_info_<rank>.json``.
+
+    Warns:
+        UserWarning: a ``profiler_info_<rank>.json`` (or database) rank that contradicts the
+            ``rank<N>`` folder it lies in (the profiler's own rank is used).
     """
     found = []
     for d in directories:
-        m = _DIR_RE.match(d.name)
+        if d.is_dir():
+            session, source = d, _source(d)
+        elif d.parent.name == OUTPUT_DIR and d.parent.parent.name.endswith("_ascend_pt"):
+            session, source = d.parent.parent, d  # the export of a session: its directory
+        else:
+            session, source = d, d  # a loose export file stands for itself
+        m = _DIR_RE.match(session.name)
         started = None
         if m:
             try:
                 started = dt.datetime.strptime(m.group("time") + "000", "%Y%m%d%H%M%S%f")
             except ValueError:
                 started = None
-        source = _source(d)
-        rank = _info_rank(d)
+        # profiler_info_<rank>.json lies in the session directory (for a loose export: beside
+        # it, or above its ASCEND_PROFILER_OUTPUT folder)
+        info = session if session.is_dir() else session.parent
+        info = info.parent if info.name == OUTPUT_DIR else info
+        rank = _info_rank(info)
         if rank is None and (db := _DB_RE.fullmatch(source.name)):
             rank = int(db.group(1))
         group, path_rank = _path_rank(d, root)
-        found.append(AscendSession(d, source, rank if rank is not None else path_rank, group,
-                                   started))
+        if rank is not None and path_rank is not None and rank != path_rank:
+            warnings.warn(f"{d}: the profiler recorded rank {rank} but it lies in a rank"
+                          f"{path_rank} folder; rank {rank} is used", UserWarning, stacklevel=3)
+        found.append(AscendSession(session, source, rank if rank is not None else path_rank,
+                                   group, started))
     return found
+
+
+def profiler_db_problem(path: Path) -> str | None:
+    """Why the SQLite file `path` is not a torch-npu profiler database (None: it is one, with
+    the tables `read_db` needs)."""
+    try:
+        con = _open_db(path)
+        try:
+            tables = _tables(con)
+        finally:
+            con.close()
+    except (TraceError, sqlite3.Error) as exc:
+        return f"a SQLite file that cannot be read ({exc})"
+    missing = [t for t in _REQUIRED if t not in tables]
+    if missing:
+        return (f"a SQLite database without the table(s) {', '.join(missing)}: not a torch-npu "
+                "profiler database")
+    return None
+
+
+def summaries_only(d: Path) -> bool:
+    """Whether `d` (a session or its ``ASCEND_PROFILER_OUTPUT``) holds torch-npu's CSV
+    summaries (``kernel_details.csv``, ...) but no timeline."""
+    out = d if d.name == OUTPUT_DIR else d / OUTPUT_DIR
+    return (out / KERNEL_DETAILS).is_file() and not (out / TRACE_VIEW).is_file()
+
+
+SUMMARIES_ONLY = ("holds kernel_details.csv but no trace_view.json and no "
+                  "ascend_pytorch_profiler_<rank>.db: a layout of summaries only, which is not "
+                  "supported (idle needs the timeline: profile with the text export, "
+                  "torch_npu.profiler ExportType.Text, or the database export, ExportType.Db)")
 
 
 def _source(d: Path) -> Path:
@@ -119,6 +173,8 @@ def _source(d: Path) -> Path:
         return dbs[0]
     if len(dbs) > 1:
         raise TraceError(d, f"more than one database export: {', '.join(p.name for p in dbs)}")
+    if summaries_only(d):
+        raise TraceError(d, SUMMARIES_ONLY)
     raise TraceError(d, f"no {OUTPUT_DIR}/{TRACE_VIEW} and no {OUTPUT_DIR}/"
                      "ascend_pytorch_profiler_<rank>.db (was the profile parsed? torch-npu "
                      "writes them when profiling stops)")
@@ -391,4 +447,137 @@ def _texts(values: list[str]) -> np.ndarray:
     distinct: dict[str, str] = {}
     out = np.empty(len(values), dtype=object)
     out[:] = [distinct.setdefault(v, v) for v in map(str, values)]
+    return out
+
+
+# -- torch-npu's own figures: step_trace_time.csv, kernel_details.csv ------------------------
+
+@dataclass(frozen=True)
+class StepCheck:
+    """One row of ``step_trace_time.csv`` beside our figures for the same step (ns).
+
+    `step`: the row's ``Step`` ("" when the profile had no steps: the row covers the whole
+    timeline); `window`: the step's device time range, from ``kernel_details.csv`` (the
+    first start to the last end of the step's kernels, as torch-npu bounds a step by the
+    tasks it launched), None for the whole timeline; ours are None when the step's range is
+    unknown (no ``kernel_details.csv`` row of that step)."""
+
+    step: str
+    reported_computing_ns: int
+    reported_free_ns: int
+    computing_ns: int | None
+    free_ns: int | None
+    window: tuple[int, int] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` object."""
+        return {"step": self.step, "reported_computing_ns": self.reported_computing_ns,
+                "computing_ns": self.computing_ns, "reported_free_ns": self.reported_free_ns,
+                "free_ns": self.free_ns,
+                "window_ns": None if self.window is None else list(self.window)}
+
+
+_CSV_MAX_BYTES = 4 << 30
+
+
+def _csv_rows(path: Path) -> Any:
+    """The rows of a torch-npu CSV summary as dicts (opened as traces are: a regular file
+    within the size limit); TraceError when it cannot be read."""
+    import csv
+
+    from residency.traces.files import open_regular
+
+    fd, _ = open_regular(path, max_bytes=_CSV_MAX_BYTES)
+    with open(fd, encoding="utf-8-sig", errors="replace", newline="") as f:
+        try:
+            yield from csv.DictReader(f)
+        except csv.Error as exc:
+            raise TraceError(path, f"cannot read the CSV: {exc}") from None
+
+
+def _us(text: Any) -> int | None:
+    """Microsecond text as torch-npu writes it (``"1736413971558972.912\\t"``: a trailing
+    tab keeps spreadsheets from rounding it) to int64 ns; None when not a number."""
+    from residency.traces.formats import decimal_us_to_ns
+
+    return decimal_us_to_ns(text.strip()) if isinstance(text, str) and text.strip() else None
+
+
+def read_step_trace(path: Path) -> list[tuple[str, int, int]]:
+    """``(step, computing_ns, free_ns)`` per row of a ``step_trace_time.csv`` (columns
+    ``Step``, ``Computing``, ``Free`` in us, as torch-npu's ``TraceStepTimeParser`` writes them:
+    sums of the ``Overlap Analysis`` slices that start in the step). Rows whose figures are not
+    numbers are left out.
+
+    Raises:
+        TraceError: the file cannot be read, or lacks one of those columns (named).
+    """
+    out = []
+    for i, row in enumerate(_csv_rows(path)):
+        if i == 0:
+            missing = [c for c in ("Step", "Computing", "Free") if c not in row]
+            if missing:
+                raise TraceError(path, f"no column {missing[0]!r} (columns: "
+                                 f"{', '.join(map(str, row))})")
+        computing, free = _us(row.get("Computing")), _us(row.get("Free"))
+        if computing is not None and free is not None:
+            out.append((str(row.get("Step") or "").strip(), computing, free))
+    return out
+
+
+def read_kernel_details(path: Path) -> dict[str, tuple[int, int]]:
+    """Each ``Step Id`` of a ``kernel_details.csv`` and its kernels' range ``[first start,
+    last end)`` in ns (``Start Time(us)``, with its trailing tab, + ``Duration(us)``); {} when
+    the file has no ``Step Id`` column (a profile without steps).
+
+    Raises:
+        TraceError: the file cannot be read, or lacks ``Start Time(us)`` / ``Duration(us)``.
+    """
+    out: dict[str, tuple[int, int]] = {}
+    for i, row in enumerate(_csv_rows(path)):
+        if i == 0:
+            missing = [c for c in ("Start Time(us)", "Duration(us)") if c not in row]
+            if missing:
+                raise TraceError(path, f"no column {missing[0]!r} (columns: "
+                                 f"{', '.join(map(str, row))})")
+            if "Step Id" not in row:
+                return {}
+        start, dur = _us(row.get("Start Time(us)")), _us(row.get("Duration(us)"))
+        step = str(row.get("Step Id") or "").strip()
+        if start is None or dur is None or dur < 0 or not step:
+            continue
+        lo, hi = out.get(step, (start, start + dur))
+        out[step] = (min(lo, start), max(hi, start + dur))
+    return out
+
+
+def _starting_in(merged: np.ndarray, window: tuple[int, int] | None) -> int:
+    """Total length of the merged intervals whose start lies in `window` (all: None), as
+    torch-npu assigns an Overlap Analysis slice to the step it starts in."""
+    if window is not None:
+        merged = merged[(merged[:, 0] >= window[0]) & (merged[:, 0] < window[1])]
+    return int((merged[:, 1] - merged[:, 0]).sum())
+
+
+def step_checks(output_dir: Path, computing: np.ndarray, free: np.ndarray) -> list[StepCheck]:
+    """torch-npu's per-step Computing and Free (``step_trace_time.csv`` in `output_dir`)
+    beside ours: `computing` and `free` are our merged computing and free intervals (ns).
+    No ``step_trace_time.csv``: []. Steps are bounded by ``kernel_details.csv``.
+
+    Raises:
+        TraceError: either CSV exists but cannot be read (named).
+    """
+    steps_csv = output_dir / STEP_TRACE
+    if not steps_csv.is_file():
+        return []
+    rows = read_step_trace(steps_csv)
+    kernels = output_dir / KERNEL_DETAILS
+    ranges = read_kernel_details(kernels) if kernels.is_file() else {}
+    out = []
+    for step, computing_ns, free_ns in rows:
+        window = None if not step else ranges.get(step)
+        known = not step or window is not None
+        out.append(StepCheck(step, computing_ns, free_ns,
+                             _starting_in(computing, window) if known else None,
+                             _starting_in(free, window) if known else None, window))
     return out

@@ -55,8 +55,12 @@ Where the lists come from (read in the projects' sources; repository and path):
 Definitions (`DEFINITIONS`): ``ascend`` (default for torch-npu) counts compute, memory copies,
 communication, other and unknown; ``msprof`` counts what msprof-analyze's free-time analyses
 count, compute and communication (plus unknown, reported); ``kineto`` (default for Kineto)
-counts kernels, memcpy and memset (the loader never keeps ``cuda_sync``); ``all`` counts every
-device task.
+counts kernels, memcpy and memset, and MTIA's ccp events (`residency.traces.categories`; the
+loader never keeps ``cuda_sync``); ``all`` counts every device task. Each applies to the
+formats `APPLIES_TO` names and is refused for the others (`resolve`): ``ascend`` and ``msprof``
+read torch-npu Task Types, which Kineto traces lack; ``kineto`` reads Kineto categories.
+Unknown types are reported with counts, and warned about unless the trace's own Overlap
+Analysis counts the time only they cover as Computing/Communication (torch-npu's ``Other``).
 """
 
 from __future__ import annotations
@@ -67,13 +71,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from residency.errors import BadInput
+from residency.traces import intervals as iv
 from residency.traces.load import ASCEND_COMM_PROCESSES, COMMUNICATION_LANE
 
 if TYPE_CHECKING:
     from residency.traces.load import RankTimeline
 
-__all__ = ["CLASSES", "DEFINITIONS", "BusyDefinition", "BusyTasks", "busy_tasks",
-           "classify", "resolve"]
+__all__ = ["APPLIES_TO", "CLASSES", "DEFINITIONS", "OVERLAP_BUSY", "BusyDefinition",
+           "BusyTasks", "OptionError", "busy_tasks", "class_rows", "classify", "resolve"]
 
 _TYPES = {  # sources: module doc
     "compute": ("AI_CORE", "AI_CPU", "AIV_SQE", "AI_VECTOR_CORE", "MIX_AIC", "MIX_AIV",
@@ -118,8 +124,36 @@ DEFINITIONS = {
     "msprof": BusyDefinition("msprof", frozenset({"compute", "communication", "unknown"}),
                              "msprof-analyze's: compute and communication"),
     "kineto": BusyDefinition("kineto", frozenset({"compute", "memcpy", "memset", "unknown"}),
-                             "kernels, memcpy and memset; synchronisation is not"),
+                             "kernels, memcpy and memset (MTIA: its ccp events); "
+                             "synchronisation is not"),
     "all": BusyDefinition("all", frozenset(CLASSES), "every device task"),
+}
+
+
+class OptionError(BadInput):
+    """Bad input that one option (or API parameter) gave: the message names it as `render`
+    is told (``--window-marker`` on the command line, ``window_marker`` in the API)."""
+
+    def __init__(self, option: str, template: str, *values: object) -> None:
+        # `template` is ours ("{option}" where the option is named, "{0}".. for `values`);
+        # text from the input only ever arrives in `values`, never parsed as a template
+        self.option, self.template, self.values = option, template, values
+        super().__init__(self.render(f"`{option}`"))
+
+    def render(self, name: str) -> str:
+        """The message naming the option `name`."""
+        return self.template.format(*self.values, option=name)
+
+
+# the formats each definition applies to, and why it is refused for the others
+APPLIES_TO = {"ascend": frozenset({"ascend"}), "msprof": frozenset({"ascend"}),
+              "kineto": frozenset({"kineto"}), "all": frozenset({"ascend", "kineto"})}
+_REFUSED = {
+    "kineto": "{name} counts torch-npu Task Types (compute, copies, communication), which "
+              "Kineto traces do not have: their device tasks are kernels, memcpy and memset "
+              "by category; use kineto or all",
+    "ascend": "{name} counts Kineto categories (kernels, memcpy, memset); torch-npu traces "
+              "have Task Types instead: use ascend, msprof or all",
 }
 
 
@@ -128,13 +162,18 @@ def resolve(name: str | None, fmt: str) -> BusyDefinition:
     (``ascend`` for torch-npu traces, ``kineto`` for Kineto).
 
     Raises:
-        ValueError: an unknown name.
+        OptionError: an unknown name, or a definition that does not apply to traces of
+            format `fmt` (`APPLIES_TO`), with the reason.
     """
     if name is None or name == "default":
         name = "ascend" if fmt == "ascend" else "kineto"
     if name not in DEFINITIONS:
-        raise ValueError(f"The value for `busy` must be one of {['default', *DEFINITIONS]}, "
-                         f"but {name!r} was passed.")
+        raise OptionError("busy", "The value for {option} must be one of {0}, but {1!r} was "
+                          "passed.", ["default", *DEFINITIONS], name)
+    if fmt in _REFUSED and fmt not in APPLIES_TO[name]:
+        label = "Kineto" if fmt == "kineto" else "torch-npu"
+        raise OptionError("busy", "{option} {0} does not apply to {1} traces: "
+                          + _REFUSED[fmt].replace("{name}", "{0}"), name, label)
     return DEFINITIONS[name]
 
 
@@ -153,6 +192,8 @@ class BusyTasks:
     rows: np.ndarray
     excluded: dict[str, int]
     unknown: dict[str, int]
+    confirmed: frozenset[str] = frozenset()  # unknown types the trace's own Overlap Analysis
+    # counts busy (every task of the type lies inside its Computing/Communication slices)
 
 
 def busy_tasks(t: RankTimeline, definition: BusyDefinition, fmt: str = "ascend") -> BusyTasks:
@@ -175,4 +216,45 @@ def busy_tasks(t: RankTimeline, definition: BusyDefinition, fmt: str = "ascend")
             rows = np.concatenate((rows, t.ranges[comm]))
         else:
             excluded[COMMUNICATION_LANE] = int(comm.sum())
-    return BusyTasks(rows, excluded, unknown)
+    confirmed = frozenset()
+    if unknown and len(t.overlap):
+        codes = np.asarray(types, object)
+        known = t.device[mask & ~np.isin(codes, list(unknown))]
+        if comm.any() and "communication" in definition.classes:
+            known = np.concatenate((known, t.ranges[comm]))
+        known = iv.merge(known)
+        confirmed = frozenset(ty for ty in unknown if _inside_overlap_busy(
+            t, iv.complement(known, iv.merge(t.device[codes == ty]))))
+    return BusyTasks(rows, excluded, unknown, confirmed)
+
+
+# the Overlap Analysis slices that say the device worked (msprof's Computing and
+# Communication; "Free" is the rest)
+OVERLAP_BUSY = frozenset({"Computing", "Communication", "Communication(Not Overlapped)"})
+
+
+def _inside_overlap_busy(t: RankTimeline, rows: np.ndarray) -> bool:
+    """Whether `rows` (the time of a type's tasks that no known busy task covers) is not
+    empty and lies inside the union of the trace's own Overlap Analysis Computing /
+    Communication slices: the trace counts that time busy, as residency does (False without
+    that lane, or when the type's tasks only overlap known ones: nothing to tell)."""
+    if not len(t.overlap) or not len(rows):
+        return False
+    slices = t.overlap[np.isin(t.overlap_names, list(OVERLAP_BUSY))]
+    if not len(slices):
+        return False
+    slices = slices[np.argsort(slices[:, 0], kind="stable")]
+    ends = np.maximum.accumulate(slices[:, 1])
+    starts_new = np.r_[True, slices[1:, 0] > ends[:-1]]
+    lo = slices[starts_new, 0]
+    hi = np.maximum.reduceat(slices[:, 1], np.flatnonzero(starts_new))
+    i = np.searchsorted(lo, rows[:, 0], side="right") - 1
+    ok = i >= 0
+    ok[ok] = rows[ok, 1] <= hi[i[ok]]
+    return bool(ok.all())
+
+
+def class_rows(t: RankTimeline, classes: frozenset[str]) -> np.ndarray:
+    """The rows of `t`'s tasks whose class is in `classes` (torch-npu; with
+    ``communication``, the Communication lane's ranges too), ``(k, 2)`` as recorded."""
+    return busy_tasks(t, BusyDefinition("", classes, ""), "ascend").rows

@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 import msgspec
 import numpy as np
 
+from residency.traces.categories import DEVICE_CATEGORIES, HOST_CATEGORIES
 from residency.traces.files import CHUNK_BYTES, MAX_TRACE_BYTES, TraceError, TraceStream
 from residency.traces.jsonstream import (
     PLACEHOLDER,
@@ -54,8 +55,6 @@ __all__ = ["ASCEND_DERIVED_PROCESSES", "ASCEND_DEVICE_PROCESS", "DEVICE_CATEGORI
            "join_parts", "object_array", "parse_part", "parse_trace", "parse_whole",
            "part_bounds"]
 
-DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"})
-HOST_CATEGORIES = frozenset({"user_annotation", "cpu_op", "python_function", "operator"})
 ASCEND_DEVICE_PROCESS = "Ascend Hardware"
 ASCEND_DERIVED_PROCESSES = frozenset({"Overlap Analysis"})
 _EXACT_FLOAT_US = 2.0**49 / 1000  # float64 us below this: ns within 0.1 of the decimal's

@@ -14,6 +14,10 @@ One entry point, `load_traces`, for both formats the brief names:
   derived slices are set apart (`RankTimeline.overlap`). torch-npu layouts (sessions,
   vLLM-Omni groups, ranks, the SQLite export, relative times) are `residency.traces.ascend`'s.
 
+Which format a file holds is read from its content (`residency.traces.sniff`), the path being
+only a hint: a ``trace_view.json`` copied anywhere is torch-npu's, an execution trace beside
+Kineto files is skipped. Kineto's device categories per accelerator: `residency.traces.categories`.
+
 Timestamps are parsed exactly: decimal text goes to int64 ns without passing through float64,
 and float64 values are used only where they give the same nanosecond. An event whose ``ts``
 is not a number, whose ``dur`` is missing or negative, or whose times lie 2**62 ns (146 years)
@@ -67,8 +71,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ASCEND_COMM_PROCESSES", "ASCEND_DERIVED_PROCESSES", "ASCEND_DEVICE_PROCESS",
            "CACHE_DIR", "CHUNK_BYTES", "COMMUNICATION_LANE", "DEVICE_CATEGORIES",
-           "HOST_CATEGORIES", "MAX_TRACE_BYTES", "RankTimeline", "TraceError", "TraceSet",
-           "load_traces"]
+           "HOST_CATEGORIES", "MAX_TRACE_BYTES", "RankTimeline", "TraceError", "TraceNote",
+           "TraceSet", "load_traces"]
 
 ASCEND_COMM_PROCESSES = frozenset({"Communication", "HCCL"})  # "HCCL" before torch-npu 2.1
 COMMUNICATION_LANE = "[Communication]"  # the task type `residency.traces.busy` gives their ranges
@@ -168,8 +172,12 @@ def load_traces(path: str | os.PathLike[str], *, cache: bool = True,
                 group: str | None = None) -> TraceSet:
     """Load every rank's trace under `path`.
 
-    `path` is a trace file, a directory of rank traces of one format (searched recursively),
-    or a run directory whose ``trace/`` subdirectory holds them. A Kineto file's rank is its
+    `path` is a trace file, a directory of rank traces of one format (searched recursively:
+    ``rank<N>/`` folders, ``*_ascend_pt`` sessions, ``ASCEND_PROFILER_OUTPUT`` itself, loose
+    ``trace_view.json`` or database exports, vLLM-Omni's group folders), or a run directory
+    whose ``trace/`` subdirectory holds them. Each file's format is decided from its content
+    (`residency.traces.sniff`); files that are not traces are skipped with a `TraceNote`. A lone
+    trace that records no rank is rank 0 (with a `TraceNote`). A Kineto file's rank is its
     ``distributedInfo.rank``, else the deepest path component below `path` named exactly
     ``[<group>_]rank<N>`` (``rank3.trace.json``, ``diffusion_rank3/``), never a host name
     that contains ``rank<N>`` (``gpu-rank7-a_123.pt.trace.json`` names no rank); a
@@ -183,7 +191,8 @@ def load_traces(path: str | os.PathLike[str], *, cache: bool = True,
     a cache that cannot be used, or does not match the trace or its own digest, is ignored.
 
     Raises:
-        TraceError: nothing to load, both formats under `path`, a trace that is not a regular
+        TraceError: nothing to load (the skipped files listed; a torch-npu session of CSV
+            summaries only: not supported), both formats under `path`, a trace that is not a regular
             file (FIFO, device, socket), a link leaving `path`, a file larger than
             `max_trace_bytes` on disk or decompressed, unreadable or invalid JSON (with the
             byte position in the decompressed stream where known), a rank that cannot be told
@@ -191,10 +200,15 @@ def load_traces(path: str | os.PathLike[str], *, cache: bool = True,
             torch-npu times on several ranks, or ranks whose time ranges do not overlap.
 
     Warns:
-        UserWarning: a rank without device tasks (its busy time is zero).
+        UserWarning: a rank without device tasks (its busy time is zero); a recorded rank
+            that contradicts the ``rank<N>`` folder it lies in (the recorded one is used).
+        TraceNote: a file skipped as not a trace; a lone trace read as rank 0.
     """
     root = Path(path)
-    fmt, items = _discover(root)
+    found = _discover(root)
+    fmt, items = found.fmt, found.items
+    for f, why in found.skipped:
+        warnings.warn(f"skipped {f}: {why}", TraceNote, stacklevel=2)
     known: list[int | None] = [None] * len(items)
     sessions: list[str | None] = [None] * len(items)
     if fmt == "ascend":
@@ -220,7 +234,17 @@ def load_traces(path: str | os.PathLike[str], *, cache: bool = True,
     for item, source, p, rank, label in zip(items, sources, parsed, known, sessions,
                                             strict=True):
         if fmt == "kineto":
-            rank = p.rank if p.rank is not None else _rank_from_path(item, root)
+            named = _rank_from_path(item, root)
+            if p.rank is not None and named is not None and p.rank != named:
+                warnings.warn(f"{item}: distributedInfo.rank is {p.rank} but its path names "
+                              f"rank {named}; rank {p.rank} is used", UserWarning, stacklevel=2)
+            rank = p.rank if p.rank is not None else named
+        elif rank is None:
+            rank = p.rank  # a database's RANK_DEVICE_MAP, when nothing else names the rank
+        if rank is None and len(items) == 1:
+            rank = 0
+            warnings.warn(f"{item} records no rank ({_NO_RANK[fmt]}); read as rank 0, the "
+                          "only trace", TraceNote, stacklevel=2)
         if rank is None:
             unknown.append(item)
             continue
@@ -241,11 +265,8 @@ def load_traces(path: str | os.PathLike[str], *, cache: bool = True,
                                    p.task_types, p.lanes, *arrays[6:], label, names)
     if unknown:
         listed = ", ".join(str(u) for u in unknown)
-        where = ("no distributedInfo.rank and no path component named [<group>_]rank<N> "
-                 "below the given path" if fmt == "kineto"
-                 else "no profiler_info_<rank>.json, no ascend_pytorch_profiler_<rank>.db and "
-                 "no rank<N> folder below the given path")
-        raise TraceError(root, f"cannot tell the rank of {listed} ({where})")
+        raise TraceError(root, f"cannot tell the rank of {listed} ({_NO_RANK[fmt]}; one "
+                         "trace alone is read as rank 0, several need their ranks)")
     _check_overlap(root, ranks)
     for t in ranks.values():
         if not len(t.device):
@@ -256,43 +277,95 @@ def load_traces(path: str | os.PathLike[str], *, cache: bool = True,
 
 # -- discovery -------------------------------------------------------------------------------
 
-def _is_kineto_name(p: Path) -> bool:
-    return p.name.endswith((".json", ".json.gz"))
+_NO_RANK = {"kineto": "no distributedInfo.rank and no path component named "
+                      "[<group>_]rank<N> below the given path",
+            "ascend": "no profiler_info_<rank>.json, no ascend_pytorch_profiler_<rank>.db and "
+                      "no rank<N> folder below the given path"}
+
+_CANDIDATE_SUFFIXES = (".json", ".json.gz", ".db")
 
 
-def _discover(path: Path) -> tuple[Literal["kineto", "ascend"], list[Path]]:
+class TraceNote(UserWarning):
+    """Something the loader decided that the user should know: a file skipped as not a trace,
+    a rank given to a file that names none."""
+
+
+@dataclass(frozen=True)
+class _Found:
+    fmt: Literal["kineto", "ascend"]
+    items: list[Path]
+    skipped: list[tuple[Path, str]]
+
+
+def _discover(path: Path) -> _Found:
+    """The traces under `path`, each file's format decided from its content
+    (`residency.traces.sniff`); files that are not traces are listed as skipped."""
+    from residency.traces.sniff import sniff
+
     if not os.path.lexists(path):
         raise TraceError(path, "no such file or directory")
     if not path.is_dir():  # a file (or a FIFO, device...: refused when opened)
-        if _is_kineto_name(path):
-            return "kineto", [path]
-        raise TraceError(path, "not a trace: expected *.json, *.json.gz or *_ascend_pt/")
+        kind = sniff(path)
+        if kind.kind == "skip":
+            raise TraceError(path, f"not a trace: {kind.reason}")
+        return _Found("kineto" if kind.kind == "kineto" else "ascend", [path], [])
     root = path / "trace" if (path / "trace").is_dir() else path
     if root.name.endswith("_ascend_pt"):
-        return "ascend", [root]
-    kineto: list[Path] = []
+        return _Found("ascend", [root], [])
+    candidates: list[Path] = []
     ascend: list[Path] = []
     runs: list[Path] = []  # trace/ folders of run directories below PATH
+    summaries: list[Path] = []  # folders of torch-npu CSV summaries without a timeline
     for d, dirs, files in os.walk(root):
         dirs[:] = [x for x in dirs if not x.startswith(".")]  # hidden: never a trace
         files = [f for f in files if not f.startswith(".")]
         ascend += [Path(d, x) for x in dirs if x.endswith("_ascend_pt")]
         runs += [Path(d, x) for x in dirs if x == "trace"]
-        dirs[:] = [x for x in dirs if not x.endswith("_ascend_pt") and x != CACHE_DIR]
-        kineto += [p for f in files if _is_kineto_name(p := Path(d, f))]
+        dirs[:] = sorted(x for x in dirs if not x.endswith("_ascend_pt") and x != CACHE_DIR)
+        candidates += [Path(d, f) for f in sorted(files) if f.endswith(_CANDIDATE_SUFFIXES)]
+        if "kernel_details.csv" in files:
+            summaries.append(Path(d))
     if len(runs) > 1:
         listed = ", ".join(str(r.parent.relative_to(root)) for r in sorted(runs)[:4])
         raise TraceError(root, f"holds the traces of {len(runs)} runs ({listed}"
                          f"{', ...' if len(runs) > 4 else ''}); point PATH at one of them")
     if runs:
         return _discover(runs[0].parent)
+    kineto: list[Path] = []
+    exports: dict[Path, list[Path]] = {}  # folder -> its torch-npu export files
+    skipped: list[tuple[Path, str]] = []
+    for f in candidates:
+        kind = sniff(f, root=root)
+        if kind.kind == "kineto":
+            kineto.append(f)
+        elif kind.kind == "skip":
+            skipped.append((f, kind.reason))
+        else:
+            exports.setdefault(f.parent, []).append(f)
+    for folder, files in exports.items():
+        if len(files) > 1:  # a text export and a database beside it: the text is read
+            text = [f for f in files if not f.name.endswith(".db")]
+            keep = text if len(text) == 1 else files
+            skipped += [(f, f"a torch-npu export beside {keep[0].name}, which is read")
+                        for f in files if f not in keep]
+            exports[folder] = keep
+        ascend += exports[folder]
     if kineto and ascend:
         raise TraceError(root, f"holds both Kineto files ({kineto[0].name}, ...) and torch-npu "
-                         f"directories ({ascend[0].name}, ...); point PATH at one format")
+                         f"traces ({ascend[0].name}, ...); point PATH at one format")
     if not (kineto or ascend):
+        from residency.traces.ascend import SUMMARIES_ONLY
+
+        if summaries:
+            raise TraceError(summaries[0], SUMMARIES_ONLY)
+        listed = "; ".join(f"{f}: {why}" for f, why in skipped[:6])
         raise TraceError(root, "no traces found: expected Kineto *.json / *.json.gz files or "
-                         "torch-npu *_ascend_pt directories")
-    return ("kineto", sorted(kineto)) if kineto else ("ascend", sorted(ascend))
+                         "torch-npu *_ascend_pt directories, trace_view.json or "
+                         "ascend_pytorch_profiler_<rank>.db"
+                         + (f" (skipped: {listed}{'; ...' if len(skipped) > 6 else ''})"
+                            if skipped else ""))
+    return (_Found("kineto", sorted(kineto), skipped) if kineto
+            else _Found("ascend", sorted(ascend), skipped))
 
 
 def _kineto_group(p: Path, root: Path) -> str:
@@ -415,7 +488,7 @@ def _plan_parts(sources: list[Path], sizes: list[int], todo: list[int],
     out = {}
     for i in todo:
         k = min(n // len(todo), sizes[i] // _PART_MIN_BYTES)
-        if k > 1 and not sources[i].name.endswith((".gz", ".db")):
+        if k > 1 and not sources[i].name.endswith((".gz", ".db")) and not _is_sqlite(sources[i]):
             bounds = part_bounds(sources[i], sizes[i], k)
             if len(bounds) > 1:
                 out[i] = bounds
@@ -463,11 +536,22 @@ _COLUMNS = ("device", "ranges", "device_task_type", "range_task_type", "range_la
 
 def _parse_one(fmt: str, source: Path, **job: Any) -> Parsed:
     """`parse_trace`, or `residency.traces.ascend.read_db` for torch-npu's SQLite export."""
-    if source.suffix == ".db":
+    if source.suffix == ".db" or _is_sqlite(source):
         from residency.traces.ascend import read_db
 
         return read_db(source)
     return parse_trace(fmt, source, **job)
+
+
+def _is_sqlite(source: Path) -> bool:
+    """Whether `source` starts with SQLite's header (torch-npu's database under any name)."""
+    from residency.traces.sniff import SQLITE_HEADER
+
+    try:
+        with open(source, "rb") as f:
+            return f.read(len(SQLITE_HEADER)) == SQLITE_HEADER
+    except OSError:
+        return False  # the parse names the problem
 
 
 def _parse_to_disk(fmt: str, source: Path, job: dict, folder: str) -> tuple[Parsed, str]:
