@@ -218,8 +218,10 @@ def test_consecutive_notebook_with_an_external_service(notebooks: dict[str, Path
     (attributed,) = results["request_attribution"]
     assert (attributed["method"], attributed["outside_count"]) == ("time", RANKS * 3)
     shown = _outputs(folder / "c.ipynb")
-    assert "**Service** `standin-vllm-omni-2r`" in shown and "vllm_omni 0.0.0+standin" in shown
-    assert "Attributed by time (client wall-clock windows): 6 decision(s)" in shown
+    # run-supplied strings reach Markdown escaped (humanize.md_code / md_text)
+    assert "**Service** <code>standin-vllm-omni-2r</code>" in shown
+    assert "vllm\\_omni 0.0.0+standin" in shown
+    assert "Attributed by time \\(client wall-clock windows\\): 6 decision\\(s\\)" in shown
     run = load_run(folder / "run")
     assert run.manifest["service"] == "external"
 
@@ -237,6 +239,6 @@ def test_paired_profile_notebook_with_an_external_service(notebooks: dict[str, P
     assert [r["outside_count"] for r in results["evidence"]["request_attribution"]] == [
         RANKS * 3] * 2
     shown = _outputs(folder / "p.ipynb")
-    assert "**Service** `standin-vllm-omni-2r`" in shown
+    assert "**Service** <code>standin-vllm-omni-2r</code>" in shown
     assert shown.count("lay outside every request") == 2  # one sentence per service run
     assert "warm-up requests excluded; 12 decision(s) outside every request excluded" in shown
