@@ -1,32 +1,39 @@
-"""Trace analysis speed and memory: `residency idle` against a bare typed msgspec decode and
-HolisticTraceAnalysis's `get_temporal_breakdown`, on the same seeded Kineto files.
+"""Trace analysis speed and memory, process to process, every ratio from one run: `residency
+idle` (the default path a user gets: cold, i.e. the first time, which writes the cache; warm;
+``--no-cache``) against a bare typed msgspec decode of the same files, against
+HolisticTraceAnalysis (`traceinsight` 0.6.1) in its own venv, and the Dask path against the
+local one; then, on paper, 1,024 ranks x 1 GB from the per-rank figures.
 
-    python benchmarks/trace_analysis.py [--ranks 8] [--events 110000] [--repeat 5]
-                                        [--scale 1gb|8x1gb] [--hta-python PYTHON] [--dir DIR]
+    python benchmarks/trace_analysis.py [--repeat 3] [--hta-python /tmp/ti/bin/python]
+                                        [--scale 1gb|8x1gb] [--dask-ranks 64] [--dir DIR]
 
-Targets (issue 18): at least 30x faster than HTA process to process (both whole commands, as a
-user runs them: interpreter start and imports included), cold cache, on the standard case;
-within 1.2x of the bare typed decode's wall time on the standard and the 1 GB case; peak memory
-of the whole process tree at most 25 % of the JSON size on the 1 GB case (2 ranks x 2.5M
-events) and under 1 GB for 8 x 1 GB (``--scale 8x1gb``, 8 GB of disk). In-process times are
-after imports (shown apart). A shared machine is noisy: every figure gives the median and range
-of --repeat interleaved rounds, and ratios to the bare decode pair runs of the same round. Every
-measurement runs in a fresh child process (files are in the OS page cache after generation:
-"cold" means without our Parquet cache, not a cold disk); peak memory is the largest sum over
-the child's process tree, sampled every 20 ms, of RSS and of PSS (shared pages split between
-processes). HTA runs with HTA_DISABLE_NS_ROUNDING=1 (nanosecond times kept, as ours; its faster
-setting). It is optional, never a dependency:
+Traces are realistic generated Kineto exports (`benchmarks/tracegen.py`: document head,
+metadata, ProfilerStep annotations, cpu_op with args, python_function, cuda_runtime launches,
+kernels/memcpy with args, ac2g flows, cuda_sync, gpu_user_annotation, release markers;
+fractional-us times, some as decimal strings). Cases: the standard one (8 ranks x 110k
+events) against the bare decode and HTA; ``--scale 1gb`` (2 ranks x 2.5M events, ~1.2 GB) and
+``8x1gb`` (8 ranks x 4.3M events, ~8 GB of disk); the Dask case (``--dask-ranks`` ranks x
+``--dask-events`` events, 64 x 20k by default, on a LocalCluster of 2 workers against the
+local path; ``--dask-ranks 0`` skips it).
 
-    python -m venv /tmp/hta && /tmp/hta/bin/pip install holistictraceanalysis
-    python benchmarks/trace_analysis.py --hta-python /tmp/hta/bin/python
+Targets (issue 26): cold within 1.2x of the bare decode, warm at most 0.2x cold, writing the
+cache at most 10 % of the cold run, peak memory of the process tree at most 25 % of the JSON
+(under 1 GB for 8 x 1 GB), at least 30x faster than HTA cold, the LocalCluster within 1.3x of
+the local path. A shared machine is noisy: every figure is the median (and range) of
+--repeat interleaved rounds, ratios pair runs of the same round, and the load average is
+printed. Every measurement is a fresh process (files are in the OS page cache after
+generation: "cold" means without our cache, not a cold disk); peak memory is the largest sum
+of RSS over the process tree, sampled every 20 ms. HTA (never a dependency):
+
+    python -m venv /tmp/ti && /tmp/ti/bin/pip install traceinsight==0.6.1
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
-import random
 import resource
 import shutil
 import statistics
@@ -38,121 +45,36 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BASE_NS = 1_764_500_000_000_000_000
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tracegen  # noqa: E402
+
 MARKER = r"residency\.release\[normal\]"
-KERNELS = [f"void at::native::elementwise_kernel<{i}, 4>(int)" for i in range(24)] + [
-    "ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_nn", "Memcpy DtoD (Device -> Device)"]
-
-
-def generate(d: Path, ranks: int, events: int, seed: int) -> int:
-    """Write `ranks` Kineto files of about `events` device tasks each; return total bytes.
-
-    All ranks share one schedule of release stalls (no device work, a release marker on each
-    rank), so the marker/all-rank-idle intersection is not empty. Files already written with
-    the same parameters (a kept --dir) are reused."""
-    stamp = d / "generated.params"  # not *.json: no trace
-    params = {"ranks": ranks, "events": events, "seed": seed}
-    if stamp.is_file() and json.loads(stamp.read_text()) == params:
-        return sum(p.stat().st_size for p in d.glob("*.json"))
-    rnd = random.Random(seed)
-    stalls, t = [], 0.0
-    for _ in range(events // 2000):
-        t += rnd.uniform(3000, 6000)
-        stalls.append((t, t + rnd.uniform(50, 400)))
-    for r in range(ranks):
-        rr = random.Random(seed * 1000 + r)
-        lines, t, corr, s = [], 0.0, 0, 0
-        while corr < events:
-            corr += 1
-            t += rr.uniform(0.2, 2.5)
-            if s < len(stalls) and t >= stalls[s][0]:
-                a, b = stalls[s]
-                lines.append(f'{{"ph": "X", "cat": "user_annotation", "name": '
-                             f'"residency.release[normal]", "pid": 1, "tid": 1, '
-                             f'"ts": {a + rr.uniform(-20, 5):.3f}, '
-                             f'"dur": {b - a + rr.uniform(0, 30):.3f}}}')
-                t, s = b + rr.uniform(0, 20), s + 1
-            dur = rr.uniform(1.0, 14.0)
-            cat = "gpu_memcpy" if corr % 50 == 0 else "kernel"
-            lines.append(f'{{"ph": "X", "cat": "{cat}", "name": "{rr.choice(KERNELS)}", '
-                         f'"pid": 0, "tid": {7 + corr % 2}, "ts": {t:.3f}, "dur": {dur:.3f}, '
-                         f'"args": {{"correlation": {corr}, "stream": {7 + corr % 2}}}}}')
-            if corr % 40 == 0:
-                lines.append(f'{{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", '
-                             f'"pid": 1, "tid": 1, "ts": {t - 5:.3f}, "dur": 3.0, '
-                             f'"args": {{"correlation": {corr}}}}}')
-            t += dur * rr.uniform(0.3, 1.0)
-        head = (f'{{\n  "schemaVersion": 1,\n  "distributedInfo": {{"backend": "nccl", "rank": '
-                f'{r}, "world_size": {ranks}}},\n  "baseTimeNanoseconds": {BASE_NS},\n'
-                '  "traceEvents": [\n  ')
-        with (d / f"rank{r}.pt.trace.json").open("w") as f:  # one line at a time: 1 GB too
-            f.write(head)
-            for i, line in enumerate(lines):
-                f.write(",\n  " + line if i else line)
-            f.write("\n]}\n")
-        del lines
-    stamp.write_text(json.dumps(params))
-    return sum(p.stat().st_size for p in d.glob("*.json"))
-
 
 BARE = """
-import json, sys, time, math, msgspec
+import json, math, sys, time, msgspec
 from pathlib import Path
-import resource
-def cpu():  # CPU seconds of this process and its finished children (worker processes)
-    s, c = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 class E(msgspec.Struct, gc=False):
-    ph: str = ""; cat: str = ""; name: str = ""; ts: float = math.nan; dur: float = math.nan
+    ph: str = ""; cat: str = ""; name: str = ""
+    ts: "float | str" = math.nan; dur: "float | str" = math.nan
 class T(msgspec.Struct, gc=False):
     traceEvents: list[E] = []
 dec = msgspec.json.Decoder(T)
-t0, c0 = time.perf_counter(), cpu()
 n = 0
 for p in sorted(Path(sys.argv[1]).glob("*.json")):
     n += len(dec.decode(p.read_bytes()).traceEvents)
-print(json.dumps({"seconds": time.perf_counter() - t0, "cpu_s": cpu() - c0, "events": n}))
-"""
-
-OURS = """
-import json, sys, time
-import resource
-def cpu():  # CPU seconds of this process and its finished children (worker processes)
-    s, c = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
-t0 = time.perf_counter()
-from residency.traces.load import load_traces
-from residency.analysis.idle import idle_summary
-t1, c1 = time.perf_counter(), cpu()
-workers = None if sys.argv[3] == "auto" else int(sys.argv[3])
-s = idle_summary(load_traces(sys.argv[1], cache=sys.argv[2] == "1", workers=workers),
-                 marker=sys.argv[4])
-t2 = time.perf_counter()
-print(json.dumps({"seconds": t2 - t1, "cpu_s": cpu() - c1, "import_s": t1 - t0,
-       "all_rank_idle_ns": s.all_rank_idle_ns,
-       "marker_idle_intersection_ns": s.marker_idle_intersection_ns,
-       "span_idle_us": [r.span_idle_ns / 1000 for r in s.per_rank]}))
+print(json.dumps({"events": n}))
 """
 
 HTA = """
-import json, sys, time, logging
-import resource
-def cpu():  # CPU seconds of this process and its finished children (worker processes)
-    s, c = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+import json, sys, logging
 logging.disable(logging.WARNING)
-t0 = time.perf_counter()
 from hta.trace_analysis import TraceAnalysis
-t1, c1 = time.perf_counter(), cpu()
 df = TraceAnalysis(trace_dir=sys.argv[1]).get_temporal_breakdown(visualize=False)
-t2 = time.perf_counter()
-print(json.dumps({"seconds": t2 - t1, "cpu_s": cpu() - c1, "import_s": t1 - t0,
-       "span_idle_us": [float(x) for x in df.sort_values("rank")["idle_time(us)"]]}))
+print(json.dumps({"span_idle_us": [float(x) for x in df.sort_values("rank")["idle_time(us)"]]}))
 """
 
 
 def _tree(pid: int) -> list[int]:
-    """`pid` and its descendants, from /proc."""
     parent: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -169,197 +91,223 @@ def _tree(pid: int) -> list[int]:
     return out
 
 
-def _memory_kb(pids: list[int]) -> tuple[int, int]:
-    rss = pss = 0
+def _rss_kb(pids: list[int]) -> int:
+    rss = 0
     for p in pids:
         try:
             with open(f"/proc/{p}/smaps_rollup") as f:
-                for line in f:
-                    if line.startswith("Rss:"):
-                        rss += int(line.split()[1])
-                    elif line.startswith("Pss:"):
-                        pss += int(line.split()[1])
+                rss += sum(int(line.split()[1]) for line in f if line.startswith("Rss:"))
         except OSError:
             pass
-    return rss, pss
+    return rss
 
 
-def measure(argv: list[str], env: dict[str, str] | None = None) -> dict:
-    """Run a child; its last stdout line is a dict. Adds the whole process's wall and CPU
-    time (its tree's, user + system, imports and start-up included) and peak tree memory."""
+def measure(argv: list[str], env: dict[str, str]) -> dict:
+    """Run one child to its end: wall, CPU of its tree (user + system), peak tree RSS, and
+    its last stdout line (JSON)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=ROOT, env=env)
-    peak = [0, 0]
+    peak = [0]
     done = threading.Event()
 
     def sample() -> None:
         while not done.wait(0.02):
-            rss, pss = _memory_kb(_tree(proc.pid))
-            peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
+            peak[0] = max(peak[0], _rss_kb(_tree(proc.pid)))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     out, err = proc.communicate()
+    wall = time.perf_counter() - start
     done.set()
     sampler.join()
     if proc.returncode:
-        raise RuntimeError(f"{argv[:3]} failed ({proc.returncode}):\n{err[-3000:]}")
-    wall = time.perf_counter() - start
+        raise RuntimeError(f"{argv[:4]} failed ({proc.returncode}):\n{err[-3000:]}")
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    result = json.loads(out.strip().splitlines()[-1])
-    result.update(wall_s=wall, peak_rss_mb=peak[0] / 1024, peak_pss_mb=peak[1] / 1024,
-                  process_cpu_s=(after.ru_utime + after.ru_stime) -
-                  (before.ru_utime + before.ru_stime))
-    return result
-
-
-def repeat(n: int, argv: list[str], env: dict[str, str] | None = None) -> list[dict]:
-    return [measure(argv, env) for _ in range(n)]
+    lines = out.strip().splitlines()
+    return {"wall_s": wall, "rss_mb": peak[0] / 1024,
+            "cpu_s": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
+            "out": json.loads(lines[-1]) if lines else None}
 
 
 def med(runs: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
 
-def spread(runs: list[dict], key: str, unit: str = "s") -> str:
+def show(runs: list[dict], key: str = "wall_s") -> str:
     v = [r[key] for r in runs]
-    return (f"{statistics.median(v):7.3f} {unit} (median of {len(v)}; "
-            f"{min(v):.3f}-{max(v):.3f})")
+    return f"{statistics.median(v):7.2f} s ({min(v):.2f}-{max(v):.2f})"
 
 
-def ratios(num: list[dict], den: list[dict], key: str, den_key: str | None = None) -> str:
-    """Median and range of per-round ratios num/den."""
-    r = [n[key] / d[den_key or key] for n, d in zip(num, den, strict=True)]
-    return (f"median {statistics.median(r):.2f}x ({min(r):.2f}-{max(r):.2f}x over "
-            f"{len(r)} rounds)")
+def ratio(num: list[dict], den: list[dict], key: str = "wall_s") -> str:
+    r = [n[key] / d[key] for n, d in zip(num, den, strict=True)]
+    return f"{statistics.median(r):.2f}x ({min(r):.2f}-{max(r):.2f}, n={len(r)})"
 
 
-def standard(args: argparse.Namespace, work: Path, env: dict[str, str]) -> None:
-    """The standard case: ours (in-process and CLI) against the bare decode and HTA."""
-    t = time.perf_counter()
-    total = generate(work, args.ranks, args.events, args.seed)
-    print(f"generated {args.ranks} ranks x ~{args.events} device tasks: "
-          f"{total / 1e6:.1f} MB of Kineto JSON in {time.perf_counter() - t:.1f} s ({work})")
-    py, w = sys.executable, str(work)
-    configs = {
-        "bare": [py, "-c", BARE, w],
-        "cold": [py, "-c", OURS, w, "0", args.workers, MARKER],
-        "one": [py, "-c", OURS, w, "0", "1", MARKER],
-        "warm": [py, "-c", OURS, w, "1", args.workers, MARKER],
-        "cli": [py, "-m", "residency", "idle", w, "--json", "--no-cache", "--marker",
-                MARKER],
-    }
-    shutil.rmtree(work / "residency.parquet.cache", ignore_errors=True)
-    measure(configs["warm"], env)  # parses and fills the Parquet cache
-    runs: dict[str, list[dict]] = {k: [] for k in configs}
-    for _ in range(args.repeat):  # interleaved rounds: other load hits every config alike
-        for k, argv in configs.items():
-            runs[k].append(measure(argv, env))
-    bare, cold, one, warm, cli = runs.values()
-    hta_ok = subprocess.run([args.hta_python, "-c", "import hta"],
-                            capture_output=True).returncode == 0
-    # HTA's own ns rounding (ceil start, floor end to whole us) is off: its slower path,
-    # and one whose idle would differ from the ns-exact figures by design
-    hta_env = {**os.environ, "HTA_DISABLE_NS_ROUNDING": "1"}
-    hta = [measure([args.hta_python, "-c", HTA, w], hta_env) for _ in range(args.hta_repeat)
-           ] if hta_ok else None
+def load() -> str:
+    return "load average " + ", ".join(f"{x:.1f}" for x in os.getloadavg())
 
+
+def ours(d: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "residency", "idle", str(d), "--json", "--marker",
+            MARKER, *extra]
+
+
+def against_bare(label: str, d: Path, total: int, ranks: int, args: argparse.Namespace,
+                 env: dict[str, str], hta: str | None = None) -> dict:
+    """Bare decode, cold (fresh cache), no cache, warm (the cold run's cache), HTA: rounds."""
+    runs: dict[str, list[dict]] = {k: [] for k in ("bare", "cold", "nocache", "warm", "hta")}
+    entry_bytes = 0
+    for _ in range(args.repeat):
+        cache = Path(tempfile.mkdtemp(prefix="residency-bench-cache-"))
+        mine = {**env, "RESIDENCY_CACHE_DIR": str(cache)}
+        runs["bare"].append(measure([sys.executable, "-c", BARE, str(d)], env))
+        runs["cold"].append(measure(ours(d), mine))
+        entry_bytes = sum(p.stat().st_size for p in cache.rglob("*.entry"))
+        runs["warm"].append(measure(ours(d), mine))
+        runs["nocache"].append(measure(ours(d, "--no-cache"), mine))
+        shutil.rmtree(cache, ignore_errors=True)
+        if hta and len(runs["hta"]) < args.hta_repeat:
+            runs["hta"].append(measure([hta, "-c", HTA, str(d)],
+                                       {**os.environ, "HTA_DISABLE_NS_ROUNDING": "1"}))
+    bare, cold, nocache, warm = (runs[k] for k in ("bare", "cold", "nocache", "warm"))
+    assert all(r["out"] == cold[0]["out"] for r in cold + warm + nocache), "answers differ"
     mb = total / 1e6
-    print(f"\nall-rank idle {cold[0]['all_rank_idle_ns'] / 1e6:.3f} ms, release markers in it "
-          f"{cold[0]['marker_idle_intersection_ns'] / 1e6:.3f} ms (synthetic, {args.ranks} ranks)")
-    print(f"bare typed msgspec decode, sequential  {spread(bare, 'seconds')}  "
-          f"peak PSS {med(bare, 'peak_pss_mb'):.0f} MB, CPU {med(bare, 'cpu_s'):.2f} s")
-    for label, rs in ((f"ours cold, workers={args.workers}", cold), ("ours cold, workers=1",
-                      one), ("ours warm (Parquet cache)", warm)):
-        print(f"{label:<38} {spread(rs, 'seconds')}  peak PSS {med(rs, 'peak_pss_mb'):.0f} "
-              f"MB, RSS {med(rs, 'peak_rss_mb'):.0f} MB, CPU {med(rs, 'cpu_s'):.2f} s  "
-              f"(+{med(rs, 'import_s'):.2f} s imports)")
-    print(f"{'`residency idle` CLI, cold, process':<38} {spread(cli, 'wall_s')}  "
-          f"peak PSS {med(cli, 'peak_pss_mb'):.0f} MB, CPU {med(cli, 'process_cpu_s'):.2f} s")
-    for label, rs in ((f"workers={args.workers}", cold), ("workers=1", one)):
-        print(f"ours cold ({label}) / bare decode, wall, same round: "
-              f"{ratios(rs, bare, 'seconds')}; CPU: {ratios(rs, bare, 'cpu_s')}; target <= 1.2x")
-    print(f"peak memory, ours cold: PSS {med(cold, 'peak_pss_mb'):.0f} MB / RSS "
-          f"{med(cold, 'peak_rss_mb'):.0f} MB = {med(cold, 'peak_rss_mb') / mb:.0%} of "
-          f"{mb:.0f} MB of JSON (RSS)")
-    if hta is None:
-        print("\nHolisticTraceAnalysis is not importable here: install it in a separate venv "
-              "(python -m venv /tmp/hta && /tmp/hta/bin/pip install holistictraceanalysis) and "
-              "pass --hta-python /tmp/hta/bin/python")
-        return
-    print(f"HTA get_temporal_breakdown, process    {spread(hta, 'wall_s')}  peak PSS "
-          f"{med(hta, 'peak_pss_mb'):.0f} MB, RSS {med(hta, 'peak_rss_mb'):.0f} MB, CPU "
-          f"{med(hta, 'process_cpu_s'):.1f} s (in-process {med(hta, 'seconds'):.2f} s + "
-          f"{med(hta, 'import_s'):.2f} s imports)")
-    hw, cw = med(hta, "wall_s"), med(cli, "wall_s")
-    hc, cc = med(hta, "process_cpu_s"), med(cli, "process_cpu_s")
-    print(f"HTA / `residency idle`, process to process, cold: wall {hw / cw:.1f}x (medians "
-          f"{hw:.2f} s / {cw:.2f} s), CPU {hc / cc:.1f}x ({hc:.2f} s / {cc:.2f} s); "
-          "target >= 30x")
-    hs = med(hta, "seconds")
-    print(f"HTA in-process / ours in-process: cold {hs / med(cold, 'seconds'):.1f}x, warm "
-          f"{hs / med(warm, 'seconds'):.1f}x")
-    diff = max(abs(a - b) for a, b in zip(hta[0]["span_idle_us"], cold[0]["span_idle_us"],
-                                          strict=True))
-    print(f"per-rank idle (span minus busy), ours vs HTA: largest difference {diff:.3f} us")
+    print(f"\n== {label}: {ranks} ranks, {mb:.0f} MB of Kineto JSON ({load()})")
+    print(f"bare typed msgspec decode (sequential) {show(bare)}  CPU {show(bare, 'cpu_s')}  "
+          f"peak RSS {med(bare, 'rss_mb'):.0f} MB")
+    for name, rs in (("`residency idle`, cold (default)", cold),
+                     ("`residency idle --no-cache`", nocache),
+                     ("`residency idle`, warm", warm)):
+        print(f"{name:<38} {show(rs)}  CPU {show(rs, 'cpu_s')}  peak RSS "
+              f"{med(rs, 'rss_mb'):.0f} MB = {med(rs, 'rss_mb') / mb:.1%} of the JSON")
+    print(f"cold / bare decode: wall {ratio(cold, bare)}, CPU {ratio(cold, bare, 'cpu_s')}  "
+          "(target <= 1.2x)")
+    print(f"warm / cold: wall {ratio(warm, cold)}, CPU {ratio(warm, cold, 'cpu_s')}  "
+          "(target <= 0.2x)")
+    write = [max(0.0, c["cpu_s"] - n["cpu_s"]) / c["cpu_s"] for c, n in zip(cold, nocache,
+                                                                         strict=True)]
+    print(f"writing the cache: CPU (cold - no-cache) / cold = {statistics.median(write):.1%} "
+          f"({min(write):.1%}-{max(write):.1%}; target <= 10 %); entries {entry_bytes / 1e6:.2f}"
+          f" MB ({entry_bytes / max(1, ranks) / 1e3:.0f} kB per rank)")
+    out = {"cold": cold, "bare": bare, "warm": warm, "entry_bytes": entry_bytes, "mb": mb}
+    if runs["hta"]:
+        h = runs["hta"]
+        print(f"HTA (traceinsight) temporal breakdown  {show(h)}  CPU {show(h, 'cpu_s')}  peak "
+              f"RSS {med(h, 'rss_mb'):.0f} MB")
+        n = len(h)
+        print(f"HTA / `residency idle` cold, process to process: wall "
+              f"{ratio(h, cold[:n])}, CPU {ratio(h, cold[:n], 'cpu_s')}  (target >= 30x)")
+    return out
 
 
-def scale(args: argparse.Namespace, work: Path, env: dict[str, str]) -> None:
-    """The large case: 2 ranks x 2.5M events (about 1 GB), or 8 ranks of about 1 GB."""
-    ranks, events = (2, 2_500_000) if args.scale == "1gb" else (8, 5_400_000)
-    t = time.perf_counter()
-    total = generate(work, ranks, events, args.seed)
-    gb = total / 1e9
-    print(f"\nscale case {args.scale}: {ranks} ranks x ~{events} device tasks, {gb:.2f} GB of "
-          f"Kineto JSON, generated in {time.perf_counter() - t:.0f} s")
-    py, w = sys.executable, str(work)
-    bare, ours = [], []
-    for _ in range(args.scale_repeat):
-        bare.append(measure([py, "-c", BARE, w], env))
-        ours.append(measure([py, "-c", OURS, w, "0", args.workers, MARKER], env))
-    print(f"bare typed msgspec decode, sequential  {spread(bare, 'seconds')}  peak RSS "
-          f"{med(bare, 'peak_rss_mb'):.0f} MB, CPU {med(bare, 'cpu_s'):.2f} s")
-    print(f"ours cold, workers={args.workers:<17} {spread(ours, 'seconds')}  peak RSS "
-          f"{med(ours, 'peak_rss_mb'):.0f} MB, PSS {med(ours, 'peak_pss_mb'):.0f} MB (process "
-          f"tree), CPU {med(ours, 'cpu_s'):.2f} s")
-    print(f"ours / bare decode, wall, same round: {ratios(ours, bare, 'seconds')}; CPU: "
-          f"{ratios(ours, bare, 'cpu_s')}; target <= 1.2x")
-    rss, pss = med(ours, "peak_rss_mb"), med(ours, "peak_pss_mb")
-    target = ("at most 25 % of the JSON" if args.scale == "1gb" else "under 1 GB")
-    print(f"peak memory of the process tree: RSS {rss:.0f} MB = {rss / (gb * 1000):.1%} of the "
-          f"JSON, PSS {pss:.0f} MB = {pss / (gb * 1000):.1%}; target {target}")
+def dask_case(args: argparse.Namespace, base: Path, env: dict[str, str]) -> dict | None:
+    try:
+        import distributed  # noqa: F401
+    except ImportError:
+        print("\n== Dask: skipped: dask[distributed] is not installed (pip install "
+              "'residency[cluster]')")
+        return None
+    d = base / "dask"
+    total = tracegen.generate(d, args.dask_ranks, args.dask_events, args.seed)
+    local, cluster = [], []
+    mine = {**env, "RESIDENCY_NO_CACHE": "1"}
+    for _ in range(args.repeat):
+        local.append(measure(ours(d, "--workers", "2"), mine))
+        cluster.append(measure(ours(d, "--scheduler", "local", "--workers", "2"), mine))
+    assert all(r["out"] == local[0]["out"] for r in local + cluster), "answers differ"
+    print(f"\n== Dask: {args.dask_ranks} ranks x {args.dask_events} events, {total / 1e6:.0f} MB "
+          f"({load()}); "
+          "identical JSON on both paths")
+    print(f"local worker processes (2)             {show(local)}  peak RSS "
+          f"{med(local, 'rss_mb'):.0f} MB")
+    print(f"LocalCluster, 2 workers (--scheduler)  {show(cluster)}  peak RSS "
+          f"{med(cluster, 'rss_mb'):.0f} MB")
+    print(f"LocalCluster / local: wall {ratio(cluster, local)}  (target within 1.3x)")
+    return {"local": local, "cluster": cluster, "ranks": args.dask_ranks}
+
+
+def on_paper(per: dict, dask: dict | None) -> None:
+    """1,024 ranks x 1 GB on N workers, from the measured per-rank figures."""
+    cold, mb = per["cold"], per["mb"]
+    cpu_per_gb = med(cold, "cpu_s") / (mb / 1000)  # CPU seconds per GB of JSON, all included
+    entry = per["entry_bytes"] / max(1, per["ranks"])  # one rank's reduction, as cached
+    ranks_gb = per["mb"] / 1000 / per["ranks"]
+    per_worker = med(cold, "rss_mb") / min(per["ranks"], os.cpu_count() or 1)
+    rss_gb = 45 + max(0.0, per_worker - 45) / max(ranks_gb, 1e-9)  # interpreter + per GB
+    overhead = 0.0
+    if dask:
+        overhead = max(0.0, (med(dask["cluster"], "wall_s") - med(dask["local"], "wall_s")))
+    print(f"\n== On paper: 1,024 ranks x 1 GB, from the figures above: {cpu_per_gb:.1f} CPU s "
+          f"per GB (cold, whole process), a rank's reduction {entry / 1e3:.0f} kB per "
+          f"{ranks_gb * 1000:.0f} MB (so ~{entry / max(ranks_gb, 1e-9) / 1e6:.2f} MB per GB), "
+          f"a worker ~{rss_gb:.0f} MB for a 1 GB rank (45 MB interpreter + the measured "
+          f"per-GB growth), Dask start-up and scheduling "
+          f"~{overhead:.1f} s")
+    red = entry / max(ranks_gb, 1e-9) * 1024
+    for n in (8, 64, 256, 1024):
+        wall = math.ceil(1024 / n) * cpu_per_gb + overhead
+        print(f"  N = {n:>4} workers (one core each, traces on shared storage): "
+              f"~{wall / 60:6.1f} min; each worker ~{rss_gb:.0f} MB; the client gathers "
+              f"~{red / 1e6:.0f} MB of reductions")
+    print("  (storage bandwidth not modelled: 1 TB read at 10 GB/s adds ~100 s at any N)")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ranks", type=int, default=8)
-    ap.add_argument("--events", type=int, default=110_000, help="device tasks per rank")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--hta-repeat", type=int, default=2)
     ap.add_argument("--seed", type=int, default=2101)
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--hta-repeat", type=int, default=3)
-    ap.add_argument("--workers", default="auto", help="parse processes for ours (default: auto)")
-    ap.add_argument("--hta-python", default=sys.executable,
-                    help="interpreter with holistictraceanalysis installed")
-    ap.add_argument("--scale", choices=["1gb", "8x1gb"],
-                    help="also the large case: 2 ranks x 2.5M events, or 8 ranks of 1 GB")
-    ap.add_argument("--scale-repeat", type=int, default=2)
-    ap.add_argument("--skip-standard", action="store_true", help="only the --scale case")
+    ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument("--events", type=int, default=110_000, help="events per rank (standard)")
+    ap.add_argument("--hta-python", default="/tmp/ti/bin/python",
+                    help="interpreter with traceinsight installed (a separate venv)")
+    ap.add_argument("--scale", choices=["1gb", "8x1gb"], help="also the large case")
+    ap.add_argument("--dask-ranks", type=int, default=64)
+    ap.add_argument("--dask-events", type=int, default=20_000, help="events per rank (Dask)")
+    ap.add_argument("--skip-standard", action="store_true")
     ap.add_argument("--dir", type=Path, help="keep the generated traces here")
     args = ap.parse_args()
-
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    for case, run in (("standard", standard), ("scale", scale)):
-        if (case == "standard" and args.skip_standard) or (case == "scale" and not args.scale):
-            continue
-        base = args.dir / case if args.dir else Path(tempfile.mkdtemp(prefix="residency-bench-"))
-        base.mkdir(parents=True, exist_ok=True)
-        try:
-            run(args, base, env)
-        finally:
-            if args.dir is None:
-                shutil.rmtree(base, ignore_errors=True)
+    base = args.dir or Path(tempfile.mkdtemp(prefix="residency-bench-"))
+    hta = args.hta_python
+    why = None
+    if not Path(hta).exists():
+        why = f"{hta} does not exist"
+    elif subprocess.run([hta, "-c", "import hta"], capture_output=True).returncode:
+        why = f"{hta} cannot import hta"
+    if why:
+        print(f"HTA skipped: {why} (python -m venv /tmp/ti && /tmp/ti/bin/pip install "
+              "traceinsight==0.6.1)")
+        hta = None
+    try:
+        per = None
+        if not args.skip_standard:
+            d = base / "standard"
+            total = tracegen.generate(d, args.ranks, args.events, args.seed)
+            per = against_bare(f"standard ({args.events} events per rank)", d, total,
+                               args.ranks, args, env, hta)
+            per["ranks"] = args.ranks
+        if args.scale:
+            ranks, events = (2, 2_500_000) if args.scale == "1gb" else (8, 4_300_000)
+            d = base / args.scale
+            need = ranks * events * 240
+            free = shutil.disk_usage(base).free
+            if free < need * 1.2:
+                print(f"\n== {args.scale}: skipped: {free / 1e9:.1f} GB free, "
+                      f"{need / 1e9:.1f} GB needed")
+            else:
+                total = tracegen.generate(d, ranks, events, args.seed)
+                per = against_bare(f"{args.scale} ({events} events per rank)", d, total,
+                                   ranks, args, env)
+                per["ranks"] = ranks
+        dask = dask_case(args, base, env) if args.dask_ranks else None
+        if per is not None:
+            on_paper(per, dask)
+    finally:
+        if args.dir is None:
+            shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

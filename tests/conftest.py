@@ -28,3 +28,12 @@ def run_python(code: str, *, timeout: float = 180, env: dict | None = None) -> d
 def subprocess_python():
     """`run_python` as a fixture."""
     return run_python
+
+
+@pytest.fixture(autouse=True)
+def _trace_cache_in_tmp(tmp_path_factory, monkeypatch):
+    """A trace cache (`residency.traces.cache`) of its own for every test, in pytest's temporary
+    folder, never the user's cache directory (subprocesses inherit it)."""
+    monkeypatch.setenv("RESIDENCY_CACHE_DIR", str(tmp_path_factory.mktemp("residency-cache")))
+    monkeypatch.delenv("RESIDENCY_NO_CACHE", raising=False)
+    monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)

@@ -246,7 +246,7 @@ def test_layer_loads_nothing_forbidden_at_import(layer: Layer) -> None:
 
 
 def test_the_trace_path_runs_without_pandas(tmp_path: Path) -> None:
-    """`residency idle` on traces (parse, then from the Parquet cache) loads neither torch,
+    """`residency idle` on traces (parse, then from the user's trace cache) loads neither torch,
     pandas nor the workload: the fast start the contract promises."""
     fixture = ROOT / "tests" / "data" / "traces" / "kineto_basic"
     d = Path(shutil.copytree(fixture, tmp_path / "kineto_basic"))

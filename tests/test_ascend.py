@@ -16,6 +16,7 @@ import pytest
 
 from residency.analysis.causes import NO_HOST_RANGE, cause_diff, idle_by_cause, top_cause
 from residency.analysis.idle import busy_intervals, idle_summary
+from residency.traces import cache as tracecache
 from residency.traces.busy import classify, resolve
 from residency.traces.load import CACHE_DIR, TraceError, load_traces
 
@@ -406,7 +407,8 @@ def test_cache_keeps_types_names_and_overlap(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cold = load_traces(d)
-        assert list(d.glob(f"*/ASCEND_PROFILER_OUTPUT/{CACHE_DIR}/*.parquet"))
+        assert not list(d.glob(f"*/ASCEND_PROFILER_OUTPUT/{CACHE_DIR}"))  # never beside
+        assert list(tracecache.cache_dir().glob("*.entry"))
         warm = load_traces(d)
     for rank, a in cold.ranks.items():
         b = warm.ranks[rank]

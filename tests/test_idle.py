@@ -195,7 +195,10 @@ def test_cli_table_in_milliseconds(tmp_path):
     assert "ascend traces, 2 ranks (0, 1)" in out.stdout
     assert "Unit: milliseconds; n = 2 ranks." in out.stdout
     assert "0.011 ms" in out.stdout  # 10.5 us of all-rank idle, in ms
-    assert any(d.rglob("*.parquet"))  # the cache was written beside the traces
+    from residency.traces import cache as tracecache
+
+    assert not any(d.rglob("*.parquet")) and not any(d.rglob("*.entry"))  # nothing beside
+    assert any(tracecache.cache_dir().glob("*.entry"))  # the user's cache directory
 
 
 @pytest.mark.parametrize("setup, needle", [

@@ -47,6 +47,8 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ren
     """Each notebook executed by papermill on its recorded run (all at once), then rendered
     to HTML by `residency.reports.html.render_html`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["RESIDENCY_CACHE_DIR"] = str(tmp_path_factory.mktemp("trace-cache"))
+    runs_before = {run: _tree(run) for run in {*SOURCES.values(), AA}}
     procs = {}
     for name, source in SOURCES.items():
         out = tmp_path_factory.mktemp(name)
@@ -71,6 +73,7 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ren
             assert code == 0, (out / ".papermill.log").read_text()[-4000:]
             html = reports.render_html(out / f"{name}.ipynb", out / "html")
             done[name] = Rendered(out, html, html.read_text(encoding="utf-8"))
+        RUNS_AFTER.update({run: (before, _tree(run)) for run, before in runs_before.items()})
         yield done
     finally:
         for _, log, proc in procs.values():
@@ -78,6 +81,23 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ren
                 proc.kill()
                 proc.wait()
             log.close()
+
+
+RUNS_AFTER: dict[Path, tuple[dict, dict]] = {}
+
+
+def _tree(d: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(d)): (p.lstat().st_size, p.lstat().st_mtime_ns)
+            for p in sorted(d.rglob("*"))}
+
+
+@pytest.mark.slow
+def test_notebooks_write_nothing_into_the_runs_they_read(rendered: dict[str, Rendered]) -> None:
+    """Executing and rendering every notebook leaves its run directory (traces included) as
+    it was: the trace cache lives in the user's cache directory (issue 26)."""
+    assert RUNS_AFTER
+    for run, (before, after) in RUNS_AFTER.items():
+        assert after == before, f"{run}: {sorted(set(after) ^ set(before))}"
 
 
 NAMES = sorted(SOURCES)

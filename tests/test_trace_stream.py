@@ -253,10 +253,10 @@ def _run_bomb(path: Path, **kwargs) -> tuple[str, int]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("head,fill,expect", [
-    (b"", b" ", "truncated JSON"),
+    (b"", b" ", "only white space: no JSON value"),  # not a trace: found by content
     (b'{"traceEvents": [', b"\n", "truncated JSON"),
-    (b"", b"0", "invalid number"),
-    (b"", b"\0", "invalid character"),
+    (b"", b"0", "not JSON (it starts with b'00000000')"),
+    (b"", b"\0", "not JSON (it starts with b'\\x00"),
     (b'{"traceEvents": ["', b"0", "an event longer than"),
 ], ids=["whitespace", "whitespace-in-events", "zeros", "nul-bytes", "one-long-string"])
 def test_gzip_bomb_of_1_gb_is_one_error_with_bounded_memory(tmp_path, head, fill, expect):
@@ -360,22 +360,30 @@ def _timeline(ts) -> list:
             for r, t in ts.ranks.items()]
 
 
+def _entries() -> list[Path]:
+    from residency.traces import cache as tracecache
+
+    return sorted(tracecache.cache_dir().glob("*.entry"))
+
+
 def test_edited_cache_is_never_trusted(tmp_path):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import struct
 
     d = _copy(tmp_path, "kineto_basic")
     fresh = _timeline(load_traces(d))
-    cache = d / CACHE_DIR / "rank0.trace.json.parquet"
-    table = pq.read_table(cache)
-    end = table["end_ns"].to_pylist()
-    end[0] += 3_000_000_000  # a device task 3 s longer, metadata (and its digests) kept
-    table = table.set_column(table.schema.get_field_index("end_ns"), "end_ns",
-                             pa.array(end, pa.int64())).replace_schema_metadata(
-        table.schema.metadata)
-    pq.write_table(table, cache)
+    (entry,) = [p for p in _entries() if b'"kind": "columns"' in p.read_bytes()
+                and b"rank0.trace.json" in p.read_bytes()]
+    data = bytearray(entry.read_bytes())
+    magic = data.index(b"\n") + 1
+    (n,) = struct.unpack_from("<Q", data, magic)
+    header = json.loads(bytes(data[magic + 8:magic + 8 + n]))
+    (offset,) = [a[3] for a in header["arrays"] if a[0] == "device"]
+    at = magic + 8 + n + offset + 8  # the first device task's end
+    end = struct.unpack_from("<q", data, at)[0]
+    struct.pack_into("<q", data, at, end + 3_000_000_000)  # 3 s longer, header kept
+    entry.write_bytes(bytes(data))
     assert _timeline(load_traces(d)) == fresh  # ignored, parsed anew...
-    assert pq.read_table(cache)["end_ns"].to_pylist()[0] == end[0] - 3_000_000_000  # rewritten
+    assert struct.unpack_from("<q", entry.read_bytes(), at)[0] == end  # ...and rewritten
 
 
 def test_cache_of_a_trace_changed_in_place_is_not_used(tmp_path):
@@ -396,8 +404,10 @@ def test_cache_of_a_trace_changed_in_place_is_not_used(tmp_path):
 def test_cache_that_is_a_fifo_is_ignored(tmp_path):
     d = _copy(tmp_path, "kineto_basic")
     fresh = _timeline(load_traces(d, cache=False))
-    (d / CACHE_DIR).mkdir()
-    os.mkfifo(d / CACHE_DIR / "rank0.trace.json.parquet")
+    load_traces(d)
+    for p in _entries():  # every entry of the user's cache a FIFO: never blocks
+        p.unlink()
+        os.mkfifo(p)
     assert _timeline(load_traces(d)) == fresh
 
 

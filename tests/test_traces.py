@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import pickle
 import shutil
 import threading
@@ -360,59 +359,6 @@ def _same(a, b) -> None:
         assert np.array_equal(x.device, y.device) and x.rejected_events == y.rejected_events
         assert x.range_names.tolist() == y.range_names.tolist()
         assert np.array_equal(x.ranges, y.ranges)
-
-
-@pytest.mark.parametrize("fixture", ["kineto_basic", "ascend_basic"])
-def test_parquet_cache_is_used_and_invalidated(tmp_path, monkeypatch, fixture):
-    d = copy_fixture(fixture, tmp_path)
-    fresh = load_traces(d)
-    caches = sorted(d.rglob(f"{CACHE_DIR}/*.parquet"))
-    assert len(caches) == 2
-    # a second load reads the cache: parsing would now fail
-    monkeypatch.setattr(traces, "parse_trace", None)
-    _same(load_traces(d), fresh)
-    monkeypatch.undo()
-    # a changed trace (size and mtime) is parsed again
-    src = fresh.ranks[0].source
-    if fixture == "kineto_basic":
-        doc = json.loads(src.read_text())
-        doc["traceEvents"].append(kernel(0, 1))
-        src.write_text(json.dumps(doc))
-    else:
-        doc = json.loads(src.read_text())
-        doc.append({**doc[-1], "name": "extra", "ts": "1764500000000001.000"})
-        src.write_text(json.dumps(doc))
-    again = load_traces(d)
-    assert len(again.ranks[0].ranges) == len(fresh.ranks[0].ranges) + (fixture != "kineto_basic")
-    assert again.ranks[0].device_tasks == fresh.ranks[0].device_tasks + (fixture == "kineto_basic")
-
-
-def test_cache_is_invalidated_by_mtime_alone(tmp_path, monkeypatch):
-    d = copy_fixture("kineto_basic", tmp_path)
-    load_traces(d)
-    calls = []
-    parse = traces.parse_trace
-    monkeypatch.setattr(traces, "parse_trace",
-                        lambda *a, **k: calls.append(a[1]) or parse(*a, **k))
-    load_traces(d)
-    assert calls == []
-    src = d / "rank0.trace.json"
-    st = src.stat()
-    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # same size
-    load_traces(d)
-    assert calls == [src]
-
-
-def test_unusable_cache_never_breaks_loading(tmp_path):
-    d = copy_fixture("kineto_basic", tmp_path)
-    fresh = load_traces(d, cache=False)
-    (d / CACHE_DIR).write_text("a file where the cache folder should be")
-    _same(load_traces(d), fresh)  # cannot write: ignored
-    (d / CACHE_DIR).unlink()
-    load_traces(d)
-    for p in (d / CACHE_DIR).iterdir():
-        p.write_bytes(b"PAR1 not really parquet")
-    _same(load_traces(d), fresh)  # cannot read: parsed anew
 
 
 def _three_ranks(d: Path) -> Path:

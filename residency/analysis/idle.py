@@ -24,9 +24,12 @@ Analyses return values and never print; `residency.cli.main` is the ``residency 
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import warnings
 from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -39,8 +42,9 @@ if TYPE_CHECKING:
 
     from residency.traces.load import RankTimeline, TraceSet
 
-__all__ = ["IdleSummary", "RankIdle", "all_rank_idle_intervals", "busy_intervals",
-           "format_summary", "idle_summary", "per_rank_idle"]
+__all__ = ["IdleSummary", "RankIdle", "RankReduction", "all_rank_idle_intervals",
+           "busy_intervals", "format_summary", "idle_summary", "idle_summary_at",
+           "per_rank_idle", "rank_reduction", "reduce_rank", "summarize"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,39 +226,139 @@ def idle_summary(traces: TraceSet, *, marker: str | None = None,
             Free time in torch-npu's ``step_trace_time.csv`` differs from ours by more than
             1 % (`residency.traces.ascend.step_checks`).
     """
-    definition, raw, merged, excluded, unknown = _busy_details(traces, busy, True)
-    if not allow_no_device_tasks and not any(t.device_tasks for t in traces.ranks.values()):
-        hosts = sum(len(t.ranges) for t in traces.ranks.values())
-        raise busydef.OptionError("allow_no_device_tasks", _NO_DEVICE_TASKS[traces.format],
-                                  len(traces.ranks), hosts)
-    window = _window(traces, window_marker, raw)
-    length = iv.measure(window)
+    definition = busydef.resolve(busy, traces.format)
+    wrx = _compile(window_marker, "window_marker") if window_marker is not None else None
     rx = _compile(marker, "marker") if marker is not None else None
-    busy_sets, marker_sets, rows = [], [], []
-    for rank, t in traces.ranks.items():
-        busy_set = merged[rank]
-        busy_sets.append(busy_set)
-        mine = _matching(t, rx) if rx is not None else np.empty((0, 2), np.int64)
-        marker_sets.append(mine)
-        busy_in = iv.measure(iv.intersection(busy_set, window))
-        span = int(busy_set[-1, 1] - busy_set[0, 0]) if len(busy_set) else 0
-        free = _reported_free(t, window)
+    reductions = [reduce_rank(t, definition, traces.format, rx, wrx)
+                  for t in traces.ranks.values()]
+    return summarize(traces.format, reductions, definition, marker=marker,
+                     window_marker=window_marker, allow_no_device_tasks=allow_no_device_tasks)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RankReduction:
+    """What one rank contributes to an `IdleSummary`: its busy union and its marker ranges,
+    never its columns. `busy`: the merged busy intervals; `busy_bounds`: earliest start and
+    latest end of its busy tasks as recorded (None: none); `markers` / `window_ranges`: its
+    host ranges matching the marker / window marker (as recorded, not merged); `free`: its
+    merged Overlap Analysis ``Free`` slices (None: no such lane) and `overlap_span` that
+    lane's span; `span`: earliest start and latest end over device tasks and host ranges
+    (`residency.traces.load.check_spans`); `end_abs`: the largest absolute end time over every row
+    (relative torch-npu times, `residency.traces.ascend.align_clocks`). `rank` is None when it
+    cannot be told; `content_rank` is the rank the trace's content names."""
+
+    rank: int | None
+    source: Path
+    device_tasks: int
+    rejected_events: int
+    busy: iv.Intervals
+    busy_bounds: tuple[int, int] | None
+    excluded: dict[str, int]
+    unknown: dict[str, int]
+    markers: iv.Intervals
+    window_ranges: iv.Intervals
+    free: iv.Intervals | None
+    overlap_span: tuple[int, int] | None
+    span: tuple[int, int] | None
+    end_abs: int | None
+    content_rank: int | None = None
+    confirmed: frozenset[str] = frozenset()  # unknown types its Overlap Analysis counts busy
+    host_ranges: int = 0
+    computing: iv.Intervals | None = None  # torch-npu: merged compute tasks, for step checks
+    work: iv.Intervals | None = None  # torch-npu: merged compute + communication tasks
+
+
+_NONE = np.empty((0, 2), np.int64)
+
+
+def reduce_rank(t: RankTimeline, definition: busydef.BusyDefinition, fmt: str,
+                marker: re.Pattern[str] | None, window_marker: re.Pattern[str] | None,
+                *, content_rank: int | None = None) -> RankReduction:
+    """One rank's `RankReduction` under `definition` and the compiled patterns."""
+    from residency.traces.load import timeline_span
+
+    chosen = busydef.busy_tasks(t, definition, fmt)
+    rows = chosen.rows
+    bounds = (int(rows[:, 0].min()), int(rows[:, 1].max())) if len(rows) else None
+    free = None
+    overlap_span = None
+    if len(t.overlap):
+        free = iv.merge(t.overlap[t.overlap_names == "Free"])
+        overlap_span = (int(t.overlap[:, 0].min()), int(t.overlap[:, 1].max()))
+    ends = [np.abs(a[:, 1]).max() for a in (t.device, t.ranges, t.overlap) if len(a)]
+    computing = work = None
+    if fmt == "ascend":
+        computing = iv.merge(busydef.class_rows(t, frozenset({"compute", "unknown"})))
+        work = iv.merge(busydef.class_rows(t, frozenset({"compute", "unknown",
+                                                         "communication"})))
+    return RankReduction(
+        t.rank, t.source, t.device_tasks, t.rejected_events, iv.merge(rows), bounds,
+        dict(chosen.excluded), dict(chosen.unknown),
+        np.ascontiguousarray(_matching(t, marker)) if marker is not None else _NONE,
+        np.ascontiguousarray(_matching(t, window_marker)) if window_marker is not None
+        else _NONE, free, overlap_span, timeline_span(t),
+        int(max(ends)) if ends else None, content_rank, frozenset(chosen.confirmed),
+        len(t.ranges), computing, work)
+
+
+def summarize(fmt: str, reductions: Sequence[RankReduction],
+              definition: busydef.BusyDefinition, *, marker: str | None = None,
+              window_marker: str | None = None, warn: bool = True,
+              allow_no_device_tasks: bool = False) -> IdleSummary:
+    """The `IdleSummary` of ranks' reductions (in rank order), as `idle_summary` computes it.
+
+    Raises:
+        ValueError: as `idle_summary`.
+    """
+    unknown: Counter[str] = Counter()
+    unconfirmed: set[str] = set()
+    for r in reductions:
+        unknown.update(r.unknown)
+        unconfirmed |= set(r.unknown) - r.confirmed
+    unknown = Counter({ty: n for ty, n in unknown.items() if ty in unconfirmed})
+    if warn and unknown and definition.name != "all":
+        listed = ", ".join(f"{_type_label(ty)} x {n}" for ty, n in sorted(unknown.items()))
+        warnings.warn(f"device tasks of types not in residency.traces.busy's lists were counted "
+                      f"busy ({definition.name}): {listed}", UserWarning, stacklevel=3)
+    if not allow_no_device_tasks and not any(r.device_tasks for r in reductions):
+        hosts = sum(r.host_ranges for r in reductions)
+        raise busydef.OptionError("allow_no_device_tasks", _NO_DEVICE_TASKS[fmt],
+                                  len(reductions), hosts)
+    if window_marker is not None:
+        window = iv.union(*(r.window_ranges for r in reductions))
+        if not len(window):
+            raise busydef.OptionError("window_marker", "no host range matches {option} "
+                                      "{0!r} in any rank, so there is no window.",
+                                      window_marker)
+    else:
+        spans = [r.busy_bounds for r in reductions if r.busy_bounds is not None]
+        if not spans:
+            raise busydef.OptionError("window_marker", "no rank has device tasks that count "
+                                      "as busy, so there is no default window; pass {option} "
+                                      "to choose one (or another busy definition).")
+        window = iv.as_intervals([[min(s for s, _ in spans), max(e for _, e in spans)]])
+    length = iv.measure(window)
+    rows = []
+    for r in reductions:
+        busy_in = iv.measure(iv.intersection(r.busy, window))
+        span = int(r.busy[-1, 1] - r.busy[0, 0]) if len(r.busy) else 0
+        free = (None if r.free is None else iv.measure(iv.intersection(r.free, window)))
         if free is not None and definition.name == "msprof":
-            _check_free(t, busy_set, window, free)
-        steps = _step_checks(t) if traces.format == "ascend" else ()
-        rows.append(RankIdle(rank, busy_in, length - busy_in, t.device_tasks,
-                             _overlapping(mine, window), span - iv.measure(busy_set),
-                             excluded[rank], free, unknown[rank], steps))
-    idle = iv.complement(iv.union(*busy_sets), window)
-    markers = iv.intersection(iv.union(*marker_sets), window)
+            _check_free(r, window, free)
+        steps = _step_checks(r) if fmt == "ascend" else ()
+        rows.append(RankIdle(r.rank, busy_in, length - busy_in, r.device_tasks,
+                             _overlapping(r.markers, window), span - iv.measure(r.busy),
+                             r.excluded, free, r.unknown, steps))
+    idle = iv.complement(iv.union(*(r.busy for r in reductions)), window)
+    markers = iv.intersection(iv.union(*(r.markers for r in reductions)), window)
     return IdleSummary(
-        format=traces.format, ranks=tuple(traces.ranks), window_ns=(int(window[0, 0]),
-                                                                   int(window[-1, 1])),
+        format=fmt, ranks=tuple(r.rank for r in reductions),
+        window_ns=(int(window[0, 0]), int(window[-1, 1])),
         window_measure_ns=length, all_rank_idle_ns=iv.measure(idle),
         marker_ns=iv.measure(markers),
         marker_idle_intersection_ns=iv.measure(iv.intersection(markers, idle)),
-        rejected_events=traces.rejected_events, per_rank=tuple(rows), marker=marker,
-        window_marker=window_marker, busy_definition=definition.name)
+        rejected_events=sum(r.rejected_events for r in reductions), per_rank=tuple(rows),
+        marker=marker, window_marker=window_marker, busy_definition=definition.name)
 
 
 _NO_DEVICE_TASKS = {
@@ -269,18 +373,18 @@ _NO_DEVICE_TASKS = {
 }
 
 
-def _step_checks(t: RankTimeline) -> tuple[Any, ...]:
-    """torch-npu's per-step Computing/Free beside ours (`residency.traces.ascend.step_checks`), each
-    disagreement over 1 % warned about, quoting both."""
+def _step_checks(r: RankReduction) -> tuple[Any, ...]:
+    """torch-npu's per-step Computing/Free beside ours (`residency.traces.ascend.step_checks`),
+    each disagreement over 1 % warned about, quoting both."""
     from residency.traces import ascend
 
-    if not (t.source.parent / ascend.STEP_TRACE).is_file():
+    if r.computing is None or r.work is None or not (
+            r.source.parent / ascend.STEP_TRACE).is_file():
         return ()
-    computing = iv.merge(busydef.class_rows(t, frozenset({"compute", "unknown"})))
-    work = iv.merge(busydef.class_rows(t, frozenset({"compute", "unknown", "communication"})))
+    work = r.work
     free = (iv.complement(work, [[int(work[0, 0]), int(work[-1, 1])]]) if len(work)
             else np.empty((0, 2), np.int64))
-    checks = tuple(ascend.step_checks(t.source.parent, computing, free))
+    checks = tuple(ascend.step_checks(r.source.parent, r.computing, free))
     off = []
     for c in checks:
         for what, theirs, ours in (("Computing", c.reported_computing_ns, c.computing_ns),
@@ -289,32 +393,321 @@ def _step_checks(t: RankTimeline) -> tuple[Any, ...]:
                 off.append(f"step {c.step or '(none)'} {what} {theirs / 1e6:.6f} ms in "
                            f"step_trace_time.csv vs {ours / 1e6:.6f} ms here")
     if off:
-        warnings.warn(f"rank {t.rank}: torch-npu's own figures differ by more than 1 %: "
+        warnings.warn(f"rank {r.rank}: torch-npu's own figures differ by more than 1 %: "
                       + "; ".join(off[:6]) + ("; ..." if len(off) > 6 else ""),
-                      UserWarning, stacklevel=3)
+                      UserWarning, stacklevel=4)
     return checks
 
 
-def _reported_free(t: RankTimeline, window: iv.Intervals) -> int | None:
-    """The ``Free`` slices of the rank's ``Overlap Analysis`` lane inside the window."""
-    if not len(t.overlap):
-        return None
-    free = t.overlap[t.overlap_names == "Free"]
-    return iv.measure(iv.intersection(iv.merge(free), window))
-
-
-def _check_free(t: RankTimeline, busy: iv.Intervals, window: iv.Intervals, free: int) -> None:
+def _check_free(r: RankReduction, window: iv.Intervals, free: int) -> None:
     """Warn when our idle time, over the span of the Overlap Analysis lane (its slices tile
     it), differs from its Free time by more than 1 %."""
-    span = [[int(t.overlap[:, 0].min()), int(t.overlap[:, 1].max())]]
-    covered = iv.intersection(span, window)
-    ours = iv.measure(iv.complement(busy, covered)) if len(covered) else 0
+    assert r.overlap_span is not None
+    covered = iv.intersection([list(r.overlap_span)], window)
+    ours = iv.measure(iv.complement(r.busy, covered)) if len(covered) else 0
     if abs(ours - free) > 0.01 * max(ours, free):
-        warnings.warn(f"rank {t.rank}: idle time under the msprof definition ({ours / 1e6:.6f} "
+        warnings.warn(f"rank {r.rank}: idle time under the msprof definition ({ours / 1e6:.6f} "
                       f"ms over the Overlap Analysis span) differs from the trace's own Free "
                       f"time ({free / 1e6:.6f} ms) by more than 1 %; the trace's Task Types or "
                       "Communication lane may not match residency.traces.busy's lists",
-                      UserWarning, stacklevel=3)
+                      UserWarning, stacklevel=4)
+
+
+# -- from paths: per-rank parse and reduction in workers, on Dask past one machine ------------
+
+def idle_summary_at(path: str | os.PathLike[str], *, marker: str | None = None,
+                    window_marker: str | None = None, busy: str | None = None,
+                    session: str | None = None, group: str | None = None, cache: bool = True,
+                    scheduler: str | None = None, workers: int | None = None,
+                    chunk_bytes: int | None = None, max_trace_bytes: int | None = None,
+                    allow_no_device_tasks: bool = False) -> IdleSummary:
+    """`idle_summary(load_traces(path, ...))`, computed rank by rank: each rank is parsed and
+    reduced (`reduce_rank`) where it is read, and only its reduction (busy union, marker
+    ranges) comes back, so memory does not grow with the ranks' columns. The same figures to
+    the nanosecond, the same errors and warnings.
+
+    Ranks are read in worker processes here (as `load_traces` parses), or, with `scheduler`,
+    as tasks of a Dask cluster (``"local"``: a `distributed.LocalCluster` of `workers`
+    processes; else the scheduler's address, ``tcp://host:8786``); every worker must read the
+    traces at the same paths (a shared file system) and import this version of residency.
+    With `cache`, each rank's reduction is taken from (and recorded in) the user's cache
+    directory of the machine that reads it (`residency.traces.cache`; key: the trace's content
+    digest, size, mtime, these options and the parser version).
+
+    Raises:
+        TraceError: as `residency.traces.load.load_traces`.
+        ValueError: as `idle_summary`, or `scheduler` given without ``dask[distributed]``.
+    """
+    from residency.traces import load as tr
+
+    plan = tr.plan_traces(path, session=session, group=group)
+    definition = busydef.resolve(busy, plan.format)
+    if window_marker is not None:
+        _compile(window_marker, "window_marker")
+    if marker is not None:
+        _compile(marker, "marker")
+    job = {"busy": definition.name, "marker": marker, "window_marker": window_marker,
+           "cache": cache, "chunk_bytes": chunk_bytes or tr.CHUNK_BYTES,
+           "max_trace_bytes": max_trace_bytes or tr.MAX_TRACE_BYTES}
+    n = len(plan.sources)
+    if scheduler is not None:
+        reductions = _on_dask(plan, job, scheduler, workers)
+    else:
+        reductions = _here(plan, job, workers)
+    if plan.format == "ascend":
+        from residency.traces import ascend
+
+        ascend.align_clocks(list(plan.sources), [_Ends(r.end_abs) for r in reductions])
+    # ranks told here, so that their warnings (a lone trace read as rank 0, a recorded rank
+    # that contradicts its folder) reach the caller whatever process parsed them
+    reductions = [dataclasses.replace(r, rank=tr.rank_of(plan, i, r.content_rank))
+                  for i, r in enumerate(reductions)]
+    tr.settle_ranks(plan, [r.rank for r in reductions])
+    tr.check_spans(plan.root, {r.rank: (r.source, r.span) for r in reductions})
+    for r in reductions:
+        if not r.device_tasks:
+            warnings.warn(tr.no_device_tasks(r.rank, r.source), UserWarning, stacklevel=2)
+    assert len(reductions) == n
+    return summarize(plan.format, sorted(reductions, key=lambda r: r.rank), definition,
+                     marker=marker, window_marker=window_marker,
+                     allow_no_device_tasks=allow_no_device_tasks)
+
+
+class _Ends:
+    """What `residency.traces.ascend.align_clocks` reads of a parse: its end times (the largest
+    absolute one stands for all)."""
+
+    def __init__(self, end_abs: int | None) -> None:
+        self.device = (np.empty((0, 2), np.int64) if end_abs is None
+                       else np.array([[0, end_abs]], np.int64))
+        self.ranges = np.empty((0, 2), np.int64)
+
+
+def rank_reduction(plan: Any, i: int, *, busy: str, marker: str | None,
+                   window_marker: str | None, cache: bool, chunk_bytes: int,
+                   max_trace_bytes: int, parsed: Any = None) -> RankReduction:
+    """The reduction of `plan`'s item `i` (a `residency.traces.load.TracePlan`): from the user's
+    cache when an entry matches, else parsed (or from `parsed`, its parse) and recorded."""
+    job = {"busy": busy, "marker": marker, "window_marker": window_marker, "cache": cache,
+           "chunk_bytes": chunk_bytes, "max_trace_bytes": max_trace_bytes}
+    hit = _cached(plan, i, job) if parsed is None else None
+    return hit if hit is not None else _computed(plan, i, job, parsed)
+
+
+def _options(plan: Any, job: dict[str, Any]) -> dict[str, Any]:
+    """What an ``idle`` cache entry was computed under (besides the trace and parser)."""
+    return {"format": plan.format, "busy": busydef.resolve(job["busy"], plan.format).name,
+            "marker": job["marker"], "window_marker": job["window_marker"],
+            "reduction": 2}  # 2: unknown types confirmed, host ranges, step intervals
+
+
+def _cached(plan: Any, i: int, job: dict[str, Any]) -> RankReduction | None:
+    from residency.traces import cache as tracecache
+    from residency.traces import load as tr
+
+    source = plan.sources[i]
+    if not (job["cache"] and tracecache.enabled(plan.parse_root, source)):
+        return None
+    stat = tr.open_stat(source, plan.parse_root, job["max_trace_bytes"])
+    got = tracecache.get("idle", source, stat, _options(plan, job), root=plan.parse_root,
+                         max_trace_bytes=job["max_trace_bytes"])
+    return _from_entry(plan, i, got) if got is not None else None
+
+
+def _computed(plan: Any, i: int, job: dict[str, Any], parsed: Any) -> RankReduction:
+    from residency.traces import cache as tracecache
+    from residency.traces import load as tr
+
+    source, root, limit = plan.sources[i], plan.parse_root, job["max_trace_bytes"]
+    stat = tr.open_stat(source, root, limit)
+    cache = job["cache"] and tracecache.enabled(root, source)
+    if parsed is None:
+        parsed = tr.parse_source(plan.format, source, root=root,
+                                 chunk_bytes=job["chunk_bytes"], max_bytes=limit,
+                                 digest=cache, device_names=False)
+    content_rank, digest = parsed.rank, parsed.digest
+    rank = tr.rank_of(plan, i, content_rank, warn=False)  # warned once, where gathered
+    t = tr.timeline_of(parsed, -1 if rank is None else rank, source, plan.sessions[i])
+    del parsed
+    wrx = None if job["window_marker"] is None else _compile(job["window_marker"],
+                                                             "window_marker")
+    rx = None if job["marker"] is None else _compile(job["marker"], "marker")
+    definition = busydef.resolve(job["busy"], plan.format)
+    r = dataclasses.replace(reduce_rank(t, definition, plan.format, rx, wrx), rank=rank,
+                            content_rank=content_rank)
+    del t
+    if cache:
+        if digest is None:  # (the SQLite export)
+            from residency.traces.files import file_digest
+
+            digest = file_digest(source, root=root, max_bytes=limit)
+        arrays = {"busy": r.busy, "markers": r.markers, "window_ranges": r.window_ranges}
+        if r.free is not None:
+            arrays["free"] = r.free
+        if r.computing is not None and r.work is not None:
+            arrays["computing"], arrays["work"] = r.computing, r.work
+        tracecache.put("idle", source, stat, _options(plan, job), digest, _entry_meta(r),
+                       arrays, root=root)
+    return r
+
+
+def _entry_meta(r: RankReduction) -> dict[str, Any]:
+    return {"content_rank": r.content_rank, "device_tasks": r.device_tasks,
+            "rejected_events": r.rejected_events, "busy_bounds": r.busy_bounds,
+            "excluded": r.excluded, "unknown": r.unknown, "overlap_span": r.overlap_span,
+            "span": r.span, "end_abs": r.end_abs, "free": r.free is not None,
+            "confirmed": sorted(r.confirmed), "host_ranges": r.host_ranges,
+            "steps": r.computing is not None}
+
+
+def _pair(v: Any) -> tuple[int, int] | None:
+    if v is None:
+        return None
+    a, b = v
+    if type(a) is not int or type(b) is not int:
+        raise TypeError("not a pair of ints")
+    return a, b
+
+
+def _counts(v: Any) -> dict[str, int]:
+    if not isinstance(v, dict) or not all(type(k) is str and type(n) is int
+                                          for k, n in v.items()):
+        raise TypeError("not a dict of counts")
+    return dict(v)
+
+
+def _from_entry(plan: Any, i: int, got: tuple[dict[str, Any], dict[str, np.ndarray]]
+                ) -> RankReduction | None:
+    """A reduction from a cache entry; None when the entry is not well formed."""
+    from residency.traces import load as tr
+
+    meta, arrays = got
+    try:
+        content = meta["content_rank"]
+        if content is not None and type(content) is not int:
+            return None
+        rows = {}
+        steps = ("computing", "work") if meta["steps"] else ()
+        for k in ("busy", "markers", "window_ranges", *steps) + (
+                ("free",) if meta["free"] else ()):
+            a = arrays[k]
+            if a.dtype != np.int64 or a.ndim != 2 or a.shape[1] != 2:
+                return None
+            rows[k] = a
+        end_abs = meta["end_abs"]
+        if end_abs is not None and type(end_abs) is not int:
+            return None
+        n, rejected, hosts = meta["device_tasks"], meta["rejected_events"], meta["host_ranges"]
+        if type(n) is not int or type(rejected) is not int or type(hosts) is not int:
+            return None
+        confirmed = meta["confirmed"]
+        if not isinstance(confirmed, list) or not all(type(c) is str for c in confirmed):
+            return None
+        rank = tr.rank_of(plan, i, content, warn=False)
+        return RankReduction(rank, plan.sources[i], n, rejected, rows["busy"],
+                             _pair(meta["busy_bounds"]), _counts(meta["excluded"]),
+                             _counts(meta["unknown"]), rows["markers"], rows["window_ranges"],
+                             rows.get("free"), _pair(meta["overlap_span"]),
+                             _pair(meta["span"]), end_abs, content, frozenset(confirmed),
+                             hosts, rows.get("computing"), rows.get("work"))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _here(plan: Any, job: dict[str, Any], workers: int | None) -> list[RankReduction]:
+    """Every rank's reduction on this machine: cache entries looked up first (hashing in
+    threads), then the rest parsed, whole files one per worker process when there are enough
+    of them, else each large file in parts (`residency.traces.load.parse_files`) and reduced here,
+    one rank at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from residency.traces import load as tr
+
+    n_items = len(plan.sources)
+    found: list[RankReduction | None] = [None] * n_items
+    if job["cache"] and n_items:
+        with ThreadPoolExecutor(min(8, n_items)) as threads:
+            found = list(threads.map(lambda i: _cached(plan, i, job), range(n_items)))
+    todo = [i for i, r in enumerate(found) if r is None]
+    stats = {i: tr.open_stat(plan.sources[i], plan.parse_root, job["max_trace_bytes"])
+             for i in todo}
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    n = workers if workers is not None else cpus or 1
+    small = sum(st.st_size for st in stats.values()) < tr.PARALLEL_MIN_BYTES
+    if n <= 1 or not todo or (workers is None and small):
+        done = {i: _computed(plan, i, job, None) for i in todo}
+    elif len(todo) >= n:
+        done = _pool(plan, job, min(n, len(todo)), stats)
+    else:  # fewer files than workers: each file's parts in the workers
+        done = {}
+        for i in todo:
+            (p,) = tr.parse_files(plan.format, [plan.sources[i]], workers=workers,
+                                  root=plan.parse_root, chunk_bytes=job["chunk_bytes"],
+                                  max_bytes=job["max_trace_bytes"], digest=job["cache"],
+                                  device_names=False)
+            done[i] = _computed(plan, i, job, p)
+            del p
+    return [found[i] if found[i] is not None else done[i] for i in range(n_items)]
+
+
+def _computed_here(plan: Any, i: int, job: dict[str, Any]) -> RankReduction:
+    """`_computed` from a fresh parse (a worker process's job)."""
+    return _computed(plan, i, job, None)
+
+
+def _pool(plan: Any, job: dict[str, Any], n: int, stats: dict[int, os.stat_result]
+          ) -> dict[int, RankReduction]:
+    import multiprocessing
+    import threading
+    from concurrent.futures import ProcessPoolExecutor
+
+    # fork is cheapest but unsafe in a process with threads (a notebook kernel has some)
+    method = "fork" if (threading.active_count() == 1 and "fork" in
+                        multiprocessing.get_all_start_methods()) else "spawn"
+    order = sorted(stats, key=lambda i: -stats[i].st_size)  # largest first
+    with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context(method)) as pool:
+        futures = {i: pool.submit(_computed_here, plan, i, job) for i in order}
+        return {i: f.result() for i, f in futures.items()}
+
+
+def _on_dask(plan: Any, job: dict[str, Any], scheduler: str,
+             workers: int | None) -> list[RankReduction]:
+    """Every rank's reduction as one task of a Dask cluster; results gathered here."""
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError:
+        raise ValueError("--scheduler needs Dask: pip install 'residency[cluster]' "
+                         "(dask[distributed])") from None
+    import contextlib
+
+    with contextlib.ExitStack() as stack:
+        if scheduler == "local":
+            import threading
+
+            import dask
+
+            cpus = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                    else os.cpu_count()) or 1
+            key = "distributed.worker.multiprocessing-method"
+            # fork starts a worker in 0.3 s, spawn in 3 s (measured here); as for the local
+            # pool, only from a process without threads of its own, and never over a choice
+            # the user made
+            if (threading.active_count() == 1 and dask.config.get(key, "spawn") == "spawn"
+                    and "fork" in __import__("multiprocessing").get_all_start_methods()):
+                stack.enter_context(dask.config.set({key: "fork"}))
+            cluster = stack.enter_context(LocalCluster(
+                n_workers=workers or min(cpus, max(1, len(plan.sources))),
+                threads_per_worker=1, processes=True, dashboard_address=None))
+            client = stack.enter_context(Client(cluster))
+        else:
+            try:
+                client = stack.enter_context(Client(scheduler, timeout="30s"))
+            except (OSError, TimeoutError, ValueError) as exc:
+                raise ValueError(f"cannot reach the Dask scheduler {scheduler!r}: "
+                                 f"{exc}") from None
+        futures = client.map(rank_reduction, [plan] * len(plan.sources),
+                             range(len(plan.sources)), pure=False, **job)
+        return client.gather(futures)
 
 
 def per_rank_idle(traces: TraceSet, *, marker: str | None = None,

@@ -88,6 +88,16 @@ def _pair(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}")
+    return value
+
+
 def _idle(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", metavar="PATH",
                    help="a trace file, a folder of one format's rank traces (any layout: rank<N>/, "
@@ -114,7 +124,16 @@ def _idle(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object (with "
                    "`warnings`, the messages also printed on stderr)")
     p.add_argument("--no-cache", action="store_true",
-                   help="neither read nor write the Parquet cache beside the traces")
+                   help="neither read nor write the user's trace cache (also: "
+                   "RESIDENCY_NO_CACHE=1); nothing is ever written beside the traces")
+    p.add_argument("--scheduler", metavar="ADDRESS",
+                   help="parse and reduce each rank as a task of a Dask cluster: 'local' (a "
+                   "LocalCluster here) or a scheduler address, e.g. tcp://host:8786 (default: "
+                   "$DASK_SCHEDULER_ADDRESS, else worker processes here); needs "
+                   "pip install 'residency[cluster]' and the traces at the same path on "
+                   "every worker")
+    p.add_argument("--workers", metavar="N", type=_positive_int,
+                   help="worker processes (here, or of --scheduler local); default: one per CPU")
 
 
 def _run_reading(p: argparse.ArgumentParser) -> None:
@@ -312,18 +331,29 @@ def cmd_pair(args: argparse.Namespace) -> int:
 
 def cmd_idle(args: argparse.Namespace) -> int:
     """`idle`: all-rank no-device-task time and marker attribution of a trace directory."""
-    from residency.analysis.idle import format_summary, idle_summary
+    from residency.analysis.idle import format_summary, idle_summary, idle_summary_at
     from residency.traces.load import TraceNote, load_traces
 
     causes = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            traces = load_traces(args.path, cache=not args.no_cache, session=args.session,
-                                 group=args.group)
-            summary = idle_summary(traces, marker=args.marker, window_marker=args.window_marker,
-                                   busy=args.busy,
-                                   allow_no_device_tasks=args.allow_no_device_tasks)
+            scheduler = args.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS") or None
+            if args.by_cause and args.scheduler:
+                raise ValueError("--by-cause reads every rank's timeline in this process; "
+                                 "drop --scheduler")
+            if not args.by_cause:  # rank by rank: only each rank's reduction comes back
+                summary = idle_summary_at(
+                    args.path, marker=args.marker, window_marker=args.window_marker,
+                    busy=args.busy, session=args.session, group=args.group,
+                    cache=not args.no_cache, scheduler=scheduler, workers=args.workers,
+                    allow_no_device_tasks=args.allow_no_device_tasks)
+            else:
+                traces = load_traces(args.path, cache=not args.no_cache, session=args.session,
+                                     group=args.group, workers=args.workers)
+                summary = idle_summary(traces, marker=args.marker,
+                                       window_marker=args.window_marker, busy=args.busy,
+                                       allow_no_device_tasks=args.allow_no_device_tasks)
             if args.by_cause:
                 from residency.analysis.causes import idle_by_cause
 

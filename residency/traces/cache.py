@@ -1,172 +1,301 @@
-"""The Parquet cache of parsed traces: one file per trace in a `CACHE_DIR` folder beside it.
+"""The cache of parsed traces, in the user's cache directory: never beside the traces.
 
-A cache file holds the parsed columns (device rows, then named host-range rows: ``start_ns``,
-``end_ns``, ``name``, ``task_type``, ``lane``) and, in its schema metadata, what it is worth:
-the trace's size, mtime and SHA-256 (of its bytes as stored) and the SHA-256 of the cached
-content itself. It is used only when all of them match: a trace changed in any way, or a cache
-edited in any way (without recomputing its digest), is parsed anew and the cache rewritten. A
-cache that cannot be read is ignored. Cache files are read as regular files only, with a size
-limit. Version history: 1 (size and mtime only), 2 (digests, task types and lanes), 3 (the
-torch-npu Overlap Analysis slices kept as rows of their lane; device rows named), 4 (the
-SQLite export's task type is a compute task's ``COMPUTE_TASK_INFO.taskType``, as the text
-export shows it).
+Where: `cache_dir()`, ``RESIDENCY_CACHE_DIR`` when set, else the user cache directory of
+``residency`` (`platformdirs`: ``$XDG_CACHE_HOME/residency``, by default ``~/.cache/residency``
+on Linux), folder ``traces-v1/``. Nothing is read from or written to a trace or run directory
+(a ``residency.parquet.cache/`` folder there, or anything else, is never read), and a cache
+directory that lies inside the folder the traces were found in is not used at all.
+
+Key: an entry's file name is a digest of what it stands for: its kind (``columns``: one
+file's parsed columns, for `residency.traces.load.load_traces`; ``idle``: one rank's
+reduction, for `residency.analysis.idle`), `PARSER_VERSION`, the options it was computed
+under, and the trace's real path, size and mtime_ns. Its header repeats that key and records
+the content digest of the trace's bytes as they were parsed
+(`residency.traces.files.content_hash`); the payload (arrays) carries its own digest. An
+entry is used only when the key matches, the trace read now has the recorded digest (a change
+that keeps size and mtime is caught) and the payload matches its digest; an edited,
+truncated, foreign or unreadable entry is ignored, and rewritten after the parse. Entries are
+read as regular files of bounded size; arrays are rebuilt from raw bytes of a whitelisted
+dtype (no pickle).
+
+Bounded: at most `max_bytes()` in all (``RESIDENCY_CACHE_MAX_BYTES``, default 4 GiB); after a
+write the least recently used entries are removed (a hit refreshes an entry's mtime).
+Off: ``cache=False`` (``residency idle --no-cache``) or ``RESIDENCY_NO_CACHE=1``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
+import struct
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
-from residency.traces.files import MAX_TRACE_BYTES, TraceError, file_sha256, open_regular
+from residency.traces.files import (
+    MAX_TRACE_BYTES,
+    TraceError,
+    content_hash,
+    file_digest,
+    open_regular,
+)
 from residency.traces.formats import Parsed, object_array
 
-__all__ = ["CACHE_DIR", "cache_path", "read_cache", "write_cache"]
+__all__ = ["PARSER_VERSION", "cache_dir", "enabled", "get", "get_parsed", "max_bytes", "put",
+           "put_parsed"]
 
-CACHE_DIR = "residency.parquet.cache"
-_VERSION = 4
-_NO_CODE = -1
-
-
-def cache_path(source: Path) -> Path:
-    """Where the cache of `source` lives."""
-    return source.parent / CACHE_DIR / f"{source.name}.parquet"
+PARSER_VERSION = 5  # 5: entries in the user cache directory, keyed by content digest
+_MAGIC = b"RESIDENCY-TRACE-CACHE/1\n"
+_DTYPES = frozenset({"<i8", "<i4", "<i2", "|i1", "|b1", "|u1"})
+_DEFAULT_MAX = 4 << 30
+_ENTRY_SUFFIX = ".entry"
 
 
-def _key(stat: os.stat_result) -> dict[str, int]:
-    return {"version": _VERSION, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-
-
-def content_digest(p: Parsed, meta: dict[str, Any]) -> str:
-    """SHA-256 of a parse's content and of its metadata (less this digest)."""
-    h = hashlib.sha256(json.dumps({k: v for k, v in meta.items() if k != "content_sha256"},
-                                  sort_keys=True).encode())
-    for a, dtype in ((p.device, np.int64), (p.ranges, np.int64), (p.device_task_type, np.int16),
-                     (p.range_task_type, np.int16), (p.range_lane, np.int16)):
-        h.update(np.ascontiguousarray(a, dtype).tobytes())
-    h.update(json.dumps([p.names.tolist(), list(p.task_types), list(p.lanes),
-                         [""] * len(p.device) if p.device_names is None
-                         else p.device_names.tolist()]).encode())
-    return h.hexdigest()
-
-
-def read_cache(source: Path, stat: os.stat_result, *, root: Path | None = None,
-               max_bytes: int = MAX_TRACE_BYTES) -> Parsed | None:
-    """The cached parse of `source` if it matches the file as it is now (module doc)."""
-    path = cache_path(source)
-    if not path.is_file():
-        return None
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
+def cache_dir() -> Path:
+    """The folder entries live in (module doc)."""
+    env = os.environ.get("RESIDENCY_CACHE_DIR")
+    if env:
+        return Path(env).expanduser() / "traces-v1"
     try:
-        fd, _ = open_regular(path, max_bytes=max_bytes)
-    except TraceError:  # not a regular file, too large: not a cache
+        from platformdirs import user_cache_dir
+    except ImportError:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"),
+                                                                ".cache")
+        return Path(base) / "residency" / "traces-v1"
+    return Path(user_cache_dir("residency", appauthor=False)) / "traces-v1"
+
+
+def max_bytes() -> int:
+    """The size bound of the whole cache (``RESIDENCY_CACHE_MAX_BYTES``, default 4 GiB)."""
+    raw = os.environ.get("RESIDENCY_CACHE_MAX_BYTES", "")
+    try:
+        return max(0, int(raw)) if raw else _DEFAULT_MAX
+    except ValueError:
+        return _DEFAULT_MAX
+
+
+def enabled(root: Path | None = None, source: Path | None = None) -> bool:
+    """Whether the cache may be used for a trace `source` found in folder `root`: not turned
+    off by ``RESIDENCY_NO_CACHE``, and the cache folder is not inside `root` nor `source`'s
+    own folder."""
+    if os.environ.get("RESIDENCY_NO_CACHE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return False
+    where = _real(cache_dir())
+    for folder in (root, None if source is None else source.parent):
+        if folder is not None and folder.is_dir():
+            top = _real(folder)
+            if where == top or top in where.parents:
+                return False
+    return True
+
+
+def _real(p: Path) -> Path:
+    try:
+        return p.resolve()
+    except OSError:
+        return p.absolute()
+
+
+def _key(kind: str, source: Path, stat: os.stat_result, options: dict[str, Any]
+         ) -> dict[str, Any]:
+    return {"kind": kind, "parser": PARSER_VERSION, "options": options,
+            "path": str(_real(source)), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def _entry(key: dict[str, Any]) -> Path:
+    h = content_hash()
+    h.update(json.dumps(key, sort_keys=True).encode())
+    return cache_dir() / (h.hexdigest().split(":", 1)[1] + _ENTRY_SUFFIX)
+
+
+def get(kind: str, source: Path, stat: os.stat_result, options: dict[str, Any], *,
+        root: Path | None = None, max_trace_bytes: int = MAX_TRACE_BYTES
+        ) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
+    """The entry's metadata and arrays when it matches `source` as it is now (module doc).
+
+    Raises:
+        TraceError: `source` itself cannot be read (as `residency.traces.files.open_regular`).
+    """
+    if not enabled(root, source):
+        return None
+    key = _key(kind, source, stat, options)
+    path = _entry(key)
+    try:
+        fd, st = open_regular(path, max_bytes=max_bytes() or _DEFAULT_MAX)
+    except TraceError:  # absent, not a regular file, too large: no entry
         return None
     try:
         with os.fdopen(fd, "rb") as f:
-            data = f.read()
-        file = pq.ParquetFile(pa.BufferReader(data))
-        meta = json.loads(file.schema_arrow.metadata[b"residency"])
-        if {k: meta.get(k) for k in _key(stat)} != _key(stat):
+            data = bytearray(st.st_size)
+            if f.readinto(data) != st.st_size:
+                return None
+        header, payload = _split(data)
+        if header.get("key") != key:
             return None
-        table = file.read().combine_chunks()
-        rows = np.column_stack([_ints(table[c].chunk(0)) if table[c].num_chunks else
-                                np.empty(0, np.int64) for c in ("start_ns", "end_ns")])
-        ndev = int(meta["device_rows"])
-        names = object_array([])
-        device_names = object_array([])
-        tasks, task_table = _codes(table, "task_type", len(rows))
-        lanes, lane_table = _codes(table, "lane", len(rows))
-        if len(rows):  # every row has a name
-            col = table["name"].chunk(0)
-            every = object_array(col.dictionary.to_pylist())[_ints(col.indices)]
-            device_names, names = every[:ndev], every[ndev:]
-        rank = meta.get("rank")
-        p = Parsed(rank if type(rank) is int else None, rows[:ndev], rows[ndev:], names,
-                   int(meta["rejected"]), tasks[:ndev], tasks[ndev:], lanes[ndev:],
-                   tuple(task_table), tuple(lane_table), device_names=device_names)
-        if meta.get("content_sha256") != content_digest(p, meta):
-            return None  # edited: never trusted
-        if meta.get("trace_sha256") != file_sha256(source, root=root, max_bytes=max_bytes):
+        h = content_hash()
+        h.update(payload)
+        if header.get("payload_digest") != h.hexdigest():
+            return None  # edited or truncated: never trusted
+        recorded = header.get("trace_digest")
+        if not isinstance(recorded, str) or recorded.split(":", 1)[0] != \
+                content_hash().hexdigest().split(":", 1)[0]:
             return None
-        p.sha256 = meta["trace_sha256"]
-        return p
-    except TraceError:
-        raise
-    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError,
-            pa.ArrowException):
-        return None  # an unusable cache is parsed anew and overwritten
+        if file_digest(source, root=root, max_bytes=max_trace_bytes) != recorded:
+            return None  # the trace changed (size and mtime kept)
+        arrays = _arrays(header, payload)
+        meta = header.get("meta")
+        if not isinstance(meta, dict):
+            return None
+    except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error):
+        return None  # an unusable entry is ignored; the parse rewrites it
+    with contextlib.suppress(OSError):
+        os.utime(path)  # recently used
+    return {**meta, "trace_digest": recorded}, arrays
 
 
-def _codes(table: Any, column: str, n: int) -> tuple[np.ndarray, list[str]]:
-    """A nullable dictionary column as int16 codes (-1: null) and its dictionary."""
-    col = table[column]
-    if not col.num_chunks:
-        return np.full(n, _NO_CODE, np.int16), []
-    col = col.chunk(0)
-    if len(col) != n:
-        raise ValueError(f"cached column {column} has {len(col)} rows, not {n}")
-    idx = col.indices
-    width = idx.type.bit_width // 8
-    codes = np.frombuffer(idx.buffers()[1], dtype=f"<i{width}", count=len(idx),
-                          offset=idx.offset * width).astype(np.int16)
-    if idx.null_count:  # (pyarrow's fill_null would import pandas)
-        bits = np.unpackbits(np.frombuffer(idx.buffers()[0], np.uint8), bitorder="little")
-        codes[~bits[idx.offset:idx.offset + len(idx)].astype(bool)] = _NO_CODE
-    return codes, col.dictionary.to_pylist()
+def _split(data: bytearray) -> tuple[dict[str, Any], memoryview]:
+    if not data.startswith(_MAGIC):
+        raise ValueError("not a residency cache entry")
+    at = len(_MAGIC)
+    (n,) = struct.unpack_from("<Q", data, at)
+    at += 8
+    if n > len(data) - at:
+        raise ValueError("truncated header")
+    header = json.loads(bytes(data[at:at + n]))
+    if not isinstance(header, dict):
+        raise ValueError("bad header")
+    return header, memoryview(data)[at + n:]
 
 
-def _ints(arr: Any) -> np.ndarray:
-    """A null-free Arrow integer array as a numpy view (pyarrow's to_numpy imports pandas)."""
-    if arr.null_count:
-        raise ValueError("unexpected nulls in a cached column")
-    width = arr.type.bit_width // 8
-    return np.frombuffer(arr.buffers()[1], dtype=f"<i{width}", count=len(arr),
-                         offset=arr.offset * width)
+def _arrays(header: dict[str, Any], payload: memoryview) -> dict[str, np.ndarray]:
+    out = {}
+    for name, dtype, shape, offset, nbytes in header["arrays"]:
+        if dtype not in _DTYPES or not isinstance(name, str):
+            raise ValueError(f"array {name!r} of dtype {dtype!r}")
+        shape = tuple(int(s) for s in shape)
+        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        if (min(shape, default=0) < 0 or int(offset) < 0
+                or count * np.dtype(dtype).itemsize != int(nbytes)
+                or int(offset) + int(nbytes) > len(payload)):
+            raise ValueError(f"array {name!r} does not fit its entry")
+        out[name] = np.frombuffer(payload, dtype, count, int(offset)).reshape(shape)
+    return out
 
 
-def _dictionary(codes: np.ndarray, table: list[str]) -> Any:
-    import pyarrow as pa
-
-    codes = codes.astype(np.int32)
-    return pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0),
-                                          pa.array(table, pa.string()))
-
-
-def write_cache(source: Path, stat: os.stat_result, p: Parsed) -> None:
-    """Write the parse of `source` beside it: device rows, then named range rows. A failure
-    (read-only folder, full disk...) is ignored. Needs `p.sha256`."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    if p.sha256 is None:
+def put(kind: str, source: Path, stat: os.stat_result, options: dict[str, Any],
+        trace_digest: str | None, meta: dict[str, Any], arrays: dict[str, np.ndarray], *,
+        root: Path | None = None) -> None:
+    """Record an entry (module doc); a failure (read-only or full disk, ...) is ignored.
+    Nothing is recorded without the trace's digest."""
+    if trace_digest is None or not enabled(root, source):
         return
-    path = cache_path(source)
+    key = _key(kind, source, stat, options)
+    path = _entry(key)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        device_names = (p.device_names.tolist() if p.device_names is not None
-                        else [""] * len(p.device))
-        names = pa.array(device_names + p.names.tolist(), pa.string()).dictionary_encode()
-        rows = np.concatenate((p.device, p.ranges)).reshape(-1, 2)
-        none = np.full(len(p.device), _NO_CODE, np.int16)
-        meta = {**_key(stat), "trace_sha256": p.sha256, "device_rows": len(p.device),
-                "rank": p.rank, "rejected": p.rejected}
-        meta["content_sha256"] = content_digest(p, meta)
-        table = pa.table({
-            "start_ns": rows[:, 0], "end_ns": rows[:, 1], "name": names,
-            "task_type": _dictionary(np.concatenate((p.device_task_type, p.range_task_type)),
-                                     list(p.task_types)),
-            "lane": _dictionary(np.concatenate((none, p.range_lane)), list(p.lanes))})
-        table = table.replace_schema_metadata({"residency": json.dumps(meta)})
-        path.parent.mkdir(exist_ok=True)
-        pq.write_table(table, tmp)
+        specs, blobs, offset = [], [], 0
+        for name, a in arrays.items():
+            a = np.ascontiguousarray(a)
+            if a.dtype.str not in _DTYPES:
+                raise TypeError(f"array {name} of dtype {a.dtype.str}")
+            specs.append([name, a.dtype.str, list(a.shape), offset, a.nbytes])
+            blobs.append(a.reshape(-1).view(np.uint8))
+            offset += a.nbytes
+        h = content_hash()
+        for b in blobs:
+            h.update(b)
+        header = json.dumps({"key": key, "trace_digest": trace_digest,
+                             "payload_digest": h.hexdigest(), "meta": meta,
+                             "arrays": specs}).encode()
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with open(tmp, "wb") as f:
+            f.write(_MAGIC + struct.pack("<Q", len(header)) + header)
+            for b in blobs:
+                f.write(b)
         os.replace(tmp, path)
-    except (OSError, ValueError, TypeError, pa.ArrowException):
+        _evict(path.parent)
+    except (OSError, ValueError, TypeError):
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
+
+
+def _evict(folder: Path) -> None:
+    """Remove the least recently used entries until the cache fits `max_bytes()`."""
+    limit = max_bytes()
+    entries = []
+    with os.scandir(folder) as it:
+        for e in it:
+            if e.name.endswith(_ENTRY_SUFFIX) and e.is_file(follow_symlinks=False):
+                st = e.stat(follow_symlinks=False)
+                entries.append((st.st_mtime_ns, st.st_size, Path(e.path)))
+    total = sum(size for _, size, _ in entries)
+    for _, size, p in sorted(entries):
+        if total <= limit:
+            break
+        with contextlib.suppress(OSError):
+            p.unlink()
+            total -= size
+
+
+# -- one file's parsed columns (`residency.traces.load.load_traces`) -------------------------------
+
+def _strings(items: list[str]) -> np.ndarray:
+    return np.frombuffer(json.dumps(items, ensure_ascii=False).encode(), np.uint8)
+
+
+def _codes(names: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    table: dict[str, int] = {}
+    values = names.tolist()
+    codes = np.fromiter((table.setdefault(n, len(table)) for n in values), np.int32,
+                        len(values))
+    return codes, list(table)
+
+
+def put_parsed(source: Path, stat: os.stat_result, p: Parsed, *,
+               root: Path | None = None) -> None:
+    """Record the parse of `source` (kind ``columns``); needs `p.digest`."""
+    device_names = (p.device_names if p.device_names is not None
+                    else object_array([""] * len(p.device)))
+    codes, table = _codes(np.concatenate((p.names, device_names)))
+    arrays = {"device": p.device, "ranges": p.ranges, "device_task_type": p.device_task_type,
+              "range_task_type": p.range_task_type, "range_lane": p.range_lane,
+              "name_codes": codes, "names": _strings(table)}
+    meta = {"rank": p.rank, "rejected": p.rejected, "task_types": list(p.task_types),
+            "lanes": list(p.lanes), "ranges": len(p.ranges)}
+    put("columns", source, stat, {}, p.digest, meta, arrays, root=root)
+
+
+def get_parsed(source: Path, stat: os.stat_result, *, root: Path | None = None,
+               max_trace_bytes: int = MAX_TRACE_BYTES) -> Parsed | None:
+    """The recorded parse of `source` when it matches the file as it is now (module doc)."""
+    got = get("columns", source, stat, {}, root=root, max_trace_bytes=max_trace_bytes)
+    if got is None:
+        return None
+    meta, a = got
+    try:
+        table = object_array(msgspec.json.decode(a["names"].tobytes(), type=list[str]))
+        n, m = len(a["device"]), int(meta["ranges"])
+        codes = a["name_codes"]
+        if (a["device"].ndim != 2 or a["ranges"].shape != (m, 2) or len(codes) != n + m
+                or (len(codes) and not 0 <= int(codes.min()) <= int(codes.max()) < len(table))
+                or len(a["device_task_type"]) != n
+                or not len(a["range_task_type"]) == len(a["range_lane"]) == m):
+            return None
+        names = table[codes]
+        rank = meta.get("rank")
+        task_types = tuple(str(t) for t in meta["task_types"])
+        lanes = tuple(str(t) for t in meta["lanes"])
+        for c, k in ((a["device_task_type"], task_types), (a["range_task_type"], task_types),
+                     (a["range_lane"], lanes)):
+            if len(c) and not -1 <= int(c.min()) <= int(c.max()) < len(k):
+                return None
+        p = Parsed(rank if type(rank) is int else None, a["device"], a["ranges"], names[:m],
+                   int(meta["rejected"]), a["device_task_type"], a["range_task_type"],
+                   a["range_lane"], task_types, lanes, device_names=names[m:])
+    except (KeyError, TypeError, ValueError, msgspec.DecodeError):
+        return None
+    p.digest = meta["trace_digest"]
+    return p

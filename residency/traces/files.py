@@ -6,8 +6,8 @@
 * A file larger than `max_bytes` on disk, or whose decompressed stream (``*.gz``, possibly of
   several members) grows beyond `max_bytes`, is refused with one error; decompression runs in
   steps of at most one chunk, so a gzip bomb never holds more than a chunk in memory.
-* `TraceStream.sha256` is the SHA-256 of the file's bytes as stored (compressed), computed as
-  they are read when asked for (the Parquet cache records it).
+* `TraceStream.digest` is the content digest (`content_hash`) of the file's bytes as stored
+  (compressed), computed as they are read when asked for (the trace cache keys entries by it).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 from residency.errors import BadInput
 
 __all__ = ["CHUNK_BYTES", "MAX_TRACE_BYTES", "RANK_COMPONENT_RE", "TraceError", "TraceStream",
-           "file_sha256", "open_regular"]
+           "content_hash", "file_digest", "file_sha256", "open_regular"]
 
 # a path component that names a rank, for both formats: "[<group>_]rank<N>" and nothing else
 # (fullmatch); "_" never occurs in host names (RFC 1123), so "gpu-rank7" or "gpu-rank7-a_123"
@@ -90,11 +90,44 @@ def open_regular(path: Path, *, root: Path | None = None,
     return fd, st
 
 
+class _Named:
+    """A hash object whose `hexdigest` names its algorithm (``xxh3_128:...``)."""
+
+    def __init__(self, name: str, h: Any) -> None:
+        self.name, self._h = name, h
+
+    def update(self, data: bytes) -> None:
+        self._h.update(data)
+
+    def hexdigest(self) -> str:
+        return f"{self.name}:{self._h.hexdigest()}"
+
+
+def content_hash() -> Any:
+    """A new content hash: xxh3-128 when `xxhash` is installed (about 4 GB/s here, against
+    1.3 GB/s for SHA-256), else SHA-256; `hexdigest()` is prefixed by the algorithm's name."""
+    try:
+        import xxhash
+    except ImportError:
+        return _Named("sha256", hashlib.sha256())
+    return _Named("xxh3_128", xxhash.xxh3_128())
+
+
+def file_digest(path: Path, *, root: Path | None = None,
+                max_bytes: int = MAX_TRACE_BYTES) -> str:
+    """`content_hash` (prefixed hex) of the bytes of the regular file `path` (checked as
+    `open_regular`)."""
+    return _file_hash(path, content_hash(), root, max_bytes)
+
+
 def file_sha256(path: Path, *, root: Path | None = None,
                 max_bytes: int = MAX_TRACE_BYTES) -> str:
     """SHA-256 (hex) of the bytes of the regular file `path` (checked as `open_regular`)."""
+    return _file_hash(path, hashlib.sha256(), root, max_bytes)
+
+
+def _file_hash(path: Path, digest: Any, root: Path | None, max_bytes: int) -> str:
     fd, _ = open_regular(path, root=root, max_bytes=max_bytes)
-    digest = hashlib.sha256()
     try:
         with os.fdopen(fd, "rb", buffering=0, closefd=True) as f:
             while block := f.read(_RAW_READ_BYTES):
@@ -123,7 +156,7 @@ class TraceStream:
         self._z = zlib.decompressobj(31) if self._gz else None
         self._pending = b""  # compressed input not yet given to the decompressor
         self._raw_eof = False
-        self._digest = hashlib.sha256() if digest else None
+        self._digest = content_hash() if digest else None
         self.offset = start
 
     def __enter__(self) -> TraceStream:
@@ -139,8 +172,8 @@ class TraceStream:
             self._fd = -1
 
     @property
-    def sha256(self) -> str | None:
-        """SHA-256 (hex) of the raw bytes read so far, if a digest was asked for."""
+    def digest(self) -> str | None:
+        """`content_hash` (prefixed hex) of the raw bytes read so far, if asked for."""
         return self._digest.hexdigest() if self._digest is not None else None
 
     def _raw(self, n: int) -> bytes:

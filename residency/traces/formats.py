@@ -76,7 +76,7 @@ class Parsed:
     range_lane: np.ndarray  # int16 codes into lanes, -1: none
     task_types: tuple[str, ...] = ()
     lanes: tuple[str, ...] = ()
-    sha256: str | None = None  # of the trace file as stored, when asked for
+    digest: str | None = None  # content digest of the trace file as stored, when asked for
     device_names: np.ndarray | None = None  # (n,) object array of str beside `device`
 
 
@@ -168,8 +168,9 @@ _GET_CAT, _GET_TS, _GET_DUR, _GET_NAME = (operator.attrgetter(a)
 
 def parse_trace(fmt: str, source: Path, *, root: Path | None = None,
                 chunk_bytes: int = CHUNK_BYTES, max_bytes: int = MAX_TRACE_BYTES,
-                digest: bool = False) -> Parsed:
-    """Stream `source` (format `fmt`: "kineto" or "ascend") into columns.
+                digest: bool = False, device_names: bool = True) -> Parsed:
+    """Stream `source` (format `fmt`: "kineto" or "ascend") into columns; without
+    `device_names`, a Kineto parse leaves the device tasks' names out (``None``).
 
     Raises:
         TraceError: the file cannot be read (module `residency.traces.files`), is not valid JSON
@@ -177,13 +178,13 @@ def parse_trace(fmt: str, source: Path, *, root: Path | None = None,
     """
     with _trace_errors(source), TraceStream(source, root=root, chunk_bytes=chunk_bytes,
                                             max_bytes=max_bytes, digest=digest) as stream:
-        cols = _Kineto() if fmt == "kineto" else _Ascend()
+        cols = _Kineto(device_names) if fmt == "kineto" else _Ascend()
         got = split_events(stream, cols.add, source)
         if isinstance(got, Skeleton):
             doc = _skeleton(source, got)
             if doc is not None:
                 parsed = cols.finish(source, doc if got.in_object else None)
-                parsed.sha256 = _drain(stream)
+                parsed.digest = _drain(stream)
                 return parsed
             prefix, offset = b"", 0  # a repeated traceEvents: read it all again, whole
             stream = TraceStream(source, root=root, chunk_bytes=chunk_bytes,
@@ -193,7 +194,7 @@ def parse_trace(fmt: str, source: Path, *, root: Path | None = None,
         with stream:
             data, offset = read_whole(stream, prefix, offset, source)
             parsed = parse_whole(fmt, source, data, offset=offset, total=stream.offset)
-            parsed.sha256 = _drain(stream)
+            parsed.digest = _drain(stream)
             return parsed
 
 
@@ -216,7 +217,8 @@ def part_bounds(source: Path, size: int, parts: int) -> list[tuple[int, int]]:
 
 def parse_part(fmt: str, source: Path, start: int, stop: int, *, first: bool, last: bool,
                root: Path | None = None, chunk_bytes: int = CHUNK_BYTES,
-               max_bytes: int = MAX_TRACE_BYTES) -> tuple[Any, Part]:
+               max_bytes: int = MAX_TRACE_BYTES, device_names: bool = True
+               ) -> tuple[Any, Part]:
     """The columns of one part of a plain trace file (`part_bounds`), not yet finished.
 
     Raises:
@@ -225,7 +227,7 @@ def parse_part(fmt: str, source: Path, start: int, stop: int, *, first: bool, la
     with _trace_errors(source), TraceStream(source, root=root, chunk_bytes=chunk_bytes,
                                             max_bytes=max_bytes, start=start,
                                             stop=stop) as stream:
-        cols = _Kineto() if fmt == "kineto" else _Ascend()
+        cols = _Kineto(device_names) if fmt == "kineto" else _Ascend()
         part = split_part(stream, cols.add, source, first=first, last=last)
         cols.compact()
         return cols, part
@@ -263,11 +265,11 @@ def _trace_errors(source: Path) -> Iterator[None]:
 
 def _drain(stream: TraceStream) -> str | None:
     """Read what is left (for the file's digest) and return the digest."""
-    if stream.sha256 is None:
+    if stream.digest is None:
         return None
     while stream.read():
         pass
-    return stream.sha256
+    return stream.digest
 
 
 def _skeleton(source: Path, sk: Skeleton) -> Any:
@@ -348,8 +350,10 @@ class _Names:
 
     def code(self, names: list[str]) -> np.ndarray:
         codes = self.codes
-        return np.fromiter((codes.setdefault(n, len(codes)) for n in names), np.int32,
-                           len(names))
+        for n in dict.fromkeys(names):  # each distinct name once; the rest in C
+            if n not in codes:
+                codes[n] = len(codes)
+        return np.fromiter(map(codes.__getitem__, names), np.int32, len(names))
 
     def table(self) -> np.ndarray:
         return object_array(list(self.codes))
@@ -380,7 +384,8 @@ class _Kineto:
     """Kept columns of a Kineto trace: device tasks and host ranges, times relative to the
     (not yet known) ``baseTimeNanoseconds``."""
 
-    def __init__(self) -> None:
+    def __init__(self, device_names: bool = True) -> None:
+        self.want_names = device_names
         self.dev = _Rows()  # [start, end) relative to the base, grown in place
         self.dev_name: list[np.ndarray] = []  # name codes of the device rows
         self.host_ts: list[np.ndarray] = []
@@ -426,7 +431,9 @@ class _Kineto:
         exact as float64."""
         kinds = _category_kinds(map(_GET_CAT, events), len(events))
         idx = np.flatnonzero(kinds)
-        ts, dur = _floats_at(events, idx, _GET_TS), _floats_at(events, idx, _GET_DUR)
+        sel = _pick(events, idx)
+        ts = np.fromiter(map(_GET_TS, sel), np.float64, len(sel))
+        dur = np.fromiter(map(_GET_DUR, sel), np.float64, len(sel))
         if not (_exact_floats(ts) and _exact_floats(dur)):
             return False
         ts_ns, ts_ok = _floats_to_ns(ts)
@@ -465,9 +472,10 @@ class _Kineto:
         dev, host = ok & (kinds == 1), np.flatnonzero(ok & (kinds == 2))
         start = ts_ns[dev]
         self.dev.add(start, start + dur_ns[dev])
-        at = np.flatnonzero(dev)
-        self.dev_name.append(codes_of(at) if codes_of is not None else
-                             self.names.code(names_of(at)[0]))
+        if self.want_names:
+            at = np.flatnonzero(dev)
+            self.dev_name.append(codes_of(at) if codes_of is not None else
+                                 self.names.code(names_of(at)[0]))
         self.host_ts.append(ts_ns[host])
         self.host_dur.append(dur_ns[host])
         names, bad, error = names_of(host)
@@ -490,8 +498,10 @@ class _Kineto:
             raise TraceError(source, f"distributedInfo.rank must be a non-negative integer, "
                              f"not {reprlib.repr(rank)}")
         base = base or 0
-        device, rejected, dev_codes = _finish_rows(self.dev.take(), base,
-                                                   _drain_parts(self.dev_name, np.int32))
+        rows = self.dev.take()
+        device, rejected, dev_codes = _finish_rows(
+            rows, base, _drain_parts(self.dev_name, np.int32) if self.want_names
+            else np.zeros(len(rows), np.int32))
         ranges, order, host_rejected = _intervals(_drain_parts(self.host_ts, np.int64),
                                                   _drain_parts(self.host_dur, np.int64), base)
         codes = _take_rows(_cat(self.host_name, np.int32), order)
@@ -502,7 +512,7 @@ class _Kineto:
         return Parsed(rank, device, ranges, table[codes],
                       self.rejected + rejected + host_rejected,
                       np.full(len(device), _NO_CODE, np.int16), none, none.copy(),
-                      device_names=table[dev_codes])
+                      device_names=table[dev_codes] if self.want_names else None)
 
 
 def _intervals(ts: np.ndarray, dur: np.ndarray, base: int
@@ -730,6 +740,15 @@ def _floats_at(events: list[Any], idx: np.ndarray, get: Callable[[Any], float]) 
     return np.fromiter(map(get, [events[i] for i in idx.tolist()]), np.float64, len(idx))
 
 
+def _pick(events: list[Any], idx: np.ndarray) -> Any:
+    """``events[idx]`` as a sequence, picked in C."""
+    if len(idx) == len(events):
+        return events
+    if len(idx) < 2:
+        return [events[i] for i in idx.tolist()]
+    return operator.itemgetter(*idx.tolist())(events)
+
+
 def _exact_floats(us: np.ndarray) -> bool:
     """Whether float64 microseconds give, rounded, the ns their decimal text gives: small
     enough (the parse is within 0.1 ns) and not near a half-nanosecond tie. NaN (missing) is
@@ -744,7 +763,10 @@ def _exact_floats(us: np.ndarray) -> bool:
 
 def _raw_names(events: list[Any]) -> list[str]:
     """Names of fast-path events: their raw JSON decoded in one call."""
-    text = b"[" + b",".join(e.name if len(e.name) else b'""' for e in events) + b"]"
+    raws = list(map(_GET_NAME, events))
+    if not all(map(len, raws)):  # a missing name reads as ""
+        raws = [r if len(r) else b'""' for r in raws]
+    text = b"[" + b",".join(raws) + b"]"
     try:
         return msgspec.json.decode(text, type=list[str])
     except msgspec.ValidationError:

@@ -26,9 +26,9 @@ or more from the epoch is rejected: counted in `RankTimeline.rejected_events` an
 Files are streamed in chunks (`residency.traces.formats`): memory depends on the chunk size and
 the number of events kept, not on the file size. Only regular files are read, none through a
 link leaving the folder searched, each at most `MAX_TRACE_BYTES` on disk and decompressed
-(`residency.traces.files`). Parsed files are cached as Parquet in a `CACHE_DIR` folder beside
-each trace, checked against the trace's digest and their own (`residency.traces.cache`).
-Parsing needs neither pandas nor pyarrow; pyarrow serves the cache.
+(`residency.traces.files`). Parsed files are cached in the user's cache directory, never beside
+the traces, checked against the trace's content digest and their own (`residency.traces.cache`).
+Parsing needs neither pandas nor pyarrow.
 """
 
 from __future__ import annotations
@@ -42,13 +42,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from residency.traces.cache import CACHE_DIR
 from residency.traces.files import (
     CHUNK_BYTES,
     MAX_TRACE_BYTES,
     RANK_COMPONENT_RE,
     TraceError,
-    file_sha256,
+    file_digest,
     open_regular,
 )
 from residency.traces.formats import (  # noqa: F401
@@ -77,7 +76,9 @@ __all__ = ["ASCEND_COMM_PROCESSES", "ASCEND_DERIVED_PROCESSES", "ASCEND_DEVICE_P
 ASCEND_COMM_PROCESSES = frozenset({"Communication", "HCCL"})  # "HCCL" before torch-npu 2.1
 COMMUNICATION_LANE = "[Communication]"  # the task type `residency.traces.busy` gives their ranges
 
+CACHE_DIR = "residency.parquet.cache"  # where versions before 0.2 cached: never read, skipped
 _PARALLEL_MIN_BYTES = 16 << 20  # below this, starting worker processes costs more than it saves
+PARALLEL_MIN_BYTES = _PARALLEL_MIN_BYTES
 _PART_MIN_BYTES = 32 << 20  # a file is split into parts of at least this much
 _EMPTY_CODES = np.empty(0, np.int16)
 
@@ -187,8 +188,9 @@ def load_traces(path: str | os.PathLike[str], *, cache: bool = True,
     (``diffusion_rank<N>/``, ``stage<K>_rank<N>/``, in either format) with `group`
     (`residency.traces.ascend.choose_sessions`). Files are parsed in `workers` processes
     (default: one per CPU when the traces are large), each streamed in chunks of
-    `chunk_bytes`. With `cache`, parsed files are read from and written to Parquet beside them;
-    a cache that cannot be used, or does not match the trace or its own digest, is ignored.
+    `chunk_bytes`. With `cache`, parsed files are read from and written to the user's cache
+    directory (`residency.traces.cache`; never beside the traces); an entry that cannot be
+    used, or does not match the trace or its own digest, is ignored and rewritten.
 
     Raises:
         TraceError: nothing to load (the skipped files listed; a torch-npu session of CSV
@@ -204,6 +206,43 @@ def load_traces(path: str | os.PathLike[str], *, cache: bool = True,
             that contradicts the ``rank<N>`` folder it lies in (the recorded one is used).
         TraceNote: a file skipped as not a trace; a lone trace read as rank 0.
     """
+    plan = plan_traces(path, session=session, group=group)
+    parsed = _parse_all(plan.format, plan.sources, cache=cache, workers=workers,
+                        root=plan.parse_root, chunk_bytes=chunk_bytes,
+                        max_bytes=max_trace_bytes)
+    if plan.format == "ascend":
+        from residency.traces import ascend
+
+        parsed = ascend.align_clocks(plan.sources, parsed)
+    timelines = [rank_timeline(plan, i, p) for i, p in enumerate(parsed)]
+    settle_ranks(plan, [t.rank if t is not None else None for t in timelines])
+    ranks = {t.rank: t for t in timelines if t is not None}
+    check_spans(plan.root, {r: (t.source, timeline_span(t)) for r, t in ranks.items()})
+    for t in ranks.values():
+        if not len(t.device):
+            warnings.warn(no_device_tasks(t.rank, t.source), UserWarning, stacklevel=2)
+    return TraceSet(plan.format, dict(sorted(ranks.items())))
+
+
+@dataclass(frozen=True)
+class TracePlan:
+    """What `load_traces` reads under `root`: per rank, the `items` found (a Kineto file, a
+    torch-npu session directory), the `sources` parsed (the file itself, ``trace_view.json``
+    or the SQLite export), the rank already `known` from the layout (torch-npu) and the
+    torch-npu `sessions`; `parse_root` is the folder every source must resolve inside."""
+
+    root: Path
+    format: Literal["kineto", "ascend"]
+    items: tuple[Path, ...]
+    sources: tuple[Path, ...]
+    known: tuple[int | None, ...]
+    sessions: tuple[str | None, ...]
+    parse_root: Path | None
+
+
+def plan_traces(path: str | os.PathLike[str], *, session: str | None = None,
+                group: str | None = None) -> TracePlan:
+    """The traces `load_traces` reads under `path` (discovery only; raises as it does)."""
     root = Path(path)
     found = _discover(root)
     fmt, items = found.fmt, found.items
@@ -223,56 +262,86 @@ def load_traces(path: str | os.PathLike[str], *, cache: bool = True,
         items = _choose_kineto_group(root, items, group)
         sources = list(items)
         known, sessions = [None] * len(items), [None] * len(items)
-    parsed = _parse_all(fmt, sources, cache=cache, workers=workers,
-                        root=None if fmt == "kineto" and not root.is_dir() else root,
-                        chunk_bytes=chunk_bytes, max_bytes=max_trace_bytes)
-    if fmt == "ascend":
-        parsed = ascend.align_clocks(sources, parsed)
-    ranks: dict[int, RankTimeline] = {}
+    return TracePlan(root, fmt, tuple(items), tuple(sources), tuple(known), tuple(sessions),
+                     None if fmt == "kineto" and not root.is_dir() else root)
+
+
+def rank_of(plan: TracePlan, i: int, content_rank: int | None, *, warn: bool = True
+            ) -> int | None:
+    """The rank of `plan`'s item `i` given the rank its content names (Kineto
+    ``distributedInfo.rank``, a database's ``RANK_DEVICE_MAP``); None when it cannot be told.
+    A lone trace that names no rank is rank 0.
+
+    Warns:
+        UserWarning: a Kineto file's recorded rank contradicts the ``rank<N>`` in its path
+            (the recorded one is used).
+        TraceNote: a lone trace read as rank 0.
+    """
+    item = plan.items[i]
+    if plan.format == "kineto":
+        named = _rank_from_path(item, plan.root)
+        if warn and content_rank is not None and named is not None and content_rank != named:
+            warnings.warn(f"{item}: distributedInfo.rank is {content_rank} but its path names "
+                          f"rank {named}; rank {content_rank} is used", UserWarning,
+                          stacklevel=3)
+        rank = content_rank if content_rank is not None else named
+    else:
+        rank = plan.known[i] if plan.known[i] is not None else content_rank
+    if rank is None and len(plan.items) == 1:
+        if warn:
+            warnings.warn(f"{item} records no rank ({_NO_RANK[plan.format]}); read as rank 0, the "
+                          "only trace", TraceNote, stacklevel=3)
+        rank = 0
+    return rank
+
+
+def rank_timeline(plan: TracePlan, i: int, p: Parsed) -> RankTimeline | None:
+    """The timeline of `plan`'s item `i` from its parse; None when its rank cannot be told."""
+    rank = rank_of(plan, i, p.rank)
+    return None if rank is None else timeline_of(p, rank, plan.sources[i], plan.sessions[i])
+
+
+def timeline_of(p: Parsed, rank: int, source: Path, session: str | None) -> RankTimeline:
+    """The timeline of one parse: derived torch-npu slices set apart, arrays read-only."""
+    derived = np.isin(p.range_lane, [k for k, n in enumerate(p.lanes)
+                                     if n in ASCEND_DERIVED_PROCESSES])
+    host = ~derived
+    arrays = (p.device, p.ranges[host], p.names[host], p.device_task_type,
+              p.range_task_type[host], p.range_lane[host], p.ranges[derived],
+              p.names[derived])
+    for a in arrays:
+        a.setflags(write=False)
+    names = p.device_names if p.device_names is not None else np.empty(0, object)
+    names.setflags(write=False)
+    return RankTimeline(rank, source, *arrays[:3], p.rejected, *arrays[3:6],
+                        p.task_types, p.lanes, *arrays[6:], session, names)
+
+
+def settle_ranks(plan: TracePlan, ranks: list[int | None]) -> None:
+    """Refuse a rank that appears twice or items whose rank cannot be told (None).
+
+    Raises:
+        TraceError: naming the items.
+    """
     origin: dict[int, Path] = {}
     unknown = []
-    for item, source, p, rank, label in zip(items, sources, parsed, known, sessions,
-                                            strict=True):
-        if fmt == "kineto":
-            named = _rank_from_path(item, root)
-            if p.rank is not None and named is not None and p.rank != named:
-                warnings.warn(f"{item}: distributedInfo.rank is {p.rank} but its path names "
-                              f"rank {named}; rank {p.rank} is used", UserWarning, stacklevel=2)
-            rank = p.rank if p.rank is not None else named
-        elif rank is None:
-            rank = p.rank  # a database's RANK_DEVICE_MAP, when nothing else names the rank
-        if rank is None and len(items) == 1:
-            rank = 0
-            warnings.warn(f"{item} records no rank ({_NO_RANK[fmt]}); read as rank 0, the "
-                          "only trace", TraceNote, stacklevel=2)
+    for item, rank in zip(plan.items, ranks, strict=True):
         if rank is None:
             unknown.append(item)
             continue
-        if rank in ranks:
+        if rank in origin:
             raise TraceError(item, f"rank {rank} appears twice: in {origin[rank]} and in {item}")
         origin[rank] = item
-        derived = np.isin(p.range_lane, [i for i, n in enumerate(p.lanes)
-                                         if n in ASCEND_DERIVED_PROCESSES])
-        host = ~derived
-        arrays = (p.device, p.ranges[host], p.names[host], p.device_task_type,
-                  p.range_task_type[host], p.range_lane[host], p.ranges[derived],
-                  p.names[derived])
-        for a in arrays:
-            a.setflags(write=False)
-        names = p.device_names if p.device_names is not None else np.empty(0, object)
-        names.setflags(write=False)
-        ranks[rank] = RankTimeline(rank, source, *arrays[:3], p.rejected, *arrays[3:6],
-                                   p.task_types, p.lanes, *arrays[6:], label, names)
     if unknown:
         listed = ", ".join(str(u) for u in unknown)
-        raise TraceError(root, f"cannot tell the rank of {listed} ({_NO_RANK[fmt]}; one "
-                         "trace alone is read as rank 0, several need their ranks)")
-    _check_overlap(root, ranks)
-    for t in ranks.values():
-        if not len(t.device):
-            warnings.warn(f"rank {t.rank} ({t.source}) has no device tasks; its busy time is 0",
-                          UserWarning, stacklevel=2)
-    return TraceSet(fmt, dict(sorted(ranks.items())))
+        raise TraceError(plan.root, f"cannot tell the rank of {listed} "
+                         f"({_NO_RANK[plan.format]}; one trace alone is read as rank 0, "
+                         "several need their ranks)")
+
+
+def no_device_tasks(rank: int, source: Path) -> str:
+    """The warning about a rank without device tasks."""
+    return f"rank {rank} ({source}) has no device tasks; its busy time is 0"
 
 
 # -- discovery -------------------------------------------------------------------------------
@@ -424,42 +493,61 @@ def _rank_from_path(p: Path, root: Path) -> int | None:
     return None
 
 
-def _check_overlap(root: Path, ranks: dict[int, RankTimeline]) -> None:
-    spans = {}
-    for r, t in ranks.items():
-        lo = [int(a.min()) for a in (t.device[:, 0], t.ranges[:, 0]) if len(a)]
-        hi = [int(a.max()) for a in (t.device[:, 1], t.ranges[:, 1]) if len(a)]
-        if lo:
-            spans[r] = (min(lo), max(hi))
-    if len(spans) > 1 and max(s for s, _ in spans.values()) >= min(e for _, e in spans.values()):
-        listed = "; ".join(f"rank {r} ({ranks[r].source}) [{s}, {e}) ns"
-                           for r, (s, e) in sorted(spans.items()))
+def timeline_span(t: RankTimeline) -> tuple[int, int] | None:
+    """Earliest start and latest end over a rank's device tasks and host ranges."""
+    lo = [int(a.min()) for a in (t.device[:, 0], t.ranges[:, 0]) if len(a)]
+    hi = [int(a.max()) for a in (t.device[:, 1], t.ranges[:, 1]) if len(a)]
+    return (min(lo), max(hi)) if lo else None
+
+
+def check_spans(root: Path, spans: dict[int, tuple[Path, tuple[int, int] | None]]) -> None:
+    """Refuse ranks (rank -> source, `timeline_span`) whose time ranges do not overlap.
+
+    Raises:
+        TraceError: naming every rank's span.
+    """
+    known = {r: (src, s) for r, (src, s) in spans.items() if s is not None}
+    if len(known) > 1 and max(s[0] for _, s in known.values()) >= min(
+            s[1] for _, s in known.values()):
+        listed = "; ".join(f"rank {r} ({src}) [{s}, {e}) ns"
+                           for r, (src, (s, e)) in sorted(known.items()))
         raise TraceError(root, "the ranks' time ranges do not overlap, so they cannot be one "
                          f"run on one clock: {listed}")
 
 
-
-
 # -- parsing, one file per call (in a worker process when parallel) --------------------------
 
+def parse_files(fmt: str, sources: list[Path], *, workers: int | None, root: Path | None,
+                chunk_bytes: int = CHUNK_BYTES, max_bytes: int = MAX_TRACE_BYTES,
+                digest: bool = False, device_names: bool = True) -> list[Parsed]:
+    """Parse `sources` (no cache), in worker processes when that pays (as `load_traces`);
+    with `digest`, each parse records the file's content digest; without `device_names`,
+    Kineto device tasks are left unnamed."""
+    return _parse_all(fmt, sources, cache=False, workers=workers, root=root,
+                      chunk_bytes=chunk_bytes, max_bytes=max_bytes, digest=digest,
+                      device_names=device_names)
+
+
 def _parse_all(fmt: str, sources: list[Path], *, cache: bool, workers: int | None,
-               root: Path | None, chunk_bytes: int, max_bytes: int) -> list[Parsed]:
+               root: Path | None, chunk_bytes: int, max_bytes: int,
+               digest: bool = False, device_names: bool = True) -> list[Parsed]:
     """Cached parses first, then the rest, in worker processes when that pays. Each worker
     streams one file at a time, so memory grows with the workers, not the file sizes."""
     stats = [open_stat(s, root, max_bytes) for s in sources]
     found: list[Parsed | None] = [None] * len(sources)
+    from residency.traces import cache as tracecache
+
+    cache = cache and tracecache.enabled(root)
     if cache:
         from concurrent.futures import ThreadPoolExecutor
 
-        from residency.traces.cache import read_cache
-
-        # hashing each trace (to check its cache) runs in threads: hashlib releases the GIL
+        # hashing each trace (to check its entry) runs in threads (the hash releases the GIL)
         with ThreadPoolExecutor(min(8, len(sources))) as pool:
-            found = list(pool.map(lambda s, st: read_cache(s, st, root=root,
-                                                           max_bytes=max_bytes),
-                                  sources, stats))
+            found = list(pool.map(lambda s, st: tracecache.get_parsed(
+                s, st, root=root, max_trace_bytes=max_bytes), sources, stats))
     todo = [i for i, f in enumerate(found) if f is None]
-    job = dict(root=root, chunk_bytes=chunk_bytes, max_bytes=max_bytes, digest=cache)
+    job = dict(root=root, chunk_bytes=chunk_bytes, max_bytes=max_bytes, digest=cache or digest,
+               device_names=device_names)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     n = workers if workers is not None else cpus or 1
     small = sum(stats[i].st_size for i in todo) < _PARALLEL_MIN_BYTES
@@ -473,9 +561,7 @@ def _parse_all(fmt: str, sources: list[Path], *, cache: bool, workers: int | Non
     for i, p in zip(todo, parsed, strict=True):
         found[i] = p
         if cache:
-            from residency.traces.cache import write_cache
-
-            write_cache(sources[i], stats[i], p)
+            tracecache.put_parsed(sources[i], stats[i], p, root=root)
     return found  # type: ignore[return-value]
 
 
@@ -525,7 +611,7 @@ def _parse_pool(fmt: str, sources: list[Path], stats: list[os.stat_result], todo
                 p = parse_trace(fmt, sources[i], **job)
             else:
                 if job["digest"]:
-                    p.sha256 = file_sha256(sources[i], root=job["root"],
+                    p.digest = file_digest(sources[i], root=job["root"],
                                            max_bytes=job["max_bytes"])
             out.append(p)
     return out
@@ -534,12 +620,20 @@ def _parse_pool(fmt: str, sources: list[Path], stats: list[os.stat_result], todo
 _COLUMNS = ("device", "ranges", "device_task_type", "range_task_type", "range_lane")
 
 
+def parse_source(fmt: str, source: Path, **job: Any) -> Parsed:
+    """`parse_trace` (keywords as it takes them), or `residency.traces.ascend.read_db` for
+    torch-npu's SQLite export."""
+    return _parse_one(fmt, source, **job)
+
+
 def _parse_one(fmt: str, source: Path, **job: Any) -> Parsed:
     """`parse_trace`, or `residency.traces.ascend.read_db` for torch-npu's SQLite export."""
     if source.suffix == ".db" or _is_sqlite(source):
         from residency.traces.ascend import read_db
 
         return read_db(source)
+    if fmt != "kineto":
+        job = {k: v for k, v in job.items() if k != "device_names"}
     return parse_trace(fmt, source, **job)
 
 

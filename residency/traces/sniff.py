@@ -65,8 +65,13 @@ def sniff(path: Path, *, root: Path | None = None,
             stream.close()
             return _sniff_db(path)
         head = raw.lstrip(_BLANK)
+        blank = bool(raw) and not head
+        while not head and (block := stream.read()):  # white space before any value
+            head = block.lstrip(_BLANK)
+            raw = head
         if not head:
-            return Sniffed("skip", "an empty file")
+            return Sniffed("skip", "only white space: no JSON value (a truncated trace?)"
+                           if blank else "an empty file")
         if head[:1] == b"[":
             if _MEMORY_TIMELINE.match(head):
                 return Sniffed("skip", "a memory timeline export (torch.profiler "
@@ -74,7 +79,7 @@ def sniff(path: Path, *, root: Path | None = None,
             found = _scan(stream, raw, _ASCEND_PROCESS)
             return Sniffed("ascend") if found else Sniffed("kineto")
         if head[:1] != b"{":
-            return Sniffed("skip", "not JSON")
+            return Sniffed("skip", f"not JSON (it starts with {head[:8]!r})")
         if _TRACE_EVENTS in head:  # torch-npu writes arrays; an object naming its device
             # process in the head is its export all the same
             return Sniffed("ascend") if _ASCEND_PROCESS in head else Sniffed("kineto")

@@ -1,0 +1,418 @@
+"""The trace cache lives in the user's cache directory and never beside the traces; entries
+are keyed by content; the per-rank reduction path (`idle_summary_at`, `residency idle`) gives
+the figures of the whole-timeline path to the nanosecond, here and on a Dask LocalCluster."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import re
+import shutil
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from residency.analysis import idle
+from residency.analysis.idle import idle_summary, idle_summary_at
+from residency.cli import main as cli
+from residency.traces import cache as tracecache
+from residency.traces import load as traces
+from residency.traces.load import CACHE_DIR, TraceError, load_traces
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).parent / "data" / "traces"
+PAIRED = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
+BASE = 1_764_500_000_000_000_000
+MARKER = r"residency\.release\[normal\]"
+
+
+def tree(d: Path) -> dict[str, tuple[int, int, bytes]]:
+    """Every path under `d` with its size, mtime_ns and (files) content."""
+    out = {}
+    for p in sorted(d.rglob("*")):
+        st = p.lstat()
+        out[str(p.relative_to(d))] = (st.st_size, st.st_mtime_ns,
+                                      p.read_bytes() if p.is_file() else b"")
+    return out
+
+
+def copy_fixture(name: str, dest: Path) -> Path:
+    return Path(shutil.copytree(DATA / name, dest / name))
+
+
+def entries() -> list[Path]:
+    d = tracecache.cache_dir()
+    return sorted(d.glob("*.entry")) if d.is_dir() else []
+
+
+def many_ranks(d: Path, ranks: int = 3, *, seed: int = 7) -> Path:
+    """Kineto traces of `ranks` ranks with fractional string/number times, host ranges,
+    flows and markers (some ranks named by path only)."""
+    rng = np.random.default_rng(seed)
+    for r in range(ranks):
+        events, t = [], 0.0
+        for i in range(400):
+            t += float(rng.uniform(0.1, 3.0))
+            ts = f"{t:.3f}" if i % 5 == 0 else round(t, 3)
+            events.append({"ph": "X", "cat": "kernel", "name": f"k{i % 4}", "pid": 0, "tid": 7,
+                           "ts": ts, "dur": round(float(rng.uniform(0.5, 2.0)), 3),
+                           "args": {"correlation": i, "grid": [1, 1, 1]}})
+            events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1,
+                           "tid": 1, "ts": round(t - 1, 3), "dur": 0.75})
+            events.append({"ph": "s", "id": i, "pid": 1, "tid": 1, "ts": round(t - 1, 3),
+                           "cat": "ac2g", "name": "ac2g"})
+            if i % 50 == 0:
+                events.append({"ph": "X", "cat": "user_annotation",
+                               "name": "residency.release[normal]", "pid": 1, "tid": 1,
+                               "ts": round(t + 0.5, 3), "dur": 20.125})
+            if i % 100 == 0:
+                t += 30  # a stall on every rank
+        doc = {"traceEvents": events, "baseTimeNanoseconds": BASE}
+        if r % 2 == 0:
+            doc["distributedInfo"] = {"rank": r, "world_size": ranks}
+        (d / f"rank{r}").mkdir(parents=True, exist_ok=True)
+        raw = json.dumps(doc).encode()
+        name = d / f"rank{r}" / ("trace.json.gz" if r == 1 else "trace.json")
+        name.write_bytes(gzip.compress(raw) if r == 1 else raw)
+    return d
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        rc = cli.main(list(argv))
+    return rc, out.getvalue(), err.getvalue()
+
+
+OPTIONS = [dict(marker=MARKER), dict(marker="release", window_marker="residency.release"),
+           dict(busy="all"), dict(busy="msprof", marker="Hccl|release")]
+
+
+@pytest.mark.parametrize("fixture", ["kineto_basic", "ascend_basic", "ascend_real",
+                                     "ascend_real_db"])
+@pytest.mark.parametrize("options", OPTIONS, ids=range(len(OPTIONS)))
+def test_rank_by_rank_equals_the_whole_timeline_path(tmp_path, fixture, options):
+    d = copy_fixture(fixture, tmp_path)
+    try:
+        whole = idle_summary(load_traces(d, cache=False), **options)
+    except ValueError as exc:  # the same refusal on both paths
+        with pytest.raises(ValueError, match=re.escape(str(exc))):
+            idle_summary_at(d, cache=False, **options)
+        return
+    for kwargs in (dict(cache=False), dict(cache=False, workers=2), dict(cache=True),
+                   dict(cache=True)):
+        assert idle_summary_at(d, **kwargs, **options) == whole
+
+
+def test_rank_by_rank_on_many_ranks_and_the_same_errors(tmp_path):
+    d = many_ranks(tmp_path / "t", 4)
+    whole = idle_summary(load_traces(d, cache=False), marker=MARKER)
+    assert whole.marker_idle_intersection_ns > 0 and whole.ranks == (0, 1, 2, 3)
+    assert idle_summary_at(d, marker=MARKER, workers=2, cache=False) == whole
+    assert idle_summary_at(d, marker=MARKER, workers=3) == whole  # records entries
+    assert idle_summary_at(d, marker=MARKER, workers=3) == whole  # reads them
+    # a rank named twice: the same error on both paths
+    doc = json.loads((d / "rank0" / "trace.json").read_text())
+    doc["distributedInfo"]["rank"] = 2
+    (d / "rank0" / "trace.json").write_text(json.dumps(doc))
+    for call in (lambda: load_traces(d, cache=False), lambda: idle_summary_at(d)):
+        with pytest.raises(TraceError, match="rank 2 appears twice"):
+            call()
+
+
+@pytest.mark.slow
+def test_local_cluster_gives_the_local_figures_to_the_nanosecond(tmp_path):
+    pytest.importorskip("distributed", reason="dask[distributed] is not installed "
+                        "(pip install 'residency[cluster]')")
+    d = many_ranks(tmp_path / "t", 5)
+    local = idle_summary_at(d, marker=MARKER, cache=False)
+    assert local == idle_summary(load_traces(d, cache=False), marker=MARKER)
+    assert idle_summary_at(d, marker=MARKER, cache=False, scheduler="local",
+                           workers=2) == local
+    rc, out, err = run_cli("idle", str(d), "--json", "--marker", MARKER, "--scheduler",
+                           "local", "--workers", "2")
+    assert rc == 0, err
+    assert json.loads(out) == local.to_dict()
+
+
+def test_scheduler_without_dask_is_bad_input(tmp_path, monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_dask(name, *a, **k):
+        if name.split(".")[0] in ("distributed", "dask"):
+            raise ImportError(name)
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_dask)
+    d = copy_fixture("kineto_basic", tmp_path)
+    rc, out, err = run_cli("idle", str(d), "--scheduler", "local")
+    assert rc == 2 and "residency[cluster]" in err and not out
+
+
+# -- where the cache lives -------------------------------------------------------------------
+
+def test_nothing_is_written_beside_the_traces(tmp_path):
+    for fixture in ("kineto_basic", "ascend_basic"):
+        d = copy_fixture(fixture, tmp_path)
+        before = tree(d)
+        for _ in range(2):  # cold, then warm
+            load_traces(d)
+            idle_summary_at(d, marker="release")
+            assert run_cli("idle", str(d), "--json")[0] == 0
+            assert run_cli("idle", str(d), "--by-cause")[0] == 0
+        assert tree(d) == before
+    assert entries(), "the cache went to the user's cache directory"
+
+
+def test_tables_write_nothing_into_the_run(tmp_path):
+    run = Path(shutil.copytree(PAIRED, tmp_path / "run"))
+    before = tree(run)
+    for _ in range(2):
+        rc, _, err = run_cli("tables", str(run), "--format", "json")
+        assert rc == 0, err
+    assert tree(run) == before
+
+
+def test_cache_dir_follows_xdg_and_can_be_turned_off(tmp_path, monkeypatch):
+    monkeypatch.delenv("RESIDENCY_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert tracecache.cache_dir().is_relative_to(tmp_path / "xdg" / "residency")
+    d = copy_fixture("kineto_basic", tmp_path)
+    monkeypatch.setenv("RESIDENCY_NO_CACHE", "1")
+    load_traces(d)
+    idle_summary_at(d)
+    assert not (tmp_path / "xdg").exists()
+    monkeypatch.delenv("RESIDENCY_NO_CACHE")
+    assert run_cli("idle", str(d), "--no-cache")[0] == 0
+    assert not (tmp_path / "xdg").exists()
+    assert run_cli("idle", str(d))[0] == 0
+    assert len(list((tmp_path / "xdg").rglob("*.entry"))) == 2
+
+
+def test_a_cache_dir_inside_the_traces_folder_is_never_used(tmp_path, monkeypatch):
+    d = copy_fixture("kineto_basic", tmp_path)
+    monkeypatch.setenv("RESIDENCY_CACHE_DIR", str(d / "cache"))
+    before = tree(d)
+    load_traces(d)
+    idle_summary_at(d)
+    assert tree(d) == before
+
+
+# -- what an entry is worth -------------------------------------------------------------------
+
+def _counting(monkeypatch) -> list[Path]:
+    calls: list[Path] = []
+    parse = traces.parse_trace
+    monkeypatch.setattr(traces, "parse_trace",
+                        lambda *a, **k: calls.append(a[1]) or parse(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("fixture", ["kineto_basic", "ascend_basic"])
+def test_entries_are_used_and_follow_the_trace(tmp_path, monkeypatch, fixture):
+    d = copy_fixture(fixture, tmp_path)
+    fresh = load_traces(d, cache=False)
+    fresh_idle = idle_summary_at(d, cache=False)
+    load_traces(d)
+    idle_summary_at(d)
+    assert len(entries()) == 4  # columns and reduction of two ranks
+    calls = _counting(monkeypatch)
+    _same(load_traces(d), fresh)
+    assert idle_summary_at(d) == fresh_idle
+    assert calls == []
+    # a changed trace (size and mtime) is parsed again, and so is a changed option
+    src = fresh.ranks[0].source
+    doc = json.loads(src.read_text())
+    extra = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 0, "dur": 1}
+    if fixture == "kineto_basic":
+        doc["traceEvents"].append(extra)
+    else:
+        doc.append({**doc[-1], "name": "extra", "ts": "1764500000000001.000"})
+    src.write_text(json.dumps(doc))
+    again = load_traces(d)
+    assert calls == [src]
+    assert again.ranks[0].device_tasks == fresh.ranks[0].device_tasks + (fixture == "kineto_basic")
+    assert idle_summary_at(d) == idle_summary(again)
+    idle_summary_at(d, busy="all")
+    assert calls == [src, src, src, fresh.ranks[1].source]
+
+
+def _same(a, b) -> None:
+    assert list(a.ranks) == list(b.ranks)
+    for r in a.ranks:
+        x, y = a.ranks[r], b.ranks[r]
+        assert np.array_equal(x.device, y.device) and x.rejected_events == y.rejected_events
+        assert x.range_names.tolist() == y.range_names.tolist()
+        assert x.device_names.tolist() == y.device_names.tolist()
+        assert np.array_equal(x.ranges, y.ranges) and np.array_equal(x.overlap, y.overlap)
+        assert x.device_types.tolist() == y.device_types.tolist()
+        assert np.array_equal(x.range_lane, y.range_lane) and x.lanes == y.lanes
+
+
+def test_a_change_that_keeps_size_and_mtime_is_caught(tmp_path, monkeypatch):
+    d = copy_fixture("kineto_basic", tmp_path)
+    src = d / "rank0.trace.json"
+    first = idle_summary_at(d)
+    load_traces(d)
+    st = src.stat()
+    text = src.read_text()
+    i = text.index('"dur": 50')  # the first kernel: 100 -> 150 us
+    edited = text[:i] + '"dur": 90' + text[i + len('"dur": 50'):]
+    assert len(edited) == len(text)
+    src.write_text(edited)
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert src.stat().st_size == st.st_size and src.stat().st_mtime_ns == st.st_mtime_ns
+    calls = _counting(monkeypatch)
+    got = load_traces(d)
+    assert calls == [src]
+    assert int(got.ranks[0].device[0, 1] - got.ranks[0].device[0, 0]) == 90_000
+    now = idle_summary_at(d)
+    assert now == idle_summary(load_traces(d, cache=False)) and now != first
+
+
+def test_mtime_alone_invalidates(tmp_path, monkeypatch):
+    d = copy_fixture("kineto_basic", tmp_path)
+    load_traces(d)
+    calls = _counting(monkeypatch)
+    load_traces(d)
+    assert calls == []
+    src = d / "rank0.trace.json"
+    st = src.stat()
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    load_traces(d)
+    assert calls == [src]
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "garbage", "empty", "directory"])
+def test_a_corrupted_entry_is_ignored_and_rewritten(tmp_path, monkeypatch, damage):
+    d = copy_fixture("ascend_basic", tmp_path)
+    fresh, fresh_idle = load_traces(d, cache=False), idle_summary_at(d, cache=False)
+    load_traces(d)
+    idle_summary_at(d)
+    good = {p: p.read_bytes() for p in entries()}
+    assert len(good) == 4
+    for p, data in good.items():
+        if damage == "flip":  # one byte of the payload (the last array)
+            p.write_bytes(data[:-3] + bytes([data[-3] ^ 1]) + data[-2:])
+        elif damage == "truncate":
+            p.write_bytes(data[: len(data) // 2])
+        elif damage == "garbage":
+            p.write_bytes(b"PAR1 not an entry" * 10)
+        elif damage == "empty":
+            p.write_bytes(b"")
+        else:
+            p.unlink()
+            p.mkdir()
+    calls = _counting(monkeypatch)
+    _same(load_traces(d), fresh)
+    assert idle_summary_at(d) == fresh_idle
+    assert len(calls) == 4  # every entry was refused
+    if damage != "directory":  # rewritten, and used again
+        assert {p: p.read_bytes() for p in entries()} == good
+        load_traces(d)
+        idle_summary_at(d)
+        assert len(calls) == 4
+
+
+def test_an_edited_entry_with_a_recomputed_digest_still_needs_the_trace(tmp_path,
+                                                                        monkeypatch):
+    """A forged entry whose payload digest matches but whose trace digest is not the trace's
+    is refused."""
+    d = copy_fixture("kineto_basic", tmp_path)
+    load_traces(d)
+    for p in entries():
+        data = bytearray(p.read_bytes())
+        at = data.index(b'"trace_digest": "') + len(b'"trace_digest": "xxh3_128:')
+        data[at] = ord("0") if data[at] != ord("0") else ord("1")
+        p.write_bytes(bytes(data))
+    calls = _counting(monkeypatch)
+    load_traces(d)
+    assert len(calls) == 2
+
+
+def forge(entry: Path) -> bytes:
+    """`entry` with its first busy interval (or device task) 3 s longer and every digest
+    recomputed: an entry that a loader reading it would trust."""
+    import struct
+
+    data = bytearray(entry.read_bytes())
+    magic = data.index(b"\n") + 1
+    (n,) = struct.unpack_from("<Q", data, magic)
+    header = json.loads(bytes(data[magic + 8:magic + 8 + n]))
+    payload = bytearray(data[magic + 8 + n:])
+    (offset,) = [a[3] for a in header["arrays"] if a[0] in ("busy", "device")]
+    end = struct.unpack_from("<q", payload, offset + 8)[0]
+    struct.pack_into("<q", payload, offset + 8, end + 3_000_000_000)
+    h = tracecache.content_hash()
+    h.update(bytes(payload))
+    header["payload_digest"] = h.hexdigest()
+    head = json.dumps(header).encode()
+    return bytes(data[:magic]) + struct.pack("<Q", len(head)) + head + bytes(payload)
+
+
+def test_a_forged_cache_shipped_with_a_run_has_no_effect(tmp_path, monkeypatch):
+    """Entries forged for the very traces of a run (trace digest right, content 3 s off, own
+    digest recomputed) and shipped inside it, where older versions kept their cache
+    (``residency.parquet.cache/``) or where a cache folder set inside the run would look, are
+    never read."""
+    real = copy_fixture("kineto_basic", tmp_path / "real")
+    truth = idle_summary_at(real, cache=False, marker="release")
+    columns = load_traces(real, cache=False)
+    monkeypatch.setenv("RESIDENCY_CACHE_DIR", str(tmp_path / "forger"))
+    idle_summary_at(real, marker="release")
+    load_traces(real)
+    forged = {p.name: forge(p) for p in (tmp_path / "forger").rglob("*.entry")}
+    assert len(forged) == 4
+    for p in (tmp_path / "forger").rglob("*.entry"):  # the forgery is what a reader trusts
+        p.write_bytes(forged[p.name])
+    assert idle_summary_at(real, marker="release") != truth
+    shutil.rmtree(tmp_path / "forger")
+    for folder in (real / CACHE_DIR, real / "cache" / "traces-v1", real):
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, data in forged.items():
+            (folder / name).write_bytes(data)
+            (folder / "rank0.trace.json.parquet").write_bytes(data)
+    for where in (tmp_path / "user", real / "cache"):  # a cache folder inside the run: unused
+        monkeypatch.setenv("RESIDENCY_CACHE_DIR", str(where))
+        for _ in range(2):
+            assert idle_summary_at(real, marker="release") == truth
+            _same(load_traces(real), columns)
+
+
+def test_the_cache_is_bounded_least_recently_used_first(tmp_path, monkeypatch):
+    d = many_ranks(tmp_path / "t", 3)
+    idle_summary_at(d, cache=True)
+    sizes = sorted(p.stat().st_size for p in entries())
+    assert len(sizes) == 3
+    for p in entries():
+        p.unlink()
+    monkeypatch.setenv("RESIDENCY_CACHE_MAX_BYTES", str(sizes[-1] + sizes[-2]))
+    idle_summary_at(d, cache=True)  # rank 0, 1, 2 in order: rank 0's entry goes
+    assert len(entries()) == 2
+    assert sum(p.stat().st_size for p in entries()) <= sizes[-1] + sizes[-2]
+    calls = _counting(monkeypatch)
+    idle_summary_at(d / "rank2", cache=True)  # the most recent: kept
+    assert calls == []
+    idle_summary_at(d / "rank0", cache=True)  # the least recent: gone
+    assert calls == [d / "rank0" / "trace.json"]
+
+
+def test_idle_module_keeps_dask_off_the_default_path():
+    heavy = "('dask', 'distributed', 'pandas', 'scipy', 'torch', 'pyarrow')"
+    code = (f"import sys; from residency.cli import main as cli; "
+            f"cli.main(['idle', {str(DATA / 'kineto_basic')!r}, '--json']); "
+            f"loaded = sorted(m for m in sys.modules if m.split('.')[0] in {heavy}); "
+            f"assert not loaded, loaded")
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert idle.__name__ == "residency.analysis.idle"
