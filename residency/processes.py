@@ -17,7 +17,42 @@ import sys
 from collections.abc import Callable
 
 PARENT_PID_ENV = "RESIDENCY_PARENT_PID"
+SCRATCH_ENV = "RESIDENCY_SCRATCH_DIRS"  # folders a started service removes once orphaned
 _PR_SET_PDEATHSIG = 1
+
+
+class Terminated(KeyboardInterrupt):
+    """An interruption by a signal other than Ctrl-C (SIGTERM, SIGHUP): handled as
+    KeyboardInterrupt (exit 130), recorded as the signal it was."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.signame = signal.Signals(signum).name
+        super().__init__(f"{self.signame} received")
+
+
+def interruption(exc: BaseException) -> str:
+    """How an interruption is recorded in a run: the signal's name (`SIGTERM received`,
+    `SIGINT (Ctrl-C) received`), else the exception's type and message."""
+    if isinstance(exc, Terminated):
+        return str(exc)
+    if type(exc) is KeyboardInterrupt:
+        return "SIGINT (Ctrl-C) received"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def raise_terminated(signum: int, frame: object) -> None:
+    """A signal handler: raise `Terminated` in the main thread."""
+    raise Terminated(signum)
+
+
+def remove_scratch() -> None:
+    """Remove the folders named by `SCRATCH_ENV` (the starting process is gone, so nobody
+    else will)."""
+    import shutil
+
+    for folder in filter(None, os.environ.get(SCRATCH_ENV, "").split(os.pathsep)):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _load_prctl() -> Callable[..., int] | None:

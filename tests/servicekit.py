@@ -88,6 +88,21 @@ def wait_for(condition: Callable[[], bool], *, what: str,
                                  "everything kept running (hung: a guard, not a speed check)")
 
 
+def post_when_free(url: str, body: object, *, proc: subprocess.Popen | None = None
+                   ) -> tuple[int, dict]:
+    """POST `body` to `url`, again while the service answers 429 (a cancelled request is
+    still releasing the service: no sleep that hopes it is done). A 429 never counts as a
+    request, so the answer is the first request the service ran after the busy one."""
+    reply: list[tuple[int, dict]] = []
+
+    def answered() -> bool:
+        reply[:] = [http("POST", url, body)]
+        return reply[0][0] != 429
+
+    wait_for(answered, what=f"POST {url} answered with something else than 429", proc=proc)
+    return reply[0]
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

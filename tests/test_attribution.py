@@ -131,6 +131,41 @@ def test_silent_rank_names_the_likely_cause() -> None:
                                   "request 2 rank 0: 0 normal, 0 forced")
 
 
+def _counts(cells: dict[tuple[int, int], tuple[int, int]]) -> pd.DataFrame:
+    """A `request_counts` frame from {(request, rank): (normal, forced)}."""
+    return pd.DataFrame([{"request": q, "request_id": None, "rank": r, "normal_checks": n,
+                          "normal_retained": n, "normal_released": 0, "forced": f,
+                          "forced_released": f, "telemetry_errors": 0}
+                         for (q, r), (n, f) in cells.items()], columns=list(at.COUNT_COLUMNS))
+
+
+def test_without_declared_counts_every_rank_and_request_must_agree() -> None:
+    """A service that declares no counts: rank 1 making two normal calls in the second
+    measured request fails the gate, naming that rank and request (before: passed, since
+    only one normal check was asked for)."""
+    cells = {(q, r): (1, 2) for q in (1, 2, 3) for r in (0, 1)}
+    assert at.count_failures(_counts(cells), run_name="00-candidate", ranks=[0, 1]) == []
+    cells[(2, 1)] = (2, 2)
+    failures = at.count_failures(_counts(cells), run_name="00-candidate", ranks=[0, 1])
+    assert failures == [
+        "00-candidate: expected the same counts on every rank and measured request (most "
+        "common: 1 normal + 2 forced, at least 1 normal check), but request 2 rank 1: "
+        "2 normal, 2 forced."]
+    cells[(2, 1)] = (1, 1)  # a forced release missing is named too
+    assert "request 2 rank 1: 1 normal, 1 forced" in at.count_failures(
+        _counts(cells), run_name="00-candidate", ranks=[0, 1])[0]
+    uniform_zero = {(q, r): (0, 2) for q in (1, 2) for r in (0, 1)}
+    assert at.count_failures(_counts(uniform_zero), run_name="x", ranks=[0, 1])  # no check
+
+
+def test_declared_counts_stay_exact() -> None:
+    cells = {(q, r): (2, 2) for q in (1, 2) for r in (0, 1)}  # uniform, but not as declared
+    failures = at.count_failures(_counts(cells), run_name="00-candidate", ranks=[0, 1],
+                                 expected_normal=1, expected_forced=2)
+    assert failures[0].startswith("00-candidate: expected 1 normal + 2 forced per rank per "
+                                  "measured request, but request 1 rank 0: 2 normal, 2 forced")
+
+
 # ----------------------------------------------------------------------------- recorded runs
 @pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.name)
 def test_recorded_builtin_runs_attribute_identically_by_id_and_by_time(path: Path) -> None:

@@ -610,23 +610,46 @@ def test_modelled_task_leaves_the_host_free() -> None:
 
 
 def test_modelled_time_is_the_devices_clock_not_the_workers_wake_up() -> None:
-    """Back-to-back modelled tasks follow each other on the device's own clock: each starts
-    exactly where the previous one ended and lasts exactly its modelled time, even while the
-    host keeps the worker thread from running (a real device does not wait for the host's
+    """Queued modelled tasks follow each other on the device's own clock: each starts exactly
+    where the previous one ended and lasts exactly its modelled time, even while the host
+    keeps the worker thread from running (a real device does not wait for the host's
     scheduler). Before the device clock, each task started whenever its worker woke up, so
-    host load stretched the device timeline."""
+    host load stretched the device timeline.
+
+    The contract is `start = max(previous end, submit)`: a task submitted after the device
+    went idle starts at its submission. So that a late *submitting* thread (host load on the
+    test itself) cannot make a gap, every task is queued behind a gate task first; the gate
+    opens only once all twenty are submitted."""
     fn, flops = _matmul_task(64)
     model = DeviceModel(flops_per_s=flops / 0.002, bytes_per_s=1e15, launch_ns=0)
     npu = EmulatedNPU(capacity_bytes=64 * MiB, model=model)
+    gate = threading.Event()
+    opened = npu.launch("gate", lambda: gate.wait(timeout=60), model=False)
     tasks = [npu.launch(f"step{i}", fn) for i in range(20)]
+    gate.set()
     host_start_ns = time.thread_time_ns()
     while time.thread_time_ns() - host_start_ns < 60_000_000:  # the host holds the GIL
         sum(range(1000))
     npu.synchronize()
+    assert all(t.submit_ns <= opened.end_ns for t in tasks)   # all queued behind the gate
     durations = {t.end_ns - t.start_ns for t in tasks}
     assert durations == {model.duration_ns(tasks[0].cost, "kernel")}
+    assert tasks[0].start_ns == opened.end_ns
     assert all(b.start_ns == a.end_ns for a, b in zip(tasks, tasks[1:], strict=False))
-    assert tasks[0].start_ns >= tasks[0].submit_ns
+
+
+def test_a_task_submitted_to_an_idle_device_starts_at_its_submission() -> None:
+    """The other half of the contract: the device clock never runs ahead of the host, so a
+    task submitted after the stream went idle starts at its submission time."""
+    fn, flops = _matmul_task(64)
+    model = DeviceModel(flops_per_s=flops / 0.002, bytes_per_s=1e15, launch_ns=0)
+    npu = EmulatedNPU(capacity_bytes=64 * MiB, model=model)
+    first = npu.launch("first", fn)
+    npu.synchronize()
+    second = npu.launch("second", fn)
+    npu.synchronize()
+    assert second.start_ns == max(first.end_ns, second.submit_ns)
+    assert second.end_ns - second.start_ns == model.duration_ns(second.cost, "kernel")
 
 
 def test_an_event_waited_on_moves_the_waiting_streams_clock() -> None:

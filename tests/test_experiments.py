@@ -259,6 +259,8 @@ def test_killing_the_service_mid_run_marks_incomplete(tmp_path) -> None:
     m = manifest(out)
     assert m["status"] == "incomplete" and m["error"]
     assert killed and not alive(killed[0])
+    # a SIGKILLed service removes nothing: `residency pair` removed its scratch folders
+    assert not list(out.glob("runs/*/tmp")) and not list(out.glob("runs/*/trace-raw"))
 
 
 def _service_pids(run_dir: Path) -> list[int]:

@@ -85,6 +85,29 @@ def test_a_rank_without_decisions_fails_the_gate_with_the_cause(consecutive: Pat
         "without `residency`)."]
 
 
+def test_a_service_without_declared_counts_must_make_the_same_calls_everywhere(
+        tmp_path: Path) -> None:
+    """No `[expect]` in the service file, and rank 1 makes two normal calls in the second
+    measured request: the gate fails naming that rank and request (before: it passed, since
+    only one normal check per rank and request was asked for)."""
+    text = STANDIN.read_text()
+    expect = "[expect]\nnormal_per_request = 1\nforced_per_request = 2\n"
+    assert expect in text
+    spec = tmp_path / "undeclared.toml"
+    spec.write_text(text.replace(expect, "").replace('cwd = "../../.."', f'cwd = "{ROOT}"')
+                    .replace('RESIDENCY_DECISIONS_DIR = "{decisions_dir}" }',
+                             'RESIDENCY_DECISIONS_DIR = "{decisions_dir}", '
+                             'STANDIN_EXTRA_NORMAL = "1:2" }'))
+    out = run_pair("consecutive", out=tmp_path / "run", service_file=spec, steps=2,
+                   requests=3, progress=False)
+    run = load_run(out)
+    assert run.manifest["service_info"].get("expect") in (None, {})
+    assert at.consecutive_gates(run) == [
+        "00-candidate: expected the same counts on every rank and measured request (most "
+        "common: 1 normal + 2 forced, at least 1 normal check), but request 2 rank 1: "
+        "2 normal, 2 forced."]
+
+
 def test_paired_profile_external_run_has_traces_idle_and_counts(tmp_path: Path) -> None:
     out = run_pair("paired-profile", out=tmp_path / "pp", service_file=STANDIN, steps=2,
                    pairs=0, progress=False)

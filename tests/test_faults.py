@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from residency.experiments.orchestrate import ExperimentError, run_pair
+from residency.protocol import MAX_STEPS
 from tests.servicekit import SMALL, alive, http, service, wait_for
 
 pytestmark = pytest.mark.slow
@@ -54,7 +55,7 @@ def test_rank_killed_mid_request(tmp_path) -> None:
         pids = http("GET", url + "/health")[1]["rank_pids"]
         result = {}
         t = threading.Thread(target=lambda: result.setdefault(
-            "r", http("POST", url + "/v1/generate", {"steps": 2000, "seed": 1})))
+            "r", http("POST", url + "/v1/generate", {"steps": MAX_STEPS, "seed": 1})))
         t.start()
         # mid-request: both ranks have recorded a decision of r0001 (no sleep to hope for it)
         wait_for(lambda: all('"request_id":"r0001"' in (p.read_text() if p.exists() else "")
@@ -158,5 +159,7 @@ def test_sigterm_during_profiling(tmp_path) -> None:
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "interrupted" in err
     m = _manifest(out)
-    assert m["status"] == "incomplete" and "KeyboardInterrupt" in m["error"]
+    # recorded as the signal it was (before: "KeyboardInterrupt: ")
+    assert m["status"] == "incomplete" and m["error"] == "SIGTERM received", m["error"]
+    assert not list(out.glob("runs/*/tmp")) and not list(out.glob("runs/*/trace-raw"))
     assert not _pids_with(str(out))

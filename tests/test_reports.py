@@ -425,7 +425,7 @@ def test_progress_ticks_between_runs() -> None:
     p = RunProgress([("candidate", False)], design="consecutive", interval_s=0.05, bar=False,
                     write=write)
     p(total=1, desc="x")
-    assert seen.wait(10), lines
+    assert seen.wait(300), lines  # a hang guard: three ticks of 50 ms, however late
     p.close()
     assert all("run 1/1: candidate, request series" in line for line in lines[:3])
 
@@ -601,7 +601,7 @@ def test_views_memory_timeline_of_the_profiled_pair(tmp_path: Path, shown: list,
         trace_dir = tmp_path / arm / "trace"
         held[arm] = record(trace_dir / "rank0.trace.json", release=release)
         pair.append(SimpleNamespace(arm=arm, trace_dir=trace_dir))
-    run = SimpleNamespace(device_kind="emulated-npu")
+    run = SimpleNamespace(device_kind="emulated-npu", manifest={"params": {"ranks": 1}})
     out = tmp_path / "out"
     out.mkdir()
     assert rv.write_memory_timeline(run, pair, out) == out / "memory_timeline.png"
@@ -653,7 +653,7 @@ def test_views_memory_timeline_of_a_torch_npu_database_pair(tmp_path: Path,
         d = shutil.copytree(ROOT / "tests" / "data" / "traces" / "ascend_real_db",
                             tmp_path / arm, ignore=shutil.ignore_patterns("*.parquet.cache"))
         pair.append(SimpleNamespace(arm=arm, trace_dir=Path(d)))
-    assert rv.write_memory_timeline(SimpleNamespace(device_kind="npu"), pair,
+    assert rv.write_memory_timeline(SimpleNamespace(device_kind="npu", manifest={}), pair,
                                     tmp_path) == tmp_path / "memory_timeline.png"
     fig, table = shown
     title = fig._suptitle.get_text()

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ from residency.selftest import (
     check_trace_dir,
     run_step,
 )
-from tests.servicekit import alive
+from tests.servicekit import alive, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTSITE = Path(__file__).resolve().parent / "faultsite"
@@ -182,12 +181,13 @@ def test_sigterm_stops_the_services_and_prints_the_partial_report(tmp_path: Path
                              "emulated-npu", "--json", "--out", str(out)], cwd=tmp_path,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     log = out / "service" / "runs" / "00-candidate" / "service.log"
-    deadline = time.monotonic() + 300
-    while not log.is_file() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(2.0)  # the service is starting its ranks
-    service = _process_tree(str(out))
-    assert service, "the service step never started"
+    service: set[int] = set()
+
+    def service_started() -> bool:  # the service and its ranks exist (no sleep for it)
+        service.update(_process_tree(str(out)) if log.is_file() else ())
+        return len(service) >= 4  # selftest, service, two ranks
+
+    wait_for(service_started, what="the service step's service and its ranks", proc=proc)
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr[-3000:]

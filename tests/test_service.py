@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
 import signal
-import threading
-import time
+import socket
 
 import pytest
 
-from tests.servicekit import SMALL, alive, decisions, http, service
+from residency.protocol import MAX_STEPS
+from tests.servicekit import SMALL, alive, decisions, http, post_when_free, service, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -63,32 +65,35 @@ def test_baseline_normal_calls_hit_telemetry_failure(tmp_path) -> None:
 
 
 def test_concurrent_request_gets_429(tmp_path) -> None:
-    with service(tmp_path, "--arm", "candidate", "--ranks", "1", *SMALL) as (proc, url, _):
-        results = {}
-        slow = threading.Thread(target=lambda: results.setdefault(
-            "slow", http("POST", url + "/v1/generate", {"steps": 400, "seed": 1})))
-        slow.start()
-        time.sleep(1.0)
-        second = http("POST", url + "/v1/generate", {"steps": 1, "seed": 2})
-        slow.join(timeout=300)
-        assert results["slow"][0] == 200
-        assert second[0] in (200, 429)
-        if second[0] == 200:  # it ran after the first: never interleaved
-            assert second[1]["request_id"] > results["slow"][1]["request_id"]
+    """A second request while one runs is 429. The first (MAX_STEPS, far longer than the
+    test) is seen running through its rank's decision before the second is sent, then
+    cancelled by closing its connection: no sleep, no race on who comes first."""
+    with service(tmp_path, "--arm", "candidate", "--ranks", "1", *SMALL) as (proc, url,
+                                                                          markers):
+        host, port = url.removeprefix("http://").split(":")
+        body = json.dumps({"steps": MAX_STEPS, "seed": 1}).encode()
+        slow = socket.create_connection((host, int(port)), timeout=60)
+        slow.sendall(b"POST /v1/generate HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: " + str(len(body)).encode()
+                     + b"\r\n\r\n" + body)
+        decisions_file = markers / "decisions-rank0.jsonl"
+        wait_for(lambda: decisions_file.exists()
+                 and '"request_id":"r0001"' in decisions_file.read_text(),
+                 what="request r0001 running", proc=proc)
+        code, reply = http("POST", url + "/v1/generate", {"steps": 1, "seed": 2})
+        assert code == 429, reply
+        slow.close()  # the client leaves: r0001 is cancelled, the next request runs
+        code, reply = post_when_free(url + "/v1/generate", {"steps": 1, "seed": 3}, proc=proc)
+        assert code == 200 and reply["request_id"] == "r0002", reply
 
 
 def test_rank_death_fails_fast_and_exits_nonzero(tmp_path) -> None:
     with service(tmp_path, "--arm", "candidate", "--ranks", "2", *SMALL) as (proc, url, _):
         health = http("GET", url + "/health")[1]
-        import os
-
         os.kill(health["rank_pids"][1], signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            code, body = http("GET", url + "/health")
-            if code == 503:
-                break
-            time.sleep(0.1)
+        wait_for(lambda: http("GET", url + "/health")[0] == 503,
+                 what="/health answering 503 after a rank was killed", proc=proc)
+        code, body = http("GET", url + "/health")
         assert code == 503 and "rank 1" in body["error"]
         code, body = http("POST", url + "/v1/generate", {"steps": 1, "seed": 1})
         assert code == 503 and "rank 1" in body["error"]

@@ -8,6 +8,7 @@ import shutil
 import types
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -133,11 +134,13 @@ def test_cli_prints_table_with_empty_stderr() -> None:
 def test_cli_uses_trace_analysis_and_survives_its_failure(run_copy: Path, monkeypatch) -> None:
     for name in ("00-baseline", "01-candidate"):
         (run_copy / "runs" / name / "trace").mkdir()
+    ranks = int(json.loads((run_copy / "manifest.json").read_text())["params"]["ranks"])
     monkeypatch.setitem(__import__("sys").modules, "residency.traces.load",
-                        types.SimpleNamespace(load_traces=lambda path: path))
+                        types.SimpleNamespace(load_traces=lambda path: types.SimpleNamespace(
+                            path=path, ranks=dict.fromkeys(range(ranks)))))
 
-    def summary(path: Path, *, marker: str, window_marker: str | None = None) -> dict:
-        arm = IDLE["baseline" if "baseline" in str(path) else "candidate"]
+    def summary(traces: Any, *, marker: str, window_marker: str | None = None) -> dict:
+        arm = IDLE["baseline" if "baseline" in str(traces.path) else "candidate"]
         start = 0 if window_marker is None else 10
         return {**arm, "window_ns": [start, start + arm["prepare_ns"]]}
 

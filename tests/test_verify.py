@@ -46,17 +46,17 @@ def test_missing_extra_and_changed_files_are_reported(sealed) -> None:
     client.unlink()
     decisions.write_text(decisions.read_text().replace("retained", "released", 1))
     (sealed / "runs" / "stray.txt").write_text("not evidence")
-    # a derived cache beside the traces is not evidence and never counts as extra
+    # no cache ever lives in a run (issue 26): one a sender planted there is an extra file
     (sealed / "runs" / "residency.parquet.cache").mkdir()
     (sealed / "runs" / "residency.parquet.cache" / "x.parquet").write_bytes(b"cache")
     result = verify_run(sealed)
     rel = lambda p: p.relative_to(sealed).as_posix()  # noqa: E731
     assert result.missing == (rel(client),)
-    assert result.extra == ("runs/stray.txt",)
+    assert result.extra == ("runs/residency.parquet.cache/x.parquet", "runs/stray.txt")
     assert result.changed == (rel(decisions),)
     proc = cli("verify", str(sealed))
     assert proc.returncode == 1
-    assert "1 missing, 1 extra, 1 changed" in proc.stdout and "runs/stray.txt" in proc.stdout
+    assert "1 missing, 2 extra, 1 changed" in proc.stdout and "runs/stray.txt" in proc.stdout
 
 
 def test_analysis_refuses_a_tampered_run_unless_told(sealed) -> None:

@@ -297,12 +297,10 @@ def cmd_pair(args: argparse.Namespace) -> int:
 
     from residency.devicemodel import model_from_args
     from residency.experiments.orchestrate import ExperimentError, run_pair
-
-    def on_term(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
+    from residency.processes import raise_terminated
 
     emulator = model_from_args(args)  # ValueError naming the option: bad input
-    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGTERM, raise_terminated)  # recorded as SIGTERM, exit 130
     try:
         out = run_pair(args.design, out=args.out, device=args.device, ranks=args.ranks,
                        steps=args.steps, seed=args.seed, pairs=args.pairs,

@@ -19,7 +19,7 @@ NORMAL_MARKER = re.escape(markers.RELEASE_NORMAL)  # regular expressions for the
 PREPARE_MARKER = re.escape(markers.PHASE_PREPARE)
 
 __all__ = ["NORMAL_MARKER", "PREPARE_MARKER", "RunData", "idle_from_traces", "load_decisions",
-           "measured_requests", "reference_pair"]
+           "load_run_traces", "measured_requests", "reference_pair"]
 
 
 def measured_requests(run: Run, entry: RunEntry) -> list[dict[str, Any]]:
@@ -52,6 +52,25 @@ def reference_pair(run: Run) -> tuple[RunEntry, RunEntry] | None:
     return first["baseline"], first["candidate"]
 
 
+def load_run_traces(run: Run, entry: RunEntry) -> Any:
+    """The `TraceSet` of one run entry's ``trace/`` folder, whose ranks must be exactly the
+    run's `params.ranks` (0..N-1): a trace folder with another rank set (a planted file
+    read as an extra rank, a rank missing) is a `TraceError` naming the folder."""
+    from residency.traces.files import TraceError
+    from residency.traces.load import load_traces
+
+    folder = entry.trace_dir
+    if folder is None:
+        raise TraceError(entry.dir / "trace", "no such directory: the run recorded no traces")
+    traces = load_traces(folder)
+    ranks = (run.manifest.get("params") or {}).get("ranks")
+    if isinstance(ranks, int) and not isinstance(ranks, bool) and \
+            set(traces.ranks) != set(range(ranks)):
+        raise TraceError(folder, f"holds the traces of ranks {sorted(traces.ranks)}, but the "
+                         f"run had params.ranks = {ranks} (ranks 0..{ranks - 1})")
+    return traces
+
+
 def idle_from_traces(run: Run, pair: tuple[RunEntry, RunEntry] | None = None
                      ) -> tuple[dict[str, dict[str, int]] | None, str | None]:
     """Idle figures (ns) of the reference pair from its traces: arm ->
@@ -62,11 +81,10 @@ def idle_from_traces(run: Run, pair: tuple[RunEntry, RunEntry] | None = None
         return None, None
     try:
         from residency.analysis.idle import idle_summary
-        from residency.traces.load import load_traces
 
         out = {}
         for arm, entry in zip(PAIRED_ARMS, pair, strict=True):
-            timelines = load_traces(entry.dir / "trace")
+            timelines = load_run_traces(run, entry)
             whole = idle_summary(timelines, marker=NORMAL_MARKER)
             prep = idle_summary(timelines, marker=NORMAL_MARKER, window_marker=PREPARE_MARKER)
             start, end = _get(prep, "window_ns")

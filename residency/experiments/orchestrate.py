@@ -31,7 +31,13 @@ from residency.devices import KINDS
 from residency.errors import BadInput, RunFailed
 from residency.jsonio import write_json_atomic
 from residency.policy.cache import PAIRED_ARMS
-from residency.processes import PARENT_PID_ENV, free_port, pdeathsig_preexec
+from residency.processes import (
+    PARENT_PID_ENV,
+    SCRATCH_ENV,
+    free_port,
+    interruption,
+    pdeathsig_preexec,
+)
 from residency.rundir import hostload
 from residency.rundir.layout import (
     CLIENT,
@@ -343,6 +349,9 @@ def start_service(spec: ServiceSpec, arm: str, run_dir: Path, *, profiled: bool
         tmp_dir = run_dir / SERVICE_TMP
         tmp_dir.mkdir()
         env["TMPDIR"] = str(tmp_dir)
+        # what the service removes itself when we are gone (killed: we cannot)
+        env[SCRATCH_ENV] = os.pathsep.join([str(tmp_dir), *([str(profile_dir)] if profiled
+                                                           else [])])
     try:
         with open(log_path, "wb") as log:
             # the service dies with us (SIGTERM from the kernel when this process is killed,
@@ -458,7 +467,18 @@ def _post_control(url: str, values: dict[str, Any], timeout: float) -> None:
 def run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, seed: int,
             profiled: bool, requests: int = 1) -> dict[str, Any]:
     """Start, warm, measure `requests` consecutive requests and stop one arm; returns its
-    manifest entry."""
+    manifest entry. An arm that fails leaves no raw profiles (`trace-raw/`) behind."""
+    try:
+        return _run_arm(spec, arm, index, out, steps=steps, seed=seed, profiled=profiled,
+                        requests=requests)
+    except BaseException:
+        if spec.builtin:  # nobody will collect them; tmp/ already went with the service
+            shutil.rmtree(out / run_dir_name(index, arm) / TRACE_RAW, ignore_errors=True)
+        raise
+
+
+def _run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, seed: int,
+             profiled: bool, requests: int = 1) -> dict[str, Any]:
     rel = run_dir_name(index, arm)
     run_dir = out / rel
     run_dir.mkdir(parents=True, exist_ok=False)
@@ -675,7 +695,7 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
     except BaseException as exc:
         unsaved = ""
         try:  # best effort: the directory may be what failed
-            manifest.fail(out, f"{type(exc).__name__}: {exc}")
+            manifest.fail(out, interruption(exc))
         except OSError as werr:
             unsaved = f" (manifest.json could not be updated either: {werr.strerror or werr})"
         if isinstance(exc, ExperimentError):

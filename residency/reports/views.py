@@ -88,11 +88,11 @@ def timeline_pair(run: Run, pair: Sequence[RunEntry] | None
     """The timelines of the profiled pair (baseline, candidate) from its traces; None when
     the pair or a trace directory is missing."""
     from residency.analysis.timeline import arm_timeline
-    from residency.traces.load import load_traces
+    from residency.evidence.runs import load_run_traces
 
     if not pair or len(pair) != 2 or any(e.trace_dir is None for e in pair):
         return None
-    b, c = (arm_timeline(load_traces(e.trace_dir), arm=e.arm, device_kind=run.device_kind)
+    b, c = (arm_timeline(load_run_traces(run, e), arm=e.arm, device_kind=run.device_kind)
             for e in pair)
     return b, c
 
@@ -111,12 +111,12 @@ def write_timeline(run: Run, pair: Sequence[RunEntry] | None,
     return show_figure(timeline_figure(*pair_tl), output_dir, name)
 
 
-def _pair_traces(pair: Sequence[RunEntry] | None) -> tuple[Any, Any] | None:
-    from residency.traces.load import load_traces
+def _pair_traces(run: Run, pair: Sequence[RunEntry] | None) -> tuple[Any, Any] | None:
+    from residency.evidence.runs import load_run_traces
 
     if not pair or len(pair) != 2 or any(e.trace_dir is None for e in pair):
         return None
-    return load_traces(pair[0].trace_dir), load_traces(pair[1].trace_dir)
+    return load_run_traces(run, pair[0]), load_run_traces(run, pair[1])
 
 
 def write_causes(run: Run, pair: Sequence[RunEntry] | None,
@@ -129,7 +129,7 @@ def write_causes(run: Run, pair: Sequence[RunEntry] | None,
     difference as `<name>_diff.csv`; None without traces."""
     from residency.analysis.causes import cause_diff, idle_by_cause
 
-    traces = _pair_traces(pair)
+    traces = _pair_traces(run, pair)
     if traces is None or pair is None:
         print("No idle-by-cause table: the profiled pair recorded no traces.")
         return None
@@ -160,7 +160,7 @@ def write_trace_diff(run: Run, pair: Sequence[RunEntry] | None,
     `<name>.csv`; None without traces."""
     from residency.analysis.tracediff import trace_diff
 
-    traces = _pair_traces(pair)
+    traces = _pair_traces(run, pair)
     if traces is None:
         print("No trace diff: the profiled pair recorded no traces.")
         return None
@@ -202,7 +202,7 @@ def write_memory_timeline(run: Run, pair: Sequence[RunEntry] | None,
     )
 
     head = f"{run.device_kind} ({devices.label(run.device_kind)})"
-    traces = _pair_traces(pair)
+    traces = _pair_traces(run, pair)
     if traces is None or pair is None:
         print("No memory timeline: the profiled pair recorded no traces.")
         return None

@@ -418,28 +418,43 @@ def count_failures(counts: pd.DataFrame, *, run_name: str, ranks: Sequence[int],
     """One sentence per failed count gate of one service run (empty when all pass).
 
     `silent_ranks` maps a rank that wrote no decision at all to whether its file exists
-    (the adapter message is given instead of per-request counts for it). Without expected
-    counts, every rank must make at least one normal check per measured request.
+    (the adapter message is given instead of per-request counts for it). With expected
+    counts (declared by the service), every rank and measured request must make exactly
+    them; without, every rank and measured request must make the same normal and forced
+    counts (at least one normal check), and the ones that differ from the most common are
+    named.
     """
     silent = dict(silent_ranks or {})
     failures = [missing_rank_message(run_name, r, file_exists=e) for r, e in sorted(silent.items())]
-    bad = []
-    for row in counts.itertuples(index=False):
-        if int(row.rank) in silent or int(row.rank) not in set(map(int, ranks)):
-            continue
-        if expected_normal is None and row.normal_checks < 1:
-            bad.append(f"request {row.request} rank {row.rank}: no normal check")
-        elif expected_normal is not None and (row.normal_checks != expected_normal
-                                              or row.forced != expected_forced):
-            bad.append(f"request {row.request} rank {row.rank}: {row.normal_checks} normal, "
-                       f"{row.forced} forced")
+    wanted = set(map(int, ranks))
+    rows = [row for row in counts.itertuples(index=False)
+            if int(row.rank) not in silent and int(row.rank) in wanted]
+    if expected_normal is None:  # no declared counts: every rank and request alike
+        normal, forced = _common_counts(rows)
+        bad = [f"request {row.request} rank {row.rank}: {row.normal_checks} normal, "
+               f"{row.forced} forced" for row in rows
+               if (row.normal_checks, row.forced) != (normal, forced) or row.normal_checks < 1]
+        want = (f"the same counts on every rank and measured request (most common: {normal} "
+                f"normal + {forced} forced, at least 1 normal check)")
+    else:
+        bad = [f"request {row.request} rank {row.rank}: {row.normal_checks} normal, "
+               f"{row.forced} forced" for row in rows
+               if row.normal_checks != expected_normal or row.forced != expected_forced]
+        want = f"{expected_normal} normal + {expected_forced} forced per rank per measured request"
     if bad:
-        want = ("at least 1 normal check" if expected_normal is None else
-                f"{expected_normal} normal + {expected_forced} forced")
         more = f" (and {len(bad) - 4} more)" if len(bad) > 4 else ""
-        failures.append(f"{run_name}: expected {want} per rank per measured request, but "
-                        f"{'; '.join(bad[:4])}{more}.")
+        failures.append(f"{run_name}: expected {want}, but {'; '.join(bad[:4])}{more}.")
     return failures
+
+
+def _common_counts(rows: Sequence[Any]) -> tuple[int, int]:
+    """The most common (normal, forced) pair of `rows`; on a tie the one seen first (the
+    earliest request, lowest rank). (0, 0) without rows."""
+    tally: dict[tuple[int, int], int] = {}
+    for row in rows:
+        key = (int(row.normal_checks), int(row.forced))
+        tally[key] = tally.get(key, 0) + 1
+    return max(tally, key=tally.__getitem__) if tally else (0, 0)
 
 
 DEFAULT_EXPECT = {"normal_per_request": 1, "forced_per_request": 2}
@@ -469,7 +484,8 @@ def consecutive_gates(run: Any, *, arm: str = "candidate") -> list[str]:
 
     * every rank wrote decisions (else the adapter most likely did not load);
     * per rank and measured request, the normal and forced calls the service declares
-      (`service_info.expect`; at least one normal check when it declares none);
+      (`service_info.expect`); when it declares none, the same normal and forced counts on
+      every rank and measured request (at least one normal check), the differing ones named;
     * no telemetry error in a measured request; no OOM where the service reports OOMs.
 
     `run` is a loaded `residency.rundir.run.Run`.

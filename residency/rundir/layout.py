@@ -28,10 +28,10 @@ TRACE_RAW = "trace-raw"  # the built-in service's raw profiler output, moved int
 DESIGNS = ("profiled-pair", "alternating", "paired-profile", "consecutive", "aa")
 STATUSES = ("complete", "incomplete")
 # derived files that may appear beside the evidence after it was recorded (never hashed):
-# the manifest itself, hidden (temporary) files, and these directories
-DERIVED_DIRS = ("residency.parquet.cache",)
+# the manifest itself (and its atomic writer's temporary file) and these directories; hidden
+# files are sealed like any other
 
-__all__ = ["CLIENT", "DECISIONS_GLOB", "DERIVED_DIRS", "DESIGNS", "MANIFEST", "RUNS",
+__all__ = ["CLIENT", "DECISIONS_GLOB", "DESIGNS", "MANIFEST", "RUNS",
            "SCHEMA", "SERVICE_LOG", "STATUSES", "TRACE", "TRACE_RAW", "decisions_file",
            "run_dir"]
 

@@ -10,6 +10,7 @@ client records are read on demand from a `Run`.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -29,15 +30,17 @@ from residency.jsonio import write_json_atomic
 from residency.rundir.layout import (
     CLIENT,
     DECISIONS_GLOB,
-    DERIVED_DIRS,
     MANIFEST,
     SCHEMA,
     STATUSES,
 )
 from residency.rundir.seal import (
+    CHANGED_SINCE_VERIFIED,
     SEAL_FIELD,
     UnsafePathError,
     confined,
+    open_regular,
+    printable,
     read_regular,
     run_digest,
     seal_findings,
@@ -52,9 +55,17 @@ DECISION_COLUMNS = (
     "max_cached_fraction", "min_free_fraction", "duration_ns", "warmup", "file",
 )
 
-__all__ = ["DECISION_COLUMNS", "DERIVED_DIRS", "MANIFEST", "SCHEMA", "Manifest", "Run",
+__all__ = ["DECISION_COLUMNS", "MANIFEST", "SCHEMA", "Manifest", "Run",
            "RunDirError", "RunEntry", "Verification", "artifact_hashes", "load_run",
            "load_decisions", "verify_run", "versions"]
+# the manifest's atomic writer's temporary file: never evidence. Hidden files are evidence like
+# any other: sealed, and listed by `verify` when they appear later (trace discovery never
+# reads them either).
+_MANIFEST_TMP = f".{MANIFEST}.tmp"
+# all decisions files of one service run together (a real 8-rank run of a thousand requests
+# writes about 10 MB); parsed records take about ten times their bytes in memory
+MAX_DECISIONS_BYTES = 32 * 1024 * 1024
+MAX_DECISION_LINE_BYTES = 1024 * 1024
 
 
 def _now() -> str:
@@ -222,6 +233,28 @@ class Run:
     path: Path
     manifest: MappingProxyType = field(repr=False)
     runs: tuple[RunEntry, ...] = ()
+    verified: bool = False  # every read must then match the sealed sha256 of its file
+
+    def _sealed(self, path: Path) -> str | None:
+        """The sealed sha256 of `path` when the run was verified (every read is checked
+        against it: the bytes parsed are the bytes verified), else None."""
+        if not self.verified:
+            return None
+        try:
+            rel = path.relative_to(self.path).as_posix()
+        except ValueError:
+            return None
+        sha = (self.manifest.get("artifacts") or {}).get(rel)
+        if sha is None:
+            raise RunDirError(path, "is not in the run's sha256 list (never sealed)")
+        return str(sha)
+
+    def _read_decisions(self, run: RunEntry) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        budget = [MAX_DECISIONS_BYTES]
+        for f in sorted(run.dir.glob(DECISIONS_GLOB)):
+            rows.extend(_read_decisions(f, sha256=self._sealed(f), budget=budget))
+        return rows
 
     @property
     def device_kind(self) -> str:
@@ -245,7 +278,7 @@ class Run:
     def client(self, run: RunEntry) -> dict[str, Any]:
         """The run's `client.json`, its fields checked (see `check_client`)."""
         path = run.dir / CLIENT
-        return check_client(path, _read_json(path))
+        return check_client(path, _read_json(path, sha256=self._sealed(path)))
 
     def decisions(self, run: RunEntry, *, warmup: bool = False) -> pd.DataFrame:
         """Policy decisions of all ranks of one run, one row per call, snapshot fields
@@ -258,10 +291,7 @@ class Run:
         counts them). With `warmup`: every decision as recorded, with `request` (<NA>
         outside every request) and `warmup` True for each one not attributed to a measured
         request (the warm-up's and those outside every request)."""
-        rows = []
-        for f in sorted(run.dir.glob(DECISIONS_GLOB)):
-            rows.extend(_read_decisions(f))
-        df = pd.DataFrame(rows, columns=list(DECISION_COLUMNS))
+        df = pd.DataFrame(self._read_decisions(run), columns=list(DECISION_COLUMNS))
         attr = self.attribution(run, decisions=df)
         number = attr.numbers
         keep = (number.notna() & (number != 0)).fillna(False).astype(bool)
@@ -284,10 +314,7 @@ class Run:
         from residency.rundir import attribution as at
 
         if decisions is None:
-            rows = []
-            for f in sorted(run.dir.glob(DECISIONS_GLOB)):
-                rows.extend(_read_decisions(f))
-            decisions = pd.DataFrame(rows, columns=list(DECISION_COLUMNS))
+            decisions = pd.DataFrame(self._read_decisions(run), columns=list(DECISION_COLUMNS))
         path = run.dir / CLIENT
         try:
             return at.attribute(decisions, self.client(run), method=method, source=str(path))
@@ -314,18 +341,18 @@ def load_run(path: str | Path, *, allow_incomplete: bool = False, verify: bool =
         raise RunDirError(root / MANIFEST, f"status is {manifest['status']!r}, not "
                           "'complete' (pass allow_incomplete=True / --allow-incomplete to read "
                           "it anyway)", field="status")
-    if verify:
-        _verify_artifacts(root, manifest)
+    verified = verify and _verify_artifacts(root, manifest)
     complete = manifest["status"] == "complete"
     entries = (_entry(root, i, r, required=complete) for i, r in enumerate(manifest["runs"]))
     runs = tuple(sorted((e for e in entries if e is not None), key=lambda r: r.index))
-    return Run(path=root.resolve(), manifest=MappingProxyType(manifest), runs=runs)
+    return Run(path=root.resolve(), manifest=MappingProxyType(manifest), runs=runs,
+               verified=verified)
 
 
 # ----------------------------------------------------------------------------- steps
-def _read_bytes(path: Path) -> bytes:
+def _read_bytes(path: Path, sha256: str | None = None) -> bytes:
     try:
-        return read_regular(path)
+        return read_regular(path, sha256=sha256)
     except FileNotFoundError:
         raise RunDirError(path, "file is missing") from None
     except UnsafePathError as exc:
@@ -346,19 +373,19 @@ def _loads(path: Path, text: str | bytes, where: str = "") -> Any:
         raise RunDirError(path, f"{where}invalid JSON ({exc})") from None
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    data = _loads(path, _read_bytes(path))
+def _read_json(path: Path, sha256: str | None = None) -> dict[str, Any]:
+    data = _loads(path, _read_bytes(path, sha256))
     if not isinstance(data, dict):
         raise RunDirError(path, f"expected a JSON object, got {type(data).__name__}")
     return data
 
 
-def _verify_artifacts(root: Path, manifest: dict[str, Any]) -> None:
+def _verify_artifacts(root: Path, manifest: dict[str, Any]) -> bool:
     """Refuse a complete run whose files or manifest differ from what was recorded when it
     completed (a run recorded without a sha256 list is read unverified; `residency verify`
-    says so)."""
+    says so). True when verified (later reads are then checked against the sealed sha256)."""
     if manifest["status"] != "complete" or not manifest.get("artifacts"):
-        return
+        return False
     result = verify_run(root)
     if not result.ok:
         first = result.findings()[0] if result.findings() else ""
@@ -366,6 +393,7 @@ def _verify_artifacts(root: Path, manifest: dict[str, Any]) -> None:
                           + (f"; first: {first}" if first else "")
                           + " (run `residency verify` for the list; pass verify=False / "
                           "--no-verify to read it anyway)", field="artifacts")
+    return True
 
 
 @dataclass(frozen=True)
@@ -406,7 +434,7 @@ class Verification:
         for what, names in (("unsafe", self.unsafe), ("missing", self.missing),
                             ("extra", self.extra), ("changed", self.changed)):
             out += [f"{what:<8} {name}" for name in names]
-        return out
+        return [printable(line) for line in out]  # names come from the run: never raw
 
     def summary(self) -> str:
         """One line: counts of each finding."""
@@ -427,7 +455,7 @@ class Verification:
 
     def lines(self) -> list[str]:
         """The summary, the run's digest, then one line per finding."""
-        out = [f"{self.path}: {self.summary()}"]
+        out = [printable(f"{self.path}: {self.summary()}")]
         if self.digest:
             out.append(f"  digest   {self.digest}")
         return out + [f"  {line}" for line in self.findings()]
@@ -442,13 +470,14 @@ def sha256_file(path: Path) -> str:
 
 
 def _is_derived(rel: str) -> bool:
-    parts = rel.split("/")
-    return rel == MANIFEST or any(p.startswith(".") or p in DERIVED_DIRS for p in parts)
+    """The manifest (and its temporary copy) is the one file a seal does not list: every other
+    file of a run, a cache folder a sender planted included, is evidence or extra."""
+    return rel in (MANIFEST, _MANIFEST_TMP)
 
 
 def artifact_hashes(root: str | Path) -> dict[str, str]:
-    """sha256 of every evidence file under `root` by POSIX relative path (the manifest,
-    hidden temporary files and derived caches excluded).
+    """sha256 of every evidence file under `root` by POSIX relative path (the manifest and
+    derived caches excluded; hidden files included).
 
     Raises:
         RunDirError: an entry that is not a regular file (FIFO, socket, device, link).
@@ -626,17 +655,55 @@ def _decision(path: Path, lineno: int, rec: Any) -> dict[str, Any]:
     return rec
 
 
-def _read_decisions(path: Path) -> list[dict[str, Any]]:
+def _read_decisions(path: Path, *, sha256: str | None = None,
+                    budget: list[int] | None = None) -> list[dict[str, Any]]:
+    """The records of one decisions file, streamed: lines split on "\\n" only (JSON text may
+    hold U+2028), at most `MAX_DECISION_LINE_BYTES` a line, `budget[0]` bytes left for the
+    whole service run (decremented), hashed while read and checked against `sha256`."""
+    digest = hashlib.sha256()
+    rows: list[dict[str, Any]] = []
+    pending = bytearray()
+    lineno = 0
+
+    def parse(raw: bytes) -> None:
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RunDirError(path, f"line {lineno}: not UTF-8 text ({exc.reason} at byte "
+                              f"{exc.start} of the line)") from None
+        if line.strip():
+            rows.append(_decision(path, lineno, _loads(path, line, f"line {lineno}: ")))
+
     try:
-        text = _read_bytes(path).decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RunDirError(path, f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    rows = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        rec = _loads(path, line, f"line {lineno}: ")
-        rows.append(_decision(path, lineno, rec))
+        with open_regular(path) as fh:
+            while chunk := fh.read(1 << 20):
+                digest.update(chunk)
+                if budget is not None:
+                    budget[0] -= len(chunk)
+                    if budget[0] < 0:
+                        raise RunDirError(path, "the decisions files of this service run "
+                                          f"exceed {MAX_DECISIONS_BYTES} bytes together")
+                pending += chunk
+                start = 0
+                while (end := pending.find(b"\n", start)) >= 0:
+                    lineno += 1
+                    parse(bytes(pending[start:end]))
+                    start = end + 1
+                del pending[:start]
+                if len(pending) > MAX_DECISION_LINE_BYTES:
+                    raise RunDirError(path, f"line {lineno + 1}: longer than "
+                                      f"{MAX_DECISION_LINE_BYTES} bytes")
+    except FileNotFoundError:
+        raise RunDirError(path, "file is missing") from None
+    except UnsafePathError as exc:
+        raise RunDirError(path, str(exc).removeprefix(f"{path}: ")) from None
+    except OSError as exc:
+        raise RunDirError(path, f"cannot read: {exc.strerror or exc}") from None
+    if pending:
+        lineno += 1
+        parse(bytes(pending))
+    if sha256 is not None and digest.hexdigest() != sha256:
+        raise RunDirError(path, CHANGED_SINCE_VERIFIED)
     return rows
 
 

@@ -21,13 +21,14 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, BinaryIO
 
 from residency.errors import BadInput
 
 __all__ = ["SEAL_FIELD", "MAX_EVIDENCE_BYTES", "UnsafePathError", "canonical_json",
-           "run_digest", "seal", "seal_findings", "confined", "read_regular", "walk_files",
-           "sha256_regular", "parse_digest"]
+           "run_digest", "seal", "seal_findings", "confined", "open_regular", "read_regular",
+           "walk_files", "sha256_regular", "parse_digest", "CHANGED_SINCE_VERIFIED",
+           "printable"]
 
 SEAL_FIELD = "seal"
 SEAL_ALGORITHM = "sha256"
@@ -42,6 +43,16 @@ class UnsafePathError(BadInput):
     def __init__(self, path: Path | str, message: str) -> None:
         self.path = Path(path)
         super().__init__(f"{self.path}: {message}")
+
+
+def printable(text: str) -> str:
+    """`text` for a terminal: every character it would act on or hide (control characters
+    and escapes, line and paragraph separators, undecodable bytes of a file name) written as
+    a Python escape (``\\x1b``); printable text unchanged."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else
+                   c.encode("unicode_escape", "backslashreplace").decode("ascii") for c in text)
 
 
 # ---------------------------------------------------------------------------------- the seal
@@ -182,14 +193,29 @@ def _open_regular(path: Path, limit_bytes: int) -> int:
     return fd
 
 
-def read_regular(path: Path, *, limit_bytes: int = MAX_EVIDENCE_BYTES) -> bytes:
+CHANGED_SINCE_VERIFIED = ("changed since the run was verified (the bytes read do not match "
+                          "its sealed sha256)")
+
+
+def open_regular(path: Path, *, limit_bytes: int = MAX_EVIDENCE_BYTES) -> BinaryIO:
+    """A binary file object of a regular file of at most `limit_bytes` (a final link not
+    followed, a FIFO never waited on); `UnsafePathError` for anything else."""
+    return os.fdopen(_open_regular(path, limit_bytes), "rb")
+
+
+def read_regular(path: Path, *, limit_bytes: int = MAX_EVIDENCE_BYTES,
+                 sha256: str | None = None) -> bytes:
     """The bytes of a regular file of at most `limit_bytes`; `UnsafePathError` for anything
-    else (FIFO, device, socket, link, too large), `FileNotFoundError` when absent."""
+    else (FIFO, device, socket, link, too large), `FileNotFoundError` when absent. With
+    `sha256`, the bytes read must have that digest (the file is read once: what is checked
+    is what the caller parses), else `UnsafePathError` saying it changed."""
     fd = _open_regular(path, limit_bytes)
     with os.fdopen(fd, "rb") as fh:
         data = fh.read(limit_bytes + 1)
     if len(data) > limit_bytes:  # grew while reading
         raise UnsafePathError(path, f"grew over the {limit_bytes}-byte limit while read")
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise UnsafePathError(path, CHANGED_SINCE_VERIFIED)
     return data
 
 

@@ -51,6 +51,7 @@ import numpy as np
 
 from residency.traces.files import RANK_COMPONENT_RE, TraceError
 from residency.traces.formats import Parsed
+from residency.traces.sqlitedb import UntrustedDatabase, open_untrusted
 
 __all__ = ["AscendSession", "RELATIVE_LIMIT_NS", "SUMMARIES_ONLY", "StepCheck", "align_clocks",
            "choose_sessions", "find_sessions", "profiler_db_problem", "read_db",
@@ -337,15 +338,13 @@ _HOST_SQL = {  # table -> (lane, its host ranges); times CAST: PYTORCH_API's are
 _COMM_LANE = "Communication"
 
 
-def _open_db(path: Path) -> sqlite3.Connection:
-    """`path` opened read-only; TraceError when it cannot be."""
-    try:
-        return sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    except sqlite3.Error as exc:
-        raise TraceError(path, f"cannot open the database: {exc}") from None
+def _open_db(path: Path) -> UntrustedDatabase:
+    """`path` opened read-only and immutable, schema untrusted, every query bounded
+    (`residency.traces.sqlitedb`); TraceError when it cannot be."""
+    return open_untrusted(path)
 
 
-def _tables(con: sqlite3.Connection) -> set[str]:
+def _tables(con: UntrustedDatabase) -> set[str]:
     return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
 
 

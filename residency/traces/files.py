@@ -213,6 +213,11 @@ class TraceStream:
                     if not rest and not self._raw_eof:
                         rest = self._raw(_RAW_READ_BYTES)
                         self._raw_eof = not rest
+                    while rest[:1] == b"\x00":  # NUL padding after a member, as gzip reads
+                        rest = rest.lstrip(b"\x00")
+                        if not rest and not self._raw_eof:
+                            rest = self._raw(_RAW_READ_BYTES)
+                            self._raw_eof = not rest
                     if not rest:
                         return b""
                     if not rest.startswith(b"\x1f\x8b"):

@@ -386,6 +386,8 @@ def _discover(path: Path) -> _Found:
     runs: list[Path] = []  # trace/ folders of run directories below PATH
     summaries: list[Path] = []  # folders of torch-npu CSV summaries without a timeline
     for d, dirs, files in os.walk(root):
+        dirs[:] = [x for x in dirs if not x.startswith(".")]  # hidden: never a trace
+        files = [f for f in files if not f.startswith(".")]
         ascend += [Path(d, x) for x in dirs if x.endswith("_ascend_pt")]
         runs += [Path(d, x) for x in dirs if x == "trace"]
         dirs[:] = sorted(x for x in dirs if not x.endswith("_ascend_pt") and x != CACHE_DIR)

@@ -28,16 +28,20 @@ Analysis only: returns DataFrames with unit-suffixed columns; no torch, no plott
 from __future__ import annotations
 
 import csv
-import gzip
+import os
 import re
-from decimal import Decimal, InvalidOperation
+import warnings
+from array import array
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
 
-from residency.traces.load import TraceError
+from residency.traces.files import MAX_TRACE_BYTES, TraceError, TraceStream, open_regular
+from residency.traces.formats import decimal_us_to_ns
+from residency.traces.jsonstream import PLACEHOLDER_VALUE, Skeleton, read_whole, split_events
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -60,61 +64,128 @@ class _Event(msgspec.Struct, gc=False):
     args: msgspec.Raw = msgspec.Raw()
 
 
-class _Trace(msgspec.Struct, gc=False):
-    traceEvents: list[_Event] | None = None
-    baseTimeNanoseconds: Any = None
-
-
 class _MemArgs(msgspec.Struct, gc=False):
     device: Any = msgspec.field(default=None, name="Device Id")
     allocated: Any = msgspec.field(default=None, name="Total Allocated")
     reserved: Any = msgspec.field(default=None, name="Total Reserved")
 
 
+class _Trace(msgspec.Struct, gc=False):
+    traceEvents: list[_Event] | None = None
+    baseTimeNanoseconds: Any = None
+
+
+_EVENTS = msgspec.json.Decoder(list[_Event], float_hook=str)  # numbers as their decimal text
+_WHOLE = msgspec.json.Decoder(_Trace | list[_Event], float_hook=str)
+_INT64 = 2**63
+
+
 def _us_to_ns(value: Any) -> int | None:
-    try:
-        return int((Decimal(str(value)) * 1000).to_integral_value())
-    except (InvalidOperation, ValueError, TypeError):
+    """Microseconds (an int or decimal text) to int64 ns exactly as the trace loader converts
+    them (`traceformats.decimal_us_to_ns`: half-up, absurd exponents refused before any
+    arithmetic); None otherwise."""
+    if type(value) is int:
+        return value * 1000 if abs(value) * 1000 < _INT64 else None
+    if type(value) is not str:
         return None
+    return decimal_us_to_ns(value)
 
 
-def _kineto_rows(source: Path) -> list[tuple[int, int, int, str]]:
-    try:
-        data = source.read_bytes()
-        if source.name.endswith(".gz"):
-            data = gzip.decompress(data)
-        doc = msgspec.json.Decoder(_Trace | list[_Event], float_hook=str).decode(data)
-    except (OSError, EOFError, msgspec.DecodeError) as exc:
-        raise TraceError(source, f"cannot read memory events: {exc}") from None
-    events = doc if isinstance(doc, list) else (doc.traceEvents or [])
-    base = 0 if isinstance(doc, list) else doc.baseTimeNanoseconds
-    base = int(base) if isinstance(base, int | str) and str(base).isdigit() else 0
-    rows = []
-    for e in events:
+class _KinetoMemory:
+    """The ``[memory]`` rows of a Kineto trace, collected run by run of events."""
+
+    def __init__(self) -> None:
+        self.ts, self.allocated, self.reserved = array("q"), array("q"), array("q")
+        self.rejected = 0
+
+    def add(self, text: bytes, index: int) -> int:
+        events = _EVENTS.decode(text)
+        for e in events:
+            self.event(e)
+        return len(events)
+
+    def event(self, e: _Event) -> None:
         if e.name != "[memory]" or e.ph not in ("i", "I") or not len(e.args):
-            continue
+            return
         try:
             a = msgspec.json.decode(e.args, type=_MemArgs)
-        except msgspec.ValidationError:
-            continue
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            return
+        if (type(a.device) is not int or a.device < 0 or type(a.allocated) is not int
+                or type(a.reserved) is not int or not 0 <= a.allocated < _INT64
+                or not 0 <= a.reserved < _INT64):
+            return  # CPU memory (Device Id -1) and malformed events are not device memory
         ts = _us_to_ns(e.ts)
-        if (ts is None or type(a.device) is not int or a.device < 0
-                or type(a.allocated) is not int or type(a.reserved) is not int):
-            continue  # CPU memory (Device Id -1) and malformed events are not device memory
-        rows.append((base + ts, a.allocated, a.reserved, ""))
-    return rows
+        if ts is None:
+            self.rejected += 1
+            return
+        self.ts.append(ts)
+        self.allocated.append(a.allocated)
+        self.reserved.append(a.reserved)
+
+
+def _kineto_rows(source: Path, *, max_bytes: int = MAX_TRACE_BYTES
+                 ) -> list[tuple[int, int, int, str]]:
+    """The device-memory rows of one Kineto file, streamed through the trace loader's reader
+    (`TraceStream`: regular files only, `max_bytes` on disk and decompressed, gzip members
+    and NUL padding as gzip reads them) and event splitter (`split_events`)."""
+    cols = _KinetoMemory()
+    try:
+        with TraceStream(source, max_bytes=max_bytes) as stream:
+            got = split_events(stream, cols.add, source)
+            doc: Any = None
+            if isinstance(got, Skeleton):
+                doc = msgspec.json.decode(got.text)
+                if not (got.in_object and isinstance(doc, dict)
+                        and doc.get("traceEvents") == PLACEHOLDER_VALUE) and not (
+                        not got.in_object and doc == PLACEHOLDER_VALUE):
+                    doc = None  # a repeated traceEvents: read it again, whole
+                    cols = _KinetoMemory()
+                    stream.close()
+                    stream = TraceStream(source, max_bytes=max_bytes)
+                    got = (b"", 0)
+            if doc is None:
+                prefix, offset = got  # type: ignore[misc]
+                with stream:
+                    data, _ = read_whole(stream, prefix, offset, source)
+                whole = _WHOLE.decode(data)
+                for e in (whole if isinstance(whole, list) else whole.traceEvents or []):
+                    cols.event(e)
+                doc = {} if isinstance(whole, list) else {
+                    "baseTimeNanoseconds": whole.baseTimeNanoseconds}
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise TraceError(source, f"cannot read memory events: {exc}") from None
+    base = doc.get("baseTimeNanoseconds") if isinstance(doc, dict) else None
+    base = base if type(base) is int and 0 <= base < _INT64 else (
+        int(base) if isinstance(base, str) and base.isdigit() and len(base) <= 19 else 0)
+    if cols.rejected:
+        warnings.warn(f"{source}: {cols.rejected} memory event(s) rejected: `ts` is not a "
+                      "number of microseconds within int64 ns", stacklevel=3)
+    return [(base + t, a, r, "") for t, a, r in zip(cols.ts, cols.allocated, cols.reserved,
+                                                     strict=True)]
 
 
 def _mb_to_bytes(text: str) -> int | None:
+    """MB (1024**2 bytes) decimal text to bytes; None when not a finite number of int64
+    bytes (an absurd exponent is refused before any arithmetic)."""
     try:
-        return int((Decimal(text) * MIB).to_integral_value())
+        mb = Decimal(text)
     except (InvalidOperation, ValueError):
         return None
+    if not mb.is_finite() or (mb and mb.adjusted() > 13):  # 1e14 MB > 2**63 bytes
+        return None
+    out = int((mb * MIB).to_integral_value(rounding=ROUND_HALF_UP))
+    return out if abs(out) < _INT64 else None
 
 
-def _record_rows(path: Path) -> list[tuple[int, int, int, str]]:
+MAX_MEMORY_RECORD_BYTES = 1 << 30  # a memory_record.csv (rows are kept in memory)
+
+
+def _record_rows(path: Path, *, max_bytes: int = MAX_MEMORY_RECORD_BYTES
+                 ) -> list[tuple[int, int, int, str]]:
+    fd, _ = open_regular(path, max_bytes=max_bytes)  # a regular file, bounded
     try:
-        with path.open(newline="", encoding="utf-8") as handle:
+        with os.fdopen(fd, newline="", encoding="utf-8") as handle:
             reader = csv.DictReader(handle)
             need = {"Timestamp(us)", "Total Allocated(MB)", "Total Reserved(MB)"}
             missing = need - set(reader.fieldnames or ())
@@ -131,9 +202,14 @@ def _record_rows(path: Path) -> list[tuple[int, int, int, str]]:
             return rows
     except OSError as exc:
         raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise TraceError(path, f"not UTF-8 text ({exc.reason})") from None
+    except csv.Error as exc:
+        raise TraceError(path, f"not CSV: {exc}") from None
 
 
-def memory_timeline(traces: TraceSet) -> pd.DataFrame:
+def memory_timeline(traces: TraceSet, *, max_trace_bytes: int = MAX_TRACE_BYTES
+                    ) -> pd.DataFrame:
     """Allocated and reserved device memory of every rank over time (module doc).
 
     Columns: ``rank``, ``ts_ns`` (int64 ns, the traces' clock), ``allocated_bytes``,
@@ -141,16 +217,20 @@ def memory_timeline(traces: TraceSet) -> pd.DataFrame:
     ``source`` (the file read); sorted by rank and time. A rank without memory records has no
     rows (the frame is empty when none has any).
 
+    Kineto files are streamed through the trace loader's reader, within `max_trace_bytes`
+    on disk and decompressed; ``ts`` converts to ns as the loader converts it (half-up, an
+    event whose ``ts`` is not a number within int64 ns is rejected and counted in a warning).
+
     Raises:
-        TraceError: a memory file that cannot be read, or a ``memory_record.csv`` without the
-            expected columns (the column is named).
+        TraceError: a memory file that cannot be read, larger than its limit, or a
+            ``memory_record.csv`` without the expected columns (the column is named).
     """
     import pandas as pd
 
     frames = []
     for rank, t in traces.ranks.items():
         if traces.format == "kineto":
-            rows, source = _kineto_rows(t.source), t.source
+            rows, source = _kineto_rows(t.source, max_bytes=max_trace_bytes), t.source
         elif t.source.suffix == ".db":  # the SQLite export: its MEMORY_RECORD table
             from residency.traces.ascend import read_db_memory
 

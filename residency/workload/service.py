@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import io
+import ipaddress
 import json
 import multiprocessing as mp
 import os
@@ -17,6 +19,7 @@ import select
 import shutil
 import signal
 import socket
+import stat
 import sys
 import tempfile
 import threading
@@ -29,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from residency.policy.cache import decisions_file
-from residency.processes import die_with_parent, parent_gone, watched_parent
+from residency.processes import die_with_parent, parent_gone, remove_scratch, watched_parent
 from residency.protocol import MAX_SEED, MAX_STEPS
 from residency.workload import profiling
 
@@ -38,9 +41,11 @@ RANK_READY_TIMEOUT_S = 600.0
 REQUEST_TIMEOUT_S = 3600.0      # default of `serve --request-timeout`
 COLLECTIVE_TIMEOUT_S = 1800.0   # torch.distributed timeout; collectives run only in a request
 READ_TIMEOUT_S = 10.0           # per socket read/write of the HTTP front end
+HEADER_TIMEOUT_S = 10.0         # a request line and all its headers must arrive within this
 BODY_TIMEOUT_S = 30.0           # a whole request body must arrive within this
 MAX_BODY_BYTES = 1 << 20
 MAX_HANDLERS = 16               # concurrent HTTP connections; more get 503 and are closed
+MAX_PER_CLIENT = 8              # of those, at most this many from one client (local user)
 DEATH_GRACE_S = 3.0             # how long a reported rank error waits for the others' status
 ORPHAN_GRACE_S = 3.0            # rank stop grace once the starting process is gone
 
@@ -482,10 +487,58 @@ class _BadRequest(Exception):
         self.code = code
 
 
-def _handler(service: Service) -> type[BaseHTTPRequestHandler]:
+class _DeadlineReader(io.RawIOBase):
+    """A connection's bytes, each socket read bounded by `READ_TIMEOUT_S` and, while a
+    request's line and headers are read, by the whole-header deadline too (a client that
+    trickles one byte every few seconds cannot hold a handler for longer)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.deadline: float | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        timeout = READ_TIMEOUT_S
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"request headers not complete within {HEADER_TIMEOUT_S:g} s")
+            timeout = min(timeout, left)
+        self.sock.settimeout(timeout)
+        return self.sock.recv_into(buffer)
+
+
+def _handler(service: Any) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         timeout = READ_TIMEOUT_S  # every socket read and write; an idle keep-alive closes
+
+        def setup(self) -> None:
+            super().setup()
+            self.rfile.close()  # the plain makefile() reader: replaced by a bounded one
+            self._reader = _DeadlineReader(self.connection)
+            self.rfile = io.BufferedReader(self._reader)
+
+        def handle_one_request(self) -> None:
+            # the request line and headers of each request (keep-alive too) within one
+            # deadline; the body has its own (`BODY_TIMEOUT_S`)
+            self._reader.deadline = time.monotonic() + HEADER_TIMEOUT_S
+            super().handle_one_request()
+
+        def parse_request(self) -> bool:
+            ok = super().parse_request()
+            self._reader.deadline = None
+            return ok
+
+        def _framing_error(self) -> tuple[int, str] | None:
+            """A request whose body framing could be read two ways (request smuggling)."""
+            if self.headers.get_all("Transfer-Encoding"):
+                return 501, "Transfer-Encoding is not supported: send a Content-Length body"
+            if len(self.headers.get_all("Content-Length") or []) > 1:
+                return 400, "more than one Content-Length header"
+            return None
 
         def log_message(self, fmt: str, *args: Any) -> None:
             sys.stderr.write(f"[http] {self.address_string()} {fmt % args}\n")
@@ -534,12 +587,23 @@ def _handler(service: Service) -> type[BaseHTTPRequestHandler]:
                 return True
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            framing = self._framing_error()
+            if framing is not None or self.headers.get("Content-Length") not in (None, "0"):
+                self.close_connection = True  # a body we do not read: never a next request
+            if framing is not None:
+                self._send(framing[0], {"error": framing[1]})
+                return
             if self.path == "/health":
                 self._send(*service.health())
             else:
                 self._send(404, {"error": f"no route {self.path}"})
 
         def do_POST(self) -> None:  # noqa: N802
+            framing = self._framing_error()
+            if framing is not None:
+                self.close_connection = True
+                self._send(framing[0], {"error": framing[1]})
+                return
             try:
                 data = self._read_body()
             except _BadRequest as exc:
@@ -565,8 +629,46 @@ def _handler(service: Service) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+def _proc_net_key(sock: socket.socket) -> str | None:
+    """The local user of a loopback peer: the uid owning the peer's end of `sock` in
+    /proc/net/tcp{,6} (Linux); None when it cannot be told."""
+    try:
+        peer = sock.getpeername()
+        mine = sock.getsockname()
+    except OSError:
+        return None
+
+    def hexaddr(addr: tuple[Any, ...], v6: bool) -> str:
+        packed = ipaddress.ip_address(addr[0]).packed
+        if v6:  # four host-order 32-bit words
+            words = [packed[i:i + 4][::-1].hex() for i in range(0, 16, 4)]
+            return f"{''.join(words).upper()}:{addr[1]:04X}"
+        return f"{packed[::-1].hex().upper()}:{addr[1]:04X}"
+
+    for table, v6 in (("/proc/net/tcp", False), ("/proc/net/tcp6", True)):
+        try:
+            with open(table, encoding="ascii") as fh:
+                lines = fh.read().split("\n")[1:]
+            local, remote = hexaddr(peer, v6), hexaddr(mine, v6)
+        except (OSError, ValueError):
+            continue
+        for line in lines:
+            f = line.split()
+            if len(f) > 7 and f[1] == local and f[2] == remote:
+                return f"uid {f[7]}"
+    return None
+
+
+def client_key(sock: socket.socket, address: Any) -> str:
+    """Who a connection comes from, for the per-client cap: its local user when the kernel
+    says (every client of a loopback service is local; an address in 127/8 is free to pick),
+    else its address."""
+    return _proc_net_key(sock) or f"address {address[0] if address else '?'}"
+
+
 class _BoundedHTTPServer(ThreadingHTTPServer):
-    """A thread per connection, at most `max_handlers` at once; the rest get 503 and close."""
+    """A thread per connection, at most `max_handlers` at once and `max_per_client` of them
+    from one client (`client_key`); the rest get 503 and close."""
 
     daemon_threads = True
     request_queue_size = 64  # listen backlog: bursts wait in the kernel, not in SYN retries
@@ -575,34 +677,97 @@ class _BoundedHTTPServer(ThreadingHTTPServer):
             b'{"error": "too many connections"}\n')
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], *,
-                 max_handlers: int = MAX_HANDLERS) -> None:
+                 max_handlers: int = MAX_HANDLERS, max_per_client: int = MAX_PER_CLIENT,
+                 key: Callable[[socket.socket, Any], str] = client_key) -> None:
         super().__init__(address, handler)
         self._slots = threading.BoundedSemaphore(max_handlers)
+        self._per_client: dict[str, int] = {}
+        self._per_client_lock = threading.Lock()
+        self._max_per_client = max_per_client
+        self._key = key
+        self._keys: dict[int, str] = {}
+
+    def _refuse(self, request: Any) -> None:
+        with contextlib.suppress(OSError):
+            request.settimeout(1.0)
+            request.sendall(self.BUSY)
+        self.shutdown_request(request)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            with contextlib.suppress(OSError):
-                request.settimeout(1.0)
-                request.sendall(self.BUSY)
-            self.shutdown_request(request)
+        key = self._key(request, client_address)
+        with self._per_client_lock:
+            if self._per_client.get(key, 0) >= self._max_per_client:
+                full = True
+            else:
+                full = not self._slots.acquire(blocking=False)
+                if not full:
+                    self._per_client[key] = self._per_client.get(key, 0) + 1
+                    self._keys[id(request)] = key
+        if full:
+            self._refuse(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._release(request)
             raise
+
+    def _release(self, request: Any) -> None:
+        with self._per_client_lock:
+            key = self._keys.pop(id(request), None)
+            if key is not None:
+                left = self._per_client.get(key, 1) - 1
+                if left > 0:
+                    self._per_client[key] = left
+                else:
+                    self._per_client.pop(key, None)
+        self._slots.release()
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._release(request)
+
+
+def prepare_decisions_dir(path: str | os.PathLike[str], ranks: int) -> None:
+    """Make `path` (new, or a folder without decisions) ready for a service: never a link,
+    never appended to; each `decisions-rank<r>.jsonl` created here, exclusively and without
+    following a link (O_EXCL | O_NOFOLLOW).
+
+    Raises:
+        ValueError: `path` is a link, not a folder, or already holds decisions (named).
+    """
+    d = Path(path)
+    try:
+        st = os.lstat(d)
+    except FileNotFoundError:
+        d.mkdir(parents=True)
+    else:
+        if stat.S_ISLNK(st.st_mode):
+            raise ValueError(f"--decisions-dir {d}: is a symbolic link; give a real folder")
+        if not stat.S_ISDIR(st.st_mode):
+            raise ValueError(f"--decisions-dir {d}: exists and is not a folder")
+        stale = sorted(p.name for p in d.iterdir() if p.name.startswith("decisions-rank"))
+        if stale:
+            raise ValueError(f"--decisions-dir {d}: already holds {stale[0]}"
+                             f"{f' and {len(stale) - 1} more' if len(stale) > 1 else ''}; "
+                             "decisions are never appended to: use a new or empty folder")
+    flags = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+             | getattr(os, "O_CLOEXEC", 0))
+    for rank in range(ranks):
+        target = d / decisions_file(rank)
+        try:
+            os.close(os.open(target, flags, 0o644))
+        except FileExistsError:
+            raise ValueError(f"--decisions-dir {d}: {target.name} appeared while the "
+                             "service started; use a new or empty folder") from None
 
 
 def serve(cfg: ServeConfig, *, port: int = 0, failure_grace_s: float = 3.0) -> int:
     """Run the service until SIGTERM/SIGINT (exit 0), a rank failure (exit 3) or the exit of
     the process named by `RESIDENCY_PARENT_PID` (exit 3, the running request cancelled)."""
-    Path(cfg.decisions_dir).mkdir(parents=True, exist_ok=True)
+    prepare_decisions_dir(cfg.decisions_dir, cfg.ranks)
     if cfg.profile_dir:
         Path(cfg.profile_dir).mkdir(parents=True, exist_ok=True)
     rendezvous_dir = None
@@ -651,9 +816,12 @@ def _serve(cfg: ServeConfig, *, port: int, failure_grace_s: float) -> int:
         httpd.shutdown()
         return 3
     if stop_event.is_set() or orphaned():  # a signal during warm-up
-        service.stop(grace_s=ORPHAN_GRACE_S if orphaned() else 20.0)
+        gone = orphaned()
+        service.stop(grace_s=ORPHAN_GRACE_S if gone else 20.0)
         httpd.shutdown()
-        return 3 if orphaned() else 0
+        if gone:
+            remove_scratch()
+        return 3 if gone else 0
     port = httpd.server_address[1]
     print(f"listening on http://127.0.0.1:{port}", flush=True)
     while not stop_event.wait(0.2):
@@ -671,6 +839,7 @@ def _serve(cfg: ServeConfig, *, port: int, failure_grace_s: float) -> int:
         service.stop(grace_s=ORPHAN_GRACE_S)
         httpd.shutdown()
         httpd.server_close()
+        remove_scratch()  # its TMPDIR and raw profiles: the starting process cannot any more
         return 3
     # finish the current request (or give up after the grace), then stop the ranks
     if service.busy.acquire(timeout=60.0):
@@ -678,5 +847,7 @@ def _serve(cfg: ServeConfig, *, port: int, failure_grace_s: float) -> int:
     service.stop()
     httpd.shutdown()
     httpd.server_close()
+    if orphaned():  # the SIGTERM was the parent's death signal: its threads die one by one,
+        remove_scratch()  # so only now is it surely gone (a normal stop waits for us)
     print("stopped", flush=True)
     return exit_code[0]

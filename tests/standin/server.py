@@ -19,7 +19,8 @@ worker runs one request at start-up before it reports ready (vLLM-Omni's dummy r
 those decisions lie outside every client request. Per request and rank: one text-encoder
 offload (a normal call; three on the first request after start-up, as when compiling) and
 two forced releases around the VAE decode, on an emulated NPU (`residency.emulated`) whose
-generic `torch.accelerator` telemetry raises as on Ascend.
+generic `torch.accelerator` telemetry raises as on Ascend. `STANDIN_EXTRA_NORMAL=RANK:N`
+(for the gate tests) makes rank RANK call the normal release twice in measured request N.
 """
 
 from __future__ import annotations
@@ -68,10 +69,13 @@ def worker_main(rank: int, ranks: int, profile_dir: str) -> int:
     host = torch.randn(64, 64)
     served = 0
     profile_start_ns = 0
+    extra_rank, _, extra_request = os.environ.get("STANDIN_EXTRA_NORMAL", "").partition(":")
 
     def generate(steps: int) -> None:
         nonlocal served
         normal_calls = 3 if served == 1 else 1  # request 0 is the start-up dummy run
+        if extra_rank == str(rank) and extra_request == str(served - 1):  # measured request N
+            normal_calls = 2
         with markers.span(markers.REQUEST):
             with markers.span(markers.PHASE_PREPARE):
                 for _ in range(normal_calls):  # text encoder: load, encode, offload

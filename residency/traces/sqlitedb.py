@@ -1,0 +1,118 @@
+"""Reading an untrusted SQLite file (a profiler's database export): bounded, read-only, inert.
+
+`open_untrusted(path)` opens a regular file read-only and immutable (``mode=ro&immutable=1``:
+nothing is ever written beside it, no ``-wal``/``-shm``/journal, WAL content not replayed),
+with ``PRAGMA trusted_schema=OFF`` (functions with side effects and virtual tables in its
+schema, views and generated columns refused), length limits (strings and blobs, SQL text),
+and every query bounded in time (a progress handler stops it past the budget) and in rows
+(a database of B bytes cannot hold more than about B / 8 rows of distinct facts: a join that
+multiplies duplicate ids is stopped). Errors are `TraceError` naming the file and saying which
+bound was met. Analysis-side: standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from residency.traces.files import MAX_TRACE_BYTES, TraceError, open_regular
+
+__all__ = ["MAX_VALUE_BYTES", "QUERY_BUDGET_S", "UntrustedDatabase", "open_untrusted"]
+
+QUERY_BUDGET_S = 600.0   # one query of one database; far beyond a real profile's
+MAX_VALUE_BYTES = 16 << 20  # the longest string or blob a row may hold (SQLITE_LIMIT_LENGTH)
+_MAX_SQL_BYTES = 1 << 20
+_PROGRESS_EVERY = 10_000  # VM instructions between two checks of the budget
+_MIN_ROWS = 100_000  # rows any query may return, whatever the file's size
+
+
+class Rows:
+    """The rows of one query, fetched in full within the bounds (iterable, `fetchall`)."""
+
+    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
+        self._rows = rows
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        """Every row."""
+        return self._rows
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        return iter(self._rows)
+
+
+class UntrustedDatabase:
+    """A read-only, immutable connection whose `execute` is bounded (module doc)."""
+
+    def __init__(self, path: Path, con: sqlite3.Connection, *, max_rows: int,
+                 budget_s: float) -> None:
+        self.path, self._con, self.max_rows, self.budget_s = path, con, max_rows, budget_s
+        self._deadline = 0.0
+        con.set_progress_handler(self._past_budget, _PROGRESS_EVERY)
+
+    def _past_budget(self) -> int:
+        return int(time.monotonic() > self._deadline)
+
+    def execute(self, sql: str, parameters: tuple[Any, ...] = ()) -> Rows:
+        """Run one query and fetch its rows, within the time and row bounds.
+
+        Raises:
+            sqlite3.DatabaseError: the database's own errors (not a database, a bad table);
+            TraceError: a bound met, named.
+        """
+        self._deadline = time.monotonic() + self.budget_s
+        rows: list[tuple[Any, ...]] = []
+        try:
+            cur = self._con.execute(sql, parameters)
+            while batch := cur.fetchmany(10_000):
+                rows += batch
+                if len(rows) > self.max_rows:
+                    raise TraceError(self.path, f"a query returned more than {self.max_rows} "
+                                     "rows, more than a database of this size holds (ids "
+                                     "repeated to multiply a join?); not read")
+        except (sqlite3.OperationalError, sqlite3.DataError) as exc:
+            text = str(exc)
+            if "interrupted" in text:
+                raise TraceError(self.path, f"a query took longer than {self.budget_s:g} s "
+                                 "and was stopped (a hostile or damaged database?)") from None
+            if "too big" in text:
+                raise TraceError(self.path, f"a value is longer than {MAX_VALUE_BYTES} bytes, "
+                                 "the limit per string or blob; not read") from None
+            raise
+        return Rows(rows)
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._con.close()
+
+
+def open_untrusted(path: Path, *, budget_s: float | None = None,
+                   max_bytes: int = MAX_TRACE_BYTES) -> UntrustedDatabase:
+    """`path` (a regular file of at most `max_bytes`) as an `UntrustedDatabase`.
+
+    Raises:
+        TraceError: not a regular file, too large, or SQLite cannot open it.
+    """
+    fd, st = open_regular(path, max_bytes=max_bytes)
+    os.close(fd)
+    uri = ("file:" + urllib.parse.quote(os.fspath(Path(path).resolve()))
+           + "?mode=ro&immutable=1")
+    try:
+        con = sqlite3.connect(uri, uri=True)
+    except sqlite3.Error as exc:
+        raise TraceError(path, f"cannot open the database: {exc}") from None
+    try:
+        con.execute("PRAGMA trusted_schema=OFF")
+        if hasattr(con, "setlimit"):  # Python >= 3.11
+            con.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
+            con.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, _MAX_SQL_BYTES)
+            con.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+    except sqlite3.Error as exc:
+        con.close()
+        raise TraceError(path, f"cannot open the database: {exc}") from None
+    return UntrustedDatabase(Path(path), con, max_rows=max(_MIN_ROWS, st.st_size // 8),
+                             budget_s=QUERY_BUDGET_S if budget_s is None else budget_s)
