@@ -50,15 +50,13 @@ from residency.traces.files import (
     file_digest,
     open_regular,
 )
-from residency.traces.formats import (  # noqa: F401
+from residency.traces.formats import (
     ASCEND_DERIVED_PROCESSES,
     ASCEND_DEVICE_PROCESS,
     DEVICE_CATEGORIES,
     HOST_CATEGORIES,
     NotAligned,
     Parsed,
-    decimal_text_to_ns,
-    decimal_us_to_ns,
     join_parts,
     parse_part,
     parse_trace,
