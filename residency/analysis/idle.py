@@ -171,21 +171,34 @@ def _busy_details(traces: TraceSet, busy: str | None, warn: bool
     warned about (`residency.traces.busy.BusyTasks.confirmed`)."""
     definition = busydef.resolve(busy, traces.format)
     raw, merged, excluded, unknown_by_rank = {}, {}, {}, {}
-    unknown, unconfirmed = Counter(), set()
+    found: list[tuple[dict[str, int], frozenset[str]]] = []
     for rank, t in traces.ranks.items():
         chosen = busydef.busy_tasks(t, definition, traces.format)
         raw[rank] = chosen.rows
         merged[rank] = iv.merge(raw[rank])
         excluded[rank] = chosen.excluded
         unknown_by_rank[rank] = chosen.unknown
-        unknown.update(chosen.unknown)
-        unconfirmed |= set(chosen.unknown) - chosen.confirmed
+        found.append((chosen.unknown, chosen.confirmed))
+    if warn:
+        _warn_unknown(definition, found)
+    return definition, raw, merged, excluded, unknown_by_rank
+
+
+def _warn_unknown(definition: busydef.BusyDefinition,
+                  ranks: Sequence[tuple[dict[str, int], frozenset[str]]]) -> None:
+    """One warning for the device tasks of unknown types (counted busy) over all ranks, per
+    rank (its unknown counts, the types its own Overlap Analysis counts busy); a type that
+    every rank having it confirms is not warned about."""
+    unknown: Counter[str] = Counter()
+    unconfirmed: set[str] = set()
+    for counts, confirmed in ranks:
+        unknown.update(counts)
+        unconfirmed |= set(counts) - confirmed
     unknown = Counter({ty: n for ty, n in unknown.items() if ty in unconfirmed})
-    if warn and unknown and definition.name != "all":
+    if unknown and definition.name != "all":
         listed = ", ".join(f"{_type_label(ty)} x {n}" for ty, n in sorted(unknown.items()))
         warnings.warn(f"device tasks of types not in residency.traces.busy's lists were counted "
-                      f"busy ({definition.name}): {listed}", UserWarning, stacklevel=3)
-    return definition, raw, merged, excluded, unknown_by_rank
+                      f"busy ({definition.name}): {listed}", UserWarning, stacklevel=4)
 
 
 
@@ -310,16 +323,8 @@ def summarize(fmt: str, reductions: Sequence[RankReduction],
     Raises:
         ValueError: as `idle_summary`.
     """
-    unknown: Counter[str] = Counter()
-    unconfirmed: set[str] = set()
-    for r in reductions:
-        unknown.update(r.unknown)
-        unconfirmed |= set(r.unknown) - r.confirmed
-    unknown = Counter({ty: n for ty, n in unknown.items() if ty in unconfirmed})
-    if warn and unknown and definition.name != "all":
-        listed = ", ".join(f"{_type_label(ty)} x {n}" for ty, n in sorted(unknown.items()))
-        warnings.warn(f"device tasks of types not in residency.traces.busy's lists were counted "
-                      f"busy ({definition.name}): {listed}", UserWarning, stacklevel=3)
+    if warn:
+        _warn_unknown(definition, [(r.unknown, r.confirmed) for r in reductions])
     if not allow_no_device_tasks and not any(r.device_tasks for r in reductions):
         hosts = sum(r.host_ranges for r in reductions)
         raise busydef.OptionError("allow_no_device_tasks", _NO_DEVICE_TASKS[fmt],
