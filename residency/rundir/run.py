@@ -16,6 +16,7 @@ import math
 import os
 import platform
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -350,15 +351,22 @@ def load_run(path: str | Path, *, allow_incomplete: bool = False, verify: bool =
 
 
 # ----------------------------------------------------------------------------- steps
-def _read_bytes(path: Path, sha256: str | None = None) -> bytes:
+@contextlib.contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    """Reading `path`: a missing, unsafe or unreadable file is one `RunDirError` naming it."""
     try:
-        return read_regular(path, sha256=sha256)
+        yield
     except FileNotFoundError:
         raise RunDirError(path, "file is missing") from None
     except UnsafePathError as exc:
         raise RunDirError(path, str(exc).removeprefix(f"{path}: ")) from None
     except OSError as exc:
         raise RunDirError(path, f"cannot read: {exc.strerror or exc}") from None
+
+
+def _read_bytes(path: Path, sha256: str | None = None) -> bytes:
+    with _reading(path):
+        return read_regular(path, sha256=sha256)
 
 
 def _loads(path: Path, text: str | bytes, where: str = "") -> Any:
@@ -674,31 +682,24 @@ def _read_decisions(path: Path, *, sha256: str | None = None,
         if line.strip():
             rows.append(_decision(path, lineno, _loads(path, line, f"line {lineno}: ")))
 
-    try:
-        with open_regular(path) as fh:
-            while chunk := fh.read(1 << 20):
-                digest.update(chunk)
-                if budget is not None:
-                    budget[0] -= len(chunk)
-                    if budget[0] < 0:
-                        raise RunDirError(path, "the decisions files of this service run "
-                                          f"exceed {MAX_DECISIONS_BYTES} bytes together")
-                pending += chunk
-                start = 0
-                while (end := pending.find(b"\n", start)) >= 0:
-                    lineno += 1
-                    parse(bytes(pending[start:end]))
-                    start = end + 1
-                del pending[:start]
-                if len(pending) > MAX_DECISION_LINE_BYTES:
-                    raise RunDirError(path, f"line {lineno + 1}: longer than "
-                                      f"{MAX_DECISION_LINE_BYTES} bytes")
-    except FileNotFoundError:
-        raise RunDirError(path, "file is missing") from None
-    except UnsafePathError as exc:
-        raise RunDirError(path, str(exc).removeprefix(f"{path}: ")) from None
-    except OSError as exc:
-        raise RunDirError(path, f"cannot read: {exc.strerror or exc}") from None
+    with _reading(path), open_regular(path) as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+            if budget is not None:
+                budget[0] -= len(chunk)
+                if budget[0] < 0:
+                    raise RunDirError(path, "the decisions files of this service run "
+                                      f"exceed {MAX_DECISIONS_BYTES} bytes together")
+            pending += chunk
+            start = 0
+            while (end := pending.find(b"\n", start)) >= 0:
+                lineno += 1
+                parse(bytes(pending[start:end]))
+                start = end + 1
+            del pending[:start]
+            if len(pending) > MAX_DECISION_LINE_BYTES:
+                raise RunDirError(path, f"line {lineno + 1}: longer than "
+                                  f"{MAX_DECISION_LINE_BYTES} bytes")
     if pending:
         lineno += 1
         parse(bytes(pending))
