@@ -107,6 +107,126 @@ def test_a_file_changed_after_verification_is_never_parsed(paired: Path) -> None
     assert len(unverified.decisions(entry, warmup=True)) > 0
 
 
+def _edit_in_place(path: Path) -> None:
+    """One device task made 1 us longer, size and mtime kept (as a swap or a hostile mount
+    would serve it)."""
+    import os
+
+    st = path.stat()
+    data = path.read_bytes()
+    at = data.index(b'"dur":') + len(b'"dur":')
+    digit = data[at:at + 1]
+    assert digit.isdigit()
+    path.write_bytes(data[:at] + (b"1" if digit != b"1" else b"2") + data[at + 1:])
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size
+
+
+def test_a_trace_changed_after_verification_is_never_analysed(paired: Path) -> None:
+    """`load_run` verified every sha256, then a trace changed (size and mtime kept) before it
+    was parsed: the parse hashes the bytes it reads and refuses them, on the first read and
+    when the user cache holds the file's earlier parse (before: verify hashed the file, the
+    loader reopened it by path and analysed the changed bytes under the verified digest)."""
+    run = load_run(paired)
+    _, candidate = reference_pair(run)
+    before = load_run_traces(run, candidate)  # fills the user cache for the intact bytes
+    assert before.seal is not None and sorted(before.ranks) == [0, 1]
+    _edit_in_place(candidate.dir / "trace" / "rank1.trace.json")
+    with pytest.raises(TraceError, match=r"rank1\.trace\.json: changed since the run was "
+                                         r"verified"):
+        load_run_traces(run, candidate)
+    figures, error = idle_from_traces(run)
+    assert figures is None and "changed since the run was verified" in error
+    # the same change after a first load with an empty cache
+    fresh = load_run(paired, verify=False)
+    assert fresh.sealed_artifacts is None  # --no-verify reads what is there, unsealed
+    assert sorted(load_run_traces(fresh, reference_pair(fresh)[1]).ranks) == [0, 1]
+
+
+def test_a_trace_changed_after_verification_is_refused_without_the_cache(
+        paired: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As above with the cache off: the stream's own sha256 of the bytes it parsed refuses
+    them."""
+    monkeypatch.setenv("RESIDENCY_NO_CACHE", "1")
+    run = load_run(paired)
+    _, candidate = reference_pair(run)
+    _edit_in_place(candidate.dir / "trace" / "rank0.trace.json")
+    with pytest.raises(TraceError, match="changed since the run was verified"):
+        load_run_traces(run, candidate)
+
+
+def test_a_file_planted_after_verification_is_never_read(paired: Path) -> None:
+    """A trace added between `verify` and the parse is outside the seal: refused as never
+    sealed, before it is read as a rank."""
+    run = load_run(paired)
+    _, candidate = reference_pair(run)
+    _third_rank(candidate.dir / "trace", "rank2.trace.json")
+    with pytest.raises(TraceError, match=r"rank2\.trace\.json: is not in the run's sha256 "
+                                         r"list"):
+        load_run_traces(run, candidate)
+
+
+def test_the_memory_timeline_reads_the_traces_under_their_seal(paired: Path) -> None:
+    """The memory timeline reads the trace files again after the load: under the run's seal
+    too (before: it read whatever the files held by then)."""
+    from residency.traces.memory import memory_timeline
+
+    run = load_run(paired)
+    _, candidate = reference_pair(run)
+    traces = load_run_traces(run, candidate)
+    assert len(memory_timeline(traces))
+    _edit_in_place(candidate.dir / "trace" / "rank0.trace.json")
+    with pytest.raises(TraceError, match="changed since the run was verified"):
+        memory_timeline(traces)
+
+
+def test_a_sealed_file_is_read_from_a_private_copy(tmp_path: Path) -> None:
+    """Whole-file readers (CSV summaries, SQLite exports) read a copy made while checking the
+    seal, so a change after the check never reaches them; SQLite's copy is removed on close
+    and nothing is written beside the original."""
+    import hashlib
+    import os
+    import sqlite3
+
+    from residency.traces.files import Sealed, open_regular, sealed_reads
+    from residency.traces.sqlitedb import open_untrusted
+
+    csv = tmp_path / "kernel_details.csv"
+    csv.write_bytes(b"Name,Start Time(us)\nmatmul,1.0\n")
+    db = tmp_path / "ascend_pytorch_profiler_0.db"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE t (x)")
+    con.execute("INSERT INTO t VALUES (42)")
+    con.commit()
+    con.close()
+    sha = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (csv, db)}
+    (tmp_path / "planted.csv").write_bytes(b"Name\n")
+    listing = sorted(os.listdir(tmp_path))
+    with sealed_reads(Sealed(tmp_path, sha)):
+        fd, _ = open_regular(csv)
+        csv.write_bytes(b"Name,Start Time(us)\nmatmul,9.0\n")  # after the check
+        with os.fdopen(fd, "rb") as f:
+            assert f.read() == b"Name,Start Time(us)\nmatmul,1.0\n"
+        with pytest.raises(TraceError, match="changed since the run was verified"):
+            open_regular(csv)
+        database = open_untrusted(db)
+        assert list(database.execute("SELECT x FROM t")) == [(42,)]
+        copy = database._copy
+        assert copy is not None and copy.is_file() and copy.parent != tmp_path
+        database.close()
+        assert not copy.parent.exists()
+        with db.open("r+b") as f:  # a byte of the database changed
+            f.seek(100)
+            b = f.read(1)
+            f.seek(100)
+            f.write(bytes([b[0] ^ 1]))
+        with pytest.raises(TraceError, match="changed since the run was verified"):
+            open_untrusted(db)
+        with pytest.raises(TraceError, match="is not in the run's sha256 list"):
+            open_regular(tmp_path / "planted.csv")
+    assert sorted(os.listdir(tmp_path)) == listing
+
+
 def test_decisions_lines_split_on_newline_only(paired: Path) -> None:
     """A JSON string may hold U+2028 (valid JSONL); `str.splitlines` split the record there
     and the run was refused as invalid JSON."""

@@ -601,7 +601,8 @@ def test_views_memory_timeline_of_the_profiled_pair(tmp_path: Path, shown: list,
         trace_dir = tmp_path / arm / "trace"
         held[arm] = record(trace_dir / "rank0.trace.json", release=release)
         pair.append(SimpleNamespace(arm=arm, trace_dir=trace_dir))
-    run = SimpleNamespace(device_kind="emulated-npu", manifest={"params": {"ranks": 1}})
+    run = SimpleNamespace(device_kind="emulated-npu", manifest={"params": {"ranks": 1}},
+                          sealed_artifacts=None)
     out = tmp_path / "out"
     out.mkdir()
     assert rv.write_memory_timeline(run, pair, out) == out / "memory_timeline.png"
@@ -635,7 +636,9 @@ def test_views_memory_timeline_of_the_profiled_pair(tmp_path: Path, shown: list,
             (trace_dir / src.name).write_text(json.dumps(doc))
         bare.append(SimpleNamespace(arm=entry.arm, trace_dir=trace_dir))
     shown.clear()
-    assert rv.write_memory_timeline(recorded, bare, tmp_path / "bare") is None
+    unsealed = SimpleNamespace(device_kind=recorded.device_kind, manifest=recorded.manifest,
+                               sealed_artifacts=None)  # (the copies lie outside the run)
+    assert rv.write_memory_timeline(unsealed, bare, tmp_path / "bare") is None
     assert "hold no device-memory records" in capsys.readouterr().out and not shown
 
 
@@ -653,7 +656,8 @@ def test_views_memory_timeline_of_a_torch_npu_database_pair(tmp_path: Path,
         d = shutil.copytree(ROOT / "tests" / "data" / "traces" / "ascend_real_db",
                             tmp_path / arm, ignore=shutil.ignore_patterns("*.parquet.cache"))
         pair.append(SimpleNamespace(arm=arm, trace_dir=Path(d)))
-    assert rv.write_memory_timeline(SimpleNamespace(device_kind="npu", manifest={}), pair,
+    assert rv.write_memory_timeline(SimpleNamespace(device_kind="npu", manifest={},
+                                                    sealed_artifacts=None), pair,
                                     tmp_path) == tmp_path / "memory_timeline.png"
     fig, table = shown
     title = fig._suptitle.get_text()

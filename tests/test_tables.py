@@ -136,7 +136,7 @@ def test_cli_uses_trace_analysis_and_survives_its_failure(run_copy: Path, monkey
         (run_copy / "runs" / name / "trace").mkdir()
     ranks = int(json.loads((run_copy / "manifest.json").read_text())["params"]["ranks"])
     monkeypatch.setitem(__import__("sys").modules, "residency.traces.load",
-                        types.SimpleNamespace(load_traces=lambda path: types.SimpleNamespace(
+                        types.SimpleNamespace(load_traces=lambda path, **kw: types.SimpleNamespace(
                             path=path, ranks=dict.fromkeys(range(ranks)))))
 
     def summary(traces: Any, *, marker: str, window_marker: str | None = None) -> dict:

@@ -244,8 +244,12 @@ def idle_summary(traces: TraceSet, *, marker: str | None = None,
     rx = _compile(marker, "marker") if marker is not None else None
     reductions = [reduce_rank(t, definition, traces.format, rx, wrx)
                   for t in traces.ranks.values()]
-    return summarize(traces.format, reductions, definition, marker=marker,
-                     window_marker=window_marker, allow_no_device_tasks=allow_no_device_tasks)
+    from residency.traces.files import sealed_reads
+
+    with sealed_reads(getattr(traces, "seal", None)):  # torch-npu's CSVs: as sealed, too
+        return summarize(traces.format, reductions, definition, marker=marker,
+                         window_marker=window_marker,
+                         allow_no_device_tasks=allow_no_device_tasks)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

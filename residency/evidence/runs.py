@@ -55,14 +55,17 @@ def reference_pair(run: Run) -> tuple[RunEntry, RunEntry] | None:
 def load_run_traces(run: Run, entry: RunEntry) -> Any:
     """The `TraceSet` of one run entry's ``trace/`` folder, whose ranks must be exactly the
     run's `params.ranks` (0..N-1): a trace folder with another rank set (a planted file
-    read as an extra rank, a rank missing) is a `TraceError` naming the folder."""
-    from residency.traces.files import TraceError
+    read as an extra rank, a rank missing) is a `TraceError` naming the folder. A verified
+    run's traces are read under its seal: only sealed files, each checked against its sha256
+    as it is parsed (`residency.traces.files.sealed_reads`)."""
+    from residency.traces.files import Sealed, TraceError
     from residency.traces.load import load_traces
 
     folder = entry.trace_dir
     if folder is None:
         raise TraceError(entry.dir / "trace", "no such directory: the run recorded no traces")
-    traces = load_traces(folder)
+    sealed = run.sealed_artifacts
+    traces = load_traces(folder, seal=None if sealed is None else Sealed(run.path, sealed))
     ranks = (run.manifest.get("params") or {}).get("ranks")
     if isinstance(ranks, int) and not isinstance(ranks, bool) and \
             set(traces.ranks) != set(range(ranks)):

@@ -250,6 +250,14 @@ class Run:
             raise RunDirError(path, "is not in the run's sha256 list (never sealed)")
         return str(sha)
 
+    @property
+    def sealed_artifacts(self) -> dict[str, str] | None:
+        """The sealed sha256 (hex) of every artifact, by POSIX path relative to `path`, when
+        the run was verified (every read must then match it), else None."""
+        if not self.verified:
+            return None
+        return {str(k): str(v) for k, v in (self.manifest.get("artifacts") or {}).items()}
+
     def _read_decisions(self, run: RunEntry) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
         budget = [MAX_DECISIONS_BYTES]

@@ -8,22 +8,36 @@
   steps of at most one chunk, so a gzip bomb never holds more than a chunk in memory.
 * `TraceStream.digest` is the content digest (`content_hash`) of the file's bytes as stored
   (compressed), computed as they are read when asked for (the trace cache keys entries by it).
+* Within `sealed_reads(Sealed(...))` (a sealed run's traces), every file read below the
+  sealed root must be in the seal, and the bytes read are the bytes checked: a stream hashes
+  (sha256) what it hands out and fails at its end on another digest, before the caller's
+  result is used; a whole-file reader (`open_regular`) gets a private copy made while
+  hashing. A file swapped, edited or served differently after `verify` is a `TraceError`
+  saying so, never analysed under the verified digest.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import os
 import re
+import shutil
 import stat
+import tempfile
 import zlib
-from pathlib import Path
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from residency.errors import BadInput
 
-__all__ = ["CHUNK_BYTES", "MAX_TRACE_BYTES", "RANK_COMPONENT_RE", "TraceError", "TraceStream",
-           "content_hash", "file_digest", "file_sha256", "open_regular"]
+__all__ = ["CHANGED_SINCE_SEALED", "CHUNK_BYTES", "MAX_TRACE_BYTES", "RANK_COMPONENT_RE",
+           "Sealed", "TraceError", "TraceStream", "active_seal", "check_regular", "content_hash",
+           "file_digest",
+           "file_sha256", "open_regular", "sealed_reads", "verified_copy"]
 
 # a path component that names a rank, for both formats: "[<group>_]rank<N>" and nothing else
 # (fullmatch); "_" never occurs in host names (RFC 1123), so "gpu-rank7" or "gpu-rank7-a_123"
@@ -55,16 +69,153 @@ def _kind(mode: int) -> str:
     return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
 
 
+# -- a sealed run's files: the bytes read are the bytes checked ---------------------------------
+
+# the wording of `residency.rundir.seal.CHANGED_SINCE_VERIFIED`, for the trace readers
+CHANGED_SINCE_SEALED = ("changed since the run was verified (the bytes read do not match its "
+                        "sealed sha256: edited, swapped or served differently after `verify`); "
+                        "nothing read from it is used")
+
+
+@dataclass(frozen=True)
+class Sealed:
+    """The files a sealed run lets the trace readers open: `sha256` (hex) by POSIX path
+    relative to `root` (the run directory), as its manifest's ``artifacts`` lists them."""
+
+    root: Path
+    sha256: Mapping[str, str]
+
+    def expected(self, path: Path) -> str:
+        """The sealed sha256 of `path`.
+
+        Raises:
+            TraceError: `path` lies outside the run, or inside it but was never sealed
+                (a file planted after the run, a hidden file).
+        """
+        real, top = Path(path).resolve(), self.root.resolve()
+        if real != top and top not in real.parents:
+            raise TraceError(path, f"lies outside the sealed run {self.root}: only the "
+                             "run's sealed files are read")
+        rel = PurePosixPath(*real.relative_to(top).parts).as_posix()
+        sha = self.sha256.get(rel)
+        if sha is None:
+            raise TraceError(path, "is not in the run's sha256 list (never sealed): a sealed "
+                             "run's traces are read only as sealed")
+        return sha
+
+
+_SEAL: contextvars.ContextVar[Sealed | None] = contextvars.ContextVar("residency_seal",
+                                                                     default=None)
+
+
+@contextlib.contextmanager
+def sealed_reads(seal: Sealed | None) -> Iterator[None]:
+    """Within: the reads of this thread follow `seal` (module doc); None: no seal (as
+    outside). Worker processes and threads are handed the seal and enter it themselves."""
+    token = _SEAL.set(seal)
+    try:
+        yield
+    finally:
+        _SEAL.reset(token)
+
+
+def active_seal() -> Sealed | None:
+    """The seal this thread reads under, if any (to hand to a worker)."""
+    return _SEAL.get()
+
+
+def _expected(path: Path) -> str | None:
+    seal = _SEAL.get()
+    return None if seal is None else seal.expected(path)
+
+
+def _copy_checked(path: Path, fd: int, sha256: str, out: int, max_bytes: int) -> None:
+    """Copy what `fd` reads into `out` (both raw descriptors), hashing it; `TraceError`
+    when it is not `sha256` or grows past `max_bytes`."""
+    digest, total = hashlib.sha256(), 0
+    try:
+        while block := os.read(fd, _RAW_READ_BYTES):
+            total += len(block)
+            if total > max_bytes:
+                raise TraceError(path, f"grew past the limit of {max_bytes} bytes while read")
+            digest.update(block)
+            view = memoryview(block)
+            while view:
+                view = view[os.write(out, view):]
+    except OSError as exc:
+        raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
+    if digest.hexdigest() != sha256:
+        raise TraceError(path, CHANGED_SINCE_SEALED)
+
+
+def verified_copy(path: Path, *, root: Path | None = None,
+                  max_bytes: int = MAX_TRACE_BYTES) -> Path | None:
+    """Under a seal: a private copy of `path` (in a new 0700 temporary folder; the caller
+    removes the folder, `copy.parent`), made while checking its sha256, for readers that
+    need a path (SQLite). Without a seal: None (read `path` itself)."""
+    if _SEAL.get() is None:
+        return None
+    fd, _ = _open_checked(path, root, max_bytes)
+    folder = Path(tempfile.mkdtemp(prefix="residency-sealed-"))
+    copy = folder / path.name
+    try:
+        out = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            _copy_checked(path, fd, _expected(path) or "", out, max_bytes)
+        finally:
+            os.close(out)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    finally:
+        os.close(fd)
+    return copy
+
+
 def open_regular(path: Path, *, root: Path | None = None,
                  max_bytes: int = MAX_TRACE_BYTES) -> tuple[int, os.stat_result]:
     """A read-only descriptor of `path` and its status, after the checks of the module doc.
 
-    `root`: the folder `path` was found in; `path` must resolve inside it.
+    `root`: the folder `path` was found in; `path` must resolve inside it. Under a seal the
+    descriptor reads a private, unlinked copy made while checking the file's sha256.
 
     Raises:
         TraceError: no such file, not a regular file, a link leaving `root`, larger than
-            `max_bytes`, or unreadable.
+            `max_bytes`, unreadable, or (under a seal) not sealed or changed since.
     """
+    fd, st = _open_checked(path, root, max_bytes)
+    sha256 = _expected(path)
+    if sha256 is None:
+        return fd, st
+    try:
+        out, name = tempfile.mkstemp(prefix="residency-sealed-")
+        os.unlink(name)
+        try:
+            _copy_checked(path, fd, sha256, out, max_bytes)
+            os.lseek(out, 0, os.SEEK_SET)
+        except BaseException:
+            os.close(out)
+            raise
+    finally:
+        os.close(fd)
+    return out, st
+
+
+def check_regular(path: Path, *, root: Path | None = None,
+                  max_bytes: int = MAX_TRACE_BYTES) -> os.stat_result:
+    """The status of `path` after `open_regular`'s checks (nothing read, no copy made).
+
+    Raises:
+        TraceError: as `open_regular`, but for a change since a seal (nothing is read).
+    """
+    fd, st = _open_checked(path, root, max_bytes)
+    os.close(fd)
+    return st
+
+
+def _open_checked(path: Path, root: Path | None,
+                  max_bytes: int) -> tuple[int, os.stat_result]:
+    """`open_regular` without a seal's copy: the file's own descriptor."""
     real = path.resolve()
     if root is not None:
         top = root.resolve()
@@ -127,13 +278,21 @@ def file_sha256(path: Path, *, root: Path | None = None,
 
 
 def _file_hash(path: Path, digest: Any, root: Path | None, max_bytes: int) -> str:
-    fd, _ = open_regular(path, root=root, max_bytes=max_bytes)
+    """The digest of the file's bytes; under a seal, the same bytes' sha256 must be the
+    sealed one (one pass: what is hashed is what is checked)."""
+    fd, _ = _open_checked(path, root, max_bytes)
+    sealed = _expected(path)
+    check = hashlib.sha256() if sealed is not None else None
     try:
         with os.fdopen(fd, "rb", buffering=0, closefd=True) as f:
             while block := f.read(_RAW_READ_BYTES):
                 digest.update(block)
+                if check is not None:
+                    check.update(block)
     except OSError as exc:
         raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
+    if check is not None and check.hexdigest() != sealed:
+        raise TraceError(path, CHANGED_SINCE_SEALED)
     return digest.hexdigest()
 
 
@@ -147,7 +306,17 @@ class TraceStream:
                  chunk_bytes: int = CHUNK_BYTES, max_bytes: int = MAX_TRACE_BYTES,
                  digest: bool = False, start: int = 0, stop: int | None = None) -> None:
         self.path, self.chunk_bytes, self.max_bytes = path, max(1, chunk_bytes), max_bytes
-        self._fd, self.stat = open_regular(path, root=root, max_bytes=max_bytes)
+        self._fd, self.stat = _open_checked(path, root, max_bytes)
+        try:
+            self._sealed = _expected(path)
+        except BaseException:
+            self.close()
+            raise
+        if self._sealed is not None and (start or stop is not None):
+            self.close()
+            raise TraceError(path, "a sealed file is read whole, not in parts (its sha256 "
+                             "covers every byte)")
+        self._check = hashlib.sha256() if self._sealed is not None else None
         self._gz = path.name.endswith(".gz")
         # a byte range [start, stop) of a plain file (one part of a file parsed in parallel)
         self._left = None if stop is None else stop - start
@@ -185,9 +354,27 @@ class TraceStream:
             raise TraceError(self.path, f"cannot read: {exc.strerror or exc}") from None
         if self._digest is not None:
             self._digest.update(block)
+        if self._check is not None:
+            self._check.update(block)
+            if not block and n:  # the end of the file: the bytes handed out were sealed?
+                check, self._check = self._check, None
+                if check.hexdigest() != self._sealed:
+                    raise TraceError(self.path, CHANGED_SINCE_SEALED)
         if self._left is not None:
             self._left -= len(block)
         return block
+
+    @property
+    def sealed(self) -> bool:
+        """Whether the stream checks a seal (the caller must read it to its end)."""
+        return self._sealed is not None
+
+    def finish(self) -> None:
+        """Under a seal, read what is left, so that the whole file is checked (a no-op
+        otherwise, and after the end)."""
+        if self._check is not None:
+            while self._check is not None and self._raw(_RAW_READ_BYTES):
+                pass
 
     def read(self) -> bytes:
         """The next chunk of at most `chunk_bytes` decompressed bytes; ``b""`` at the end.

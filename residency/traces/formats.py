@@ -280,8 +280,10 @@ def _trace_errors(source: Path) -> Iterator[None]:
 
 
 def _drain(stream: TraceStream) -> str | None:
-    """Read what is left (for the file's digest) and return the digest."""
+    """Read what is left (for the file's digest, or to check its seal) and return the
+    digest."""
     if stream.digest is None:
+        stream.finish()
         return None
     while stream.read():
         pass

@@ -46,9 +46,12 @@ from residency.traces.files import (
     CHUNK_BYTES,
     MAX_TRACE_BYTES,
     RANK_COMPONENT_RE,
+    Sealed,
     TraceError,
+    active_seal,
+    check_regular,
     file_digest,
-    open_regular,
+    sealed_reads,
 )
 from residency.traces.formats import (
     ASCEND_DERIVED_PROCESSES,
@@ -158,6 +161,9 @@ class TraceSet:
 
     format: Literal["kineto", "ascend"]
     ranks: dict[int, RankTimeline]
+    # the seal the traces were read under (a sealed run's): what reads their files again
+    # (memory records, torch-npu's own CSVs) reads under it too
+    seal: Sealed | None = None
 
     @property
     def rejected_events(self) -> int:
@@ -168,7 +174,7 @@ class TraceSet:
 def load_traces(path: str | os.PathLike[str], *, cache: bool = True,
                 workers: int | None = None, chunk_bytes: int = CHUNK_BYTES,
                 max_trace_bytes: int = MAX_TRACE_BYTES, session: str | None = None,
-                group: str | None = None) -> TraceSet:
+                group: str | None = None, seal: Sealed | None = None) -> TraceSet:
     """Load every rank's trace under `path`.
 
     `path` is a trace file, a directory of rank traces of one format (searched recursively:
@@ -188,7 +194,9 @@ def load_traces(path: str | os.PathLike[str], *, cache: bool = True,
     (default: one per CPU when the traces are large), each streamed in chunks of
     `chunk_bytes`. With `cache`, parsed files are read from and written to the user's cache
     directory (`residency.traces.cache`; never beside the traces); an entry that cannot be
-    used, or does not match the trace or its own digest, is ignored and rewritten.
+    used, or does not match the trace or its own digest, is ignored and rewritten. With
+    `seal` (a sealed run's artifact list), every file read under its root must be sealed and
+    is checked against its sha256 as it is read (`residency.traces.files.sealed_reads`).
 
     Raises:
         TraceError: nothing to load (the skipped files listed; a torch-npu session of CSV
@@ -204,14 +212,15 @@ def load_traces(path: str | os.PathLike[str], *, cache: bool = True,
             that contradicts the ``rank<N>`` folder it lies in (the recorded one is used).
         TraceNote: a file skipped as not a trace; a lone trace read as rank 0.
     """
-    plan = plan_traces(path, session=session, group=group)
-    parsed = _parse_all(plan.format, plan.sources, cache=cache, workers=workers,
-                        root=plan.parse_root, chunk_bytes=chunk_bytes,
-                        max_bytes=max_trace_bytes)
-    if plan.format == "ascend":
-        from residency.traces import ascend
+    with sealed_reads(seal):
+        plan = plan_traces(path, session=session, group=group)
+        parsed = _parse_all(plan.format, plan.sources, cache=cache, workers=workers,
+                            root=plan.parse_root, chunk_bytes=chunk_bytes,
+                            max_bytes=max_trace_bytes)
+        if plan.format == "ascend":
+            from residency.traces import ascend
 
-        parsed = ascend.align_clocks(plan.sources, parsed)
+            parsed = ascend.align_clocks(plan.sources, parsed)
     timelines = [rank_timeline(plan, i, p) for i, p in enumerate(parsed)]
     settle_ranks(plan, [t.rank if t is not None else None for t in timelines])
     ranks = {t.rank: t for t in timelines if t is not None}
@@ -219,7 +228,7 @@ def load_traces(path: str | os.PathLike[str], *, cache: bool = True,
     for t in ranks.values():
         if not len(t.device):
             warnings.warn(no_device_tasks(t.rank, t.source), UserWarning, stacklevel=2)
-    return TraceSet(plan.format, dict(sorted(ranks.items())))
+    return TraceSet(plan.format, dict(sorted(ranks.items())), seal)
 
 
 @dataclass(frozen=True)
@@ -536,13 +545,17 @@ def _parse_all(fmt: str, sources: list[Path], *, cache: bool, workers: int | Non
     from residency.traces import cache as tracecache
 
     cache = cache and tracecache.enabled(root)
+    seal = active_seal()
     if cache:
         from concurrent.futures import ThreadPoolExecutor
 
+        def cached(source: Path, st: os.stat_result) -> Parsed | None:
+            with sealed_reads(seal):  # (a thread starts outside the caller's seal)
+                return tracecache.get_parsed(source, st, root=root, max_trace_bytes=max_bytes)
+
         # hashing each trace (to check its entry) runs in threads (the hash releases the GIL)
         with ThreadPoolExecutor(min(8, len(sources))) as pool:
-            found = list(pool.map(lambda s, st: tracecache.get_parsed(
-                s, st, root=root, max_trace_bytes=max_bytes), sources, stats))
+            found = list(pool.map(cached, sources, stats))
     todo = [i for i, f in enumerate(found) if f is None]
     job = dict(root=root, chunk_bytes=chunk_bytes, max_bytes=max_bytes, digest=cache or digest,
                device_names=device_names)
@@ -566,8 +579,9 @@ def _parse_all(fmt: str, sources: list[Path], *, cache: bool, workers: int | Non
 def _plan_parts(sources: list[Path], sizes: list[int], todo: list[int],
                 n: int) -> dict[int, list[tuple[int, int]]]:
     """Byte ranges for the plain files worth parsing in parts: when there are fewer files
-    than workers, each large one is split so that every worker has work."""
-    if len(todo) >= n:
+    than workers, each large one is split so that every worker has work. Never under a seal
+    (a sealed file's sha256 is checked over the whole file as it is parsed)."""
+    if len(todo) >= n or active_seal() is not None:
         return {}
     out = {}
     for i in todo:
@@ -597,7 +611,8 @@ def _parse_pool(fmt: str, sources: list[Path], stats: list[os.stat_result], todo
         futures = {i: [pool.submit(parse_part, fmt, sources[i], a, b, first=k == 0,
                                    last=k == len(parts[i]) - 1, **part_job)
                        for k, (a, b) in enumerate(parts[i])] if i in parts else
-                   pool.submit(_parse_to_disk, fmt, sources[i], job, folder) for i in order}
+                   pool.submit(_parse_to_disk, fmt, sources[i], job, folder, active_seal())
+                   for i in order}
         out = []
         for i in todo:
             if i not in parts:
@@ -646,10 +661,12 @@ def _is_sqlite(source: Path) -> bool:
         return False  # the parse names the problem
 
 
-def _parse_to_disk(fmt: str, source: Path, job: dict, folder: str) -> tuple[Parsed, str]:
-    """`parse_trace` in a worker: the columns go back through a file in `folder` (read by
-    `_from_disk`), not a pickle, so neither side holds them twice."""
-    p = _parse_one(fmt, source, **job)
+def _parse_to_disk(fmt: str, source: Path, job: dict, folder: str,
+                   seal: Sealed | None = None) -> tuple[Parsed, str]:
+    """`parse_trace` in a worker (under the caller's `seal`): the columns go back through a
+    file in `folder` (read by `_from_disk`), not a pickle, so neither side holds them twice."""
+    with sealed_reads(seal):
+        p = _parse_one(fmt, source, **job)
     path = os.path.join(folder, f"{os.getpid()}-{source.name}-{id(p)}.npy")
     with open(path, "wb") as f:
         for name in _COLUMNS:
@@ -668,6 +685,4 @@ def _from_disk(p: Parsed, path: str) -> Parsed:
 
 def open_stat(source: Path, root: Path | None, max_bytes: int) -> os.stat_result:
     """The status of `source`, after `open_regular`'s checks (regular, inside root, size)."""
-    fd, st = open_regular(source, root=root, max_bytes=max_bytes)
-    os.close(fd)
-    return st
+    return check_regular(source, root=root, max_bytes=max_bytes)

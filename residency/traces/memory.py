@@ -39,7 +39,13 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import numpy as np
 
-from residency.traces.files import MAX_TRACE_BYTES, TraceError, TraceStream, open_regular
+from residency.traces.files import (
+    MAX_TRACE_BYTES,
+    TraceError,
+    TraceStream,
+    open_regular,
+    sealed_reads,
+)
 from residency.traces.formats import decimal_us_to_ns
 from residency.traces.jsonstream import PLACEHOLDER_VALUE, Skeleton, read_whole, split_events
 
@@ -135,6 +141,7 @@ def _kineto_rows(source: Path, *, max_bytes: int = MAX_TRACE_BYTES
             got = split_events(stream, cols.add, source)
             doc: Any = None
             if isinstance(got, Skeleton):
+                stream.finish()  # under a seal: every byte checked before a row is used
                 doc = msgspec.json.decode(got.text)
                 if not (got.in_object and isinstance(doc, dict)
                         and doc.get("traceEvents") == PLACEHOLDER_VALUE) and not (
@@ -148,6 +155,7 @@ def _kineto_rows(source: Path, *, max_bytes: int = MAX_TRACE_BYTES
                 prefix, offset = got  # type: ignore[misc]
                 with stream:
                     data, _ = read_whole(stream, prefix, offset, source)
+                    stream.finish()
                 whole = _WHOLE.decode(data)
                 for e in (whole if isinstance(whole, list) else whole.traceEvents or []):
                     cols.event(e)
@@ -227,29 +235,35 @@ def memory_timeline(traces: TraceSet, *, max_trace_bytes: int = MAX_TRACE_BYTES
     """
     import pandas as pd
 
-    frames = []
-    for rank, t in traces.ranks.items():
-        if traces.format == "kineto":
-            rows, source = _kineto_rows(t.source, max_bytes=max_trace_bytes), t.source
-        elif t.source.suffix == ".db":  # the SQLite export: its MEMORY_RECORD table
-            from residency.traces.ascend import read_db_memory
-
-            rows, source = read_db_memory(t.source), t.source
-        else:
-            source = t.source.parent / MEMORY_RECORD
-            rows = _record_rows(source) if source.is_file() else []
-        if rows:
-            f = pd.DataFrame(rows, columns=["ts_ns", "allocated_bytes", "reserved_bytes",
-                                            "component"])
-            f.insert(0, "rank", rank)
-            f["source"] = str(source)
-            frames.append(f)
+    with sealed_reads(getattr(traces, "seal", None)):  # a sealed run: as sealed
+        frames = [_rank_frame(pd, rank, t, traces.format, max_trace_bytes)
+                  for rank, t in traces.ranks.items()]
+    frames = [f for f in frames if f is not None]
     if not frames:
         return pd.DataFrame({c: pd.Series(dtype="int64" if c not in ("component", "source")
                                           else "object") for c in _COLUMNS})
     out = pd.concat(frames, ignore_index=True)
     out = out.astype({"ts_ns": "int64", "allocated_bytes": "int64", "reserved_bytes": "int64"})
     return out.sort_values(["rank", "ts_ns"], kind="stable").reset_index(drop=True)[_COLUMNS]
+
+
+def _rank_frame(pd: Any, rank: int, t: Any, fmt: str, max_trace_bytes: int) -> Any:
+    """The memory rows of one rank as a frame; None when it has none."""
+    if fmt == "kineto":
+        rows, source = _kineto_rows(t.source, max_bytes=max_trace_bytes), t.source
+    elif t.source.suffix == ".db":  # the SQLite export: its MEMORY_RECORD table
+        from residency.traces.ascend import read_db_memory
+
+        rows, source = read_db_memory(t.source), t.source
+    else:
+        source = t.source.parent / MEMORY_RECORD
+        rows = _record_rows(source) if source.is_file() else []
+    if not rows:
+        return None
+    f = pd.DataFrame(rows, columns=["ts_ns", "allocated_bytes", "reserved_bytes", "component"])
+    f.insert(0, "rank", rank)
+    f["source"] = str(source)
+    return f
 
 
 def release_markers(traces: TraceSet, pattern: str = r"^residency\.release\[") -> pd.DataFrame:

@@ -13,6 +13,7 @@ bound was met. Analysis-side: standard library only.
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 import time
 import urllib.parse
@@ -20,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from residency.traces.files import MAX_TRACE_BYTES, TraceError, open_regular
+from residency.traces.files import MAX_TRACE_BYTES, TraceError, check_regular, verified_copy
 
 __all__ = ["MAX_VALUE_BYTES", "QUERY_BUDGET_S", "UntrustedDatabase", "open_untrusted"]
 
@@ -49,8 +50,9 @@ class UntrustedDatabase:
     """A read-only, immutable connection whose `execute` is bounded (module doc)."""
 
     def __init__(self, path: Path, con: sqlite3.Connection, *, max_rows: int,
-                 budget_s: float) -> None:
+                 budget_s: float, copy: Path | None = None) -> None:
         self.path, self._con, self.max_rows, self.budget_s = path, con, max_rows, budget_s
+        self._copy = copy  # a sealed file's private copy, removed on close
         self._deadline = 0.0
         con.set_progress_handler(self._past_budget, _PROGRESS_EVERY)
 
@@ -86,8 +88,10 @@ class UntrustedDatabase:
         return Rows(rows)
 
     def close(self) -> None:
-        """Close the connection."""
+        """Close the connection (and remove a sealed file's private copy)."""
         self._con.close()
+        _remove(self._copy)
+        self._copy = None
 
 
 def open_untrusted(path: Path, *, budget_s: float | None = None,
@@ -97,13 +101,16 @@ def open_untrusted(path: Path, *, budget_s: float | None = None,
     Raises:
         TraceError: not a regular file, too large, or SQLite cannot open it.
     """
-    fd, st = open_regular(path, max_bytes=max_bytes)
-    os.close(fd)
-    uri = ("file:" + urllib.parse.quote(os.fspath(Path(path).resolve()))
+    st = check_regular(path, max_bytes=max_bytes)
+    # under a seal SQLite reads a private copy made while checking its sha256 (it opens
+    # by path: the file itself could change between the check and the reads)
+    copy = verified_copy(path, max_bytes=max_bytes)
+    uri = ("file:" + urllib.parse.quote(os.fspath(copy or Path(path).resolve()))
            + "?mode=ro&immutable=1")
     try:
         con = sqlite3.connect(uri, uri=True)
     except sqlite3.Error as exc:
+        _remove(copy)
         raise TraceError(path, f"cannot open the database: {exc}") from None
     try:
         con.execute("PRAGMA trusted_schema=OFF")
@@ -113,6 +120,13 @@ def open_untrusted(path: Path, *, budget_s: float | None = None,
             con.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
     except sqlite3.Error as exc:
         con.close()
+        _remove(copy)
         raise TraceError(path, f"cannot open the database: {exc}") from None
     return UntrustedDatabase(Path(path), con, max_rows=max(_MIN_ROWS, st.st_size // 8),
-                             budget_s=QUERY_BUDGET_S if budget_s is None else budget_s)
+                             budget_s=QUERY_BUDGET_S if budget_s is None else budget_s,
+                             copy=copy)
+
+
+def _remove(copy: Path | None) -> None:
+    if copy is not None:
+        shutil.rmtree(copy.parent, ignore_errors=True)
