@@ -153,7 +153,8 @@ def verified_copy(path: Path, *, root: Path | None = None,
     """Under a seal: a private copy of `path` (in a new 0700 temporary folder; the caller
     removes the folder, `copy.parent`), made while checking its sha256, for readers that
     need a path (SQLite). Without a seal: None (read `path` itself)."""
-    if _SEAL.get() is None:
+    sha256 = _expected(path)
+    if sha256 is None:
         return None
     fd, _ = _open_checked(path, root, max_bytes)
     folder = Path(tempfile.mkdtemp(prefix="residency-sealed-"))
@@ -161,7 +162,7 @@ def verified_copy(path: Path, *, root: Path | None = None,
     try:
         out = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            _copy_checked(path, fd, _expected(path) or "", out, max_bytes)
+            _copy_checked(path, fd, sha256, out, max_bytes)
         finally:
             os.close(out)
     except BaseException:
@@ -183,8 +184,8 @@ def open_regular(path: Path, *, root: Path | None = None,
         TraceError: no such file, not a regular file, a link leaving `root`, larger than
             `max_bytes`, unreadable, or (under a seal) not sealed or changed since.
     """
-    fd, st = _open_checked(path, root, max_bytes)
     sha256 = _expected(path)
+    fd, st = _open_checked(path, root, max_bytes)
     if sha256 is None:
         return fd, st
     try:
@@ -280,8 +281,8 @@ def file_sha256(path: Path, *, root: Path | None = None,
 def _file_hash(path: Path, digest: Any, root: Path | None, max_bytes: int) -> str:
     """The digest of the file's bytes; under a seal, the same bytes' sha256 must be the
     sealed one (one pass: what is hashed is what is checked)."""
-    fd, _ = _open_checked(path, root, max_bytes)
     sealed = _expected(path)
+    fd, _ = _open_checked(path, root, max_bytes)
     check = hashlib.sha256() if sealed is not None else None
     try:
         with os.fdopen(fd, "rb", buffering=0, closefd=True) as f:
@@ -306,16 +307,12 @@ class TraceStream:
                  chunk_bytes: int = CHUNK_BYTES, max_bytes: int = MAX_TRACE_BYTES,
                  digest: bool = False, start: int = 0, stop: int | None = None) -> None:
         self.path, self.chunk_bytes, self.max_bytes = path, max(1, chunk_bytes), max_bytes
-        self._fd, self.stat = _open_checked(path, root, max_bytes)
-        try:
-            self._sealed = _expected(path)
-        except BaseException:
-            self.close()
-            raise
+        self._fd = -1
+        self._sealed = _expected(path)
         if self._sealed is not None and (start or stop is not None):
-            self.close()
             raise TraceError(path, "a sealed file is read whole, not in parts (its sha256 "
                              "covers every byte)")
+        self._fd, self.stat = _open_checked(path, root, max_bytes)
         self._check = hashlib.sha256() if self._sealed is not None else None
         self._gz = path.name.endswith(".gz")
         # a byte range [start, stop) of a plain file (one part of a file parsed in parallel)
