@@ -23,7 +23,8 @@ the local path. A shared machine is noisy: every figure is the median (and range
 --repeat interleaved rounds, ratios pair runs of the same round, and the load average is
 printed. Every measurement is a fresh process (files are in the OS page cache after
 generation: "cold" means without our cache, not a cold disk); peak memory is the largest sum
-of RSS over the process tree, sampled every 20 ms. HTA (never a dependency):
+of RSS over the process tree, sampled every 20 ms in one run of each command of its own (the
+sampling costs CPU, so timed runs are not sampled). HTA (never a dependency):
 
     python -m venv /tmp/ti && /tmp/ti/bin/pip install traceinsight==0.6.1
 """
@@ -43,6 +44,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -102,9 +104,11 @@ def _rss_kb(pids: list[int]) -> int:
     return rss
 
 
-def measure(argv: list[str], env: dict[str, str]) -> dict:
-    """Run one child to its end: wall, CPU of its tree (user + system), peak tree RSS, and
-    its last stdout line (JSON)."""
+def measure(argv: list[str], env: dict[str, str], *, sample: bool = False) -> dict:
+    """Run one child to its end: wall, CPU of its tree (user + system), its last stdout line
+    (JSON) and, with `sample`, the peak RSS of its tree (else None). Sampling /proc every
+    20 ms costs ~1 ms of CPU a sample, which slowed a two-worker run by ~15 % on 2 cores:
+    timed runs are never sampled, memory comes from runs of their own."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -112,27 +116,36 @@ def measure(argv: list[str], env: dict[str, str]) -> dict:
     peak = [0]
     done = threading.Event()
 
-    def sample() -> None:
+    def sampling() -> None:
         while not done.wait(0.02):
             peak[0] = max(peak[0], _rss_kb(_tree(proc.pid)))
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
+    sampler = threading.Thread(target=sampling, daemon=True)
+    if sample:
+        sampler.start()
     out, err = proc.communicate()
     wall = time.perf_counter() - start
     done.set()
-    sampler.join()
+    if sample:
+        sampler.join()
     if proc.returncode:
         raise RuntimeError(f"{argv[:4]} failed ({proc.returncode}):\n{err[-3000:]}")
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     lines = out.strip().splitlines()
-    return {"wall_s": wall, "rss_mb": peak[0] / 1024,
+    return {"wall_s": wall, "rss_mb": peak[0] / 1024 if sample else None,
             "cpu_s": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
             "out": json.loads(lines[-1]) if lines else None}
 
 
 def med(runs: list[dict], key: str) -> float:
-    return statistics.median(r[key] for r in runs)
+    return statistics.median(r[key] for r in runs if r[key] is not None)
+
+
+def peak_mb(argv: list[str], env: dict[str, str], *, prepare: Any = None) -> float:
+    """Peak RSS (MB) of the process tree in one sampled run of its own (after `prepare()`)."""
+    if prepare is not None:
+        prepare()
+    return measure(argv, env, sample=True)["rss_mb"]
 
 
 def show(runs: list[dict], key: str = "wall_s") -> str:
@@ -173,6 +186,19 @@ def against_bare(label: str, d: Path, total: int, ranks: int, args: argparse.Nam
                                        {**os.environ, "HTA_DISABLE_NS_ROUNDING": "1"}))
     bare, cold, nocache, warm = (runs[k] for k in ("bare", "cold", "nocache", "warm"))
     assert all(r["out"] == cold[0]["out"] for r in cold + warm + nocache), "answers differ"
+    # peak memory: one sampled run each, apart from the timed ones
+    cache = Path(tempfile.mkdtemp(prefix="residency-bench-cache-"))
+    mine = {**env, "RESIDENCY_CACHE_DIR": str(cache)}
+    rss = {"bare": peak_mb([sys.executable, "-c", BARE, str(d)], env),
+           "cold": peak_mb(ours(d), mine), "warm": peak_mb(ours(d), mine),
+           "nocache": peak_mb(ours(d, "--no-cache"), mine)}
+    shutil.rmtree(cache, ignore_errors=True)
+    if runs["hta"]:
+        rss["hta"] = peak_mb([hta, "-c", HTA, str(d)],  # type: ignore[list-item]
+                             {**os.environ, "HTA_DISABLE_NS_ROUNDING": "1"})
+    for k, mb_ in rss.items():
+        for r in runs[k]:
+            r["rss_mb"] = mb_
     mb = total / 1e6
     print(f"\n== {label}: {ranks} ranks, {mb:.0f} MB of Kineto JSON ({load()})")
     print(f"bare typed msgspec decode (sequential) {show(bare)}  CPU {show(bare, 'cpu_s')}  "
@@ -217,6 +243,11 @@ def dask_case(args: argparse.Namespace, base: Path, env: dict[str, str]) -> dict
         local.append(measure(ours(d, "--workers", "2"), mine))
         cluster.append(measure(ours(d, "--scheduler", "local", "--workers", "2"), mine))
     assert all(r["out"] == local[0]["out"] for r in local + cluster), "answers differ"
+    for runs, extra in ((local, ("--workers", "2")),
+                        (cluster, ("--scheduler", "local", "--workers", "2"))):
+        mb_ = peak_mb(ours(d, *extra), mine)
+        for r in runs:
+            r["rss_mb"] = mb_
     print(f"\n== Dask: {args.dask_ranks} ranks x {args.dask_events} events, {total / 1e6:.0f} MB "
           f"({load()}); "
           "identical JSON on both paths")
