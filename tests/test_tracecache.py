@@ -22,6 +22,7 @@ from residency.cli import main as cli
 from residency.traces import cache as tracecache
 from residency.traces import load as traces
 from residency.traces.load import CACHE_DIR, TraceError, load_traces
+from tests.test_traces import same_traces
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).parent / "data" / "traces"
@@ -225,7 +226,7 @@ def test_entries_are_used_and_follow_the_trace(tmp_path, monkeypatch, fixture):
     idle_summary_at(d)
     assert len(entries()) == 4  # columns and reduction of two ranks
     calls = _counting(monkeypatch)
-    _same(load_traces(d), fresh)
+    same_traces(load_traces(d), fresh)
     assert idle_summary_at(d) == fresh_idle
     assert calls == []
     # a changed trace (size and mtime) is parsed again, and so is a changed option
@@ -243,18 +244,6 @@ def test_entries_are_used_and_follow_the_trace(tmp_path, monkeypatch, fixture):
     assert idle_summary_at(d) == idle_summary(again)
     idle_summary_at(d, busy="all")
     assert calls == [src, src, src, fresh.ranks[1].source]
-
-
-def _same(a, b) -> None:
-    assert list(a.ranks) == list(b.ranks)
-    for r in a.ranks:
-        x, y = a.ranks[r], b.ranks[r]
-        assert np.array_equal(x.device, y.device) and x.rejected_events == y.rejected_events
-        assert x.range_names.tolist() == y.range_names.tolist()
-        assert x.device_names.tolist() == y.device_names.tolist()
-        assert np.array_equal(x.ranges, y.ranges) and np.array_equal(x.overlap, y.overlap)
-        assert x.device_types.tolist() == y.device_types.tolist()
-        assert np.array_equal(x.range_lane, y.range_lane) and x.lanes == y.lanes
 
 
 def test_a_change_that_keeps_size_and_mtime_is_caught(tmp_path, monkeypatch):
@@ -312,7 +301,7 @@ def test_a_corrupted_entry_is_ignored_and_rewritten(tmp_path, monkeypatch, damag
             p.unlink()
             p.mkdir()
     calls = _counting(monkeypatch)
-    _same(load_traces(d), fresh)
+    same_traces(load_traces(d), fresh)
     assert idle_summary_at(d) == fresh_idle
     assert len(calls) == 4  # every entry was refused
     if damage != "directory":  # rewritten, and used again
@@ -384,7 +373,7 @@ def test_a_forged_cache_shipped_with_a_run_has_no_effect(tmp_path, monkeypatch):
         monkeypatch.setenv("RESIDENCY_CACHE_DIR", str(where))
         for _ in range(2):
             assert idle_summary_at(real, marker="release") == truth
-            _same(load_traces(real), columns)
+            same_traces(load_traces(real), columns)
 
 
 def test_the_cache_is_bounded_least_recently_used_first(tmp_path, monkeypatch):

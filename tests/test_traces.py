@@ -352,13 +352,16 @@ def test_trace_error_survives_pickling():
     assert isinstance(err, ValueError) and str(err) == "/x/rank0.json (at byte 12): truncated"
 
 
-def _same(a, b) -> None:
+def same_traces(a, b) -> None:
+    """Two TraceSets hold the same ranks, columns and names (also used by test_tracecache)."""
     assert list(a.ranks) == list(b.ranks)
     for r in a.ranks:
         x, y = a.ranks[r], b.ranks[r]
         assert np.array_equal(x.device, y.device) and x.rejected_events == y.rejected_events
         assert x.range_names.tolist() == y.range_names.tolist()
-        assert np.array_equal(x.ranges, y.ranges)
+        assert x.device_names.tolist() == y.device_names.tolist()
+        assert np.array_equal(x.ranges, y.ranges) and np.array_equal(x.overlap, y.overlap)
+        assert x.device_types.tolist() == y.device_types.tolist()
 
 
 def _three_ranks(d: Path) -> Path:
@@ -372,7 +375,7 @@ def _three_ranks(d: Path) -> Path:
 
 def test_parallel_parse_matches_sequential(tmp_path):
     d = _three_ranks(tmp_path)
-    _same(load_traces(d, cache=False, workers=2), load_traces(d, cache=False, workers=1))
+    same_traces(load_traces(d, cache=False, workers=2), load_traces(d, cache=False, workers=1))
 
 
 def test_parallel_parse_with_threads_alive_uses_fresh_processes(tmp_path):
@@ -385,7 +388,7 @@ def test_parallel_parse_with_threads_alive_uses_fresh_processes(tmp_path):
     finally:
         release.set()
         other.join()
-    _same(got, load_traces(d, cache=False, workers=1))
+    same_traces(got, load_traces(d, cache=False, workers=1))
 
 
 @pytest.mark.parametrize("exact", [False, True], ids=["fast path", "exact path"])
