@@ -12,7 +12,13 @@ caller may catch the family or the concern.
 
 from __future__ import annotations
 
-__all__ = ["BadInput", "ResidencyError", "RunFailed"]
+__all__ = ["CHANGED_SINCE_VERIFIED", "BadInput", "ResidencyError", "RunFailed"]
+
+# what a file of a verified run is said to be when the bytes read do not match its seal
+# (run records in `residency.rundir`, traces in `residency.traces.files`)
+CHANGED_SINCE_VERIFIED = ("changed since the run was verified (the bytes read do not match its "
+                          "sealed sha256: edited, swapped or served differently after "
+                          "`verify`); nothing read from it is used")
 
 
 class ResidencyError(Exception):

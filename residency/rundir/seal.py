@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
-from residency.errors import BadInput
+from residency.errors import CHANGED_SINCE_VERIFIED, BadInput
 
 __all__ = ["SEAL_FIELD", "MAX_EVIDENCE_BYTES", "UnsafePathError", "canonical_json",
            "run_digest", "seal", "seal_findings", "confined", "open_regular", "read_regular",
@@ -191,10 +191,6 @@ def _open_regular(path: Path, limit_bytes: int) -> int:
         os.close(fd)
         raise
     return fd
-
-
-CHANGED_SINCE_VERIFIED = ("changed since the run was verified (the bytes read do not match "
-                          "its sealed sha256)")
 
 
 def open_regular(path: Path, *, limit_bytes: int = MAX_EVIDENCE_BYTES) -> BinaryIO:

@@ -32,11 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from residency.errors import BadInput
+from residency.errors import CHANGED_SINCE_VERIFIED, BadInput
 
-__all__ = ["CHANGED_SINCE_SEALED", "CHUNK_BYTES", "MAX_TRACE_BYTES", "RANK_COMPONENT_RE",
-           "Sealed", "TraceError", "TraceStream", "active_seal", "check_regular", "content_hash",
-           "file_digest",
+__all__ = ["CHUNK_BYTES", "MAX_TRACE_BYTES", "RANK_COMPONENT_RE", "Sealed", "TraceError",
+           "TraceStream", "active_seal", "check_regular", "content_hash", "file_digest",
            "file_sha256", "open_regular", "sealed_reads", "verified_copy"]
 
 # a path component that names a rank, for both formats: "[<group>_]rank<N>" and nothing else
@@ -70,12 +69,6 @@ def _kind(mode: int) -> str:
 
 
 # -- a sealed run's files: the bytes read are the bytes checked ---------------------------------
-
-# the wording of `residency.rundir.seal.CHANGED_SINCE_VERIFIED`, for the trace readers
-CHANGED_SINCE_SEALED = ("changed since the run was verified (the bytes read do not match its "
-                        "sealed sha256: edited, swapped or served differently after `verify`); "
-                        "nothing read from it is used")
-
 
 @dataclass(frozen=True)
 class Sealed:
@@ -145,7 +138,7 @@ def _copy_checked(path: Path, fd: int, sha256: str, out: int, max_bytes: int) ->
     except OSError as exc:
         raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
     if digest.hexdigest() != sha256:
-        raise TraceError(path, CHANGED_SINCE_SEALED)
+        raise TraceError(path, CHANGED_SINCE_VERIFIED)
 
 
 def verified_copy(path: Path, *, root: Path | None = None,
@@ -178,28 +171,21 @@ def open_regular(path: Path, *, root: Path | None = None,
     """A read-only descriptor of `path` and its status, after the checks of the module doc.
 
     `root`: the folder `path` was found in; `path` must resolve inside it. Under a seal the
-    descriptor reads a private, unlinked copy made while checking the file's sha256.
+    descriptor (and status) is of a private copy made while checking the file's sha256
+    (`verified_copy`), removed from its folder once open.
 
     Raises:
         TraceError: no such file, not a regular file, a link leaving `root`, larger than
             `max_bytes`, unreadable, or (under a seal) not sealed or changed since.
     """
-    sha256 = _expected(path)
-    fd, st = _open_checked(path, root, max_bytes)
-    if sha256 is None:
-        return fd, st
+    copy = verified_copy(path, root=root, max_bytes=max_bytes)
+    if copy is None:
+        return _open_checked(path, root, max_bytes)
     try:
-        out, name = tempfile.mkstemp(prefix="residency-sealed-")
-        os.unlink(name)
-        try:
-            _copy_checked(path, fd, sha256, out, max_bytes)
-            os.lseek(out, 0, os.SEEK_SET)
-        except BaseException:
-            os.close(out)
-            raise
-    finally:
-        os.close(fd)
-    return out, st
+        fd = os.open(copy, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    finally:  # the descriptor keeps the copy readable; its folder goes at once
+        shutil.rmtree(copy.parent, ignore_errors=True)
+    return fd, os.fstat(fd)  # the status of the bytes verified
 
 
 def check_regular(path: Path, *, root: Path | None = None,
@@ -293,7 +279,7 @@ def _file_hash(path: Path, digest: Any, root: Path | None, max_bytes: int) -> st
     except OSError as exc:
         raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
     if check is not None and check.hexdigest() != sealed:
-        raise TraceError(path, CHANGED_SINCE_SEALED)
+        raise TraceError(path, CHANGED_SINCE_VERIFIED)
     return digest.hexdigest()
 
 
@@ -356,15 +342,10 @@ class TraceStream:
             if not block and n:  # the end of the file: the bytes handed out were sealed?
                 check, self._check = self._check, None
                 if check.hexdigest() != self._sealed:
-                    raise TraceError(self.path, CHANGED_SINCE_SEALED)
+                    raise TraceError(self.path, CHANGED_SINCE_VERIFIED)
         if self._left is not None:
             self._left -= len(block)
         return block
-
-    @property
-    def sealed(self) -> bool:
-        """Whether the stream checks a seal (the caller must read it to its end)."""
-        return self._sealed is not None
 
     def finish(self) -> None:
         """Under a seal, read what is left, so that the whole file is checked (a no-op
