@@ -284,8 +284,9 @@ def on_paper(per: dict, dask: dict | None) -> None:
     print(f"\n== On paper: 1,024 ranks x 1 GB, from the figures above: {cpu_per_gb:.1f} CPU s "
           f"per GB (cold, whole process), a rank's reduction {entry / 1e3:.0f} kB per "
           f"{ranks_gb * 1000:.0f} MB (so ~{entry / max(ranks_gb, 1e-9) / 1e6:.2f} MB per GB), "
-          f"{memory}, Dask's fixed cost (import, cluster start, first tasks) "
-          f"~{overhead:.1f} s")
+          f"{memory}, " + (f"Dask's fixed cost (import, cluster start, first tasks) "
+                           f"~{overhead:.1f} s" if dask else "Dask's fixed cost not measured "
+                           "(the Dask case did not run; left out below)"))
     red = entry / max(ranks_gb, 1e-9) * 1024
     for n in (8, 64, 256, 1024):
         wall = math.ceil(1024 / n) * cpu_per_gb + overhead

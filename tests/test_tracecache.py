@@ -142,6 +142,51 @@ def test_local_cluster_gives_the_local_figures_to_the_nanosecond(tmp_path):
     assert doc == local.to_dict()
 
 
+@pytest.mark.slow
+def test_a_scheduler_address_from_the_environment_gives_the_local_figures(tmp_path,
+                                                                           monkeypatch):
+    distributed = pytest.importorskip("distributed", reason="dask[distributed] is not "
+                                      "installed (pip install 'residency[cluster]')")
+    d = many_ranks(tmp_path / "t", 3)
+    local = idle_summary_at(d, marker=MARKER, cache=False)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                                  dashboard_address=None) as cluster:
+        monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", cluster.scheduler_address)
+        rc, out, err = run_cli("idle", str(d), "--json", "--marker", MARKER, "--no-cache")
+    assert rc == 0, err
+    doc = json.loads(out)
+    doc.pop("warnings")
+    assert doc == local.to_dict()
+
+
+def test_the_local_cluster_is_quiet_where_the_user_kept_dasks_settings(tmp_path,
+                                                                       monkeypatch):
+    distributed = pytest.importorskip("distributed", reason="dask[distributed] is not "
+                                      "installed (pip install 'residency[cluster]')")
+    import dask
+
+    seen = {}
+
+    class Started(Exception):
+        pass
+
+    def cluster(**kwargs):
+        seen.update({k: dask.config.get(k) for k in (
+            "distributed.worker.profile.enabled", "distributed.admin.tick.interval",
+            "distributed.scheduler.work-stealing")})
+        raise Started
+
+    monkeypatch.setattr(distributed, "LocalCluster", cluster)
+    d = many_ranks(tmp_path / "t", 2)
+    with dask.config.set({"distributed.admin.tick.interval": "50ms"}), \
+            pytest.raises(Started):
+        idle_summary_at(d, cache=False, scheduler="local", workers=1)
+    assert seen == {"distributed.worker.profile.enabled": False,
+                    "distributed.admin.tick.interval": "50ms",  # the user's, kept
+                    "distributed.scheduler.work-stealing": False}
+    assert dask.config.get("distributed.worker.profile.enabled") is True  # restored
+
+
 def test_scheduler_without_dask_is_bad_input(tmp_path, monkeypatch):
     import builtins
 
