@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import pickle
 import shutil
 import threading
@@ -389,6 +390,29 @@ def test_parallel_parse_with_threads_alive_uses_fresh_processes(tmp_path):
         release.set()
         other.join()
     same_traces(got, load_traces(d, cache=False, workers=1))
+
+
+@pytest.mark.parametrize("threads", [False, True], ids=["forked", "spawned"])
+def test_parse_workers_keep_their_heap_and_the_caller_keeps_its_own(threads):
+    from residency.traces import workers
+
+    try:
+        glibc = bool(os.confstr("CS_GNU_LIBC_VERSION"))
+    except (ValueError, OSError, AttributeError):
+        glibc = False
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    if threads:  # a process with threads spawns its workers: the setting is not inherited
+        other.start()
+    try:
+        with workers.process_pool(2) as pool:
+            kept = {pool.submit(workers.heap_kept).result() for _ in range(4)}
+    finally:
+        release.set()
+        if threads:
+            other.join()
+    assert kept == {glibc}
+    assert not workers.heap_kept()  # this process's allocator is left as it was
 
 
 @pytest.mark.parametrize("exact", [False, True], ids=["fast path", "exact path"])

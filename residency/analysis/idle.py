@@ -666,15 +666,10 @@ def _computed_here(plan: Any, i: int, job: dict[str, Any]) -> RankReduction:
 
 def _pool(plan: Any, job: dict[str, Any], n: int, stats: dict[int, os.stat_result]
           ) -> dict[int, RankReduction]:
-    import multiprocessing
-    import threading
-    from concurrent.futures import ProcessPoolExecutor
+    from residency.traces.workers import process_pool
 
-    # fork is cheapest but unsafe in a process with threads (a notebook kernel has some)
-    method = "fork" if (threading.active_count() == 1 and "fork" in
-                        multiprocessing.get_all_start_methods()) else "spawn"
     order = sorted(stats, key=lambda i: -stats[i].st_size)  # largest first
-    with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context(method)) as pool:
+    with process_pool(n) as pool:
         futures = {i: pool.submit(_computed_here, plan, i, job) for i in order}
         return {i: f.result() for i, f in futures.items()}
 

@@ -34,7 +34,6 @@ Parsing needs neither pandas nor pyarrow.
 from __future__ import annotations
 
 import os
-import threading
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -596,18 +595,15 @@ def _plan_parts(sources: list[Path], sizes: list[int], todo: list[int],
 def _parse_pool(fmt: str, sources: list[Path], stats: list[os.stat_result], todo: list[int],
                 parts: dict[int, list[tuple[int, int]]], n: int, job: dict) -> list[Parsed]:
     """Parse files (and parts of files) in `n` worker processes."""
-    import multiprocessing  # (imported here: `residency idle` on small traces starts faster)
     import tempfile
-    from concurrent.futures import ProcessPoolExecutor
+
+    from residency.traces.workers import process_pool  # (here: small traces start faster)
 
     part_job = {k: v for k, v in job.items() if k != "digest"}
-    # fork is cheapest but unsafe in a process with threads (a notebook kernel has some)
-    method = "fork" if (threading.active_count() == 1 and "fork" in
-                        multiprocessing.get_all_start_methods()) else "spawn"
     # largest first: the last job to finish is a small one
     order = sorted(todo, key=lambda i: -stats[i].st_size)
     with tempfile.TemporaryDirectory(prefix="residency-traces-") as folder, \
-            ProcessPoolExecutor(n, mp_context=multiprocessing.get_context(method)) as pool:
+            process_pool(n) as pool:
         futures = {i: [pool.submit(parse_part, fmt, sources[i], a, b, first=k == 0,
                                    last=k == len(parts[i]) - 1, **part_job)
                        for k, (a, b) in enumerate(parts[i])] if i in parts else
