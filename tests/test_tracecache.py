@@ -127,13 +127,23 @@ def test_rank_by_rank_on_many_ranks_and_the_same_errors(tmp_path):
 
 @pytest.mark.slow
 def test_local_cluster_gives_the_local_figures_to_the_nanosecond(tmp_path):
-    pytest.importorskip("distributed", reason="dask[distributed] is not installed "
-                        "(pip install 'residency[cluster]')")
+    distributed = pytest.importorskip("distributed", reason="dask[distributed] is not "
+                                      "installed (pip install 'residency[cluster]')")
     d = many_ranks(tmp_path / "t", 5)
     local = idle_summary_at(d, marker=MARKER, cache=False)
     assert local == idle_summary(load_traces(d, cache=False), marker=MARKER)
-    assert idle_summary_at(d, marker=MARKER, cache=False, scheduler="local",
-                           workers=2) == local
+    ran = []
+    real_run = distributed.Client.run
+
+    def run(self, function, *args, **kwargs):
+        ran.append(function.__name__)
+        return real_run(self, function, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(distributed.Client, "run", run)
+        assert idle_summary_at(d, marker=MARKER, cache=False, scheduler="local",
+                               workers=2) == local
+    assert ran == ["keep_heap"]  # the cluster's workers are ours: they keep their heap
     rc, out, err = run_cli("idle", str(d), "--json", "--marker", MARKER, "--scheduler",
                            "local", "--workers", "2")
     assert rc == 0, err

@@ -699,6 +699,8 @@ def _on_dask(plan: Any, job: dict[str, Any], scheduler: str,
                          "(dask[distributed])") from None
     import contextlib
 
+    from residency.traces.workers import keep_heap
+
     with contextlib.ExitStack() as stack:
         if scheduler == "local":
             import threading
@@ -721,6 +723,9 @@ def _on_dask(plan: Any, job: dict[str, Any], scheduler: str,
                 n_workers=workers or min(cpus, max(1, len(plan.sources))),
                 threads_per_worker=1, processes=True, dashboard_address=None))
             client = stack.enter_context(Client(cluster))
+            # its workers are ours: they keep their heap as the local pool's do (64 x 110k,
+            # 5 interleaved rounds: 1.24x the local path against 1.31x without)
+            client.run(keep_heap)
         else:
             try:
                 client = stack.enter_context(Client(scheduler, timeout="30s"))
