@@ -699,22 +699,18 @@ def _on_dask(plan: Any, job: dict[str, Any], scheduler: str,
                          "(dask[distributed])") from None
     import contextlib
 
-    from residency.traces.workers import keep_heap
+    from residency.traces.workers import keep_heap, start_method
 
     with contextlib.ExitStack() as stack:
         if scheduler == "local":
-            import threading
-
             import dask
 
             cpus = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                     else os.cpu_count()) or 1
             key = "distributed.worker.multiprocessing-method"
-            # fork starts a worker in 0.3 s, spawn in 3 s (measured here); as for the local
-            # pool, only from a process without threads of its own, and never over a choice
-            # the user made
-            if (threading.active_count() == 1 and dask.config.get(key, "spawn") == "spawn"
-                    and "fork" in __import__("multiprocessing").get_all_start_methods()):
+            # fork starts a worker in 0.3 s, spawn in 3 s (measured here); where the local
+            # pool would fork, and never over a choice the user made
+            if dask.config.get(key, "spawn") == "spawn" and start_method() == "fork":
                 stack.enter_context(dask.config.set({key: "fork"}))
             stack.enter_context(dask.config.set({
                 k: quiet for k, (shipped, quiet) in _QUIET_LOCAL_CLUSTER.items()

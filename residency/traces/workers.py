@@ -16,18 +16,23 @@ import os
 import threading
 from concurrent.futures import ProcessPoolExecutor
 
-__all__ = ["HEAP_KEEP_BYTES", "heap_kept", "keep_heap", "process_pool"]
+__all__ = ["HEAP_KEEP_BYTES", "heap_kept", "keep_heap", "process_pool", "start_method"]
 
 HEAP_KEEP_BYTES = 32 << 20  # freed memory a worker keeps at its heap's top
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 _kept = False
 
 
+def start_method() -> str:
+    """How to start worker processes from this process: ``"fork"`` (cheapest) where it is safe,
+    from a process with no threads of its own, else ``"spawn"``."""
+    return "fork" if (threading.active_count() == 1 and "fork" in
+                      multiprocessing.get_all_start_methods()) else "spawn"
+
+
 def process_pool(n: int) -> ProcessPoolExecutor:
     """`n` worker processes (module doc)."""
-    method = "fork" if (threading.active_count() == 1 and "fork" in
-                        multiprocessing.get_all_start_methods()) else "spawn"
-    return ProcessPoolExecutor(n, mp_context=multiprocessing.get_context(method),
+    return ProcessPoolExecutor(n, mp_context=multiprocessing.get_context(start_method()),
                                initializer=keep_heap)
 
 
