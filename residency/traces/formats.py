@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 import msgspec
 import numpy as np
 
+from residency.traces import kineto_scan
 from residency.traces.categories import DEVICE_CATEGORIES, HOST_CATEGORIES
 from residency.traces.files import CHUNK_BYTES, MAX_TRACE_BYTES, TraceError, TraceStream
 from residency.traces.jsonstream import (
@@ -413,6 +414,28 @@ class _Kineto:
         self.names = _Names()
         self.name_error: str | None = None
         self.rejected = 0
+        self._raw_kinds: dict[bytes, int] = {}
+
+    def _kind_of(self, raw: bytes) -> int:
+        """The kind (`_category_kinds`) of a category given as its raw JSON string."""
+        kind = self._raw_kinds.get(raw)
+        if kind is None:
+            kind = self._raw_kinds[raw] = _CategoryKinds()[msgspec.json.decode(raw)]
+        return kind
+
+    def add_scanned(self, got: kineto_scan.Scanned) -> None:
+        """Keep the columns the compiled reader gave for one run."""
+        names: list[str] = _json_names(got.names) if got.names is not None else []
+        if self.want_names:
+            def pick(h: np.ndarray) -> list[str]:
+                return [names[i] for i in h.tolist()]
+        else:  # the names are the host ranges' only
+            rank = np.cumsum(got.kinds == 2) - 1
+
+            def pick(h: np.ndarray) -> list[str]:
+                return [names[i] for i in rank[h].tolist()]
+        self._keep(got.kinds, got.ts, got.dur, got.ok, lambda h: (pick(h), None, None),
+                   lambda h: self.names.code(pick(h)))
 
     def compact(self) -> None:
         """Trim the grown arrays (before pickling)."""
@@ -433,7 +456,12 @@ class _Kineto:
         self.rejected += other.rejected
 
     def add(self, data: bytes, index: int = 0) -> int:
-        """Decode one run of events (a JSON array) and keep its columns."""
+        """Decode one run of events (a JSON array) and keep its columns: read by the compiled
+        reader where it handles the run (`residency.traces.kineto_scan`), else by msgspec."""
+        scanned = kineto_scan.scan(data, self._kind_of, 2 if self.want_names else 1)
+        if scanned is not None:
+            self.add_scanned(scanned)
+            return scanned.events
         try:
             events = _K_FAST.decode(data)
             if self.add_fast(events):
@@ -784,7 +812,12 @@ def _raw_names(events: list[Any]) -> list[str]:
     raws = list(map(_GET_NAME, events))
     if not all(map(len, raws)):  # a missing name reads as ""
         raws = [r if len(r) else b'""' for r in raws]
-    text = b"[" + b",".join(raws) + b"]"
+    return _json_names(b"[" + b",".join(raws) + b"]")
+
+
+def _json_names(text: bytes) -> list[str]:
+    """Names from the JSON array of their raw values (a value that is not a string as
+    `_any_names` reads it)."""
     try:
         return msgspec.json.decode(text, type=list[str])
     except msgspec.ValidationError:

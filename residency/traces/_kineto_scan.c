@@ -1,0 +1,643 @@
+/* The columns a Kineto trace gives analysis, read from one run of its events in one pass.
+ *
+ * `scan(data, kind_of, names)`: `data` is the text of a JSON array of events (a run, as
+ * residency.traces.jsonstream hands it over). The text is validated as strict JSON (RFC 8259,
+ * strict UTF-8) while the top-level keys "ph", "cat", "name", "ts" and "dur" of each event
+ * are picked out. Kept: the complete events (ph "X") whose category is a device task or a host
+ * range (kind 1 or 2; `kind_of(raw)` classifies the raw JSON text of a category, once per
+ * distinct text in the run).
+ *
+ * Returns None where the text is not handled here: not valid JSON, or valid but outside the
+ * forms below (an escaped key or ph, a repeated key, a kept time as text or with an exponent,
+ * a time beyond 9e15 us, nesting deeper than MAX_DEPTH, an element that is not an object,
+ * more than MAX_CATS distinct categories). The caller then decodes the run with msgspec,
+ * which gives the same columns or the error. Accepting only what msgspec accepts (never
+ * more) is what makes the two paths agree: this reader is stricter where it is simpler.
+ *
+ * Else (events in the array, kinds int8, ts int64 ns, dur int64 ns, ok uint8, names): one
+ * entry per kept event, in order. Times are nanoseconds from the decimal text exactly
+ * (nearest, ties away from zero); ok is 0 where ts or dur is missing or not a number
+ * (null, true, ...). `names` (0: none, 1: host ranges', 2: every kept event's) is the JSON
+ * array of those events' raw name values ("" where missing), or None.
+ *
+ * The input is untrusted: every read is bounded by the buffer's end; nothing is executed.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_DEPTH 64
+#define MAX_CATS 256
+#define MAX_INT_US 9000000000000000LL /* 9e15 us: ns stay within int64 */
+
+typedef const unsigned char *cp;
+
+typedef struct {
+    cp p, end;
+} Reader;
+
+typedef struct {
+    char *data;
+    Py_ssize_t len, cap;
+} Buf;
+
+static int buf_grow(Buf *b, Py_ssize_t extra) {
+    if (b->len + extra <= b->cap)
+        return 0;
+    Py_ssize_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + extra) {
+        if (cap > PY_SSIZE_T_MAX / 2)
+            return -1;
+        cap *= 2;
+    }
+    char *d = PyMem_Realloc(b->data, (size_t)cap);
+    if (!d)
+        return -1;
+    b->data = d;
+    b->cap = cap;
+    return 0;
+}
+
+static int buf_put(Buf *b, const void *src, Py_ssize_t n) {
+    if (buf_grow(b, n) < 0)
+        return -1;
+    memcpy(b->data + b->len, src, (size_t)n);
+    b->len += n;
+    return 0;
+}
+
+/* -- JSON syntax ------------------------------------------------------------------------- */
+
+static inline void skip_ws(Reader *r) {
+    while (r->p < r->end && (*r->p == ' ' || *r->p == '\n' || *r->p == '\r' || *r->p == '\t'))
+        r->p++;
+}
+
+/* 1: a byte that ends the plain run inside a string (quote, backslash, control, non-ASCII) */
+static unsigned char STOP[256];
+
+static void init_tables(void) {
+    for (int c = 0; c < 256; c++)
+        STOP[c] = (c < 0x20 || c == '"' || c == '\\' || c >= 0x80);
+}
+
+#define ONES 0x0101010101010101ULL
+#define HIGHS 0x8080808080808080ULL
+
+/* Whether a byte of w is a quote, a backslash, below 0x20 or at least 0x80. */
+static inline int has_stop(uint64_t w) {
+    uint64_t quote = w ^ (ONES * '"'), slash = w ^ (ONES * '\\');
+    uint64_t zero = ((quote - ONES) & ~quote) | ((slash - ONES) & ~slash);
+    uint64_t low = (w - ONES * 0x20) & ~w;
+    return ((zero | low) & HIGHS) != 0 || (w & HIGHS) != 0;
+}
+
+static inline int hexval(unsigned char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* One UTF-8 sequence starting at p (a byte >= 0x80): its length, or 0 if invalid (overlong,
+ * surrogate, beyond U+10FFFF, truncated). */
+static inline int utf8_len(cp p, cp end) {
+    unsigned char c = p[0];
+    if (c >= 0xC2 && c <= 0xDF) {
+        return (end - p >= 2 && (p[1] & 0xC0) == 0x80) ? 2 : 0;
+    }
+    if (c >= 0xE0 && c <= 0xEF) {
+        if (end - p < 3 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80)
+            return 0;
+        if (c == 0xE0 && p[1] < 0xA0) return 0;  /* overlong */
+        if (c == 0xED && p[1] >= 0xA0) return 0; /* surrogate */
+        return 3;
+    }
+    if (c >= 0xF0 && c <= 0xF4) {
+        if (end - p < 4 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80 ||
+            (p[3] & 0xC0) != 0x80)
+            return 0;
+        if (c == 0xF0 && p[1] < 0x90) return 0; /* overlong */
+        if (c == 0xF4 && p[1] >= 0x90) return 0; /* beyond U+10FFFF */
+        return 4;
+    }
+    return 0;
+}
+
+/* A string at r->p (the opening quote). On success r->p is past the closing quote and
+ * *escaped tells whether it held a backslash. -1: invalid or not handled (an escaped
+ * surrogate: msgspec decides those). */
+static int read_string(Reader *r, int *escaped) {
+    cp p = r->p + 1, end = r->end;
+    int esc = 0;
+    for (;;) {
+        /* eight bytes at a time while none of them is a quote, a backslash, a control or a
+         * non-ASCII byte (the common case: plain ASCII text) */
+        while (end - p >= 8) {
+            uint64_t w;
+            memcpy(&w, p, 8);
+            if (has_stop(w))
+                break;
+            p += 8;
+        }
+        while (p < end && !STOP[*p])
+            p++;
+        if (p >= end)
+            return -1;
+        unsigned char c = *p;
+        if (c == '"') {
+            r->p = p + 1;
+            *escaped = esc;
+            return 0;
+        }
+        if (c == '\\') {
+            esc = 1;
+            if (end - p < 2)
+                return -1;
+            unsigned char e = p[1];
+            if (e == '"' || e == '\\' || e == '/' || e == 'b' || e == 'f' || e == 'n' ||
+                e == 'r' || e == 't') {
+                p += 2;
+                continue;
+            }
+            if (e != 'u' || end - p < 6)
+                return -1;
+            int v = 0;
+            for (int k = 2; k < 6; k++) {
+                int h = hexval(p[k]);
+                if (h < 0)
+                    return -1;
+                v = v * 16 + h;
+            }
+            if (v >= 0xD800 && v <= 0xDFFF)
+                return -1;
+            p += 6;
+            continue;
+        }
+        if (c < 0x20)
+            return -1;
+        int n = utf8_len(p, end);
+        if (!n)
+            return -1;
+        p += n;
+    }
+}
+
+typedef struct {
+    int neg, exponent, fraction;
+    cp int_start, int_end, frac_start, frac_end;
+} Number;
+
+/* A number at r->p, by JSON's grammar; its parts in *num. -1: not a number. */
+static int read_number(Reader *r, Number *num) {
+    cp p = r->p, end = r->end;
+    num->neg = num->exponent = num->fraction = 0;
+    if (p < end && *p == '-') {
+        num->neg = 1;
+        p++;
+    }
+    if (p >= end)
+        return -1;
+    num->int_start = p;
+    if (*p == '0') {
+        p++;
+    } else if (*p >= '1' && *p <= '9') {
+        while (p < end && *p >= '0' && *p <= '9')
+            p++;
+    } else {
+        return -1;
+    }
+    num->int_end = p;
+    num->frac_start = num->frac_end = p;
+    if (p < end && *p == '.') {
+        p++;
+        num->frac_start = p;
+        while (p < end && *p >= '0' && *p <= '9')
+            p++;
+        if (p == num->frac_start)
+            return -1;
+        num->frac_end = p;
+        num->fraction = 1;
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (p < end && (*p == '+' || *p == '-'))
+            p++;
+        cp d = p;
+        while (p < end && *p >= '0' && *p <= '9')
+            p++;
+        if (p == d)
+            return -1;
+        num->exponent = 1;
+    }
+    r->p = p;
+    return 0;
+}
+
+static int skip_value(Reader *r, int depth);
+
+static int skip_container(Reader *r, int depth, unsigned char close) {
+    if (depth >= MAX_DEPTH)
+        return -1;
+    r->p++; /* the opening bracket */
+    skip_ws(r);
+    if (r->p < r->end && *r->p == close) {
+        r->p++;
+        return 0;
+    }
+    for (;;) {
+        if (close == '}') {
+            int esc;
+            if (r->p >= r->end || *r->p != '"' || read_string(r, &esc) < 0)
+                return -1;
+            skip_ws(r);
+            if (r->p >= r->end || *r->p != ':')
+                return -1;
+            r->p++;
+            skip_ws(r);
+        }
+        if (skip_value(r, depth + 1) < 0)
+            return -1;
+        skip_ws(r);
+        if (r->p >= r->end)
+            return -1;
+        if (*r->p == close) {
+            r->p++;
+            return 0;
+        }
+        if (*r->p != ',')
+            return -1;
+        r->p++;
+        skip_ws(r);
+    }
+}
+
+static int literal(Reader *r, const char *word, Py_ssize_t n) {
+    if (r->end - r->p < n || memcmp(r->p, word, (size_t)n) != 0)
+        return -1;
+    r->p += n;
+    return 0;
+}
+
+/* Any value at r->p (white space before it already skipped). */
+static int skip_value(Reader *r, int depth) {
+    if (r->p >= r->end)
+        return -1;
+    switch (*r->p) {
+    case '{':
+        return skip_container(r, depth, '}');
+    case '[':
+        return skip_container(r, depth, ']');
+    case '"': {
+        int esc;
+        return read_string(r, &esc);
+    }
+    case 't':
+        return literal(r, "true", 4);
+    case 'f':
+        return literal(r, "false", 5);
+    case 'n':
+        return literal(r, "null", 4);
+    default: {
+        Number num;
+        return read_number(r, &num);
+    }
+    }
+}
+
+/* -- one event --------------------------------------------------------------------------- */
+
+enum { T_MISSING = 0, T_NUMBER, T_OTHER };
+
+typedef struct {
+    int type; /* T_* */
+    int64_t ns;
+} Time;
+
+/* The number's microseconds as ns: nearest, ties away from zero. -1: not handled here. */
+static int number_ns(const Number *num, int64_t *out) {
+    if (num->exponent)
+        return -1;
+    int64_t us = 0;
+    for (cp d = num->int_start; d < num->int_end; d++) {
+        us = us * 10 + (*d - '0');
+        if (us > MAX_INT_US)
+            return -1;
+    }
+    int64_t ns = us * 1000;
+    cp f = num->frac_start;
+    Py_ssize_t nf = num->frac_end - f;
+    int64_t scale = 100;
+    for (Py_ssize_t k = 0; k < 3; k++, scale /= 10)
+        if (k < nf)
+            ns += (int64_t)(f[k] - '0') * scale;
+    if (nf > 3 && f[3] >= '5') /* the fourth fraction digit decides: ties away from zero */
+        ns += 1;
+    *out = num->neg ? -ns : ns;
+    return 0;
+}
+
+/* A time value at r->p: a number (converted), or another value (skipped: not a time). A
+ * string as time: -1 (msgspec's path parses decimal text). */
+static int read_time(Reader *r, int depth, Time *t, int *is_text) {
+    if (r->p < r->end && (*r->p == '-' || (*r->p >= '0' && *r->p <= '9'))) {
+        Number num;
+        if (read_number(r, &num) < 0)
+            return -1;
+        t->type = T_NUMBER;
+        if (number_ns(&num, &t->ns) < 0)
+            return -1;
+        return 0;
+    }
+    if (r->p < r->end && *r->p == '"')
+        *is_text = 1;
+    t->type = T_OTHER;
+    return skip_value(r, depth);
+}
+
+typedef struct {
+    cp start;
+    Py_ssize_t len;
+    int kind;
+} Cat;
+
+typedef struct {
+    PyObject *kind_of;
+    Cat cats[MAX_CATS];
+    int ncats;
+    Buf kinds, ts, dur, ok, names;
+    int want_names;
+    Py_ssize_t nnames;
+    int failed; /* a Python error is set */
+} Scan;
+
+/* The kind of a category's raw text: from the run's table, else asked of kind_of. -1: not
+ * handled (too many distinct) or an error (s->failed). */
+static int cat_kind(Scan *s, cp start, Py_ssize_t len) {
+    for (int i = 0; i < s->ncats; i++)
+        if (s->cats[i].len == len && memcmp(s->cats[i].start, start, (size_t)len) == 0)
+            return s->cats[i].kind;
+    if (s->ncats >= MAX_CATS)
+        return -1;
+    PyObject *raw = PyBytes_FromStringAndSize((const char *)start, len);
+    if (!raw) {
+        s->failed = 1;
+        return -1;
+    }
+    PyObject *got = PyObject_CallOneArg(s->kind_of, raw);
+    Py_DECREF(raw);
+    if (!got) {
+        s->failed = 1;
+        return -1;
+    }
+    long kind = PyLong_AsLong(got);
+    Py_DECREF(got);
+    if (kind == -1 && PyErr_Occurred()) {
+        s->failed = 1;
+        return -1;
+    }
+    if (kind < 0 || kind > 2) {
+        PyErr_SetString(PyExc_ValueError, "kind_of must return 0, 1 or 2");
+        s->failed = 1;
+        return -1;
+    }
+    s->cats[s->ncats].start = start;
+    s->cats[s->ncats].len = len;
+    s->cats[s->ncats].kind = (int)kind;
+    s->ncats++;
+    return (int)kind;
+}
+
+static int key_is(cp k, Py_ssize_t n, const char *word) {
+    return (Py_ssize_t)strlen(word) == n && memcmp(k, word, (size_t)n) == 0;
+}
+
+/* One event object at r->p. -1: not handled (or s->failed). */
+static int read_event(Reader *r, Scan *s) {
+    cp cat = NULL, name = NULL;
+    Py_ssize_t cat_len = 0, name_len = 0;
+    int seen_ph = 0, seen_cat = 0, seen_name = 0, is_x = 0, cat_is_str = 0;
+    int ts_text = 0, dur_text = 0;
+    Time ts = {T_MISSING, 0}, dur = {T_MISSING, 0};
+    Time *times[2] = {&ts, &dur};
+    int seen_time[2] = {0, 0};
+    int *texts[2] = {&ts_text, &dur_text};
+
+    if (r->p >= r->end || *r->p != '{')
+        return -1;
+    r->p++;
+    skip_ws(r);
+    if (r->p < r->end && *r->p == '}') {
+        r->p++;
+        return 0; /* {}: no ph, not a complete event */
+    }
+    for (;;) {
+        if (r->p >= r->end || *r->p != '"')
+            return -1;
+        cp k = r->p + 1;
+        int esc;
+        if (read_string(r, &esc) < 0)
+            return -1;
+        Py_ssize_t klen = (r->p - 1) - k;
+        skip_ws(r);
+        if (r->p >= r->end || *r->p != ':')
+            return -1;
+        r->p++;
+        skip_ws(r);
+        if (esc)
+            return -1; /* an escaped key may name a field: msgspec decodes it */
+        if (key_is(k, klen, "ph")) {
+            if (seen_ph++)
+                return -1;
+            if (r->p < r->end && *r->p == '"') {
+                cp v = r->p;
+                int vesc;
+                if (read_string(r, &vesc) < 0 || vesc)
+                    return -1;
+                is_x = (r->p - v == 3 && v[1] == 'X');
+            } else if (skip_value(r, 1) < 0) {
+                return -1;
+            }
+        } else if (key_is(k, klen, "cat")) {
+            if (seen_cat++)
+                return -1;
+            cat = r->p;
+            if (r->p < r->end && *r->p == '"') {
+                int vesc;
+                if (read_string(r, &vesc) < 0)
+                    return -1;
+                cat_is_str = 1;
+            } else if (skip_value(r, 1) < 0) {
+                return -1;
+            }
+            cat_len = r->p - cat;
+        } else if (key_is(k, klen, "name")) {
+            if (seen_name++)
+                return -1;
+            name = r->p;
+            if (skip_value(r, 1) < 0)
+                return -1;
+            name_len = r->p - name;
+        } else if (key_is(k, klen, "ts") || key_is(k, klen, "dur")) {
+            int j = klen == 3; /* dur */
+            if (seen_time[j]++)
+                return -1;
+            if (read_time(r, 1, times[j], texts[j]) < 0)
+                return -1;
+        } else if (skip_value(r, 1) < 0) {
+            return -1;
+        }
+        skip_ws(r);
+        if (r->p >= r->end)
+            return -1;
+        if (*r->p == '}') {
+            r->p++;
+            break;
+        }
+        if (*r->p != ',')
+            return -1;
+        r->p++;
+        skip_ws(r);
+    }
+    if (!is_x || !cat_is_str)
+        return 0;
+    int kind = cat_kind(s, cat, cat_len);
+    if (kind < 0)
+        return -1;
+    if (kind == 0)
+        return 0;
+    if (ts_text || dur_text)
+        return -1; /* decimal text: msgspec's path */
+    int8_t k8 = (int8_t)kind;
+    uint8_t ok = ts.type == T_NUMBER && dur.type == T_NUMBER;
+    int64_t tns = ok ? ts.ns : 0, dns = ok ? dur.ns : 0;
+    if (buf_put(&s->kinds, &k8, 1) < 0 || buf_put(&s->ts, &tns, 8) < 0 ||
+        buf_put(&s->dur, &dns, 8) < 0 || buf_put(&s->ok, &ok, 1) < 0) {
+        PyErr_NoMemory();
+        s->failed = 1;
+        return -1;
+    }
+    if (s->want_names == 2 || (s->want_names == 1 && kind == 2)) {
+        if (s->nnames && buf_put(&s->names, ",", 1) < 0)
+            goto nomem;
+        if (name ? buf_put(&s->names, name, name_len) : buf_put(&s->names, "\"\"", 2))
+            goto nomem;
+        s->nnames++;
+    }
+    return 0;
+nomem:
+    PyErr_NoMemory();
+    s->failed = 1;
+    return -1;
+}
+
+/* -- the module -------------------------------------------------------------------------- */
+
+static void scan_free(Scan *s) {
+    PyMem_Free(s->kinds.data);
+    PyMem_Free(s->ts.data);
+    PyMem_Free(s->dur.data);
+    PyMem_Free(s->ok.data);
+    PyMem_Free(s->names.data);
+}
+
+static PyObject *scan(PyObject *module, PyObject *args) {
+    Py_buffer view;
+    PyObject *kind_of;
+    int want_names;
+    if (!PyArg_ParseTuple(args, "y*Oi:scan", &view, &kind_of, &want_names))
+        return NULL;
+    if (!PyCallable_Check(kind_of) || want_names < 0 || want_names > 2) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_TypeError, "scan(data, kind_of: callable, names: 0, 1 or 2)");
+        return NULL;
+    }
+    Scan s;
+    memset(&s, 0, sizeof s);
+    s.kind_of = kind_of;
+    s.want_names = want_names;
+    if (buf_put(&s.names, "[", 1) < 0) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    Reader r = {(cp)view.buf, (cp)view.buf + view.len};
+    Py_ssize_t n = 0;
+    int handled = 0;
+
+    skip_ws(&r);
+    if (r.p < r.end && *r.p == '[') {
+        r.p++;
+        skip_ws(&r);
+        if (r.p < r.end && *r.p == ']') {
+            r.p++;
+            handled = 1;
+        } else {
+            for (;;) {
+                if (read_event(&r, &s) < 0)
+                    break;
+                n++;
+                skip_ws(&r);
+                if (r.p >= r.end)
+                    break;
+                if (*r.p == ']') {
+                    r.p++;
+                    handled = 1;
+                    break;
+                }
+                if (*r.p != ',')
+                    break;
+                r.p++;
+                skip_ws(&r);
+            }
+        }
+        skip_ws(&r);
+        if (r.p != r.end)
+            handled = 0; /* trailing text: msgspec reports where the array ends */
+    }
+    PyBuffer_Release(&view);
+    if (s.failed) {
+        scan_free(&s);
+        return NULL;
+    }
+    if (!handled) {
+        scan_free(&s);
+        Py_RETURN_NONE;
+    }
+    PyObject *names = Py_None;
+    Py_INCREF(Py_None);
+    if (want_names) {
+        if (buf_put(&s.names, "]", 1) < 0) {
+            scan_free(&s);
+            Py_DECREF(Py_None);
+            return PyErr_NoMemory();
+        }
+        Py_DECREF(Py_None);
+        names = PyBytes_FromStringAndSize(s.names.data, s.names.len);
+    }
+    PyObject *out = NULL;
+    if (names)
+        out = Py_BuildValue("(ny#y#y#y#N)", n, s.kinds.data ? s.kinds.data : "", s.kinds.len,
+                            s.ts.data ? s.ts.data : "", s.ts.len, s.dur.data ? s.dur.data : "",
+                            s.dur.len, s.ok.data ? s.ok.data : "", s.ok.len, names);
+    scan_free(&s);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"scan", scan, METH_VARARGS,
+     "scan(data, kind_of, names) -> (n, kinds, ts, dur, ok, names) | None: the kept columns "
+     "of a run of Kineto events (module doc)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "residency.traces._kineto_scan",
+    "One-pass strict reader of the columns of a run of Kineto events.", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__kineto_scan(void) {
+    init_tables();
+    return PyModule_Create(&moduledef);
+}
