@@ -624,31 +624,32 @@ def _from_entry(plan: Any, i: int, got: tuple[dict[str, Any], dict[str, np.ndarr
 
 
 def _here(plan: Any, job: dict[str, Any], workers: int | None) -> list[RankReduction]:
-    """Every rank's reduction on this machine: cache entries looked up first (hashing in
-    threads), then the rest parsed, whole files one per worker process when there are enough
-    of them, else each large file in parts (`residency.traces.load.parse_files`) and reduced here,
-    one rank at a time."""
+    """Every rank's reduction on this machine. With at least as many files as workers, each
+    file is one job of a worker process: its cache entry looked up there, else parsed and
+    reduced there (`rank_reduction`). Else cache entries are looked up here first (hashing in
+    threads), then the rest parsed here, or each large file in parts in the workers
+    (`residency.traces.load.parse_files`) and reduced here, one rank at a time."""
     from concurrent.futures import ThreadPoolExecutor
 
     from residency.traces import load as tr
 
     n_items = len(plan.sources)
+    stats = {i: tr.open_stat(plan.sources[i], plan.parse_root, job["max_trace_bytes"])
+             for i in range(n_items)}
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    n = workers if workers is not None else cpus or 1
+    small = sum(st.st_size for st in stats.values()) < tr.PARALLEL_MIN_BYTES
+    if n > 1 and n_items >= n and not (workers is None and small):
+        return _pool(plan, job, n, stats)  # (lookups in the workers: no start-up cost here)
     found: list[RankReduction | None] = [None] * n_items
     if job["cache"] and n_items:
         with ThreadPoolExecutor(min(8, n_items)) as threads:
             found = list(threads.map(lambda i: _cached(plan, i, job), range(n_items)))
     todo = [i for i, r in enumerate(found) if r is None]
-    stats = {i: tr.open_stat(plan.sources[i], plan.parse_root, job["max_trace_bytes"])
-             for i in todo}
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    n = workers if workers is not None else cpus or 1
-    small = sum(st.st_size for st in stats.values()) < tr.PARALLEL_MIN_BYTES
-    if n <= 1 or not todo or (workers is None and small):
+    done: dict[int, RankReduction] = {}
+    if n <= 1 or (workers is None and small):
         done = {i: _computed(plan, i, job, None) for i in todo}
-    elif len(todo) >= n:
-        done = _pool(plan, job, min(n, len(todo)), stats)
     else:  # fewer files than workers: each file's parts in the workers
-        done = {}
         for i in todo:
             (p,) = tr.parse_files(plan.format, [plan.sources[i]], workers=workers,
                                   root=plan.parse_root, chunk_bytes=job["chunk_bytes"],
@@ -659,19 +660,19 @@ def _here(plan: Any, job: dict[str, Any], workers: int | None) -> list[RankReduc
     return [found[i] if found[i] is not None else done[i] for i in range(n_items)]
 
 
-def _computed_here(plan: Any, i: int, job: dict[str, Any]) -> RankReduction:
-    """`_computed` from a fresh parse (a worker process's job)."""
-    return _computed(plan, i, job, None)
+def _reduction_here(plan: Any, i: int, job: dict[str, Any]) -> RankReduction:
+    """`rank_reduction` of item `i` under `job` (a worker process's job)."""
+    return rank_reduction(plan, i, **job)
 
 
 def _pool(plan: Any, job: dict[str, Any], n: int, stats: dict[int, os.stat_result]
-          ) -> dict[int, RankReduction]:
+          ) -> list[RankReduction]:
     from residency.traces.workers import process_pool
 
     order = sorted(stats, key=lambda i: -stats[i].st_size)  # largest first
     with process_pool(n) as pool:
-        futures = {i: pool.submit(_computed_here, plan, i, job) for i in order}
-        return {i: f.result() for i, f in futures.items()}
+        futures = {i: pool.submit(_reduction_here, plan, i, job) for i in order}
+        return [futures[i].result() for i in range(len(stats))]
 
 
 # The cluster `--scheduler local` starts does one map of CPU-bound tasks: Dask's background
