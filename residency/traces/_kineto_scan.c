@@ -71,8 +71,14 @@ static int buf_put(Buf *b, const void *src, Py_ssize_t n) {
 /* -- JSON syntax ------------------------------------------------------------------------- */
 
 static inline void skip_ws(Reader *r) {
-    while (r->p < r->end && (*r->p == ' ' || *r->p == '\n' || *r->p == '\r' || *r->p == '\t'))
-        r->p++;
+    cp p = r->p, end = r->end;
+    while (p < end && *p <= ' ' && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
+        p++;
+    r->p = p;
+}
+
+static inline int is_digit(unsigned char c) {
+    return (unsigned char)(c - '0') < 10;
 }
 
 /* 1: a byte that ends the plain run inside a string (quote, backslash, control, non-ASCII) */
@@ -86,12 +92,14 @@ static void init_tables(void) {
 #define ONES 0x0101010101010101ULL
 #define HIGHS 0x8080808080808080ULL
 
-/* Whether a byte of w is a quote, a backslash, below 0x20 or at least 0x80. */
-static inline int has_stop(uint64_t w) {
+/* The high bit of each byte of w (little-endian order) that is a quote, a backslash, below
+ * 0x20 or at least 0x80; 0 when there is none. Each term's lowest set bit marks its first such
+ * byte exactly (a borrow only reaches the bytes above one), so the lowest set bit of the whole
+ * is the first stop byte. */
+static inline uint64_t stops(uint64_t w) {
     uint64_t quote = w ^ (ONES * '"'), slash = w ^ (ONES * '\\');
-    uint64_t zero = ((quote - ONES) & ~quote) | ((slash - ONES) & ~slash);
-    uint64_t low = (w - ONES * 0x20) & ~w;
-    return ((zero | low) & HIGHS) != 0 || (w & HIGHS) != 0;
+    return (((quote - ONES) & ~quote) | ((slash - ONES) & ~slash) | ((w - ONES * 0x20) & ~w) |
+            w) & HIGHS;
 }
 
 static inline int hexval(unsigned char c) {
@@ -129,19 +137,23 @@ static inline int utf8_len(cp p, cp end) {
 /* A string at r->p (the opening quote). On success r->p is past the closing quote and
  * *escaped tells whether it held a backslash. -1: invalid or not handled (an escaped
  * surrogate: msgspec decides those). */
-static int read_string(Reader *r, int *escaped) {
+static inline int read_string(Reader *r, int *escaped) {
     cp p = r->p + 1, end = r->end;
     int esc = 0;
     for (;;) {
         /* eight bytes at a time while none of them is a quote, a backslash, a control or a
          * non-ASCII byte (the common case: plain ASCII text) */
+#if defined(__GNUC__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
         while (end - p >= 8) {
-            uint64_t w;
+            uint64_t w, m;
             memcpy(&w, p, 8);
-            if (has_stop(w))
+            if ((m = stops(w)) != 0) {
+                p += __builtin_ctzll(m) >> 3;
                 break;
+            }
             p += 8;
         }
+#endif
         while (p < end && !STOP[*p])
             p++;
         if (p >= end)
@@ -191,7 +203,7 @@ typedef struct {
 } Number;
 
 /* A number at r->p, by JSON's grammar; its parts in *num. -1: not a number. */
-static int read_number(Reader *r, Number *num) {
+static inline int read_number(Reader *r, Number *num) {
     cp p = r->p, end = r->end;
     num->neg = num->exponent = num->fraction = 0;
     if (p < end && *p == '-') {
@@ -203,8 +215,8 @@ static int read_number(Reader *r, Number *num) {
     num->int_start = p;
     if (*p == '0') {
         p++;
-    } else if (*p >= '1' && *p <= '9') {
-        while (p < end && *p >= '0' && *p <= '9')
+    } else if (is_digit(*p)) {
+        while (p < end && is_digit(*p))
             p++;
     } else {
         return -1;
@@ -214,7 +226,7 @@ static int read_number(Reader *r, Number *num) {
     if (p < end && *p == '.') {
         p++;
         num->frac_start = p;
-        while (p < end && *p >= '0' && *p <= '9')
+        while (p < end && is_digit(*p))
             p++;
         if (p == num->frac_start)
             return -1;
@@ -226,7 +238,7 @@ static int read_number(Reader *r, Number *num) {
         if (p < end && (*p == '+' || *p == '-'))
             p++;
         cp d = p;
-        while (p < end && *p >= '0' && *p <= '9')
+        while (p < end && is_digit(*p))
             p++;
         if (p == d)
             return -1;
@@ -410,8 +422,19 @@ static int cat_kind(Scan *s, cp start, Py_ssize_t len) {
     return (int)kind;
 }
 
-static int key_is(cp k, Py_ssize_t n, const char *word) {
-    return (Py_ssize_t)strlen(word) == n && memcmp(k, word, (size_t)n) == 0;
+enum { K_OTHER, K_PH, K_CAT, K_NAME, K_TS, K_DUR };
+
+static inline int key_of(cp k, Py_ssize_t n) {
+    switch (n) {
+    case 2:
+        return k[0] == 'p' && k[1] == 'h' ? K_PH : k[0] == 't' && k[1] == 's' ? K_TS : K_OTHER;
+    case 3:
+        return memcmp(k, "cat", 3) == 0 ? K_CAT : memcmp(k, "dur", 3) == 0 ? K_DUR : K_OTHER;
+    case 4:
+        return memcmp(k, "name", 4) == 0 ? K_NAME : K_OTHER;
+    default:
+        return K_OTHER;
+    }
 }
 
 /* One event object at r->p. -1: not handled (or s->failed). */
@@ -448,7 +471,8 @@ static int read_event(Reader *r, Scan *s) {
         skip_ws(r);
         if (esc)
             return -1; /* an escaped key may name a field: msgspec decodes it */
-        if (key_is(k, klen, "ph")) {
+        int key = key_of(k, klen);
+        if (key == K_PH) {
             if (seen_ph++)
                 return -1;
             if (r->p < r->end && *r->p == '"') {
@@ -460,7 +484,7 @@ static int read_event(Reader *r, Scan *s) {
             } else if (skip_value(r, 1) < 0) {
                 return -1;
             }
-        } else if (key_is(k, klen, "cat")) {
+        } else if (key == K_CAT) {
             if (seen_cat++)
                 return -1;
             cat = r->p;
@@ -473,15 +497,15 @@ static int read_event(Reader *r, Scan *s) {
                 return -1;
             }
             cat_len = r->p - cat;
-        } else if (key_is(k, klen, "name")) {
+        } else if (key == K_NAME) {
             if (seen_name++)
                 return -1;
             name = r->p;
             if (skip_value(r, 1) < 0)
                 return -1;
             name_len = r->p - name;
-        } else if (key_is(k, klen, "ts") || key_is(k, klen, "dur")) {
-            int j = klen == 3; /* dur */
+        } else if (key == K_TS || key == K_DUR) {
+            int j = key == K_DUR;
             if (seen_time[j]++)
                 return -1;
             if (read_time(r, 1, times[j], texts[j]) < 0)
