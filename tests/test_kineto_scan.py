@@ -128,6 +128,20 @@ def test_times_it_does_not_read_go_the_msgspec_way(value):
     assert got == reference
 
 
+@needs_reader
+@pytest.mark.parametrize("names", [False, True])
+def test_many_distinct_names_and_repeats_keep_their_order(names):
+    events = [f'{{"ph": "X", "cat": "{("kernel", "cpu_op")[i % 2]}", "name": "n{i % 3000}", '
+              f'"ts": {i}, "dur": 1}}' for i in range(9000)]  # the name table grows 3 times
+    events += ['{"ph": "X", "cat": "cpu_op", "ts": 1, "dur": 1}',  # no name: ""
+               '{"ph": "X", "cat": "cpu_op", "name": 5, "ts": 1, "dur": 1}',
+               '{"ph": "X", "cat": "cpu_op", "name": "\\u006e0", "ts": 1, "dur": 1}']  # "n0"
+    run = ("[" + ",".join(events) + "]").encode()
+    got = scanned(run)
+    assert got is not None and len(msgspec.json.decode(got.names)) == 3000 + 3
+    assert both(run, names)[0] == both(run, names)[1]
+
+
 # -- hostile runs -----------------------------------------------------------------------------
 
 KEYS = ['"ph"', '"cat"', '"name"', '"ts"', '"dur"', '"pid"', '"args"', '"p\\u0068"',

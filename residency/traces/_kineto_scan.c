@@ -8,17 +8,19 @@
  * distinct text in the run).
  *
  * Returns None where the text is not handled here: not valid JSON, or valid but outside the
- * forms below (an escaped key or ph, a repeated key, a kept time as text or with an exponent,
- * a time beyond 9e15 us, nesting deeper than MAX_DEPTH, an element that is not an object,
- * more than MAX_CATS distinct categories). The caller then decodes the run with msgspec,
- * which gives the same columns or the error. Accepting only what msgspec accepts (never
- * more) is what makes the two paths agree: this reader is stricter where it is simpler.
+ * forms below (an escaped key or ph, a repeated key, a kept time as text or with an
+ * exponent, a time beyond 9e15 us, nesting deeper than MAX_DEPTH, an element that is not an
+ * object, more than MAX_CATS distinct categories, names colliding past MAX_PROBES). The
+ * caller then decodes the run with msgspec, which gives the same columns or the error.
+ * Accepting only what msgspec accepts (never more) is what makes the two paths agree: this
+ * reader is stricter where it is simpler.
  *
- * Else (events in the array, kinds int8, ts int64 ns, dur int64 ns, ok uint8, names): one
- * entry per kept event, in order. Times are nanoseconds from the decimal text exactly
- * (nearest, ties away from zero); ok is 0 where ts or dur is missing or not a number
- * (null, true, ...). `names` (0: none, 1: host ranges', 2: every kept event's) is the JSON
- * array of those events' raw name values ("" where missing), or None.
+ * Else (events in the array, kinds int8, ts int64 ns, dur int64 ns, ok uint8, name_ids,
+ * names), one entry per kept event in order. Times are nanoseconds from the decimal text
+ * exactly (nearest, ties away from zero); ok is 0 where ts or dur is missing or not a number
+ * (null, true, ...). With `names` (0: none, 1: host ranges', 2: every kept event's): those
+ * events' name numbers (int32) and the JSON array of the distinct raw name values they
+ * number ("" where missing); else b"" and None.
  *
  * The input is untrusted: every read is bounded by the buffer's end; nothing is executed.
  */
@@ -376,12 +378,39 @@ typedef struct {
 } Cat;
 
 typedef struct {
+    cp start; /* NULL: an empty slot */
+    Py_ssize_t len;
+    uint64_t hash;
+    int32_t id;
+} Name;
+
+#define MAX_PROBES 64 /* a longer probe (crafted collisions): the run goes msgspec's way */
+
+static inline uint64_t name_hash(cp p, Py_ssize_t n) {
+    uint64_t h = 0x9E3779B97F4A7C15ULL ^ (uint64_t)n;
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        h = (h ^ w) * 0xFF51AFD7ED558CCDULL;
+        h ^= h >> 32;
+        p += 8;
+        n -= 8;
+    }
+    uint64_t w = 0;
+    memcpy(&w, p, (size_t)n);
+    h = (h ^ w) * 0xC4CEB9FE1A85EC53ULL;
+    return h ^ (h >> 29);
+}
+
+typedef struct {
     PyObject *kind_of;
     Cat cats[MAX_CATS];
     int ncats;
     Buf kinds, ts, dur, ok, names;
     int want_names;
-    Py_ssize_t nnames;
+    Buf name_ids; /* int32 per named event: its name's number among the distinct ones */
+    Name *table;  /* open addressing over the distinct raw names, `mask + 1` slots */
+    Py_ssize_t mask, distinct;
     int failed; /* a Python error is set */
 } Scan;
 
@@ -436,6 +465,62 @@ static inline int key_of(cp k, Py_ssize_t n) {
         return K_OTHER;
     }
 }
+
+static int table_grow(Scan *s) {
+    Py_ssize_t cap = s->table ? (s->mask + 1) * 2 : 1024;
+    Name *t = PyMem_Calloc((size_t)cap, sizeof(Name));
+    if (!t)
+        return -1;
+    for (Py_ssize_t i = 0; s->table && i <= s->mask; i++) {
+        Name *e = &s->table[i];
+        if (!e->start)
+            continue;
+        Py_ssize_t j = (Py_ssize_t)(e->hash & (uint64_t)(cap - 1));
+        while (t[j].start)
+            j = (j + 1) & (cap - 1);
+        t[j] = *e;
+    }
+    PyMem_Free(s->table);
+    s->table = t;
+    s->mask = cap - 1;
+    return 0;
+}
+
+/* The number of the raw name `start[:len]` among the run's distinct names (a new one is
+ * appended to the names array). -2: no memory (s->failed); -1: too many collisions. */
+static int32_t name_id(Scan *s, cp start, Py_ssize_t len) {
+    if (!s->table || (s->distinct + 1) * 2 > s->mask + 1) {
+        if (table_grow(s) < 0) {
+            PyErr_NoMemory();
+            s->failed = 1;
+            return -2;
+        }
+    }
+    uint64_t h = name_hash(start, len);
+    Py_ssize_t j = (Py_ssize_t)(h & (uint64_t)s->mask);
+    for (int probe = 0; probe < MAX_PROBES; probe++, j = (j + 1) & s->mask) {
+        Name *e = &s->table[j];
+        if (!e->start) {
+            if (s->distinct >= INT32_MAX ||
+                (s->distinct && buf_put(&s->names, ",", 1) < 0) ||
+                buf_put(&s->names, start, len) < 0) {
+                PyErr_NoMemory();
+                s->failed = 1;
+                return -2;
+            }
+            e->start = start;
+            e->len = len;
+            e->hash = h;
+            e->id = (int32_t)s->distinct++;
+            return e->id;
+        }
+        if (e->hash == h && e->len == len && memcmp(e->start, start, (size_t)len) == 0)
+            return e->id;
+    }
+    return -1;
+}
+
+static const unsigned char EMPTY_NAME[] = "\"\"";
 
 /* One event object at r->p. -1: not handled (or s->failed). */
 static int read_event(Reader *r, Scan *s) {
@@ -544,17 +629,16 @@ static int read_event(Reader *r, Scan *s) {
         return -1;
     }
     if (s->want_names == 2 || (s->want_names == 1 && kind == 2)) {
-        if (s->nnames && buf_put(&s->names, ",", 1) < 0)
-            goto nomem;
-        if (name ? buf_put(&s->names, name, name_len) : buf_put(&s->names, "\"\"", 2))
-            goto nomem;
-        s->nnames++;
+        int32_t id = name ? name_id(s, name, name_len) : name_id(s, EMPTY_NAME, 2);
+        if (id < 0)
+            return -1;
+        if (buf_put(&s->name_ids, &id, 4) < 0) {
+            PyErr_NoMemory();
+            s->failed = 1;
+            return -1;
+        }
     }
     return 0;
-nomem:
-    PyErr_NoMemory();
-    s->failed = 1;
-    return -1;
 }
 
 /* -- the module -------------------------------------------------------------------------- */
@@ -565,6 +649,8 @@ static void scan_free(Scan *s) {
     PyMem_Free(s->dur.data);
     PyMem_Free(s->ok.data);
     PyMem_Free(s->names.data);
+    PyMem_Free(s->name_ids.data);
+    PyMem_Free(s->table);
 }
 
 static PyObject *scan(PyObject *module, PyObject *args) {
@@ -642,16 +728,17 @@ static PyObject *scan(PyObject *module, PyObject *args) {
     }
     PyObject *out = NULL;
     if (names)
-        out = Py_BuildValue("(ny#y#y#y#N)", n, s.kinds.data ? s.kinds.data : "", s.kinds.len,
+        out = Py_BuildValue("(ny#y#y#y#y#N)", n, s.kinds.data ? s.kinds.data : "", s.kinds.len,
                             s.ts.data ? s.ts.data : "", s.ts.len, s.dur.data ? s.dur.data : "",
-                            s.dur.len, s.ok.data ? s.ok.data : "", s.ok.len, names);
+                            s.dur.len, s.ok.data ? s.ok.data : "", s.ok.len,
+                            s.name_ids.data ? s.name_ids.data : "", s.name_ids.len, names);
     scan_free(&s);
     return out;
 }
 
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
-     "scan(data, kind_of, names) -> (n, kinds, ts, dur, ok, names) | None: the kept columns "
+     "scan(data, kind_of, names) -> (n, kinds, ts, dur, ok, name_ids, names) | None: the kept columns "
      "of a run of Kineto events (module doc)."},
     {NULL, NULL, 0, NULL},
 };

@@ -425,17 +425,12 @@ class _Kineto:
 
     def add_scanned(self, got: kineto_scan.Scanned) -> None:
         """Keep the columns the compiled reader gave for one run."""
-        names: list[str] = _json_names(got.names) if got.names is not None else []
-        if self.want_names:
-            def pick(h: np.ndarray) -> list[str]:
-                return [names[i] for i in h.tolist()]
-        else:  # the names are the host ranges' only
-            rank = np.cumsum(got.kinds == 2) - 1
-
-            def pick(h: np.ndarray) -> list[str]:
-                return [names[i] for i in rank[h].tolist()]
-        self._keep(got.kinds, got.ts, got.dur, got.ok, lambda h: (pick(h), None, None),
-                   lambda h: self.names.code(pick(h)))
+        codes = (self.names.code(_json_names(got.names))[got.name_ids]
+                 if got.names is not None else np.zeros(0, np.int32))
+        if not self.want_names:  # numbered are the host ranges only
+            codes = codes[np.cumsum(got.kinds == 2) - 1] if len(codes) else codes
+        self._keep(got.kinds, got.ts, got.dur, got.ok, codes_of=codes.__getitem__,
+                   host_codes_of=codes.__getitem__)
 
     def compact(self) -> None:
         """Trim the grown arrays (before pickling)."""
@@ -510,8 +505,12 @@ class _Kineto:
                    lambda h: (_any_names([sel[i] for i in h.tolist()]), None, None))
 
     def _keep(self, kinds: np.ndarray, ts_ns: np.ndarray, dur_ns: np.ndarray, ok: np.ndarray,
-              names_of: Callable[[np.ndarray], tuple[list[str], np.ndarray | None, str | None]],
-              codes_of: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+              names_of: Callable[[np.ndarray], tuple[list[str], np.ndarray | None, str | None]]
+              | None = None, codes_of: Callable[[np.ndarray], np.ndarray] | None = None,
+              host_codes_of: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+        """Keep the rows of the events of `kinds` 1 and 2 whose times are `ok` and in range;
+        name codes of device rows from `codes_of` (else `names_of`), of host rows from
+        `host_codes_of` (else `names_of`, whose undecodable names are marked)."""
         # times out of range are rejected, before any sum could wrap around int64
         ok &= (np.abs(ts_ns) < _LIMIT_NS) & (dur_ns >= 0) & (dur_ns < _LIMIT_NS)
         self.rejected += int((~ok).sum())
@@ -524,6 +523,11 @@ class _Kineto:
                                  self.names.code(names_of(at)[0]))
         self.host_ts.append(ts_ns[host])
         self.host_dur.append(dur_ns[host])
+        if host_codes_of is not None:
+            self.host_name.append(host_codes_of(host))
+            self.host_bad.append(np.zeros(len(host), bool))
+            return
+        assert names_of is not None
         names, bad, error = names_of(host)
         self.host_name.append(self.names.code(names))
         self.host_bad.append(np.zeros(len(host), bool) if bad is None else bad)

@@ -41,7 +41,8 @@ class Scanned:
     ts: np.ndarray  # int64 ns (0 where not ok)
     dur: np.ndarray  # int64 ns
     ok: np.ndarray  # bool: ts and dur were numbers
-    names: bytes | None  # JSON array of raw names (module doc of the C file)
+    name_ids: np.ndarray  # int32 per named event (module doc of the C file): into `names`
+    names: bytes | None  # JSON array of the distinct raw names
 
 
 def available() -> bool:
@@ -53,13 +54,13 @@ def scan(data: bytes, kind_of: Callable[[bytes], int], names: int) -> Scanned | 
     """The kept columns of the run `data` (a JSON array of events); None where the compiled
     reader is not available or does not handle this run. `kind_of` gives the kind (0, 1, 2)
     of a category from its raw JSON text; `names`: 0 none, 1 the host ranges', 2 every kept
-    event's."""
+    event's (each distinct raw name once, numbered)."""
     if _scan is None:
         return None
     got = _scan(data, kind_of, names)
     if got is None:
         return None
-    n, kinds, ts, dur, ok, text = got
+    n, kinds, ts, dur, ok, ids, text = got
     return Scanned(n, np.frombuffer(kinds, np.int8), np.frombuffer(ts, np.int64),
                    np.frombuffer(dur, np.int64), np.frombuffer(ok, np.uint8).astype(bool),
-                   text)
+                   np.frombuffer(ids, np.int32), text)
