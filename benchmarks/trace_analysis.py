@@ -162,6 +162,14 @@ def load() -> str:
     return "load average " + ", ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
+def reader_built() -> bool:
+    """Whether `residency idle` here reads Kineto runs with the compiled reader."""
+    probe = subprocess.run([sys.executable, "-c", "from residency.traces import kineto_scan; "
+                            "print(kineto_scan.available())"], capture_output=True, text=True,
+                           check=True)
+    return probe.stdout.strip() == "True"
+
+
 def ours(d: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "residency", "idle", str(d), "--json", "--marker",
             MARKER, *extra]
@@ -170,7 +178,10 @@ def ours(d: Path, *extra: str) -> list[str]:
 def against_bare(label: str, d: Path, total: int, ranks: int, args: argparse.Namespace,
                  env: dict[str, str], hta: str | None = None) -> dict:
     """Bare decode, cold (fresh cache), no cache, warm (the cold run's cache), HTA: rounds."""
-    runs: dict[str, list[dict]] = {k: [] for k in ("bare", "cold", "nocache", "warm", "hta")}
+    runs: dict[str, list[dict]] = {k: [] for k in ("bare", "cold", "nocache", "warm", "hta",
+                                                   "msgspec")}
+    pure = {"RESIDENCY_PURE_PYTHON": "1"}  # the compiled reader off: msgspec reads every run
+    built = reader_built()
     entry_bytes = 0
     for _ in range(args.repeat):
         cache = Path(tempfile.mkdtemp(prefix="residency-bench-cache-"))
@@ -180,12 +191,15 @@ def against_bare(label: str, d: Path, total: int, ranks: int, args: argparse.Nam
         entry_bytes = sum(p.stat().st_size for p in cache.rglob("*.entry"))
         runs["warm"].append(measure(ours(d), mine))
         runs["nocache"].append(measure(ours(d, "--no-cache"), mine))
+        if built:
+            runs["msgspec"].append(measure(ours(d, "--no-cache"), {**mine, **pure}))
         shutil.rmtree(cache, ignore_errors=True)
         if hta and len(runs["hta"]) < args.hta_repeat:
             runs["hta"].append(measure([hta, "-c", HTA, str(d)],
                                        {**os.environ, "HTA_DISABLE_NS_ROUNDING": "1"}))
     bare, cold, nocache, warm = (runs[k] for k in ("bare", "cold", "nocache", "warm"))
-    assert all(r["out"] == cold[0]["out"] for r in cold + warm + nocache), "answers differ"
+    assert all(r["out"] == cold[0]["out"] for r in cold + warm + nocache + runs["msgspec"]), \
+        "answers differ"
     # peak memory: one sampled run each, apart from the timed ones
     cache = Path(tempfile.mkdtemp(prefix="residency-bench-cache-"))
     mine = {**env, "RESIDENCY_CACHE_DIR": str(cache)}
@@ -196,6 +210,8 @@ def against_bare(label: str, d: Path, total: int, ranks: int, args: argparse.Nam
     if runs["hta"]:
         rss["hta"] = peak_mb([hta, "-c", HTA, str(d)],  # type: ignore[list-item]
                              {**os.environ, "HTA_DISABLE_NS_ROUNDING": "1"})
+    if runs["msgspec"]:
+        rss["msgspec"] = peak_mb(ours(d, "--no-cache"), {**mine, **pure})
     for k, mb_ in rss.items():
         for r in runs[k]:
             r["rss_mb"] = mb_
@@ -205,11 +221,20 @@ def against_bare(label: str, d: Path, total: int, ranks: int, args: argparse.Nam
           f"peak RSS {med(bare, 'rss_mb'):.0f} MB")
     for name, rs in (("`residency idle`, cold (default)", cold),
                      ("`residency idle --no-cache`", nocache),
-                     ("`residency idle`, warm", warm)):
+                     ("`residency idle`, warm", warm),
+                     ("  --no-cache, msgspec path (no reader)", runs["msgspec"])):
+        if not rs:
+            continue
         print(f"{name:<38} {show(rs)}  CPU {show(rs, 'cpu_s')}  peak RSS "
               f"{med(rs, 'rss_mb'):.0f} MB = {med(rs, 'rss_mb') / mb:.1%} of the JSON")
     print(f"cold / bare decode: wall {ratio(cold, bare)}, CPU {ratio(cold, bare, 'cpu_s')}  "
           "(target <= 1.2x)")
+    if runs["msgspec"]:
+        print(f"--no-cache, compiled reader / msgspec path: wall {ratio(nocache, runs['msgspec'])}"
+              f", CPU {ratio(nocache, runs['msgspec'], 'cpu_s')}")
+    else:
+        print("the compiled reader is not built here (no C compiler at install, or "
+              "RESIDENCY_PURE_PYTHON is set): every figure is the msgspec path's")
     print(f"warm / cold: wall {ratio(warm, cold)}, CPU {ratio(warm, cold, 'cpu_s')}  "
           "(target <= 0.2x)")
     write = [max(0.0, c["cpu_s"] - n["cpu_s"]) / c["cpu_s"] for c, n in zip(cold, nocache,
