@@ -322,6 +322,82 @@ def test_a_change_that_keeps_size_and_mtime_is_caught(tmp_path, monkeypatch):
     assert now == idle_summary(load_traces(d, cache=False)) and now != first
 
 
+def _age_entries(seconds: float) -> None:
+    """Entries written (or last used) `seconds` after now: the traces' status is then older
+    than `RACY_NS` before them, so it vouches for the trace."""
+    for p in entries():
+        st = p.stat()
+        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + int(seconds * 1e9)))
+
+
+def _counting_digests(monkeypatch) -> list[Path]:
+    calls: list[Path] = []
+    digest = tracecache.file_digest
+    monkeypatch.setattr(tracecache, "file_digest",
+                        lambda path, **k: calls.append(path) or digest(path, **k))
+    return calls
+
+
+def test_an_unchanged_trace_whose_status_vouches_for_it_is_not_hashed_again(tmp_path,
+                                                                             monkeypatch):
+    d = copy_fixture("kineto_basic", tmp_path)
+    first = idle_summary_at(d)
+    hashed = _counting_digests(monkeypatch)
+    assert idle_summary_at(d) == first
+    assert len(hashed) == 2  # just written: the status is too recent to vouch (racy)
+    _age_entries(10)
+    hashed.clear()
+    calls = _counting(monkeypatch)
+    assert idle_summary_at(d) == first
+    assert hashed == [] and calls == []  # used, and no trace read at all
+
+
+def test_a_change_keeping_size_and_mtime_is_caught_where_the_status_vouched(tmp_path,
+                                                                            monkeypatch):
+    d = copy_fixture("kineto_basic", tmp_path)
+    src = d / "rank0.trace.json"
+    first = idle_summary_at(d)
+    _age_entries(10)
+    st = src.stat()
+    text = src.read_text()
+    i = text.index('"dur": 50')
+    src.write_text(text[:i] + '"dur": 90' + text[i + len('"dur": 50'):])
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))  # size and mtime as they were
+    assert src.stat().st_ctime_ns != st.st_ctime_ns
+    hashed, calls = _counting_digests(monkeypatch), _counting(monkeypatch)
+    now = idle_summary_at(d)
+    assert src in hashed and calls == [src]  # ctime moved: hashed, and the digest differs
+    assert now != first and now == idle_summary_at(d, cache=False)
+
+
+def test_a_sealed_read_hashes_the_trace_whatever_its_status(tmp_path, monkeypatch):
+    from residency.traces import files
+
+    d = copy_fixture("kineto_basic", tmp_path)
+    idle_summary_at(d)
+    _age_entries(10)
+    hashed = _counting_digests(monkeypatch)
+    monkeypatch.setattr(tracecache, "active_seal", lambda: object())
+    assert files.active_seal() is None  # (only the cache's view of the seal is faked)
+    idle_summary_at(d)
+    assert len(hashed) == 2
+
+
+def test_an_entry_claiming_another_trace_digest_is_refused_even_where_vouched(tmp_path,
+                                                                             monkeypatch):
+    d = copy_fixture("kineto_basic", tmp_path)
+    load_traces(d)
+    for p in entries():
+        data = bytearray(p.read_bytes())
+        at = data.index(b'"trace_digest": "') + len(b'"trace_digest": "xxh3_128:')
+        data[at] = ord("0") if data[at] != ord("0") else ord("1")
+        p.write_bytes(bytes(data))
+    _age_entries(10)
+    calls = _counting(monkeypatch)
+    load_traces(d)
+    assert len(calls) == 2  # the payload digest covers the trace digest
+
+
 def test_mtime_alone_invalidates(tmp_path, monkeypatch):
     d = copy_fixture("kineto_basic", tmp_path)
     load_traces(d)
@@ -395,9 +471,7 @@ def forge(entry: Path) -> bytes:
     (offset,) = [a[3] for a in header["arrays"] if a[0] in ("busy", "device")]
     end = struct.unpack_from("<q", payload, offset + 8)[0]
     struct.pack_into("<q", payload, offset + 8, end + 3_000_000_000)
-    h = tracecache.content_hash()
-    h.update(bytes(payload))
-    header["payload_digest"] = h.hexdigest()
+    header["payload_digest"] = tracecache._payload_digest(header, [bytes(payload)])
     head = json.dumps(header).encode()
     return bytes(data[:magic]) + struct.pack("<Q", len(head)) + head + bytes(payload)
 

@@ -16,7 +16,11 @@ entry is used only when the key matches, the trace read now has the recorded dig
 that keeps size and mtime is caught) and the payload matches its digest; an edited,
 truncated, foreign or unreadable entry is ignored, and rewritten after the parse. Entries are
 read as regular files of bounded size; arrays are rebuilt from raw bytes of a whitelisted
-dtype (no pickle).
+dtype (no pickle). The trace is not hashed again where its status vouches for it (`_vouched`:
+the same device, inode, size, mtime and ctime as when its digest was taken, recorded at least
+`RACY_NS` before the entry was written or last used, on POSIX, outside a sealed read), as git's
+index skips unchanged files: any write through the file system moves ctime, which no user can
+set back. The payload digest covers the trace's digest and status as well as the arrays.
 
 Bounded: at most `max_bytes()` in all (``RESIDENCY_CACHE_MAX_BYTES``, default 4 GiB); after a
 write the least recently used entries are removed (a hit refreshes an entry's mtime).
@@ -38,6 +42,7 @@ import numpy as np
 from residency.traces.files import (
     MAX_TRACE_BYTES,
     TraceError,
+    active_seal,
     content_hash,
     file_digest,
     open_regular,
@@ -47,7 +52,7 @@ from residency.traces.formats import Parsed, object_array
 __all__ = ["PARSER_VERSION", "cache_dir", "enabled", "get", "get_parsed", "max_bytes", "put",
            "put_parsed"]
 
-PARSER_VERSION = 5  # 5: entries in the user cache directory, keyed by content digest
+PARSER_VERSION = 6  # 6: the payload digest covers the trace digest and status; 5: user cache
 _MAGIC = b"RESIDENCY-TRACE-CACHE/1\n"
 _DTYPES = frozenset({"<i8", "<i4", "<i2", "|i1", "|b1", "|u1"})
 _DEFAULT_MAX = 4 << 30
@@ -135,15 +140,14 @@ def get(kind: str, source: Path, stat: os.stat_result, options: dict[str, Any], 
         header, payload = _split(data)
         if header.get("key") != key:
             return None
-        h = content_hash()
-        h.update(payload)
-        if header.get("payload_digest") != h.hexdigest():
+        if header.get("payload_digest") != _payload_digest(header, [payload]):
             return None  # edited or truncated: never trusted
         recorded = header.get("trace_digest")
         if not isinstance(recorded, str) or recorded.split(":", 1)[0] != \
                 content_hash().hexdigest().split(":", 1)[0]:
             return None
-        if file_digest(source, root=root, max_bytes=max_trace_bytes) != recorded:
+        if not _vouched(header, stat, st) and file_digest(
+                source, root=root, max_bytes=max_trace_bytes) != recorded:
             return None  # the trace changed (size and mtime kept)
         arrays = _arrays(header, payload)
         meta = header.get("meta")
@@ -154,6 +158,36 @@ def get(kind: str, source: Path, stat: os.stat_result, options: dict[str, Any], 
     with contextlib.suppress(OSError):
         os.utime(path)  # recently used
     return {**meta, "trace_digest": recorded}, arrays
+
+
+RACY_NS = 2 * 10**9  # a status recorded this close to the entry's writing vouches for nothing
+
+
+def _fingerprint(stat: os.stat_result) -> list[int]:
+    """What changes whenever the file's bytes change through the file system: its identity
+    (device, inode), size, mtime and ctime (which no user can set back)."""
+    return [stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
+
+
+def _vouched(header: dict[str, Any], stat: os.stat_result, entry: os.stat_result) -> bool:
+    """Whether the trace's status alone shows it is the file the entry's digest was taken of,
+    so it need not be hashed again (git's index does the same): the same fingerprint, recorded
+    at least `RACY_NS` before the entry was last written or used (its mtime: a change within
+    the clock's granularity of the recording could keep ctime, git's racy-clean case; a use
+    verified the bytes or was itself vouched for), and no seal in force (a sealed read checks
+    every byte)."""
+    return (os.name == "posix" and active_seal() is None  # (Windows' ctime is the creation's)
+            and header.get("trace_stat") == _fingerprint(stat)
+            and stat.st_ctime_ns < entry.st_mtime_ns - RACY_NS)
+
+
+def _payload_digest(header: dict[str, Any], blobs: list[Any]) -> str:
+    """The digest of what the entry asserts: the trace's digest and status, and the arrays."""
+    h = content_hash()
+    h.update(json.dumps([header.get("trace_digest"), header.get("trace_stat")]).encode())
+    for b in blobs:
+        h.update(b)
+    return h.hexdigest()
 
 
 def _split(data: bytearray) -> tuple[dict[str, Any], memoryview]:
@@ -204,11 +238,9 @@ def put(kind: str, source: Path, stat: os.stat_result, options: dict[str, Any],
             specs.append([name, a.dtype.str, list(a.shape), offset, a.nbytes])
             blobs.append(a.reshape(-1).view(np.uint8))
             offset += a.nbytes
-        h = content_hash()
-        for b in blobs:
-            h.update(b)
-        header = json.dumps({"key": key, "trace_digest": trace_digest,
-                             "payload_digest": h.hexdigest(), "meta": meta,
+        asserted = {"trace_digest": trace_digest, "trace_stat": _fingerprint(stat)}
+        header = json.dumps({"key": key, **asserted,
+                             "payload_digest": _payload_digest(asserted, blobs), "meta": meta,
                              "arrays": specs}).encode()
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         with open(tmp, "wb") as f:
