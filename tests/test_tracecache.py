@@ -383,21 +383,6 @@ def test_a_sealed_read_hashes_the_trace_whatever_its_status(tmp_path, monkeypatc
     assert len(hashed) == 2
 
 
-def test_an_entry_claiming_another_trace_digest_is_refused_even_where_vouched(tmp_path,
-                                                                             monkeypatch):
-    d = copy_fixture("kineto_basic", tmp_path)
-    load_traces(d)
-    for p in entries():
-        data = bytearray(p.read_bytes())
-        at = data.index(b'"trace_digest": "') + len(b'"trace_digest": "xxh3_128:')
-        data[at] = ord("0") if data[at] != ord("0") else ord("1")
-        p.write_bytes(bytes(data))
-    _age_entries(10)
-    calls = _counting(monkeypatch)
-    load_traces(d)
-    assert len(calls) == 2  # the payload digest covers the trace digest
-
-
 def test_mtime_alone_invalidates(tmp_path, monkeypatch):
     d = copy_fixture("kineto_basic", tmp_path)
     load_traces(d)
@@ -442,10 +427,11 @@ def test_a_corrupted_entry_is_ignored_and_rewritten(tmp_path, monkeypatch, damag
         assert len(calls) == 4
 
 
+@pytest.mark.parametrize("vouched", [False, True])
 def test_an_edited_entry_with_a_recomputed_digest_still_needs_the_trace(tmp_path,
-                                                                        monkeypatch):
-    """A forged entry whose payload digest matches but whose trace digest is not the trace's
-    is refused."""
+                                                                        monkeypatch, vouched):
+    """An entry whose trace digest is not the trace's is refused, also where the trace's
+    status would vouch for it (the payload digest covers the trace digest)."""
     d = copy_fixture("kineto_basic", tmp_path)
     load_traces(d)
     for p in entries():
@@ -453,6 +439,8 @@ def test_an_edited_entry_with_a_recomputed_digest_still_needs_the_trace(tmp_path
         at = data.index(b'"trace_digest": "') + len(b'"trace_digest": "xxh3_128:')
         data[at] = ord("0") if data[at] != ord("0") else ord("1")
         p.write_bytes(bytes(data))
+    if vouched:
+        _age_entries(10)
     calls = _counting(monkeypatch)
     load_traces(d)
     assert len(calls) == 2
