@@ -624,10 +624,11 @@ def _from_entry(plan: Any, i: int, got: tuple[dict[str, Any], dict[str, np.ndarr
 
 
 def _here(plan: Any, job: dict[str, Any], workers: int | None) -> list[RankReduction]:
-    """Every rank's reduction on this machine. With at least as many files as workers, each
-    file is one job of a worker process: its cache entry looked up there, else parsed and
-    reduced there (`rank_reduction`). Else cache entries are looked up here first (hashing in
-    threads), then the rest parsed here, or each large file in parts in the workers
+    """Every rank's reduction on this machine. With at least as many files as workers, not
+    all of them recorded in the cache, each file is one job of a worker process: its cache
+    entry looked up there, else parsed and reduced there (`rank_reduction`). Else cache
+    entries are looked up here first (in threads), then the rest parsed here, one file per
+    worker process while there are enough of them, or each large file in parts in the workers
     (`residency.traces.load.parse_files`) and reduced here, one rank at a time."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -639,7 +640,8 @@ def _here(plan: Any, job: dict[str, Any], workers: int | None) -> list[RankReduc
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     n = workers if workers is not None else cpus or 1
     small = sum(st.st_size for st in stats.values()) < tr.PARALLEL_MIN_BYTES
-    if n > 1 and n_items >= n and not (workers is None and small):
+    if n > 1 and n_items >= n and not (workers is None and small) and not (
+            job["cache"] and all(_recorded(plan, i, job, stats[i]) for i in range(n_items))):
         return _pool(plan, job, n, stats)  # (lookups in the workers: no start-up cost here)
     found: list[RankReduction | None] = [None] * n_items
     if job["cache"] and n_items:
@@ -649,6 +651,8 @@ def _here(plan: Any, job: dict[str, Any], workers: int | None) -> list[RankReduc
     done: dict[int, RankReduction] = {}
     if n <= 1 or (workers is None and small):
         done = {i: _computed(plan, i, job, None) for i in todo}
+    elif len(todo) >= n:  # (recorded, but entries refused: stale or damaged)
+        done = dict(zip(todo, _pool(plan, job, n, {i: stats[i] for i in todo}), strict=True))
     else:  # fewer files than workers: each file's parts in the workers
         for i in todo:
             (p,) = tr.parse_files(plan.format, [plan.sources[i]], workers=workers,
@@ -660,6 +664,15 @@ def _here(plan: Any, job: dict[str, Any], workers: int | None) -> list[RankReduc
     return [found[i] if found[i] is not None else done[i] for i in range(n_items)]
 
 
+def _recorded(plan: Any, i: int, job: dict[str, Any], stat: os.stat_result) -> bool:
+    """Whether item `i` has a cache entry (not yet checked): with every rank recorded, the
+    lookups run here in threads, with no worker processes to start."""
+    from residency.traces import cache as tracecache
+
+    return tracecache.has_entry("idle", plan.sources[i], stat, _options(plan, job),
+                                root=plan.parse_root)
+
+
 def _reduction_here(plan: Any, i: int, job: dict[str, Any]) -> RankReduction:
     """`rank_reduction` of item `i` under `job` (a worker process's job)."""
     return rank_reduction(plan, i, **job)
@@ -669,10 +682,11 @@ def _pool(plan: Any, job: dict[str, Any], n: int, stats: dict[int, os.stat_resul
           ) -> list[RankReduction]:
     from residency.traces.workers import process_pool
 
+    """The reductions of the items of `stats`, in their order, by `n` worker processes."""
     order = sorted(stats, key=lambda i: -stats[i].st_size)  # largest first
     with process_pool(n) as pool:
         futures = {i: pool.submit(_reduction_here, plan, i, job) for i in order}
-        return [futures[i].result() for i in range(len(stats))]
+        return [futures[i].result() for i in stats]
 
 
 # The cluster `--scheduler local` starts does one map of CPU-bound tasks: Dask's background

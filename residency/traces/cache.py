@@ -116,6 +116,13 @@ def _entry(key: dict[str, Any]) -> Path:
     return cache_dir() / (h.hexdigest().split(":", 1)[1] + _ENTRY_SUFFIX)
 
 
+def has_entry(kind: str, source: Path, stat: os.stat_result, options: dict[str, Any], *,
+              root: Path | None = None) -> bool:
+    """Whether an entry is recorded under `source`'s key (nothing read or hashed: `get` still
+    decides whether it is used)."""
+    return enabled(root, source) and _entry(_key(kind, source, stat, options)).is_file()
+
+
 def get(kind: str, source: Path, stat: os.stat_result, options: dict[str, Any], *,
         root: Path | None = None, max_trace_bytes: int = MAX_TRACE_BYTES
         ) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
