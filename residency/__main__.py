@@ -2,7 +2,7 @@
 
 import sys
 
-from residency.cli.main import main
+from residency.cli.main import console_main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console_main())

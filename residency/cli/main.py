@@ -24,7 +24,7 @@ from typing import Any
 
 from residency.errors import BadInput, RunFailed
 
-__all__ = ["COMMANDS", "CommandFailed", "create_parser", "main"]
+__all__ = ["COMMANDS", "CommandFailed", "console_main", "create_parser", "main"]
 
 
 class CommandFailed(RunFailed):
@@ -598,6 +598,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as exc:  # bad input from the standard library
         print(f"residency {args.command}: error: {_message(exc)}", file=sys.stderr)
         return 2
+
+
+def console_main() -> int:
+    """The `residency` console script and ``python -m residency``: `main`, then the process
+    ends without the collector tracing every object left (`gc.freeze`). Not for use in a
+    process that goes on: call `main` there."""
+    code = main()
+    # Interpreter exit runs the cyclic collector over everything still alive; with Dask's
+    # modules loaded that was ~0.25 s of `residency idle --scheduler local` (~0.03 s without).
+    # What the collector would free here is freed by the process ending; the atexit handlers,
+    # flushes and module teardown still run.
+    import gc
+
+    gc.freeze()
+    return code
 
 
 SIGPIPE_EXIT = 141  # 128 + SIGPIPE, what a shell reports for a process its pipe ended
