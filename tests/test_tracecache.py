@@ -125,6 +125,51 @@ def test_rank_by_rank_on_many_ranks_and_the_same_errors(tmp_path):
             call()
 
 
+def spy_on_map(distributed):
+    """A `Client.map` that records each call's `ours` (whether the workers are the ones
+    `--scheduler local` started)."""
+    real_map = distributed.Client.map
+
+    def mapped(self, *args, **kwargs):
+        mapped.ours.append(kwargs.get("ours"))
+        return real_map(self, *args, **kwargs)
+
+    mapped.ours = []
+    return mapped
+
+
+@pytest.mark.parametrize("ours", [True, False])
+def test_a_dask_task_keeps_the_heap_only_on_the_cluster_started_here(ours, monkeypatch):
+    from residency.traces import workers
+
+    kept, reduced = [], []
+    monkeypatch.setattr(workers, "keep_heap", lambda: kept.append(1) or True)
+    monkeypatch.setattr(idle, "rank_reduction", lambda plan, i, **job: reduced.append(
+        (plan, i, job)) or "reduction")
+    job = {"busy": None, "cache": False}
+    assert idle._reduction_on_worker("plan", 3, ours=ours, job=job) == "reduction"
+    assert reduced == [("plan", 3, job)] and kept == ([1] if ours else [])
+
+
+@pytest.mark.slow
+def test_the_cluster_hands_back_the_ranks_in_plan_order_as_they_finish(tmp_path):
+    """Results are taken as each task ends: rank 0, ten times the others' size, ends last,
+    and still comes back first."""
+    pytest.importorskip("distributed", reason="dask[distributed] is not installed "
+                        "(pip install 'residency[cluster]')")
+    d = many_ranks(tmp_path / "t", 4)
+    doc = json.loads((d / "rank0" / "trace.json").read_text())
+    doc["traceEvents"] *= 10
+    (d / "rank0" / "trace.json").write_text(json.dumps(doc))
+    plan = traces.plan_traces(d)
+    job = {"busy": "kineto", "marker": MARKER, "window_marker": None, "cache": False,
+           "chunk_bytes": traces.CHUNK_BYTES, "max_trace_bytes": traces.MAX_TRACE_BYTES}
+    got = idle._on_dask(plan, job, "local", 2)
+    assert [r.source for r in got] == list(plan.sources)
+    assert [r.content_rank for r in got] == [0, None, 2, None]
+    assert got[0].device_tasks == 10 * got[2].device_tasks
+
+
 @pytest.mark.slow
 def test_local_cluster_gives_the_local_figures_to_the_nanosecond(tmp_path):
     distributed = pytest.importorskip("distributed", reason="dask[distributed] is not "
@@ -132,18 +177,12 @@ def test_local_cluster_gives_the_local_figures_to_the_nanosecond(tmp_path):
     d = many_ranks(tmp_path / "t", 5)
     local = idle_summary_at(d, marker=MARKER, cache=False)
     assert local == idle_summary(load_traces(d, cache=False), marker=MARKER)
-    ran = []
-    real_run = distributed.Client.run
-
-    def run(self, function, *args, **kwargs):
-        ran.append(function.__name__)
-        return real_run(self, function, *args, **kwargs)
-
+    mapped = spy_on_map(distributed)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(distributed.Client, "run", run)
+        mp.setattr(distributed.Client, "map", mapped)
         assert idle_summary_at(d, marker=MARKER, cache=False, scheduler="local",
                                workers=2) == local
-    assert ran == ["keep_heap"]  # the cluster's workers are ours: they keep their heap
+    assert mapped.ours == [True]  # the cluster's workers are ours: they keep their heap
     rc, out, err = run_cli("idle", str(d), "--json", "--marker", MARKER, "--scheduler",
                            "local", "--workers", "2")
     assert rc == 0, err
@@ -159,11 +198,14 @@ def test_a_scheduler_address_from_the_environment_gives_the_local_figures(tmp_pa
                                       "installed (pip install 'residency[cluster]')")
     d = many_ranks(tmp_path / "t", 3)
     local = idle_summary_at(d, marker=MARKER, cache=False)
+    mapped = spy_on_map(distributed)
+    monkeypatch.setattr(distributed.Client, "map", mapped)
     with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
                                   dashboard_address=None) as cluster:
         monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", cluster.scheduler_address)
         rc, out, err = run_cli("idle", str(d), "--json", "--marker", MARKER, "--no-cache")
     assert rc == 0, err
+    assert mapped.ours == [False]  # a cluster of the user's: its workers' heaps left alone
     doc = json.loads(out)
     doc.pop("warnings")
     assert doc == local.to_dict()
