@@ -680,9 +680,9 @@ def _reduction_here(plan: Any, i: int, job: dict[str, Any]) -> RankReduction:
 
 def _pool(plan: Any, job: dict[str, Any], n: int, stats: dict[int, os.stat_result]
           ) -> list[RankReduction]:
+    """The reductions of the items of `stats`, in their order, by `n` worker processes."""
     from residency.traces.workers import process_pool
 
-    """The reductions of the items of `stats`, in their order, by `n` worker processes."""
     order = sorted(stats, key=lambda i: -stats[i].st_size)  # largest first
     with process_pool(n) as pool:
         futures = {i: pool.submit(_reduction_here, plan, i, job) for i in order}
