@@ -326,8 +326,9 @@ def on_paper(per: dict, dask: dict | None) -> None:
     red = entry / max(ranks_gb, 1e-9) * 1024
     for n in (8, 64, 256, 1024):
         wall = math.ceil(1024 / n) * cpu_per_gb + overhead
+        took = f"{wall / 60:.1f} min" if wall >= 60 else f"{wall:.0f} s"
         print(f"  N = {n:>4} workers (one core each, traces on shared storage): "
-              f"~{wall / 60:6.1f} min; {each}the client gathers "
+              f"~{took:>8}; {each}the client gathers "
               f"~{red / 1e6:.0f} MB of reductions")
     print("  (storage bandwidth not modelled: 1 TB read at 10 GB/s adds ~100 s at any N)")
 
