@@ -415,12 +415,13 @@ class _Kineto:
         self.name_error: str | None = None
         self.rejected = 0
         self._raw_kinds: dict[bytes, int] = {}
+        self._kinds = _CategoryKinds()
 
     def _kind_of(self, raw: bytes) -> int:
         """The kind (`_category_kinds`) of a category given as its raw JSON string."""
         kind = self._raw_kinds.get(raw)
         if kind is None:
-            kind = self._raw_kinds[raw] = _CategoryKinds()[msgspec.json.decode(raw)]
+            kind = self._raw_kinds[raw] = self._kinds[msgspec.json.decode(raw)]
         return kind
 
     def add_scanned(self, got: kineto_scan.Scanned) -> None:
