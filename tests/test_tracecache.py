@@ -171,6 +171,21 @@ def test_the_cluster_hands_back_the_ranks_in_plan_order_as_they_finish(tmp_path)
 
 
 @pytest.mark.slow
+def test_a_bad_rank_on_the_cluster_is_the_local_paths_error(tmp_path):
+    """A task's error reaches the caller as the local path raises it (type and words), and
+    the cluster is closed behind it."""
+    pytest.importorskip("distributed", reason="dask[distributed] is not installed "
+                        "(pip install 'residency[cluster]')")
+    d = many_ranks(tmp_path / "t", 3)
+    (d / "rank2" / "trace.json").write_bytes(b'{"traceEvents": [{"ph": "X", "ts": 1,]}')
+    with pytest.raises(TraceError) as local:
+        idle_summary_at(d, cache=False, workers=2)
+    with pytest.raises(TraceError) as cluster:
+        idle_summary_at(d, cache=False, scheduler="local", workers=2)
+    assert str(cluster.value) == str(local.value) and "rank2" in str(cluster.value)
+
+
+@pytest.mark.slow
 def test_local_cluster_gives_the_local_figures_to_the_nanosecond(tmp_path):
     distributed = pytest.importorskip("distributed", reason="dask[distributed] is not "
                                       "installed (pip install 'residency[cluster]')")

@@ -706,7 +706,8 @@ _QUIET_LOCAL_CLUSTER = {
 
 def _on_dask(plan: Any, job: dict[str, Any], scheduler: str,
              workers: int | None) -> list[RankReduction]:
-    """Every rank's reduction as one task of a Dask cluster; results gathered here."""
+    """Every rank's reduction as one task of a Dask cluster, taken here as each task ends;
+    in plan order."""
     try:
         from distributed import Client, LocalCluster, as_completed
     except ImportError:
@@ -756,10 +757,10 @@ def _on_dask(plan: Any, job: dict[str, Any], scheduler: str,
         # each result fetched as its task ends, while the others run (a gather at the end
         # fetched all 64 of 64 x 110k after the last task: ~0.06 s)
         at = {f.key: i for i, f in enumerate(futures)}
-        got: list[RankReduction | None] = [None] * len(futures)
+        got: dict[int, RankReduction] = {}
         for future, reduction in as_completed(futures, with_results=True):
             got[at[future.key]] = reduction
-        return got  # type: ignore[return-value]  (every slot filled)
+        return [got[i] for i in range(len(futures))]
 
 
 def _reduction_on_worker(plan: Any, i: int, *, ours: bool, job: dict[str, Any]
