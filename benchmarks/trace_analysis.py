@@ -253,6 +253,10 @@ def against_bare(label: str, d: Path, total: int, ranks: int, args: argparse.Nam
     return out
 
 
+IMPORTED = ("import atexit, gc; atexit.register(gc.freeze); "
+            "import residency.analysis.idle, residency.traces.load; ")
+
+
 def dask_case(args: argparse.Namespace, base: Path, env: dict[str, str]) -> dict | None:
     try:
         import distributed  # noqa: F401
@@ -267,12 +271,12 @@ def dask_case(args: argparse.Namespace, base: Path, env: dict[str, str]) -> dict
     for _ in range(args.repeat):
         local.append(measure(ours(d, "--workers", "2"), mine))
         cluster.append(measure(ours(d, "--scheduler", "local", "--workers", "2"), mine))
-        # what no LocalCluster run avoids: a process that only imports distributed, beside
-        # one that only starts (the same interpreter, ending as `residency` does)
-        imports.append(
-            measure([sys.executable, "-c", "import distributed, gc; gc.freeze()"],
-                    mine)["wall_s"]
-            - measure([sys.executable, "-c", "import gc; gc.freeze()"], mine)["wall_s"])
+        # what no LocalCluster run avoids: importing distributed after what `residency idle`
+        # has imported (numpy among it, which distributed would import too), ending as it
+        # does, against the same process without distributed
+        imports.append(measure([sys.executable, "-c", IMPORTED + "import distributed"],
+                               mine)["wall_s"]
+                       - measure([sys.executable, "-c", IMPORTED], mine)["wall_s"])
     assert all(r["out"] == local[0]["out"] for r in local + cluster), "answers differ"
     for runs, extra in ((local, ("--workers", "2")),
                         (cluster, ("--scheduler", "local", "--workers", "2"))):
@@ -292,8 +296,8 @@ def dask_case(args: argparse.Namespace, base: Path, env: dict[str, str]) -> dict
           f"Dask's fixed cost {fixed:.2f} s (importing distributed, starting the cluster, "
           "the first tasks), so the ratio falls as ranks grow")
     print(f"  of which importing distributed alone {statistics.median(imports):.2f} s "
-          f"({min(imports):.2f}-{max(imports):.2f}, n={len(imports)}, a process that only "
-          f"imports it against one that only starts): no LocalCluster run can be under "
+          f"({min(imports):.2f}-{max(imports):.2f}, n={len(imports)}, after what the local "
+          f"path imports, in a process of its own): no LocalCluster run can be under "
           f"{statistics.median(floor):.2f}x of this local path")
     return {"local": local, "cluster": cluster, "ranks": args.dask_ranks}
 
