@@ -510,14 +510,18 @@ def _options(plan: Any, job: dict[str, Any]) -> dict[str, Any]:
             "reduction": 2}  # 2: unknown types confirmed, host ranges, step intervals
 
 
-def _cached(plan: Any, i: int, job: dict[str, Any]) -> RankReduction | None:
+def _cached(plan: Any, i: int, job: dict[str, Any], stat: os.stat_result | None = None
+            ) -> RankReduction | None:
+    """Item `i`'s reduction from its cache entry, if one matches (`stat`: the trace's status
+    from `residency.traces.load.open_stat`, taken now when not given)."""
     from residency.traces import cache as tracecache
     from residency.traces import load as tr
 
     source = plan.sources[i]
     if not (job["cache"] and tracecache.enabled(plan.parse_root, source)):
         return None
-    stat = tr.open_stat(source, plan.parse_root, job["max_trace_bytes"])
+    if stat is None:
+        stat = tr.open_stat(source, plan.parse_root, job["max_trace_bytes"])
     got = tracecache.get("idle", source, stat, _options(plan, job), root=plan.parse_root,
                          max_trace_bytes=job["max_trace_bytes"])
     return _from_entry(plan, i, got) if got is not None else None
@@ -646,7 +650,8 @@ def _here(plan: Any, job: dict[str, Any], workers: int | None) -> list[RankReduc
     found: list[RankReduction | None] = [None] * n_items
     if job["cache"] and n_items:
         with ThreadPoolExecutor(min(8, n_items)) as threads:
-            found = list(threads.map(lambda i: _cached(plan, i, job), range(n_items)))
+            found = list(threads.map(lambda i: _cached(plan, i, job, stats[i]),
+                                     range(n_items)))
     todo = [i for i, r in enumerate(found) if r is None]
     done: dict[int, RankReduction] = {}
     if n <= 1 or (workers is None and small):
