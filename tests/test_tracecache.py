@@ -127,15 +127,40 @@ def test_rank_by_rank_on_many_ranks_and_the_same_errors(tmp_path):
 
 def spy_on_map(distributed):
     """A `Client.map` that records each call's `ours` (whether the workers are the ones
-    `--scheduler local` started)."""
+    `--scheduler local` started) and its tasks' groups of ranks."""
     real_map = distributed.Client.map
 
-    def mapped(self, *args, **kwargs):
+    def mapped(self, func, *iterables, **kwargs):
         mapped.ours.append(kwargs.get("ours"))
-        return real_map(self, *args, **kwargs)
+        mapped.groups.append(list(iterables[1]))
+        return real_map(self, func, *iterables, **kwargs)
 
-    mapped.ours = []
+    mapped.ours, mapped.groups = [], []
     return mapped
+
+
+MB = 1 << 20
+
+
+@pytest.mark.parametrize(("sizes", "threads", "grouped"), [
+    ([26 * MB] * 64, 2, [3] * 21 + [1]),  # the benchmark's ranks: tasks of ~78 MB
+    ([2 * MB] * 16, 2, [2] * 8),  # small ranks: never under 4 tasks a worker thread
+    ([2 * MB] * 5, 2, [1] * 5),  # fewer ranks than that: one each
+    ([1 << 30] * 8, 64, [1] * 8),  # 1 GB ranks: one each
+    ([0] * 3, 2, [1] * 3),  # empty (or not readable here): one each
+])
+def test_dask_tasks_hold_a_few_ranks_each(sizes, threads, grouped):
+    groups = idle.task_groups(sizes, threads)
+    assert [len(g) for g in groups] == grouped
+    assert sorted(i for g in groups for i in g) == list(range(len(sizes)))
+
+
+def test_dask_tasks_take_the_largest_ranks_first():
+    sizes = [5 * MB, 90 * MB, 30 * MB, 40 * MB, 1 * MB, 70 * MB]
+    groups = idle.task_groups(sizes, 1)
+    assert [i for g in groups for i in g] == sorted(range(6), key=lambda i: -sizes[i])
+    assert groups[0] == (1,)  # at least TASK_BYTES: a task of its own
+    assert all(sum(sizes[i] for i in g) >= idle.TASK_BYTES for g in groups[:-1])
 
 
 @pytest.mark.parametrize("ours", [True, False])
@@ -147,15 +172,15 @@ def test_a_dask_task_keeps_the_heap_only_on_the_cluster_started_here(ours, monke
     monkeypatch.setattr(idle, "rank_reduction", lambda plan, i, **job: reduced.append(
         (plan, i, job)) or "reduction")
     job = {"busy": None, "cache": False}
-    assert idle._reduction_on_worker("plan", 3, ours=ours, job=job) == "reduction"
-    assert reduced == [("plan", 3, job)] and kept == ([1] if ours else [])
+    assert idle._reductions_on_worker("plan", (3, 1), ours=ours, job=job) == ["reduction"] * 2
+    assert reduced == [("plan", 3, job), ("plan", 1, job)] and kept == ([1] if ours else [])
 
 
 @pytest.mark.slow
 def test_the_cluster_hands_back_the_ranks_in_plan_order_as_they_finish(tmp_path):
-    """Results are taken as each task ends: rank 0, ten times the others' size, ends last,
-    and still comes back first."""
-    pytest.importorskip("distributed", reason="dask[distributed] is not installed "
+    """Results are taken as each task ends, in tasks of a few ranks: rank 0, ten times the
+    others' size, goes alone and first, and still comes back first."""
+    distributed = pytest.importorskip("distributed", reason="dask[distributed] is not installed "
                         "(pip install 'residency[cluster]')")
     d = many_ranks(tmp_path / "t", 4)
     doc = json.loads((d / "rank0" / "trace.json").read_text())
@@ -164,7 +189,13 @@ def test_the_cluster_hands_back_the_ranks_in_plan_order_as_they_finish(tmp_path)
     plan = traces.plan_traces(d)
     job = {"busy": "kineto", "marker": MARKER, "window_marker": None, "cache": False,
            "chunk_bytes": traces.CHUNK_BYTES, "max_trace_bytes": traces.MAX_TRACE_BYTES}
-    got = idle._on_dask(plan, job, "local", 2)
+    mapped = spy_on_map(distributed)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(distributed.Client, "map", mapped)
+        got = idle._on_dask(plan, job, "local", 2)
+    (groups,) = mapped.groups  # the largest rank first, the small ones two to a task
+    assert groups[0] == (0,) and max(map(len, groups)) == 2
+    assert sorted(i for g in groups for i in g) == [0, 1, 2, 3]
     assert [r.source for r in got] == list(plan.sources)
     assert [r.content_rank for r in got] == [0, None, 2, None]
     assert got[0].device_tasks == 10 * got[2].device_tasks

@@ -711,8 +711,8 @@ _QUIET_LOCAL_CLUSTER = {
 
 def _on_dask(plan: Any, job: dict[str, Any], scheduler: str,
              workers: int | None) -> list[RankReduction]:
-    """Every rank's reduction as one task of a Dask cluster, taken here as each task ends;
-    in plan order."""
+    """Every rank's reduction, computed on a Dask cluster in tasks of a few ranks each
+    (`task_groups`) and taken here as each task ends; in plan order."""
     try:
         from distributed import Client, LocalCluster, as_completed
     except ImportError:
@@ -743,9 +743,10 @@ def _on_dask(plan: Any, job: dict[str, Any], scheduler: str,
             from distributed.versions import get_versions
 
             get_versions()
+            threads = workers or min(cpus, max(1, len(plan.sources)))
             cluster = stack.enter_context(LocalCluster(
-                n_workers=workers or min(cpus, max(1, len(plan.sources))),
-                threads_per_worker=1, processes=True, dashboard_address=None))
+                n_workers=threads, threads_per_worker=1, processes=True,
+                dashboard_address=None))
             client = stack.enter_context(Client(cluster))
             ours = True
         else:
@@ -754,30 +755,72 @@ def _on_dask(plan: Any, job: dict[str, Any], scheduler: str,
             except (OSError, TimeoutError, ValueError) as exc:
                 raise ValueError(f"cannot reach the Dask scheduler {scheduler!r}: "
                                  f"{exc}") from None
+            threads = sum(client.nthreads().values())  # (workers that join later: more)
+        groups = task_groups([_size(s) for s in plan.sources], threads)
         # the plan (every rank's path) goes to each worker once, not once per task: pickled
         # into every task it grew with the square of the ranks
         shared = client.scatter(plan, broadcast=True, hash=False)
-        futures = client.map(_reduction_on_worker, [shared] * len(plan.sources),
-                             range(len(plan.sources)), pure=False, ours=ours, job=job)
-        # each result fetched as its task ends, while the others run (a gather at the end
+        futures = client.map(_reductions_on_worker, [shared] * len(groups), groups,
+                             pure=False, ours=ours, job=job)
+        # each task's results fetched as it ends, while the others run (a gather at the end
         # fetched all 64 of 64 x 110k after the last task: ~0.06 s)
-        at = {f.key: i for i, f in enumerate(futures)}
+        at = {f.key: g for f, g in zip(futures, groups, strict=True)}
         got: dict[int, RankReduction] = {}
-        for future, reduction in as_completed(futures, with_results=True):
-            got[at[future.key]] = reduction
-        return [got[i] for i in range(len(futures))]
+        for future, reductions in as_completed(futures, with_results=True):
+            got.update(zip(at[future.key], reductions, strict=True))
+        return [got[i] for i in range(len(plan.sources))]
 
 
-def _reduction_on_worker(plan: Any, i: int, *, ours: bool, job: dict[str, Any]
-                         ) -> RankReduction:
-    """`rank_reduction` of item `i` as a Dask task; `ours`: on a worker of the cluster started
-    here, which keeps its heap as the local pool's do (64 x 110k, 5 interleaved rounds: 1.24x
-    the local path against 1.31x without)."""
+# A Dask task costs the scheduler and client ~3-6 ms of CPU, which `--scheduler local` takes
+# from the cores its workers parse on: 64 ranks x 110k events (26 MB each) on 2 workers, one
+# task per rank took 0.35-0.48 s of this process's CPU during the map, against 0.19-0.22 s in
+# tasks of 3 ranks, and the map 1.61-2.31 s against 1.33-1.47 s (3 interleaved rounds). So ranks
+# go in tasks of about TASK_BYTES of trace (~0.2 s of parsing here; Dask's own advice: tasks
+# well over 100 ms), but never so few that a worker thread gets under TASKS_PER_THREAD.
+TASK_BYTES = 64 << 20
+TASKS_PER_THREAD = 4
+
+
+def task_groups(sizes: Sequence[int], threads: int) -> list[tuple[int, ...]]:
+    """The items of `sizes` (trace bytes per item) grouped into Dask tasks, largest items
+    first: each group is filled until it holds `TASK_BYTES`, or less where the total would
+    give `threads` worker threads fewer than `TASKS_PER_THREAD` groups each (an item larger
+    than that is a group of its own)."""
+    order = sorted(range(len(sizes)), key=lambda i: -sizes[i])
+    fill = min(TASK_BYTES, sum(sizes) // max(1, threads * TASKS_PER_THREAD))
+    groups: list[tuple[int, ...]] = []
+    group: list[int] = []
+    held = 0
+    for i in order:
+        group.append(i)
+        held += sizes[i]
+        if held >= fill:
+            groups.append(tuple(group))
+            group, held = [], 0
+    if group:
+        groups.append(tuple(group))
+    return groups
+
+
+def _size(source: Path) -> int:
+    """`source`'s size here in bytes (0 where it cannot be read here: it is checked where it
+    is read)."""
+    try:
+        return os.stat(source).st_size
+    except OSError:
+        return 0
+
+
+def _reductions_on_worker(plan: Any, items: Sequence[int], *, ours: bool,
+                          job: dict[str, Any]) -> list[RankReduction]:
+    """`rank_reduction` of each of `items`, in order, as one Dask task; `ours`: on a worker of
+    the cluster started here, which keeps its heap as the local pool's do (64 x 110k, 5
+    interleaved rounds: 1.24x the local path against 1.31x without)."""
     if ours:
         from residency.traces.workers import keep_heap
 
         keep_heap()
-    return rank_reduction(plan, i, **job)
+    return [rank_reduction(plan, i, **job) for i in items]
 
 
 def per_rank_idle(traces: TraceSet, *, marker: str | None = None,
