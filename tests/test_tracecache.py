@@ -271,18 +271,23 @@ def test_the_local_cluster_is_quiet_where_the_user_kept_dasks_settings(tmp_path,
     def cluster(**kwargs):
         seen.update({k: dask.config.get(k) for k in (
             "distributed.worker.profile.enabled", "distributed.admin.tick.interval",
-            "distributed.scheduler.work-stealing")})
+            "distributed.scheduler.work-stealing", "distributed.scheduler.http.routes",
+            "distributed.worker.http.routes")})
         raise Started
 
     monkeypatch.setattr(distributed, "LocalCluster", cluster)
     d = many_ranks(tmp_path / "t", 2)
-    with dask.config.set({"distributed.admin.tick.interval": "50ms"}), \
+    with dask.config.set({"distributed.admin.tick.interval": "50ms",
+                          "distributed.worker.http.routes": ["residency.mine"]}), \
             pytest.raises(Started):
         idle_summary_at(d, cache=False, scheduler="local", workers=1)
     assert seen == {"distributed.worker.profile.enabled": False,
                     "distributed.admin.tick.interval": "50ms",  # the user's, kept
-                    "distributed.scheduler.work-stealing": False}
+                    "distributed.scheduler.work-stealing": False,
+                    "distributed.scheduler.http.routes": [],
+                    "distributed.worker.http.routes": ["residency.mine"]}  # kept
     assert dask.config.get("distributed.worker.profile.enabled") is True  # restored
+    assert "distributed.http.health" in dask.config.get("distributed.scheduler.http.routes")
 
 
 def test_scheduler_without_dask_is_bad_input(tmp_path, monkeypatch):
