@@ -180,8 +180,8 @@ def test_a_dask_task_keeps_the_heap_only_on_the_cluster_started_here(ours, monke
 def test_the_cluster_hands_back_the_ranks_in_plan_order_as_they_finish(tmp_path):
     """Results are taken as each task ends, in tasks of a few ranks: rank 0, ten times the
     others' size, goes alone and first, and still comes back first."""
-    distributed = pytest.importorskip("distributed", reason="dask[distributed] is not installed "
-                        "(pip install 'residency[cluster]')")
+    distributed = pytest.importorskip("distributed", reason="dask[distributed] is not "
+                                      "installed (pip install 'residency[cluster]')")
     d = many_ranks(tmp_path / "t", 4)
     doc = json.loads((d / "rank0" / "trace.json").read_text())
     doc["traceEvents"] *= 10
