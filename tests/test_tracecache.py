@@ -176,6 +176,19 @@ def test_a_dask_task_keeps_the_heap_only_on_the_cluster_started_here(ours, monke
     assert reduced == [("plan", 3, job), ("plan", 1, job)] and kept == ([1] if ours else [])
 
 
+@pytest.mark.parametrize("mask, count, usable", [({3}, 8, 1), ({0, 1, 2}, 8, 3),
+                                                  (None, 6, 6), (None, None, 1)])
+def test_usable_cpus_follows_the_affinity_mask(mask, count, usable, monkeypatch):
+    from residency.traces import workers
+
+    if mask is None:
+        monkeypatch.delattr(os, "sched_getaffinity", raising=False)
+    else:
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: mask)
+    monkeypatch.setattr(os, "cpu_count", lambda: count)
+    assert workers.usable_cpus() == usable
+
+
 @pytest.mark.slow
 def test_the_cluster_hands_back_the_ranks_in_plan_order_as_they_finish(tmp_path):
     """Results are taken as each task ends, in tasks of a few ranks: rank 0, ten times the

@@ -641,8 +641,9 @@ def _here(plan: Any, job: dict[str, Any], workers: int | None) -> list[RankReduc
     n_items = len(plan.sources)
     stats = {i: tr.open_stat(plan.sources[i], plan.parse_root, job["max_trace_bytes"])
              for i in range(n_items)}
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    n = workers if workers is not None else cpus or 1
+    from residency.traces.workers import usable_cpus
+
+    n = workers if workers is not None else usable_cpus()
     small = sum(st.st_size for st in stats.values()) < tr.PARALLEL_MIN_BYTES
     if n > 1 and n_items >= n and not (workers is None and small) and not (
             job["cache"] and all(_recorded(plan, i, job, stats[i]) for i in range(n_items))):
@@ -730,15 +731,13 @@ def _on_dask(plan: Any, job: dict[str, Any], scheduler: str,
                          "(dask[distributed])") from None
     import contextlib
 
-    from residency.traces.workers import start_method
+    from residency.traces.workers import start_method, usable_cpus
 
     ours = False
     with contextlib.ExitStack() as stack:
         if scheduler == "local":
             import dask
 
-            cpus = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                    else os.cpu_count()) or 1
             key = "distributed.worker.multiprocessing-method"
             # fork starts a worker in 0.3 s, spawn in 3 s (measured here); where the local
             # pool would fork, and never over a choice the user made
@@ -753,7 +752,7 @@ def _on_dask(plan: Any, job: dict[str, Any], scheduler: str,
             from distributed.versions import get_versions
 
             get_versions()
-            threads = workers or min(cpus, max(1, len(plan.sources)))
+            threads = workers or min(usable_cpus(), max(1, len(plan.sources)))
             cluster = stack.enter_context(LocalCluster(
                 n_workers=threads, threads_per_worker=1, processes=True,
                 dashboard_address=None))

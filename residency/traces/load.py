@@ -558,8 +558,9 @@ def _parse_all(fmt: str, sources: list[Path], *, cache: bool, workers: int | Non
     todo = [i for i, f in enumerate(found) if f is None]
     job = dict(root=root, chunk_bytes=chunk_bytes, max_bytes=max_bytes, digest=cache or digest,
                device_names=device_names)
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    n = workers if workers is not None else cpus or 1
+    from residency.traces.workers import usable_cpus
+
+    n = workers if workers is not None else usable_cpus()
     small = sum(stats[i].st_size for i in todo) < _PARALLEL_MIN_BYTES
     parts = {} if n <= 1 or (workers is None and small) else _plan_parts(
         sources, [stats[i].st_size for i in range(len(sources))], todo, n)

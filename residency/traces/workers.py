@@ -16,7 +16,8 @@ import os
 import threading
 from concurrent.futures import ProcessPoolExecutor
 
-__all__ = ["HEAP_KEEP_BYTES", "heap_kept", "keep_heap", "process_pool", "start_method"]
+__all__ = ["HEAP_KEEP_BYTES", "heap_kept", "keep_heap", "process_pool", "start_method",
+           "usable_cpus"]
 
 HEAP_KEEP_BYTES = 32 << 20  # freed memory a worker keeps at its heap's top
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
@@ -28,6 +29,13 @@ def start_method() -> str:
     from a process with no threads of its own, else ``"spawn"``."""
     return "fork" if (threading.active_count() == 1 and "fork" in
                       multiprocessing.get_all_start_methods()) else "spawn"
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one), at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
 
 
 def process_pool(n: int) -> ProcessPoolExecutor:
