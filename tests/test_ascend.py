@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from residency.analysis.causes import NO_HOST_RANGE, cause_diff, idle_by_cause, top_cause
-from residency.analysis.idle import busy_intervals, idle_summary
+from residency.analysis.idle import busy_intervals, idle_summary, idle_summary_at
 from residency.traces import cache as tracecache
 from residency.traces.busy import classify, resolve
-from residency.traces.load import CACHE_DIR, TraceError, load_traces
+from residency.traces.load import CACHE_DIR, TraceError, TraceNote, load_traces
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "traces"
@@ -460,9 +460,35 @@ def test_plain_profiler_info_is_rank_0(tmp_path):
         shutil.rmtree(sub)
     info = next(d.glob("*/profiler_info_0.json"))
     info.rename(info.with_name("profiler_info.json"))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with pytest.warns(TraceNote, match="records no rank.*read as rank 0, the only trace"):
         assert list(load_traces(d, cache=False).ranks) == [0]
+
+
+def _plain_infos_in_rank_folders(tmp_path, folder: str) -> Path:
+    """ascend_real's sessions, each with a plain profiler_info.json, in <folder><r>/."""
+    d = copy("ascend_real", tmp_path)
+    out = tmp_path / "tree"
+    for r, sub in enumerate(sorted(p for p in d.iterdir() if p.is_dir())):
+        for info in sub.glob("profiler_info_*.json"):
+            info.rename(info.with_name("profiler_info.json"))
+        (out / f"{folder}{r}").mkdir(parents=True)
+        sub.rename(out / f"{folder}{r}" / sub.name)
+    return out
+
+
+@pytest.mark.parametrize("folder", ["rank", "diffusion_rank"])
+def test_a_plain_profiler_info_takes_its_rank_from_the_folder(tmp_path, folder):
+    """A plain profiler_info.json records no rank: the rank<N> folder tells it, with no
+    warning that the profiler recorded another (it read as rank 0 on every rank)."""
+    d = _plain_infos_in_rank_folders(tmp_path, folder)
+    n = len(list(d.iterdir()))
+    assert n >= 2
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        traces = load_traces(d, cache=False)
+        summary = idle_summary_at(d, cache=False)
+    assert list(traces.ranks) == list(range(n)) == list(summary.ranks)
+    assert not [w for w in caught if "recorded rank" in str(w.message)]
 
 
 def test_npu_analysis_modules_import_neither_torch_nor_the_workload():

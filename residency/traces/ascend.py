@@ -11,11 +11,12 @@ Layouts read (torch-npu 2.x, ``tensorboard_trace_handler`` / ``ExportType``; vLL
 * vLLM-Omni writes ``<dir>/diffusion_rank<N>/...`` and ``<dir>/stage<K>_rank<N>/...``: the text
   before ``rank<N>`` names a *group* (``diffusion``, ``stage0``); ranks of different groups are
   different processes, so one group is analysed at a time.
-* Rank: ``profiler_info_<rank>.json`` (a plain ``profiler_info.json``, written without
-  torch.distributed, is rank 0), else ``ascend_pytorch_profiler_<rank>.db``, else a
+* Rank: ``profiler_info_<rank>.json``, else ``ascend_pytorch_profiler_<rank>.db``, else a
   ``[<group>_]rank<N>`` folder *below* the given root, never the ``*_ascend_pt`` directory's
   own name (it starts with the host name: ``gpu-rank7-a_...`` is not rank 7) nor a folder
-  named after a host (``gpu-rank7/``: host names have no ``_``).
+  named after a host (``gpu-rank7/``: host names have no ``_``). A plain
+  ``profiler_info.json`` (written without torch.distributed) records no rank: a lone session
+  without a rank folder is read as rank 0, as any lone trace.
 * Times: torch-npu writes absolute epoch microseconds. Ascend/pytorch PR #156 (open) would
   write them as numbers relative to the trace's own start (its ``_normalize_timestamps``),
   recording no offset; `align_clocks` detects times that cannot be epoch microseconds and
@@ -185,9 +186,7 @@ def _info_rank(d: Path) -> int | None:
              if (m := _INFO_RE.fullmatch(f.name))}
     if len(ranks) > 1:
         raise TraceError(d, f"more than one profiler_info_<rank>.json: {sorted(ranks)}")
-    if not ranks and (d / "profiler_info.json").is_file():
-        return 0  # torch-npu writes it without a rank when torch.distributed is not used
-    return ranks.pop() if ranks else None
+    return ranks.pop() if ranks else None  # (a plain profiler_info.json records no rank)
 
 
 def _path_rank(d: Path, root: Path) -> tuple[str, int | None]:
