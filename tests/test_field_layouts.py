@@ -258,6 +258,26 @@ def test_host_activity_only_is_refused_unless_asked(flags):
     assert ok.returncode == 0 and got["all_rank_idle_ns"] == got["window_measure_ns"] > 0
 
 
+def test_host_activity_only_asked_for_is_idle_over_what_the_ranks_recorded(tmp_path):
+    """The refusal's advice alone (`--allow-no-device-tasks`) reports: the window is the
+    ranks' recorded span, all of it idle. Before: refused again, asking for --window-marker."""
+    from residency.traces.load import timeline_span
+
+    out = cli(str(FIELD / "cpu_only_gloo"), "--allow-no-device-tasks", "--json")
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        spans = [timeline_span(t) for t in load_traces(FIELD / "cpu_only_gloo",
+                                                       cache=False).ranks.values()]
+    window = [min(s for s, _ in spans), max(e for _, e in spans)]
+    assert got["window_ns"] == window and got["window_measure_ns"] == window[1] - window[0]
+    assert got["all_rank_idle_ns"] == got["window_measure_ns"] > 0
+    assert all(r["busy_ns"] == 0 for r in got["per_rank"].values())
+    text = cli(str(FIELD / "cpu_only_gloo"), "--allow-no-device-tasks")
+    assert "no busy device task: earliest to latest event recorded" in text.stdout
+
+
 # -- finding 5: files that are not traces -----------------------------------------------------
 
 def test_files_that_are_not_traces_are_skipped_not_fatal():

@@ -80,6 +80,9 @@ class IdleSummary:
     marker: str | None = None
     window_marker: str | None = None
     busy_definition: str = "all"
+    # how the window was chosen: "busy tasks" (earliest to latest), "window marker" (the
+    # union of its ranges), "recorded span" (no busy task: earliest to latest event recorded)
+    window_basis: str = "busy tasks"
 
     def to_dict(self) -> dict[str, Any]:
         """The ``residency idle --json`` object."""
@@ -230,7 +233,8 @@ def idle_summary(traces: TraceSet, *, marker: str | None = None,
             task in any rank when no `window_marker` is given, an unknown `busy` name or one
             that does not apply to the traces' format; no recognised device task in any rank
             at all (a trace of host activity only: the window would be 100 % idle), unless
-            `allow_no_device_tasks`.
+            `allow_no_device_tasks` (the default window is then the ranks' recorded span:
+            earliest to latest host range or device task).
 
     Warns:
         UserWarning: device tasks of unknown types (counted busy) that the trace's own Overlap
@@ -333,7 +337,9 @@ def summarize(fmt: str, reductions: Sequence[RankReduction],
         hosts = sum(r.host_ranges for r in reductions)
         raise busydef.OptionError("allow_no_device_tasks", _NO_DEVICE_TASKS[fmt],
                                   len(reductions), hosts)
+    basis = "busy tasks"
     if window_marker is not None:
+        basis = "window marker"
         window = iv.union(*(r.window_ranges for r in reductions))
         if not len(window):
             raise busydef.OptionError("window_marker", "no host range matches {option} "
@@ -341,6 +347,8 @@ def summarize(fmt: str, reductions: Sequence[RankReduction],
                                       window_marker)
     else:
         spans = [r.busy_bounds for r in reductions if r.busy_bounds is not None]
+        if not spans and allow_no_device_tasks:  # what the ranks recorded, all of it idle
+            spans, basis = [r.span for r in reductions if r.span is not None], "recorded span"
         if not spans:
             raise busydef.OptionError("window_marker", "no rank has device tasks that count "
                                       "as busy, so there is no default window; pass {option} "
@@ -367,7 +375,8 @@ def summarize(fmt: str, reductions: Sequence[RankReduction],
         marker_ns=iv.measure(markers),
         marker_idle_intersection_ns=iv.measure(iv.intersection(markers, idle)),
         rejected_events=sum(r.rejected_events for r in reductions), per_rank=tuple(rows),
-        marker=marker, window_marker=window_marker, busy_definition=definition.name)
+        marker=marker, window_marker=window_marker, busy_definition=definition.name,
+        window_basis=basis)
 
 
 _NO_DEVICE_TASKS = {
@@ -853,8 +862,9 @@ def format_summary(s: IdleSummary) -> list[str]:
     def pct(part: int, whole: int) -> str:
         return f"{100 * part / whole:.1f} %" if whole else "n/a"
 
-    how = (f"union of host ranges matching /{s.window_marker}/" if s.window_marker is not None
-           else "earliest to latest busy device task")
+    how = {"window marker": f"union of host ranges matching /{s.window_marker}/",
+           "recorded span": "no busy device task: earliest to latest event recorded"}.get(
+               s.window_basis, "earliest to latest busy device task")
     rows = [("window", s.window_measure_ns, f"{how}; [{s.window_ns[0]}, {s.window_ns[1]}) ns"),
             ("all-rank no-device-task time", s.all_rank_idle_ns,
              f"{pct(s.all_rank_idle_ns, s.window_measure_ns)} of the window")]

@@ -120,7 +120,8 @@ def _idle(p: argparse.ArgumentParser) -> None:
                    help="also attribute all-rank idle time to the innermost host range")
     p.add_argument("--allow-no-device-tasks", action="store_true",
                    help="report a trace with no recognised device task (host activity only) "
-                   "as 100 %% idle instead of refusing it")
+                   "as 100 %% idle instead of refusing it (window: what the ranks recorded, "
+                   "unless --window-marker)")
     p.add_argument("--json", action="store_true", help="print one JSON object (with "
                    "`warnings`, the messages also printed on stderr)")
     p.add_argument("--no-cache", action="store_true",
