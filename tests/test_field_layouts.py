@@ -430,3 +430,19 @@ def test_two_loose_exports_of_one_rank_are_listed_by_their_own_names(tmp_path):
     with pytest.raises(TraceError, match="cannot tell the rank of .*trace_view.json, "
                                          ".*trace_view_again.json"):
         load_traces(tmp_path / "rank0", cache=False)  # the root's own name is no rank
+
+
+@pytest.mark.parametrize("marker", ["no_such_marker", "ProfilerStep#999"])
+def test_a_marker_that_matches_nothing_is_said(marker):
+    """A mistyped --marker gave 0 ms of marker time with no word (a --window-marker that
+    matches nothing is refused)."""
+    out = cli(str(FIELD / "cpu_only_gloo"), "--window-marker", "ProfilerStep", "--json",
+              "--allow-no-device-tasks", "--marker", marker)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["marker_ns"] == 0
+    said = [w for w in got["warnings"] if "matches no host range" in w]
+    assert len(said) == 1 and repr(marker) in said[0] and repr(marker) in out.stderr
+    hit = json.loads(cli(str(FIELD / "cpu_only_gloo"), "--window-marker", "ProfilerStep",
+                         "--json", "--allow-no-device-tasks", "--marker", "ProfilerStep").stdout)
+    assert hit["marker_ns"] > 0 and not [w for w in hit["warnings"] if "matches no" in w]

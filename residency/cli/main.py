@@ -358,6 +358,10 @@ def cmd_idle(args: argparse.Namespace) -> int:
                 summary = idle_summary(traces, marker=args.marker,
                                        window_marker=args.window_marker, busy=args.busy,
                                        allow_no_device_tasks=args.allow_no_device_tasks)
+            if args.marker is not None and not any(r.markers for r in summary.per_rank):
+                warnings.warn(f"--marker {args.marker!r} matches no host range in the window "
+                              "of any rank: its time and its intersection with idle time "
+                              "are 0", UserWarning, stacklevel=1)
             if args.by_cause:
                 from residency.analysis.causes import idle_by_cause
 
