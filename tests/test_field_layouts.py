@@ -446,3 +446,77 @@ def test_a_marker_that_matches_nothing_is_said(marker):
     hit = json.loads(cli(str(FIELD / "cpu_only_gloo"), "--window-marker", "ProfilerStep",
                          "--json", "--allow-no-device-tasks", "--marker", "ProfilerStep").stdout)
     assert hit["marker_ns"] > 0 and not [w for w in hit["warnings"] if "matches no" in w]
+
+
+# -- ranks missing from the job their traces name ---------------------------------------------
+
+def _job_of(tmp_path: Path, world: int, ranks: list[int]) -> Path:
+    """kineto_basic's rank 0 trace as `ranks` of a job of `world` ranks (distributedInfo)."""
+    doc = json.loads((DATA / "kineto_basic" / "rank0.trace.json").read_text())
+    d = tmp_path / "job"
+    d.mkdir(parents=True)
+    for r in ranks:
+        doc["distributedInfo"] = {"backend": "nccl", "rank": r, "world_size": world}
+        (d / f"rank{r}.trace.json").write_text(json.dumps(doc))
+    return d
+
+
+def _warned(fn, *args, **kwargs) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fn(*args, **kwargs)
+    return [str(w.message) for w in caught if "world_size" in str(w.message)]
+
+
+@pytest.mark.parametrize("how", ["load", "rank by rank", "in parts", "cached"])
+def test_ranks_missing_from_the_job_are_said(tmp_path, how, monkeypatch):
+    """2 of a job's 8 ranks gave 'all-rank' figures of 2 ranks without a word."""
+    from residency.analysis.idle import idle_summary_at
+
+    monkeypatch.setenv("RESIDENCY_CACHE_DIR", str(tmp_path / "cache"))
+    ranks = [3] if how == "in parts" else [0, 1, 2, 5]
+    d = _job_of(tmp_path, 8, ranks)
+    if how == "load":
+        said = _warned(load_traces, d, cache=False)
+    elif how == "rank by rank":
+        said = _warned(idle_summary_at, d, cache=False, workers=1)
+    elif how == "in parts":  # one file: its parts parsed in worker processes, then joined
+        from residency.traces import load as traces_load
+
+        joined = []
+        join = traces_load.join_parts
+        monkeypatch.setattr(traces_load, "_PART_MIN_BYTES", 256)
+        monkeypatch.setattr(traces_load, "join_parts", lambda *a: joined.append(1) or join(*a))
+        said = _warned(load_traces, d, cache=False, workers=2, chunk_bytes=256)
+        assert joined == [1]
+    else:
+        _warned(idle_summary_at, d, workers=1)  # records the entries
+        said = _warned(idle_summary_at, d, workers=1)
+    assert len(said) == 1, said
+    assert (f"world_size is 8 but {len(ranks)} rank(s) were read "
+            f"({'3; 7' if how == 'in parts' else '0-2, 5; 4'} of ranks 0-7 missing)") in said[0]
+
+
+def test_the_whole_job_or_no_world_size_is_not_a_warning(tmp_path):
+    from residency.analysis.idle import idle_summary_at
+
+    whole = _job_of(tmp_path / "a", 3, [0, 1, 2])
+    assert _warned(load_traces, whole, cache=False) == []
+    assert _warned(idle_summary_at, whole, cache=False) == []
+    # no distributedInfo at all (ranks from the file names): nothing to check against
+    doc = json.loads((DATA / "kineto_basic" / "rank0.trace.json").read_text())
+    doc.pop("distributedInfo", None)
+    bare = tmp_path / "b"
+    bare.mkdir()
+    for r in (0, 3):
+        (bare / f"rank{r}.trace.json").write_text(json.dumps(doc))
+    assert _warned(load_traces, bare, cache=False) == []
+
+
+def test_traces_of_different_world_sizes_are_said(tmp_path):
+    d = _job_of(tmp_path, 2, [0, 1])
+    doc = json.loads((d / "rank1.trace.json").read_text())
+    doc["distributedInfo"]["world_size"] = 4
+    (d / "rank1.trace.json").write_text(json.dumps(doc))
+    (said,) = _warned(load_traces, d, cache=False)
+    assert "different world sizes (distributedInfo.world_size 2, 4)" in said

@@ -287,6 +287,7 @@ class RankReduction:
     host_ranges: int = 0
     computing: iv.Intervals | None = None  # torch-npu: merged compute tasks, for step checks
     work: iv.Intervals | None = None  # torch-npu: merged compute + communication tasks
+    world_size: int | None = None  # the ranks its content says the job had
 
 
 _NONE = np.empty((0, 2), np.int64)
@@ -482,6 +483,7 @@ def idle_summary_at(path: str | os.PathLike[str], *, marker: str | None = None,
                   for i, r in enumerate(reductions)]
     tr.settle_ranks(plan, [r.rank for r in reductions])
     tr.check_spans(plan.root, {r.rank: (r.source, r.span) for r in reductions})
+    tr.check_world(plan.root, {r.rank: r.world_size for r in reductions})
     for r in reductions:
         if not r.device_tasks:
             warnings.warn(tr.no_device_tasks(r.rank, r.source), UserWarning, stacklevel=2)
@@ -547,7 +549,7 @@ def _computed(plan: Any, i: int, job: dict[str, Any], parsed: Any) -> RankReduct
         parsed = tr.parse_source(plan.format, source, root=root,
                                  chunk_bytes=job["chunk_bytes"], max_bytes=limit,
                                  digest=cache, device_names=False)
-    content_rank, digest = parsed.rank, parsed.digest
+    content_rank, digest, parsed_world = parsed.rank, parsed.digest, parsed.world_size
     rank = tr.rank_of(plan, i, content_rank, warn=False)  # warned once, where gathered
     t = tr.timeline_of(parsed, -1 if rank is None else rank, source, plan.sessions[i])
     del parsed
@@ -556,7 +558,7 @@ def _computed(plan: Any, i: int, job: dict[str, Any], parsed: Any) -> RankReduct
     rx = None if job["marker"] is None else _compile(job["marker"], "marker")
     definition = busydef.resolve(job["busy"], plan.format)
     r = dataclasses.replace(reduce_rank(t, definition, plan.format, rx, wrx), rank=rank,
-                            content_rank=content_rank)
+                            content_rank=content_rank, world_size=parsed_world)
     del t
     if cache:
         if digest is None:  # (the SQLite export)
@@ -579,7 +581,7 @@ def _entry_meta(r: RankReduction) -> dict[str, Any]:
             "excluded": r.excluded, "unknown": r.unknown, "overlap_span": r.overlap_span,
             "span": r.span, "end_abs": r.end_abs, "free": r.free is not None,
             "confirmed": sorted(r.confirmed), "host_ranges": r.host_ranges,
-            "steps": r.computing is not None}
+            "steps": r.computing is not None, "world_size": r.world_size}
 
 
 def _pair(v: Any) -> tuple[int, int] | None:
@@ -622,8 +624,10 @@ def _from_entry(plan: Any, i: int, got: tuple[dict[str, Any], dict[str, np.ndarr
         n, rejected, hosts = meta["device_tasks"], meta["rejected_events"], meta["host_ranges"]
         if type(n) is not int or type(rejected) is not int or type(hosts) is not int:
             return None
-        confirmed = meta["confirmed"]
+        confirmed, world = meta["confirmed"], meta["world_size"]
         if not isinstance(confirmed, list) or not all(type(c) is str for c in confirmed):
+            return None
+        if world is not None and type(world) is not int:
             return None
         rank = tr.rank_of(plan, i, content, warn=False)
         return RankReduction(rank, plan.sources[i], n, rejected, rows["busy"],
@@ -631,7 +635,7 @@ def _from_entry(plan: Any, i: int, got: tuple[dict[str, Any], dict[str, np.ndarr
                              _counts(meta["unknown"]), rows["markers"], rows["window_ranges"],
                              rows.get("free"), _pair(meta["overlap_span"]),
                              _pair(meta["span"]), end_abs, content, frozenset(confirmed),
-                             hosts, rows.get("computing"), rows.get("work"))
+                             hosts, rows.get("computing"), rows.get("work"), world)
     except (KeyError, TypeError, ValueError):
         return None
 

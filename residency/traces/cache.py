@@ -52,7 +52,9 @@ from residency.traces.formats import Parsed, object_array
 __all__ = ["PARSER_VERSION", "cache_dir", "enabled", "get", "get_parsed", "max_bytes", "put",
            "put_parsed"]
 
-PARSER_VERSION = 6  # 6: the payload digest covers the trace digest and status; 5: user cache
+# 7: distributedInfo.world_size kept; 6: the payload digest covers the trace digest and
+# status; 5: user cache
+PARSER_VERSION = 7
 _MAGIC = b"RESIDENCY-TRACE-CACHE/1\n"
 _DTYPES = frozenset({"<i8", "<i4", "<i2", "|i1", "|b1", "|u1"})
 _DEFAULT_MAX = 4 << 30
@@ -303,7 +305,7 @@ def put_parsed(source: Path, stat: os.stat_result, p: Parsed, *,
               "range_task_type": p.range_task_type, "range_lane": p.range_lane,
               "name_codes": codes, "names": _strings(table)}
     meta = {"rank": p.rank, "rejected": p.rejected, "task_types": list(p.task_types),
-            "lanes": list(p.lanes), "ranges": len(p.ranges)}
+            "lanes": list(p.lanes), "ranges": len(p.ranges), "world_size": p.world_size}
     put("columns", source, stat, {}, p.digest, meta, arrays, root=root)
 
 
@@ -324,7 +326,9 @@ def get_parsed(source: Path, stat: os.stat_result, *, root: Path | None = None,
                 or not len(a["range_task_type"]) == len(a["range_lane"]) == m):
             return None
         names = table[codes]
-        rank = meta.get("rank")
+        rank, world = meta.get("rank"), meta["world_size"]
+        if world is not None and type(world) is not int:
+            return None
         task_types = tuple(str(t) for t in meta["task_types"])
         lanes = tuple(str(t) for t in meta["lanes"])
         for c, k in ((a["device_task_type"], task_types), (a["range_task_type"], task_types),
@@ -333,7 +337,8 @@ def get_parsed(source: Path, stat: os.stat_result, *, root: Path | None = None,
                 return None
         p = Parsed(rank if type(rank) is int else None, a["device"], a["ranges"], names[:m],
                    int(meta["rejected"]), a["device_task_type"], a["range_task_type"],
-                   a["range_lane"], task_types, lanes, device_names=names[m:])
+                   a["range_lane"], task_types, lanes, device_names=names[m:],
+                   world_size=world)
     except (KeyError, TypeError, ValueError, msgspec.DecodeError):
         return None
     p.digest = meta["trace_digest"]

@@ -80,6 +80,7 @@ class Parsed:
     lanes: tuple[str, ...] = ()
     digest: str | None = None  # content digest of the trace file as stored, when asked for
     device_names: np.ndarray | None = None  # (n,) object array of str beside `device`
+    world_size: int | None = None  # from the file's content (Kineto distributedInfo)
 
 
 # -- event types ------------------------------------------------------------------------------
@@ -539,6 +540,8 @@ class _Kineto:
         base = getattr(doc, "baseTimeNanoseconds", None)
         info = getattr(doc, "distributedInfo", None)
         rank = info.get("rank") if isinstance(info, dict) else None
+        world = info.get("world_size") if isinstance(info, dict) else None
+        world = world if type(world) is int and 0 < world < 1 << 31 else None  # (else unsaid)
         if base is not None:
             if isinstance(base, str) and base.isascii() and base.isdigit() and len(base) < 20:
                 base = int(base)
@@ -563,7 +566,8 @@ class _Kineto:
         return Parsed(rank, device, ranges, table[codes],
                       self.rejected + rejected + host_rejected,
                       np.full(len(device), _NO_CODE, np.int16), none, none.copy(),
-                      device_names=table[dev_codes] if self.want_names else None)
+                      device_names=table[dev_codes] if self.want_names else None,
+                      world_size=world)
 
 
 def _intervals(ts: np.ndarray, dur: np.ndarray, base: int

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -224,6 +225,8 @@ def load_traces(path: str | os.PathLike[str], *, cache: bool = True,
     settle_ranks(plan, [t.rank if t is not None else None for t in timelines])
     ranks = {t.rank: t for t in timelines if t is not None}
     check_spans(plan.root, {r: (t.source, timeline_span(t)) for r, t in ranks.items()})
+    check_world(plan.root, {t.rank: p.world_size for t, p in zip(timelines, parsed,
+                                                                strict=True) if t is not None})
     for t in ranks.values():
         if not len(t.device):
             warnings.warn(no_device_tasks(t.rank, t.source), UserWarning, stacklevel=2)
@@ -504,6 +507,38 @@ def timeline_span(t: RankTimeline) -> tuple[int, int] | None:
     lo = [int(a.min()) for a in (t.device[:, 0], t.ranges[:, 0]) if len(a)]
     hi = [int(a.max()) for a in (t.device[:, 1], t.ranges[:, 1]) if len(a)]
     return (min(lo), max(hi)) if lo else None
+
+
+def check_world(root: Path, worlds: dict[int, int | None]) -> None:
+    """Warn where the ranks read (rank -> the ``distributedInfo.world_size`` its trace names)
+    are not the whole job their traces name: all-rank figures then cover those ranks only."""
+    said = sorted({w for w in worlds.values() if w is not None})
+    if not said:
+        return
+    if len(said) > 1:
+        warnings.warn(f"{root}: the traces name different world sizes "
+                      f"(distributedInfo.world_size {', '.join(map(str, said))}): are they of "
+                      "one job?", UserWarning, stacklevel=3)
+        return
+    (world,) = said
+    read = set(worlds)
+    if read != set(range(world)):
+        missing = world - len(read & set(range(world)))
+        warnings.warn(f"{root}: distributedInfo.world_size is {world} but {len(read)} "
+                      f"rank(s) were read ({rank_list(read)}; {missing} of ranks 0-{world - 1} "
+                      "missing): all-rank figures cover the ranks read only", UserWarning,
+                      stacklevel=3)
+
+
+def rank_list(ranks: Iterable[int]) -> str:
+    """Ranks as short text, runs of consecutive ranks as ``a-b``: ``0-3, 7``."""
+    runs: list[list[int]] = []
+    for r in sorted(ranks):
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def check_spans(root: Path, spans: dict[int, tuple[Path, tuple[int, int] | None]]) -> None:
