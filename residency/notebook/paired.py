@@ -10,7 +10,7 @@ import pandas as pd
 
 from residency import evidence
 from residency.evidence import PAIRED_ARMS, Evidence
-from residency.humanize import sig
+from residency.humanize import md_text, sig
 from residency.notebook.outputs import statistical_note
 from residency.rundir.run import Run
 
@@ -75,8 +75,9 @@ def notes(ev: Evidence, keys: tuple[str, ...] | list[str]) -> list[str]:
     if len(shared) != 1 or any(a is None for a in found):
         return [note(ev, k) for k in keys]
     judged, scope = next(iter(shared))
-    out = [statistical_note(a.note, what=ATTRIBUTIONS.get(a.key, a.key)) for a in found]
-    out[-1] += f" *Judged on (all {len(found)}): {judged}. Scope: {scope}.*"
+    out = [statistical_note(md_text(a.note), what=ATTRIBUTIONS.get(a.key, a.key))
+           for a in found]
+    out[-1] += f" *Judged on (all {len(found)}): {md_text(judged)}. Scope: {md_text(scope)}.*"
     return out
 
 
@@ -88,8 +89,9 @@ def note(ev: Evidence, key: str) -> str:
     if a is None:
         return statistical_note("No data for this attribution in this run: nothing to test.",
                                 what=what)
-    return statistical_note(f"{a.note} *Judged on: {a.judged_on}. Scope: "
-                            f"{a.scope.describe()}.*", what=what)
+    # (plain words holding run and rank names from the run: escaped, as every run text)
+    return statistical_note(f"{md_text(a.note)} *Judged on: {md_text(a.judged_on)}. Scope: "
+                            f"{md_text(a.scope.describe())}.*", what=what)
 
 
 def normal_call_frame(ev: Evidence) -> pd.DataFrame:

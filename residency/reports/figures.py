@@ -13,6 +13,7 @@ import pandas as pd
 from residency import devices
 from residency.evidence import PAIRED_ARMS, Evidence
 from residency.policy.cache import DEFAULT_MAX_CACHED_FRACTION, DEFAULT_MIN_FREE_FRACTION
+from residency.reports.figure_text import plain_text
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -34,6 +35,7 @@ def _figure(ncols: int, *, width: float = 11.0, height: float = 4.2) -> tuple[Fi
     return fig, axes[0]
 
 
+@plain_text
 def plot_fractions(frame: pd.DataFrame) -> Figure:
     """Cached and free fractions of each normal check against their bounds (retain while
     cached <= 0.25 and free >= 0.05 of total), by measured request and rank."""
@@ -72,6 +74,7 @@ def plot_fractions(frame: pd.DataFrame) -> Figure:
     return fig
 
 
+@plain_text
 def plot_normal_calls(ev: Evidence) -> Figure:
     """Per-rank normal-call duration (ms, log scale) of both arms of the profiled pair (the
     evidence's `normal_call_per_rank`)."""
@@ -123,6 +126,7 @@ def idle_frame(ev: Evidence) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["arm", *(c for _, c in IDLE_COLUMNS)]).set_index("arm")
 
 
+@plain_text
 def plot_idle(ev: Evidence) -> Figure:
     """Per arm: normal-release markers ∩ all-rank no-device-task time (ms), that time (s), the
     preparation window (s) of the profiled pair, one panel per unit."""
@@ -142,6 +146,7 @@ def plot_idle(ev: Evidence) -> Figure:
     return fig
 
 
+@plain_text
 def whatif_figure(bounded: pd.DataFrame, learned: pd.DataFrame, *, heatmap: str = "bounded"
                   ) -> Any:
     """A matplotlib figure: the retention rate of `heatmap`'s grid over the two bounds (the

@@ -32,6 +32,7 @@ from residency.policy.cache import (
     PAIRED_ARMS,
 )
 from residency.reports.banner import device_heading
+from residency.reports.figure_text import plain_text
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -144,6 +145,7 @@ def _draw_arm(ax: Axes, t: ArmTimeline, *, scale: float, origin_ns: int,
     ax.set_ylim(-0.6, top + 0.6)
 
 
+@plain_text
 def timeline_figure(baseline: ArmTimeline, candidate: ArmTimeline, *,
                     zoom_ms: float | None = None) -> Figure:
     """The profiled pair on one time axis (s from each run's request start): baseline above
@@ -206,6 +208,7 @@ def _recorded_bound(d: pd.DataFrame, column: str, default: float) -> float:
     return float(values[0]) if len(values) == 1 else default
 
 
+@plain_text
 def memory_figure(decisions: pd.DataFrame, *, device_kind: str,
                   max_cached_fraction: float | None = None,
                   min_free_fraction: float | None = None,
@@ -326,6 +329,7 @@ def _release_kind(name: str) -> str:
     return next((k for k in RELEASE if f"[{k}]" in name), "normal")
 
 
+@plain_text
 def memory_timeline_figure(memory: Mapping[str, pd.DataFrame],
                            releases: Mapping[str, pd.DataFrame],
                            origins_ns: Mapping[str, int], *, device_kind: str,
@@ -414,6 +418,7 @@ def _spread_labels(ys: Sequence[float], gap: float) -> list[float]:
     return placed
 
 
+@plain_text
 def e2e_slopegraph(profiled: Mapping[str, Sequence[float]],
                    unprofiled: Mapping[str, Sequence[float]], *, device_kind: str,
                    unit: str = "s", aa_spread: float | None = None) -> Figure:

@@ -1,0 +1,77 @@
+"""Run text (run folder names, which the evidence's notes quote) reaches reports and terminals
+inert: no tag, link or mathtext of it is rendered, no control character printed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from residency import evidence
+from residency.notebook import paired
+from residency.rundir.run import load_run
+from tests.test_hostile_runs import PAIRED, reseal
+
+TAG = '<img src=x onerror="alert(1)">[j](javascript:alert(1))'
+
+
+def _renamed(tmp_path: Path, names: dict[int, str]) -> Path:
+    """The paired-profile run with the service runs of `names` (index -> new folder name)
+    renamed, its manifest and seal rewritten to match."""
+    run = tmp_path / "run"
+    shutil.copytree(PAIRED, run)
+    path = run / "manifest.json"
+    m = json.loads(path.read_text())
+    for i, name in names.items():
+        entry = m["runs"][i]
+        os.rename(run / entry["dir"], run / "runs" / name)
+        entry["dir"] = f"runs/{name}"
+    path.write_text(json.dumps(m))
+    reseal(run)
+    return run
+
+
+@pytest.fixture(scope="module")
+def hostile_evidence(tmp_path_factory) -> evidence.Evidence:
+    run = _renamed(tmp_path_factory.mktemp("h"), {
+        i: f"{i:02d}-{TAG}{i}" for i in range(len(json.loads(
+            (PAIRED / "manifest.json").read_text())["runs"]))})
+    return evidence.build(load_run(run))
+
+
+def test_the_notes_quote_run_names_as_inert_text(hostile_evidence):
+    notes = [paired.note(hostile_evidence, k) for k in paired.NOTE_KEYS]
+    notes += paired.notes(hostile_evidence, list(paired.NOTE_KEYS))
+    quoted = [n for n in notes if "onerror" in n]
+    assert quoted, "the notes no longer quote run names: the test needs another carrier"
+    for n in quoted:
+        assert "<img" not in n and "](javascript" not in n, n
+        assert "&lt;img" in n and r"\[j\]" in n
+
+
+@pytest.fixture(scope="module")
+def dollar_evidence(tmp_path_factory) -> evidence.Evidence:
+    n = len(json.loads((PAIRED / "manifest.json").read_text())["runs"])
+    run = _renamed(tmp_path_factory.mktemp("d"), {i: f"{i:02d}-b$^^${i}" for i in range(n)})
+    return evidence.build(load_run(run))
+
+
+def test_figures_draw_run_names_with_dollars_as_written(dollar_evidence, tmp_path):
+    """A `$` pair is matplotlib mathtext: `00-b$^^$` in a run folder's name stopped the
+    report with a mathtext ValueError when the figure was saved."""
+    from matplotlib.text import Text
+
+    from residency.notebook.outputs import save_figure
+    from residency.reports import figures, views
+    from residency.reports.plots import e2e_slopegraph
+
+    built = [figures.plot_normal_calls(dollar_evidence), figures.plot_idle(dollar_evidence),
+             e2e_slopegraph(*views.e2e_pairs(dollar_evidence),
+                            device_kind=dollar_evidence.device_kind)]
+    texts = [t.get_text() for fig in built for t in fig.findobj(Text)]
+    assert any("$^^$" in t for t in texts), "no figure shows a run name: needs another carrier"
+    for k, fig in enumerate(built):
+        assert save_figure(fig, tmp_path, f"f{k}").stat().st_size > 0
