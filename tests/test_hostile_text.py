@@ -75,3 +75,26 @@ def test_figures_draw_run_names_with_dollars_as_written(dollar_evidence, tmp_pat
     assert any("$^^$" in t for t in texts), "no figure shows a run name: needs another carrier"
     for k, fig in enumerate(built):
         assert save_figure(fig, tmp_path, f"f{k}").stat().st_size > 0
+
+
+def test_idle_prints_trace_names_without_their_control_characters(tmp_path):
+    """Host range names (a trace's text) went to the terminal raw: an ESC [2J cleared it and
+    an OSC set its title."""
+    import subprocess
+    import sys
+
+    evil = "residency.release[normal]\x1b[2J\x1b]0;TITLE\x07\u202eevil"
+    doc = json.loads((PAIRED.parent.parent.parent / "tests" / "data" / "traces"
+                      / "kineto_basic" / "rank0.trace.json").read_text())
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "user_annotation":
+            e["name"] = evil
+    d = tmp_path / "t"
+    d.mkdir()
+    (d / "rank0.trace.json").write_text(json.dumps(doc))
+    out = subprocess.run([sys.executable, "-m", "residency", "idle", str(d), "--by-cause",
+                          "--marker", "nothing", "--no-cache"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "\\x1b[2J" in out.stdout  # the name is shown, escaped
+    for stream in (out.stdout, out.stderr):
+        assert not [c for c in stream if not c.isprintable() and c != "\n"], stream

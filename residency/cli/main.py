@@ -369,7 +369,7 @@ def cmd_idle(args: argparse.Namespace) -> int:
         finally:
             for w in caught:
                 kind = "note" if issubclass(w.category, TraceNote) else "warning"
-                print(f"residency idle: {kind}: {w.message}", file=sys.stderr)
+                print(_terminal(f"residency idle: {kind}: {w.message}"), file=sys.stderr)
     if args.json:
         out = summary.to_dict()
         out["warnings"] = [str(w.message) for w in caught]
@@ -382,7 +382,7 @@ def cmd_idle(args: argparse.Namespace) -> int:
         from residency.analysis.causes import format_causes
 
         lines += ["", *format_causes(causes)]
-    print("\n".join(lines))
+    print("\n".join(map(_terminal, lines)))  # names from the traces: never raw
     return 0
 
 
@@ -444,7 +444,7 @@ def cmd_report(args: argparse.Namespace) -> int:
                 for png in reports.capture(html, html.with_suffix(".png")).paths:
                     print(png)
         except reports.ReportError as exc:
-            print(f"residency report: error: {exc}", file=sys.stderr)
+            print(_terminal(f"residency report: error: {exc}"), file=sys.stderr)
             failed += 1
     if len(notebooks) > failed and (len(notebooks) > 1
                                     or any(os.path.isdir(p) for p in args.paths)):
@@ -595,13 +595,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except BadInput as exc:  # before RunFailed: bad input found before a run is input
-        print(f"residency {args.command}: error: {_message(exc)}", file=sys.stderr)
+        print(_terminal(f"residency {args.command}: error: {_message(exc)}"), file=sys.stderr)
         return 2
     except RunFailed as exc:
-        print(f"residency {args.command}: error: {exc}", file=sys.stderr)
+        print(_terminal(f"residency {args.command}: error: {exc}"), file=sys.stderr)
         return 1
     except (ValueError, OSError) as exc:  # bad input from the standard library
-        print(f"residency {args.command}: error: {_message(exc)}", file=sys.stderr)
+        print(_terminal(f"residency {args.command}: error: {_message(exc)}"), file=sys.stderr)
         return 2
 
 
@@ -633,6 +633,14 @@ def _stdout_gone() -> int:
     except (OSError, ValueError):
         pass
     return SIGPIPE_EXIT
+
+
+def _terminal(text: str) -> str:
+    """`text` for a terminal, line by line: the names it quotes from traces and runs (host
+    ranges, file names) with every control character written as an escape, never acted on."""
+    from residency.rundir.seal import printable
+
+    return "\n".join(map(printable, text.split("\n")))
 
 
 def _message(exc: BaseException) -> str:
