@@ -98,3 +98,36 @@ def test_idle_prints_trace_names_without_their_control_characters(tmp_path):
     assert "\\x1b[2J" in out.stdout  # the name is shown, escaped
     for stream in (out.stdout, out.stderr):
         assert not [c for c in stream if not c.isprintable() and c != "\n"], stream
+
+
+def test_every_notebook_gets_its_own_report_name():
+    """`x-y.ipynb` beside `x/y.ipynb` and `z/y.ipynb`: two reports were written to x-y.html,
+    the second over the first."""
+    from residency.reports.html import output_names
+
+    names = output_names([Path("nb/x-y.ipynb"), Path("nb/x/y.ipynb"), Path("nb/z/y.ipynb"),
+                          Path("nb/x-y-2.ipynb")])
+    assert len(set(names)) == 4 and names[:3] == ["x-y", "x-y-2", "z-y"]
+
+
+def test_the_index_links_pages_as_paths_under_a_policy(tmp_path):
+    """A report named `javascript:alert(document.title).html` was linked as that URL."""
+    from html import escape
+
+    from residency.reports.html import INDEX_CSP, write_index
+
+    (tmp_path / "javascript:alert(document.title).html").write_text("<html></html>")
+    (tmp_path / "a b#c.html").write_text("<html></html>")
+    page = write_index(tmp_path).read_text()
+    assert 'href="javascript%3Aalert%28document.title%29.html"' in page
+    assert 'href="a%20b%23c.html"' in page and 'href="javascript:' not in page
+    assert f'<meta http-equiv="Content-Security-Policy" content="{escape(INDEX_CSP)}">' in page
+
+
+def test_a_notebook_nested_past_the_stack_is_a_clear_error(tmp_path):
+    from residency.reports.html import ReportError, render_html
+
+    nb = tmp_path / "deep.ipynb"
+    nb.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ReportError, match=r"deep.ipynb: cannot read notebook \(RecursionError"):
+        render_html(nb, tmp_path / "out")

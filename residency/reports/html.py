@@ -100,8 +100,9 @@ def render_html(notebook: str | os.PathLike[str], out_dir: str | os.PathLike[str
     src = Path(notebook)
     try:
         nb = nbformat.read(src, as_version=4)
-    except (OSError, ValueError) as exc:
-        raise ReportError(f"{src}: cannot read notebook ({exc})") from None
+    except (OSError, ValueError, RecursionError) as exc:  # (JSON nested past the stack)
+        raise ReportError(f"{src}: cannot read notebook ({type(exc).__name__}: "
+                          f"{str(exc)[:300]})") from None
     if not _executed(nb):
         raise ReportError(f"{src}: has no outputs: execute it first "
                           f"(papermill {src} OUT.ipynb)")
@@ -205,6 +206,18 @@ def banner_of(html_path: str | os.PathLike[str]) -> tuple[str, list[str]]:
     return parts[0], parser.parts[1] if len(parser.parts) > 1 else []
 
 
+# The index links local pages and screenshots only: no script, frame, form or remote load
+INDEX_CSP = "default-src 'none'; img-src 'self'; style-src 'unsafe-inline'"
+
+
+def _href(rel: str) -> str:
+    """A relative POSIX path as an inert link target: percent-encoded (a first segment such as
+    ``javascript:x.html`` would otherwise read as a scheme, a ``#`` as a fragment)."""
+    from urllib.parse import quote
+
+    return escape(quote(rel))
+
+
 def write_index(out_dir: str | os.PathLike[str]) -> Path:
     """Write `out_dir/index.html`: one entry per report (`*.html` in `out_dir` and its
     sub-folders, but index files) linking it, with its banner line and provenance, and its
@@ -223,16 +236,18 @@ def write_index(out_dir: str | os.PathLike[str]) -> Path:
         rel = page.relative_to(root).as_posix()
         heading, prov = banner_of(page)
         shot = page.with_suffix(".png")
-        link = (f' · <a href="{escape(shot.relative_to(root).as_posix())}">screenshot</a>'
+        link = (f' · <a href="{_href(shot.relative_to(root).as_posix())}">screenshot</a>'
                 if shot.is_file() else "")
         rows.append(
-            f'<li><a href="{escape(rel)}"><strong>{escape(page.stem.replace("_", " "))}'
+            f'<li><a href="{_href(rel)}"><strong>{escape(page.stem.replace("_", " "))}'
             f"</strong></a>{link}<br>"
             f'<span class="banner">{escape(heading or "no banner: not a residency report")}'
             f"</span>"
             + "".join(f'<br><span class="prov">{escape(line)}</span>' for line in prov)
             + "</li>")
-    body = ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>residency reports"
+    body = ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
+            f'<meta http-equiv="Content-Security-Policy" content="{escape(INDEX_CSP)}">'
+            "<title>residency reports"
             "</title><style>body{font-family:sans-serif;max-width:60em;margin:2em auto}"
             "li{margin:0 0 1em 0}.banner{font-weight:bold}.prov{font-size:.85em;color:#374151}"
             f"</style></head><body><h1>Reports in {escape(root.name)}</h1>"
@@ -498,7 +513,17 @@ def screenshot(html_path: str | os.PathLike[str], png_path: str | os.PathLike[st
 
 
 def output_names(notebooks: Sequence[Path]) -> list[str]:
-    """Output names: the stem, prefixed with the parent folder's name where stems repeat."""
+    """Output names, all different: the stem, prefixed with the parent folder's name where
+    stems repeat, numbered where names still repeat (``x-y.ipynb`` beside ``x/y.ipynb``)."""
     stems = [p.stem for p in notebooks]
-    return [f"{p.parent.name}-{p.stem}" if stems.count(p.stem) > 1 else p.stem
-            for p in notebooks]
+    taken: set[str] = set()
+    out = []
+    for p in notebooks:
+        name = f"{p.parent.name}-{p.stem}" if stems.count(p.stem) > 1 else p.stem
+        unique, k = name, 1
+        while unique in taken:
+            k += 1
+            unique = f"{name}-{k}"
+        taken.add(unique)
+        out.append(unique)
+    return out
