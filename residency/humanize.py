@@ -4,15 +4,19 @@ Prose, rendered tables and figure labels show 4 significant digits (`sig`), neve
 artefacts of a sum (``1.734383532999999``) nor nanosecond digits printed as milliseconds;
 CSV and JSON keep full precision and are not formatted here. Headers read as words
 (`header`), a table has no index column and no raw dict or list in a cell (`for_people`).
-No torch, no plotting.
+Run-supplied text stays inert wherever it lands: Markdown (`md_text`, `write_markdown_table`:
+no tag, link or autolink) and CSV (`csv_text`, the suite's one CSV writer: no cell a
+spreadsheet would run as a formula). No torch, no plotting.
 """
 
 from __future__ import annotations
 
 import html
 import math
+import os
 import re
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,21 +34,27 @@ _WORDS = {  # whole-word replacements in headers
     "max": "max", "min": "min",
 }
 
-__all__ = ["DIGITS", "MISSING", "bytes_text", "cell", "duration_text", "for_people", "header",
-           "html_table", "markdown_table", "md_code", "md_text", "ms_from_ns", "percent",
-           "quantity", "round_numbers", "sig", "span_text", "write_markdown_table"]
+__all__ = ["DIGITS", "MISSING", "bytes_text", "cell", "csv_cell", "csv_comment", "csv_text",
+           "duration_text", "for_people", "header", "html_table", "markdown_table", "md_code",
+           "md_line", "md_text", "ms_from_ns", "percent", "quantity", "round_numbers", "sig",
+           "span_text", "write_csv", "write_markdown_table"]
 
 
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]{}()!|~])")
+# Markdown punctuation, "@" and the ":" of "://": escaped, so that no URL or e-mail address is
+# left for an autolinker (mistune's url plugin in nbconvert, GitHub's extension); a link of any
+# other scheme ("javascript:") needs the brackets escaped here.
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]{}()!|~@]|:(?=//))")
+_WWW = re.compile(r"(?i)\b(www)\.")  # GitHub autolinks "www." without a scheme
 
 
 def md_text(value: Any) -> str:
     """`value` (run-supplied: a host name, a command, a version answer) as inert Markdown
-    text: one line, HTML metacharacters as entities, Markdown punctuation backslash-escaped, so
-    that no tag, link, image or emphasis of the value reaches a rendered report."""
+    text: one line, HTML metacharacters as entities, Markdown punctuation, "@" and the ":" of
+    "://" backslash-escaped (and "www." as "www\\."), so that no tag, link, autolink, image or
+    emphasis of the value reaches a rendered report."""
     text = " ".join(str(value).split())  # newlines, \r, tabs and U+2028 become one space
     text = html.escape(text, quote=False)
-    return _MD_SPECIAL.sub(r"\\\1", text)
+    return _WWW.sub(r"\1\\.", _MD_SPECIAL.sub(r"\\\1", text))
 
 
 def md_code(value: Any) -> str:
@@ -210,18 +220,32 @@ def for_people(df: pd.DataFrame, *, digits: int = DIGITS,
 
 
 _LINE_BREAKS = re.compile("[\r\n\x0b\x0c\x1c-\x1e\x85\u2028\u2029]+")
+# In a cell: backslashes and pipes; a "]" that would close a link's text ("](", "]["); the ":"
+# of "://" and every "@", for autolinkers. Other brackets render as themselves already.
+_MD_CELL_SPECIAL = re.compile(r"([\\|@]|\](?=[(\[])|:(?=//))")
 
 
 def _md_cell(x: Any) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return ""
     text = _LINE_BREAKS.sub(" ", str(x))  # \r, \n, U+2028 ... would end the row
-    return text.replace("<", "&lt;").replace("|", "\\|")  # no tag can open; -> stays
+    text = _MD_CELL_SPECIAL.sub(r"\\\1", text.replace("<", "&lt;"))  # no tag, link; -> stays
+    return _WWW.sub(r"\1\\.", text)
+
+
+def md_line(value: Any) -> str:
+    """`value` (run-supplied) inert in a Markdown line that is not a table's (a heading): as
+    a table cell has it, so that brackets and parentheses read as themselves and no tag,
+    link or autolink opens."""
+    return _md_cell(value)
 
 
 def write_markdown_table(header: Sequence[Any], rows: Sequence[Sequence[Any]]) -> str:
     """The one Markdown-table writer of the suite: header row, separator, one line per row
-    (pipes escaped, line breaks flattened, `<` as an entity so no tag opens, None/NaN empty)."""
+    (line breaks flattened, None/NaN empty, a cell's text inert: `<` as an entity so no tag
+    opens; backslashes, pipes, a "]" before "(" or "[", the ":" of "://", "@" and "www."
+    backslash-escaped so that it neither splits its row nor renders as a link, image or
+    autolink)."""
     lines = ["| " + " | ".join(_md_cell(h) for h in header) + " |",
              "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in rows]
@@ -254,3 +278,64 @@ def html_table(df: pd.DataFrame, *, caption: str | None = None,
             for v, a in zip(row, align, strict=False)) + "</tr>")
     parts.append("</tbody></table>")
     return "".join(parts)
+
+
+# ----------------------------------------------------------------------------- CSV
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # OWASP: what a spreadsheet runs as a formula
+_PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+_CSV_ROW_END = re.compile(r'("(?:[^"]|"")*")|\r\n')  # a quoted field, or a row's end
+
+
+# a signed number and words after it ("-50.8 ms delta (599.90x faster)"): no call, reference
+# to another application or string a formula needs
+_SIGNED_FIGURE = re.compile(r"[+-][\d.][^=|!@\"]*")
+_CALL = re.compile(r"[A-Za-z_]\(")
+
+
+def csv_cell(value: Any) -> Any:
+    """`value` safe as a spreadsheet cell: text starting with `=`, `+`, `-`, `@`, a tab or a
+    carriage return gets a leading single quote (OWASP's CSV-injection neutralisation), so
+    that no run-supplied name opens as a live formula; a plain number ("-0.18"), a signed
+    figure with its words ("-50.8 ms delta (-12.3 %)": no `=`, `|`, `!`, `@`, quote or call)
+    and every non-text value are returned unchanged."""
+    if isinstance(value, str) and value.startswith(_FORMULA_START) and not (
+            _PLAIN_NUMBER.fullmatch(value)
+            or (_SIGNED_FIGURE.fullmatch(value) and not _CALL.search(value))):
+        return "'" + value
+    return value
+
+
+def _is_text_column(col: pd.Series) -> bool:
+    dtype = col.dtype
+    return (pd.api.types.is_object_dtype(dtype) or pd.api.types.is_string_dtype(dtype)
+            or isinstance(dtype, pd.CategoricalDtype))
+
+
+def csv_text(frame: pd.DataFrame) -> str:
+    """`frame` as CSV text, the suite's one CSV writer: header row, no index, numbers at full
+    precision, "\\n" line ends, every text cell and header through `csv_cell`, and any cell
+    holding a line break (CR included) quoted. `frame` is not changed."""
+    safe = frame.copy(deep=False)
+    for i in range(safe.shape[1]):
+        col = safe.iloc[:, i]
+        if _is_text_column(col):
+            safe.isetitem(i, col.astype(object).map(csv_cell))
+    if not isinstance(safe.columns, pd.MultiIndex):
+        safe.columns = [csv_cell(c) for c in safe.columns]
+    # Written with "\r\n" so that a bare CR inside a cell is quoted too (it would start a row
+    # in a spreadsheet), then each row's end outside a quoted field made "\n".
+    text = safe.to_csv(index=False, lineterminator="\r\n")
+    return _CSV_ROW_END.sub(lambda m: m.group(1) or "\n", text)
+
+
+def write_csv(frame: pd.DataFrame, path: str | os.PathLike[str]) -> Path:
+    """Write `frame` as `csv_text` (UTF-8) to `path`; returns the path."""
+    out = Path(path)
+    out.write_text(csv_text(frame), encoding="utf-8")
+    return out
+
+
+def csv_comment(text: Any) -> str:
+    """`text` as one `# ` comment line of a CSV text: its line breaks flattened, so that no
+    part of it starts a row of its own."""
+    return "# " + _LINE_BREAKS.sub(" ", str(text))

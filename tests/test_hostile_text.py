@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -131,3 +132,16 @@ def test_a_notebook_nested_past_the_stack_is_a_clear_error(tmp_path):
     nb.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(ReportError, match=r"deep.ipynb: cannot read notebook \(RecursionError"):
         render_html(nb, tmp_path / "out")
+
+
+def test_the_markdown_tables_title_names_the_run_inertly(tmp_path):
+    """`residency tables RUN --format md` printed the run folder's name raw in its title."""
+    from residency.reports import tables
+
+    run = tmp_path / f"{TAG}"
+    shutil.copytree(PAIRED, run)
+    md = tables.to_markdown(tables.evidence_table(load_run(run)))
+    title = md.splitlines()[0]
+    assert title.startswith("### Evidence: ") and "&lt;img" in title
+    assert "<img" not in title and not re.search(r"(?<!\\)\]\(javascript", title)
+    assert "(device kind emulated-npu" in title  # its own words as they were

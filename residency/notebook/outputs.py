@@ -96,7 +96,7 @@ def write_tables(output_dir: str | os.PathLike[str], tables: Mapping[str, pd.Dat
             csv.write_text(tb.to_csv(table), encoding="utf-8")
         else:
             md.write_text(humanize.markdown_table(table), encoding="utf-8")
-            csv.write_text(table.to_csv(index=False, lineterminator="\n"), encoding="utf-8")
+            humanize.write_csv(table, csv)
         paths += [md, csv]
     return paths
 

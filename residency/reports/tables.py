@@ -22,7 +22,7 @@ from residency import devices
 from residency.analysis import stats
 from residency.evidence import PAIRED_ARMS, Attribution, Evidence
 from residency.evidence import build as build_evidence
-from residency.humanize import round_numbers, write_markdown_table
+from residency.humanize import csv_text, md_line, round_numbers, write_markdown_table
 from residency.jsonio import plain
 from residency.rundir.run import Run
 
@@ -289,7 +289,7 @@ def to_markdown(table: pd.DataFrame, *, title: str | None = None) -> str:
     people, so its numbers show 4 significant digits (`humanize.round_numbers`: "221.296680
     ms" -> "221.3 ms"); `to_csv` and `to_json` keep full precision."""
     title = title if title is not None else table.attrs.get("title", "Evidence")
-    lines = [f"### {title}", "",
+    lines = [f"### {md_line(title)}", "",  # (it names the run: run text, inert)
              write_markdown_table(list(table.columns),
                                   list(table.itertuples(index=False))).rstrip()]
     if table.attrs.get("footer"):
@@ -298,8 +298,9 @@ def to_markdown(table: pd.DataFrame, *, title: str | None = None) -> str:
 
 
 def to_csv(table: pd.DataFrame) -> str:
-    """The table as CSV text (header row, no index)."""
-    return table.to_csv(index=False, lineterminator="\n")
+    """The table as CSV text (header row, no index, full precision; text a spreadsheet would
+    run as a formula neutralised: `humanize.csv_text`)."""
+    return csv_text(table)
 
 
 def to_json(table: pd.DataFrame) -> str:

@@ -136,9 +136,9 @@ def write_causes(run: Run, pair: Sequence[RunEntry] | None,
     frames = [idle_by_cause(t).assign(arm=e.arm) for e, t in zip(pair, traces, strict=True)]
     full = pd.concat(frames, ignore_index=True)
     path = Path(output_dir) / f"{name}.csv"
-    full.to_csv(path, index=False)
+    humanize.write_csv(full, path)
     diff = cause_diff(*frames)
-    diff.to_csv(Path(output_dir) / f"{name}_diff.csv", index=False)
+    humanize.write_csv(diff, Path(output_dir) / f"{name}_diff.csv")
     shown = diff.head(rows).rename(columns={
         "baseline_idle_ms": "baseline (ms)", "candidate_idle_ms": "candidate (ms)",
         "delta_idle_ms": "candidate − baseline (ms)"})
@@ -166,7 +166,7 @@ def write_trace_diff(run: Run, pair: Sequence[RunEntry] | None,
         return None
     diff = trace_diff(*traces)
     path = Path(output_dir) / f"{name}.csv"
-    diff.to_csv(path, index=False)
+    humanize.write_csv(diff, path)
     show_table(diff.head(rows), caption=f"{run.device_kind} ({devices.label(run.device_kind)}):"
                " device tasks, baseline vs candidate (ms), per phase and task-name group, "
                f"profiled pair, n = 1 run per arm, largest change first; all {len(diff)} rows in "
@@ -221,10 +221,10 @@ def write_memory_timeline(run: Run, pair: Sequence[RunEntry] | None,
               "recorded before the profilers did so have none.")
         return None
     out = Path(output_dir)
-    pd.concat([m.assign(arm=a) for a, m in memory.items()], ignore_index=True).to_csv(
-        out / f"{name}.csv", index=False, lineterminator="\n")
+    humanize.write_csv(pd.concat([m.assign(arm=a) for a, m in memory.items()],
+                                 ignore_index=True), out / f"{name}.csv")
     released = pd.concat(drops, ignore_index=True)
-    released.to_csv(out / f"{name}_releases.csv", index=False, lineterminator="\n")
+    humanize.write_csv(released, out / f"{name}_releases.csv")
     files = {str(f) for m in memory.values() for f in m["source"].unique()}
     table = ("the database's MEMORY_RECORD" if any(f.endswith(".db") for f in files)
              else "memory_record.csv")
@@ -318,7 +318,7 @@ def write_whatif(grids: Sequence[pd.DataFrame], *, output_dir: str | os.PathLike
     from residency.reports.plots import neighbour_table
 
     path = Path(output_dir) / f"{name}_grid.csv"
-    pd.concat(list(grids), ignore_index=True).to_csv(path, index=False, lineterminator="\n")
+    humanize.write_csv(pd.concat(list(grids), ignore_index=True), path)
     chosen = next((g for g in grids if len(g) and g["policy"].iloc[0] == policy), None)
     own = _own_setting(chosen, own) if chosen is not None else own
     if own is not None and chosen is not None:
@@ -337,7 +337,7 @@ def write_effect(effect: pd.DataFrame, *, output_dir: str | os.PathLike[str],
     from residency.reports.plots import neighbour_rows
 
     path = Path(output_dir) / f"{name}.csv"
-    effect.to_csv(path, index=False, lineterminator="\n")
+    humanize.write_csv(effect, path)
     if own is None and effect["own"].any():
         row = effect[effect["own"].astype(bool)].iloc[0]
         own = (float(row["max_cached_fraction"]), float(row["min_free_fraction"]))

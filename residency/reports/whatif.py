@@ -24,6 +24,7 @@ from residency.analysis.whatif import (
     replay_run,
     totals,
 )
+from residency.humanize import csv_comment, csv_text
 from residency.rundir.run import Run
 
 __all__ = ["EffectEstimate", "effect_lines", "estimated_effect", "gate_lines", "report",
@@ -324,14 +325,12 @@ def report(run: Run, *, cached: str = "0.05:0.5:0.05", free: str = "0.01:0.2:0.0
             doc["estimated_effect"] = effect.to_dict()
         text = json.dumps(doc, indent=2, ensure_ascii=False)
     elif fmt == "csv":
-        parts = ["# " + line for line in gate_lines(gate)]
+        parts = [csv_comment(line) for line in gate_lines(gate)]
         if not gate.empty:
-            parts.append(gate.to_csv(index=False, lineterminator="\n").rstrip("\n"))
+            parts.append(csv_text(gate).rstrip("\n"))
         if grid is not None and effect is not None:
-            parts += ["", f"# {_replay_note(grid)}",
-                      grid.to_csv(index=False, lineterminator="\n").rstrip("\n"),
-                      "", f"# {effect.note}",
-                      effect.table.to_csv(index=False, lineterminator="\n").rstrip("\n")]
+            parts += ["", csv_comment(_replay_note(grid)), csv_text(grid).rstrip("\n"),
+                      "", csv_comment(effect.note), csv_text(effect.table).rstrip("\n")]
         text = "\n".join(parts)
     else:
         lines = gate_lines(gate)
