@@ -83,10 +83,12 @@ def test_idle_error_is_noted_in_the_table() -> None:
 
 
 def test_alternating_pairs_use_sign_flip_test(run_copy: Path) -> None:
-    runs = [{"arm": arm, "index": 2 * i + j, "dir": f"runs/0{j}-{arm}", "e2e_s": e2e,
-             "profiled": False}
+    runs = [{"arm": arm, "index": 2 * i + j, "dir": f"runs/{2 * i + j:02d}-{arm}",
+             "e2e_s": e2e, "profiled": False}
             for i, (b, c) in enumerate([(10.0, 9.0), (11.0, 10.5), (12.0, 11.0)])
             for j, (arm, e2e) in enumerate((("baseline", b), ("candidate", c)))]
+    for r in runs[2:]:  # each entry its own service run (an entry twice is refused)
+        shutil.copytree(run_copy / runs[r["index"] % 2]["dir"], run_copy / r["dir"])
     _edit_manifest(run_copy, design="alternating", runs=runs)
     row = tables.evidence_table(load_run(run_copy)).set_index("metric").loc[
         "client E2E per pair"]

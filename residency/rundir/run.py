@@ -15,25 +15,29 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
-from collections.abc import Iterator
+import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from types import MappingProxyType
-from typing import Any
+from typing import Any, get_args
 
 import pandas as pd
 
-from residency.devices import RECORDED_KINDS
+from residency.devices import RECORDED_KINDS, REGISTRY
 from residency.errors import BadInput
 from residency.jsonio import write_json_atomic
+from residency.policy.cache import Kind, Outcome, Reason
 from residency.rundir.layout import (
     CLIENT,
     DECISIONS_GLOB,
     MANIFEST,
     SCHEMA,
     STATUSES,
+    decisions_file,
 )
 from residency.rundir.seal import (
     CHANGED_SINCE_VERIFIED,
@@ -58,7 +62,7 @@ DECISION_COLUMNS = (
 
 __all__ = ["DECISION_COLUMNS", "MANIFEST", "SCHEMA", "Manifest", "Run",
            "RunDirError", "RunEntry", "Verification", "artifact_hashes", "load_run",
-           "load_decisions", "verify_run", "versions"]
+           "load_decisions", "run_entries", "verify_run", "versions"]
 # the manifest's atomic writer's temporary file: never evidence. Hidden files are evidence like
 # any other: sealed, and listed by `verify` when they appear later (trace discovery never
 # reads them either).
@@ -261,8 +265,12 @@ class Run:
     def _read_decisions(self, run: RunEntry) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
         budget = [MAX_DECISIONS_BYTES]
-        for f in sorted(run.dir.glob(DECISIONS_GLOB)):
-            rows.extend(_read_decisions(f, sha256=self._sealed(f), budget=budget))
+        kind = self.device_kind
+        kinds = (kind, REGISTRY[kind].torch_type) if kind in REGISTRY else (kind,)
+        for rank, f in _decisions_files(run, self.manifest):
+            expect = _Expected(rank=rank, arm=run.arm, device_kinds=kinds)
+            rows.extend(_read_decisions(f, sha256=self._sealed(f), budget=budget,
+                                        expect=expect))
         return rows
 
     @property
@@ -351,9 +359,7 @@ def load_run(path: str | Path, *, allow_incomplete: bool = False, verify: bool =
                           "'complete' (pass allow_incomplete=True / --allow-incomplete to read "
                           "it anyway)", field="status")
     verified = verify and _verify_artifacts(root, manifest)
-    complete = manifest["status"] == "complete"
-    entries = (_entry(root, i, r, required=complete) for i, r in enumerate(manifest["runs"]))
-    runs = tuple(sorted((e for e in entries if e is not None), key=lambda r: r.index))
+    runs = run_entries(root, manifest["runs"], required=manifest["status"] == "complete")
     return Run(path=root.resolve(), manifest=MappingProxyType(manifest), runs=runs,
                verified=verified)
 
@@ -377,10 +383,37 @@ def _read_bytes(path: Path, sha256: str | None = None) -> bytes:
         return read_regular(path, sha256=sha256)
 
 
+class _DuplicateKey(ValueError):
+    """A JSON object that names one key twice (readers disagree on which value counts)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(key)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """`json.loads`'s `object_pairs_hook`: the object, or `_DuplicateKey` naming the first
+    key given twice (one pass over the object's own keys: bounded by the text's size)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return out
+
+
 def _loads(path: Path, text: str | bytes, where: str = "") -> Any:
-    """`json.loads` with every failure as a RunDirError naming the file (and line)."""
+    """`json.loads` with every failure as a RunDirError naming the file (and line); an object
+    naming a key twice is refused naming the key (the seal covers the parsed value, and a
+    first-wins reader would see another one than this last-wins parser)."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise RunDirError(path, f"{where}duplicate key {printable(repr(exc.key))[:200]} in a "
+                          "JSON object (readers disagree on which value counts; refused)"
+                          ) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RunDirError(path, f"{where}invalid JSON ({exc})") from None
     except RecursionError:
@@ -426,15 +459,16 @@ class Verification:
     unsafe: tuple[str, ...] = ()      # "rel: what it is" (FIFO, link, device, ...)
     manifest: tuple[str, ...] = ()    # seal findings: manifest fields edited since sealing
     mismatched: tuple[str, ...] = ()  # manifest fields that disagree with the run's files
+    invalid: tuple[str, ...] = ()     # manifest fields the analysis refuses (`run_entries`)
     digest: str | None = None         # sha256:... of the run as it is now
     expected_digest: str | None = None
 
     @property
     def ok(self) -> bool:
-        """True when nothing is missing, extra, changed, unsafe, edited or mismatched, and
-        the digest equals the quoted one (when quoted)."""
+        """True when nothing is missing, extra, changed, unsafe, edited, mismatched or
+        invalid, and the digest equals the quoted one (when quoted)."""
         return not (self.missing or self.extra or self.changed or self.unsafe or self.manifest
-                    or self.mismatched or self.digest_differs)
+                    or self.mismatched or self.invalid or self.digest_differs)
 
     @property
     def digest_differs(self) -> bool:
@@ -447,6 +481,7 @@ class Verification:
                ] if self.digest_differs else []
         out += [f"manifest {m}" for m in self.manifest]
         out += [f"mismatch {m}" for m in self.mismatched]
+        out += [f"invalid  {m}" for m in self.invalid]
         for what, names in (("unsafe", self.unsafe), ("missing", self.missing),
                             ("extra", self.extra), ("changed", self.changed)):
             out += [f"{what:<8} {name}" for name in names]
@@ -465,6 +500,8 @@ class Verification:
             parts.append(f"{len(self.manifest)} manifest fields edited")
         if self.mismatched:
             parts.append(f"{len(self.mismatched)} manifest fields disagree with the files")
+        if self.invalid:
+            parts.append(f"{len(self.invalid)} manifest fields invalid")
         if self.digest_differs:
             parts.append("digest differs from the quoted one")
         return "; ".join(parts)
@@ -530,7 +567,8 @@ def _client_mismatches(root: Path, manifest: dict[str, Any]) -> list[str]:
 
 def verify_run(path: str | Path, *, expected_digest: str | None = None) -> Verification:
     """Check a run directory against its seal: every artifact's sha256, every manifest
-    field, each `runs[].e2e_s` against its `client.json`, and the quoted digest if given."""
+    field, each `runs[].e2e_s` against its `client.json`, the `runs` entries as the analysis
+    reads them (`run_entries`: paths, types, duplicates), and the quoted digest if given."""
     root = Path(path)
     manifest = _read_json(root / MANIFEST)
     recorded = manifest.get("artifacts")
@@ -563,6 +601,7 @@ def verify_run(path: str | Path, *, expected_digest: str | None = None) -> Verif
         changed=tuple(sorted(k for k in set(recorded) & set(actual) if recorded[k] != actual[k])),
         unsafe=tuple(unsafe), manifest=tuple(manifest_findings),
         mismatched=tuple(_client_mismatches(root, manifest)),
+        invalid=tuple(_entry_findings(root, manifest)),
         digest=digest, expected_digest=expected_digest,
     )
 
@@ -621,11 +660,113 @@ def _entry(root: Path, i: int, r: Any, *, required: bool) -> RunEntry | None:
                     profiled=bool(r.get("profiled")), request_id=request_id)
 
 
+def run_entries(root: Path, runs: Sequence[Any], *, required: bool = True
+                ) -> tuple[RunEntry, ...]:
+    """The manifest's `runs` as `RunEntry`s in index order: the one check of every entry
+    (`load_run` and `verify_run` both apply it). With `required`, every listed run directory
+    must exist; otherwise one never written is left out.
+
+    Raises:
+        RunDirError: an entry with a missing or wrong field (its `dir` a relative POSIX path
+            inside the run), or two entries with the same `index` or `dir` (naming them).
+    """
+    mpath = root / MANIFEST
+    entries = [_entry(root, i, r, required=required) for i, r in enumerate(runs)]
+    for key, norm in (("index", int), ("dir", lambda d: PurePosixPath(d).as_posix())):
+        first: dict[Any, int] = {}
+        for i, r in enumerate(runs):
+            value = norm(r[key])
+            if value in first:
+                raise RunDirError(mpath, f"runs[{first[value]}] and runs[{i}] both have "
+                                  f"{key} {printable(repr(r[key]))[:200]} (each service run "
+                                  "is listed once)", field=f"runs[{i}].{key}")
+            first[value] = i
+    return tuple(sorted((e for e in entries if e is not None), key=lambda r: r.index))
+
+
+def _entry_findings(root: Path, manifest: dict[str, Any]) -> list[str]:
+    """What `run_entries` refuses in the manifest's `runs`, as verify findings."""
+    runs = manifest.get("runs")
+    if not isinstance(runs, list):
+        return []  # a seal finding, or refused by `Manifest.from_dict`
+    try:
+        run_entries(root, runs, required=False)
+    except RunDirError as exc:
+        return [f"{MANIFEST}{str(exc).removeprefix(str(exc.path))}"]
+    return []
+
+
 _SNAPSHOT_KEYS = ("reserved", "allocated", "free", "total")
+# the values a decision's string fields may take (`residency.policy.cache`, the one writer)
+_DECISION_VALUES: dict[str, tuple[str, ...]] = {
+    "kind": get_args(Kind), "outcome": get_args(Outcome), "reason": get_args(Reason)}
+_DECISIONS_NAME = re.compile(r"decisions-rank(0|[1-9][0-9]{0,5})\.jsonl")
 
 
-def _decision(path: Path, lineno: int, rec: Any) -> dict[str, Any]:
-    """One decisions line checked field by field (ints in int64, finite fractions)."""
+@dataclass(frozen=True)
+class _Expected:
+    """What a decisions file's lines must say of themselves: its rank (from the file name),
+    the arm of its service run, the run's device kind (or that kind's torch device type,
+    which the vLLM-Omni adapter records)."""
+
+    rank: int
+    arm: str
+    device_kinds: tuple[str, ...]
+
+
+def _decisions_files(run: RunEntry, manifest: Any) -> list[tuple[int, Path]]:
+    """(rank, path) of each decisions file of one service run, by rank.
+
+    Raises:
+        RunDirError: a file whose name is not `decisions-rank<r>.jsonl` for a rank of the run
+            (0..`params.ranks`-1), or, for the built-in service (which creates every rank's
+            file when it starts), some ranks' files without the others'. Warns (UserWarning)
+            instead for an external service's missing file (its rank may never have loaded
+            the adapter; the consecutive gate names the likely cause) and for a service run
+            without any decisions file (recorded without decision logs: the evidence falls
+            back to the service's per-rank response).
+    """
+    ranks = (manifest.get("params") or {}).get("ranks")
+    found: dict[int, Path] = {}
+    for f in sorted(run.dir.glob(DECISIONS_GLOB)):
+        m = _DECISIONS_NAME.fullmatch(f.name)
+        if m is None:
+            raise RunDirError(f, "is not a decisions file name: expected "
+                              "decisions-rank<r>.jsonl with r a rank number")
+        rank = int(m.group(1))
+        if isinstance(ranks, int) and rank >= ranks:
+            with _reading(f), open_regular(f):
+                pass  # a file that is no regular one is named as such first
+            raise RunDirError(f, f"rank {rank} is not a rank of the run (params.ranks = "
+                              f"{ranks}: ranks 0..{ranks - 1})")
+        found[rank] = f
+    if not isinstance(ranks, int) or len(found) == ranks:
+        return sorted(found.items())
+    # every found rank is < ranks, so the first missing ones lie below len(found) + 3
+    missing = [r for r in range(min(ranks, len(found) + 3)) if r not in found]
+    names = ", ".join(decisions_file(r) for r in missing) + (
+        f" and {ranks - len(found) - len(missing)} more" if ranks - len(found) > len(missing)
+        else "")
+    if not found:
+        warnings.warn(f"{run.dir}: no decisions file (params.ranks = {ranks}; the run was "
+                      "recorded without decision logs?): per-rank figures come from the "
+                      "service's response in client.json only", UserWarning, stacklevel=4)
+    elif manifest.get("service") != "external":
+        raise RunDirError(run.dir, f"{names} missing: the built-in service writes one "
+                          f"decisions file per rank (params.ranks = {ranks}), so a rank's "
+                          "decisions were lost")
+    else:
+        warnings.warn(f"{run.dir}: {names} missing (params.ranks = {ranks}): the external "
+                      "service's rank wrote no decisions file (did its adapter load?); its "
+                      "calls are not counted", UserWarning, stacklevel=4)
+    return sorted(found.items())
+
+
+def _decision(path: Path, lineno: int, rec: Any, expect: _Expected | None = None
+              ) -> dict[str, Any]:
+    """One decisions line checked field by field (ints in int64, finite fractions, `kind`,
+    `outcome` and `reason` among the policy's values and agreeing with each other) and, with
+    `expect`, against its file (rank, arm, device kind)."""
     where = f"line {lineno}"
     if not isinstance(rec, dict):
         raise RunDirError(path, f"{where}: expected a JSON object, got "
@@ -665,6 +806,26 @@ def _decision(path: Path, lineno: int, rec: Any) -> dict[str, Any]:
             raise bad(f"snapshot.{key}", f"must be bytes as an integer in [0, 2**63), got "
                       f"{v!r}"[:200])
         rec[key] = v
+    for key, allowed in _DECISION_VALUES.items():
+        if rec.get(key) not in allowed:
+            raise bad(key, f"must be one of {list(allowed)}, got "
+                      f"{printable(repr(rec.get(key)))}"[:300])
+    if (rec["kind"] == "forced") != (rec["reason"] == "forced"):
+        raise bad("reason", f"kind {rec['kind']!r} with reason {rec['reason']!r} (a forced "
+                  "call has reason 'forced', and only a forced call has it)")
+    if (rec["outcome"] == "retained") != (rec["reason"] == "within-bounds"):
+        raise bad("outcome", f"outcome {rec['outcome']!r} with reason {rec['reason']!r} (a call "
+                  "retains exactly when its reason is 'within-bounds')")
+    if expect is not None:
+        if rec.get("rank") != expect.rank:
+            raise bad("rank", f"rank {rec.get('rank')!r} in the file of rank {expect.rank}")
+        if rec.get("arm") is not None and rec["arm"] != expect.arm:
+            raise bad("arm", f"{printable(repr(rec['arm']))[:100]} in a run of arm "
+                      f"{printable(repr(expect.arm))[:100]} (manifest runs[].arm)")
+        if rec.get("device_kind") is not None and rec["device_kind"] not in expect.device_kinds:
+            raise bad("device_kind", f"{printable(repr(rec['device_kind']))[:100]} in a run of "
+                      f"device kind {expect.device_kinds[0]!r} (manifest device_kind; "
+                      f"allowed: {list(expect.device_kinds)})")
     rec["duration_ns"] = rec["end_ns"] - rec["start_ns"]
     rec["warmup"] = str(rec.get("request_id") or "").startswith("warmup-")
     rec["file"] = path.name
@@ -672,10 +833,12 @@ def _decision(path: Path, lineno: int, rec: Any) -> dict[str, Any]:
 
 
 def _read_decisions(path: Path, *, sha256: str | None = None,
-                    budget: list[int] | None = None) -> list[dict[str, Any]]:
+                    budget: list[int] | None = None, expect: _Expected | None = None
+                    ) -> list[dict[str, Any]]:
     """The records of one decisions file, streamed: lines split on "\\n" only (JSON text may
     hold U+2028), at most `MAX_DECISION_LINE_BYTES` a line, `budget[0]` bytes left for the
-    whole service run (decremented), hashed while read and checked against `sha256`."""
+    whole service run (decremented), hashed while read and checked against `sha256`, each
+    line checked against `expect` (`_decision`)."""
     digest = hashlib.sha256()
     rows: list[dict[str, Any]] = []
     pending = bytearray()
@@ -688,7 +851,8 @@ def _read_decisions(path: Path, *, sha256: str | None = None,
             raise RunDirError(path, f"line {lineno}: not UTF-8 text ({exc.reason} at byte "
                               f"{exc.start} of the line)") from None
         if line.strip():
-            rows.append(_decision(path, lineno, _loads(path, line, f"line {lineno}: ")))
+            rows.append(_decision(path, lineno, _loads(path, line, f"line {lineno}: "),
+                                  expect))
 
     with _reading(path), open_regular(path) as fh:
         while chunk := fh.read(1 << 20):
