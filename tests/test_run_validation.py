@@ -20,27 +20,14 @@ import pytest
 
 from residency.rundir.run import (
     RunDirError,
-    artifact_hashes,
     load_decisions,
     load_run,
     verify_run,
 )
-from residency.rundir.seal import seal
+from tests.test_hostile_runs import PAIRED, reseal
 
-ROOT = Path(__file__).resolve().parent.parent
-PAIRED = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
 BASELINE = Path("runs") / "00-baseline"
 RANK0 = BASELINE / "decisions-rank0.jsonl"
-
-
-def reseal(run: Path) -> None:
-    """Re-record every artifact's sha256 and the seal, as `residency pair` does at the end."""
-    path = run / "manifest.json"
-    m = json.loads(path.read_text())
-    m["artifacts"] = artifact_hashes(run)
-    m.pop("seal", None)
-    m["seal"] = seal(m)
-    path.write_text(json.dumps(m, indent=2))
 
 
 def edit_manifest(run: Path, change: Callable[[dict[str, Any]], None]) -> None:
