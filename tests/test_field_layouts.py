@@ -520,3 +520,26 @@ def test_traces_of_different_world_sizes_are_said(tmp_path):
     (d / "rank1.trace.json").write_text(json.dumps(doc))
     (said,) = _warned(load_traces, d, cache=False)
     assert "different world sizes (distributedInfo.world_size 2, 4)" in said
+
+
+def test_a_huge_recorded_world_size_is_said_without_listing_it(tmp_path):
+    """distributedInfo.world_size is untrusted: its ranks are counted, never listed (a set of
+    every rank of the job: gigabytes for 2**31 - 1)."""
+    import tracemalloc
+
+    from residency.traces.load import check_world
+
+    tracemalloc.start()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            check_world(tmp_path, {0: 10**7, 5: 10**7})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    (said,) = [str(w.message) for w in caught]
+    assert "2 rank(s) were read (0, 5; 9999998 of ranks 0-9999999 missing)" in said
+    assert peak < 1 << 20  # bytes: nothing the size of the job
+    d = _job_of(tmp_path, 2**31 - 1, [0, 1])
+    (said,) = _warned(load_traces, d, cache=False)
+    assert "2147483645 of ranks 0-2147483646 missing" in said

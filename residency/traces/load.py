@@ -522,8 +522,9 @@ def check_world(root: Path, worlds: dict[int, int | None]) -> None:
         return
     (world,) = said
     read = set(worlds)
-    if read != set(range(world)):
-        missing = world - len(read & set(range(world)))
+    inside = sum(1 for r in read if 0 <= r < world)  # (never a set of `world` ranks: untrusted)
+    if inside != len(read) or inside != world:
+        missing = world - inside
         warnings.warn(f"{root}: distributedInfo.world_size is {world} but {len(read)} "
                       f"rank(s) were read ({rank_list(read)}; {missing} of ranks 0-{world - 1} "
                       "missing): all-rank figures cover the ranks read only", UserWarning,
