@@ -20,11 +20,8 @@ def plain_text(build: F) -> F:
     @functools.wraps(build)
     def built(*args: Any, **kwargs: Any) -> Any:
         import matplotlib
-        from matplotlib.text import Text
 
         with matplotlib.rc_context({"text.parse_math": False}):
             fig = build(*args, **kwargs)
-        for text in fig.findobj(Text):
-            text.set_parse_math(False)
         return fig
     return built  # type: ignore[return-value]
