@@ -783,6 +783,68 @@ def test_screenshot_runs_no_script_and_reads_no_local_file(tmp_path: Path) -> No
     assert shot.page_height_px > 100  # the page's own inline image did
 
 
+class _BodyTags(HTMLParser):
+    """Every start tag of a page's body, with its attributes."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.in_body = False
+        self.tags: list[tuple[str, dict[str, str]]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.in_body = self.in_body or tag == "body"
+        if self.in_body:
+            self.tags.append((tag, {k: v or "" for k, v in attrs}))
+
+
+HOSTILE_HTML = (
+    '<meta http-equiv="refresh" content="0;url=https://evil.example/">'
+    '<base href="https://evil.example/"><link rel="stylesheet" href="https://evil.example/s">'
+    '<style>.residency-banner{display:none}</style>'
+    '<div style="position:fixed;top:0;left:0;z-index:9;background:white">npu: Ascend NPU</div>'
+    '<p style="margin-top:-900px;color:red">pulled up</p>'
+    '<a href="javascript:alert(1)">j</a><a href="data:text/html,x">d</a>'
+    '<a href=" java	script:alert(1)">t</a><img src="https://evil.example/x.png">'
+    '<form action="https://evil.example/"><input name="q"></form>')
+
+
+def test_a_received_notebook_draws_nothing_the_views_would_not(tmp_path: Path) -> None:
+    """Markup an executed notebook's outputs and Markdown carry (what a received or edited
+    notebook can hold) is shown as text or dropped: no refresh, base, stylesheet or style
+    block, nothing positioned or pulled over the banner, no script, data or remote link;
+    the package's own banner and table styles are kept."""
+    src = _banner_notebook(tmp_path / "received.ipynb", _manifest())
+    book = nbformat.read(src, as_version=4)
+    book.cells.append(nbformat.v4.new_markdown_cell("text " + HOSTILE_HTML))
+    book.cells.append(nbformat.v4.new_code_cell("x", execution_count=2, outputs=[
+        nbformat.v4.new_output("display_data", data={"text/html": HOSTILE_HTML}),
+        nbformat.v4.new_output("display_data", data={"text/markdown": HOSTILE_HTML}),
+        nbformat.v4.new_output("display_data", data={
+            "image/svg+xml": f"<svg xmlns='http://www.w3.org/2000/svg'>{HOSTILE_HTML}</svg>"}),
+        nbformat.v4.new_output("display_data", data={
+            "text/html": humanize.html_table(pd.DataFrame({"a": [1.5]}))})]))
+    nbformat.write(book, src)
+    html = reports.render_html(src, tmp_path / "out").read_text()
+    parser = _BodyTags()
+    parser.feed(html)
+    names = [t for t, _ in parser.tags]
+    for tag in ("meta", "base", "link", "style", "form", "input", "svg", "script"):
+        assert tag not in names, tag
+    styles = [a["style"] for _, a in parser.tags if "style" in a]
+    assert not [s for s in styles if "position" in s or "z-index" in s or "-900" in s]
+    assert "color:red" in "".join(styles).replace(" ", "")  # (the rest of it is kept)
+    hrefs = [a["href"] for t, a in parser.tags if t == "a" and "href" in a]
+    assert all(h.startswith(("#", "http")) for h in hrefs), hrefs
+    srcs = [a["src"] for t, a in parser.tags if t == "img" and "src" in a]
+    assert not [s for s in srcs if "evil" in s], srcs
+    assert html.count("&lt;meta http-equiv=") >= 3  # shown as what it is, in each place
+    assert visible_text(html)[0] == f"emulated-npu: {LABEL}"
+    banner_div = next(a for _, a in parser.tags
+                      if banner.BANNER_CLASS in a.get("class", "").split())
+    assert "border-left" in banner_div["style"]
+    assert any("text-align" in a.get("style", "") for t, a in parser.tags if t == "td")
+
+
 def test_rendered_html_carries_a_policy_that_forbids_script() -> None:
     html = reports.with_csp("<html><head><title>t</title></head><body></body></html>")
     head = html.split("<head>", 1)[1]

@@ -2,9 +2,9 @@
 full-page screenshots taken with headless Chromium, and an `index.html` of a folder of reports.
 
 Steps: find notebooks -> check each was executed -> move the banner (`residency.reports.banner`) to
-the
-top -> export to HTML without inputs (nbconvert's `HTMLExporter(exclude_input=True)`, what
-`jupyter nbconvert --to html --no-input` does) -> write -> optionally screenshot the whole page
+the top -> export to HTML without inputs (nbconvert's `HTMLExporter(exclude_input=True)`, what
+`jupyter nbconvert --to html --no-input` does), every HTML output and Markdown cleaned
+(`residency.reports.sanitize`) -> write -> optionally screenshot the whole page
 (Chromium's DevTools protocol over `--remote-debugging-pipe`: lay the page out, measure its
 height, capture it; slices of `MAX_PNG_HEIGHT_PX` for taller pages) -> index. No torch here.
 """
@@ -111,8 +111,14 @@ def render_html(notebook: str | os.PathLike[str], out_dir: str | os.PathLike[str
 
     # merged streams keep only what a terminal would show last (progress bars redraw with \r)
     config = Config({"CoalesceStreamsPreprocessor": {"enabled": True}})
+    from residency.reports.sanitize import clean_html
+
+    # every Markdown cell, HTML or Markdown output and SVG through `clean_html` (nbconvert's
+    # sanitize hook, its filter replaced): a received notebook's HTML draws nothing the views
+    # would not, and moves nobody elsewhere
     exporter = HTMLExporter(config=config, exclude_input=True, exclude_input_prompt=True,
-                            exclude_output_prompt=True)
+                            exclude_output_prompt=True, sanitize_html=True,
+                            filters={"clean_html": clean_html})
     title = nb.metadata.get("title") or src.stem.replace("_", " ")
     if heading:  # the device kind in the window title too (issue 25); the template escapes it
         title = f"{title} — {heading}"
