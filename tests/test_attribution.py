@@ -79,6 +79,32 @@ def test_outside_decisions_are_counted_with_first_and_last_time() -> None:
     assert list(counts["forced"]) == [0, 1, 0, 0, 0, 0]
 
 
+def test_a_decision_inside_a_window_with_another_requests_id_is_flagged() -> None:
+    """By time, a decision whose recorded id names another request (or none of them) than
+    the window holding it: counted and named in both notes, never silently re-labelled."""
+    client = {"warmup": {"request_id": "warmup-1", "start_wall_ns": 100, "end_wall_ns": 200},
+              "requests": [{"request_id": "r1", "start_wall_ns": 200, "end_wall_ns": 300},
+                           {"request_id": "r2", "start_wall_ns": 310, "end_wall_ns": 400}]}
+    dec = frame([(0, "normal", 150, "warmup-1"), (0, "normal", 250, "r1"),
+                 (1, "normal", 260, "r2"), (0, "normal", 320, "r9"), (1, "normal", 330, None),
+                 (0, "forced", 340, "r2")])
+    attr = at.attribute(dec, client)
+    assert attr.method == "time" and attr.outside_count == 0
+    off = attr.id_mismatches
+    # (a missing id is not a mismatch: the vLLM-Omni adapter records none)
+    assert off[["rank", "recorded_request_id", "request"]].values.tolist() == [
+        [1, "r2", 1], [0, "r9", 2]]
+    assert list(attr.measured["request_id"]) == ["r1", "r1", "r2", "r2", "r2"]  # the client's
+    note = attr.outside_note()
+    assert "2 decision(s) inside a request's window carry another request id" in note
+    assert "rank 1 recorded 'r2' inside request 1, 'r1'" in note
+    assert "2 decision(s) inside a request's window carry another request id" in \
+        at.scope_note([attr])
+    clean = at.attribute(frame([(0, "normal", 250, "r1")]), client)
+    assert clean.id_mismatches.empty and "another request id" not in clean.outside_note()
+    assert "another request id" not in at.scope_note([clean])
+
+
 @pytest.mark.parametrize(("client", "words"), [
     ({"warmup": {"request_id": "w"}, "request_id": "r", "e2e_ns": 5},
      "field `warmup.start_wall_ns` is missing or not an integer"),

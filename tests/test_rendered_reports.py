@@ -325,7 +325,7 @@ def test_builtin_runs_report_no_decision_outside_every_request(
     r = rendered[name]
     attributed = r.results["evidence"]["request_attribution"]
     assert attributed and all(x["outside_count"] == 0 and x["startup_count"] > 0
-                              for x in attributed)
+                              and x["id_mismatch_count"] == 0 for x in attributed)
     text = " ".join(visible_text(r.text))
     assert "lay outside every request" not in text
     assert "outside every request excluded" not in text

@@ -78,6 +78,7 @@ def build(run: Run, *, idle: Mapping[str, Mapping[str, int]] | None = None,
                                           "outside_last_wall_ns": a.outside_last_wall_ns,
                                           "startup_count": a.startup_count,
                                           "warmup_by_kind": a.warmup_by_kind,
+                                          "id_mismatch_count": len(a.id_mismatches),
                                           "note": a.outside_note()})
                         for name, a in attrs.items()),
                     service=MappingProxyType(service_of(run.manifest)),

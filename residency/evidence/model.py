@@ -112,7 +112,8 @@ class Evidence:
     and how many decisions lay outside every request (`residency.rundir.attribution.scope_note`)."""
     request_attribution: tuple[Mapping[str, Any], ...] = ()
     """Per service run: `run`, `method`, `outside_count`, `outside_first_wall_ns`,
-    `outside_last_wall_ns`, `note`."""
+    `outside_last_wall_ns`, `startup_count`, `warmup_by_kind`, `id_mismatch_count` (decisions
+    inside a window that carry another request's id), `note`."""
     service: Mapping[str, Any] = field(default_factory=dict)
     """Which service ran: `kind` (builtin|external), `name`, `file`, `command`, `versions`
     (what it reported), `expect` (the manifest's `service_info`)."""

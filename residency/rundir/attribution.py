@@ -172,6 +172,33 @@ class RequestAttribution:
                                      warm["kind"].value_counts().items()}
         return out
 
+    @property
+    def id_mismatches(self) -> pd.DataFrame:
+        """Decisions attributed by time whose recorded request id is a string other than the
+        id of the request whose window holds them (a clock off between the client and a
+        rank, or a record edited): `request`, `request_id`, `recorded_request_id`, `rank`,
+        `wall_ns`. Empty where either id is missing (the vLLM-Omni adapter records none)."""
+        d = self.decisions
+        if d.empty or self.method != "time":
+            return d.iloc[0:0][["request", "request_id", "recorded_request_id", "rank",
+                                "wall_ns"]]
+        recorded, expected = d["recorded_request_id"], d["request_id"]
+        off = recorded.map(lambda r: isinstance(r, str)) & expected.map(
+            lambda r: isinstance(r, str)) & (recorded.astype(object) != expected.astype(object))
+        return d.loc[off, ["request", "request_id", "recorded_request_id", "rank",
+                           "wall_ns"]].reset_index(drop=True)
+
+    def mismatch_note(self) -> str:
+        """One sentence on `id_mismatches` ("" without any): how many, and the first."""
+        off = self.id_mismatches
+        if off.empty:
+            return ""
+        first = off.sort_values("wall_ns", kind="stable").iloc[0]
+        return (f"{len(off)} decision(s) inside a request's window carry another request id "
+                f"(first: rank {int(first['rank'])} recorded {first['recorded_request_id']!r} "
+                f"inside request {int(first['request'])}, {first['request_id']!r}): a clock "
+                "or a record is off, and their attribution by time may be wrong.")
+
     def request_id_of(self, number: int) -> str | None:
         """The client's id of request `number` (0 = warm-up)."""
         return next((w.request_id for w in self.windows if w.number == number), None)
@@ -193,14 +220,16 @@ class RequestAttribution:
                "by request id")
         warm = warmup_text(self.warmup_by_kind, self.startup_ids)
         warm = f" warm-ups excluded: {warm};" if warm else ""
+        mismatch = self.mismatch_note()
+        mismatch = f" {mismatch}" if mismatch else ""
         if not self.outside_count:
-            return f"Attributed {how}:{warm} no decision lay outside every request."
+            return f"Attributed {how}:{warm} no decision lay outside every request.{mismatch}"
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(self.outside_by_kind.items()))
         span = (f"first at {_iso(self.outside_first_wall_ns)}, last at "
                 f"{_iso(self.outside_last_wall_ns)}" if self.method == "time" else
                 "their ids match no client request")
         return (f"Attributed {how}:{warm} {self.outside_count} decision(s) ({kinds}) lay "
-                f"outside every request ({span}) and are excluded.")
+                f"outside every request ({span}) and are excluded.{mismatch}")
 
     def __repr__(self) -> str:
         return (f"RequestAttribution(by {self.method}: {len(self.windows)} windows, "
@@ -553,4 +582,8 @@ def scope_note(attributions: Sequence[RequestAttribution]) -> str:
         text += f"; {outside} decision(s) outside every request excluded{span}"
     else:
         text += "; no decision outside every request"
+    mismatched = sum(len(a.id_mismatches) for a in attributions)
+    if mismatched:
+        text += (f"; {mismatched} decision(s) inside a request's window carry another "
+                 "request id (a clock or a record is off)")
     return text + "."
