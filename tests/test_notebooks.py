@@ -524,13 +524,29 @@ def test_report_cli(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     _executed_notebook(tmp_path / "nbs" / "a.ipynb")
     nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")]),
                    tmp_path / "nbs" / "never_run.ipynb")
+    (tmp_path / "nbs" / "torn.ipynb").write_text('{"cells": [')
     code = main(["report", str(tmp_path / "nbs"), "--out", str(tmp_path / "out")])
     captured = capsys.readouterr()
-    assert code == 1
+    assert code == 2  # bad input: the notebooks that could not be used
     assert captured.out.splitlines() == [str((tmp_path / "out" / "a.html").resolve()),
                                          str((tmp_path / "out" / "index.html").resolve())]
     assert "never_run.ipynb: has no outputs: execute it first" in captured.err
+    assert "torn.ipynb: cannot read notebook" in captured.err
     assert main(["report", str(tmp_path / "missing")]) == 2
+
+
+def test_report_cli_exits_1_when_a_usable_notebook_fails(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture) -> None:
+    """A screenshot that cannot be taken is a failure of the work, not of the input."""
+    from residency.cli.main import main
+
+    _executed_notebook(tmp_path / "a.ipynb")
+    monkeypatch.setenv("CHROMIUM", "/bin/false")
+    code = main(["report", str(tmp_path / "a.ipynb"), "--screenshot", "--out",
+                 str(tmp_path / "out")])
+    assert code == 1, capsys.readouterr().err
+    assert (tmp_path / "out" / "a.html").is_file()
 
 
 # ----------------------------------------------------------------------------- slow: papermill

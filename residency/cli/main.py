@@ -428,14 +428,13 @@ def cmd_tables(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """`report`: executed notebooks to HTML (and PNG); exit 1 if any failed."""
+    """`report`: executed notebooks to HTML (and PNG), each rendered that can be; exit 2 if
+    a notebook was unusable (unreadable, never executed), else 1 if a render or screenshot
+    failed."""
     from residency.reports import html as reports
 
-    try:
-        notebooks = reports.find_notebooks(args.paths)
-    except reports.ReportError as exc:  # paths that hold no notebook: bad input
-        raise ValueError(str(exc)) from None
-    failed = 0
+    notebooks = reports.find_notebooks(args.paths)  # (paths that hold none: exit 2)
+    failed = unusable = 0
     for nb, name in zip(notebooks, reports.output_names(notebooks), strict=True):
         try:
             html = reports.render_html(nb, args.out, name=name)
@@ -446,10 +445,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         except reports.ReportError as exc:
             print(_terminal(f"residency report: error: {exc}"), file=sys.stderr)
             failed += 1
+            unusable += isinstance(exc, reports.NotebookError)
     if len(notebooks) > failed and (len(notebooks) > 1
                                     or any(os.path.isdir(p) for p in args.paths)):
         print(reports.write_index(args.out))
-    return 1 if failed else 0
+    return 2 if unusable else 1 if failed else 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

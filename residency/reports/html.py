@@ -30,7 +30,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
-from residency.errors import RunFailed
+from residency.errors import BadInput, RunFailed
 from residency.reports.banner import BANNER_CLASS
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -47,13 +47,18 @@ _PAGE_URL = "https://residency-report.invalid/report.html"  # served from memory
 INDEX = "index.html"
 MAX_PNG_HEIGHT_PX = 16384  # taller pages are cut into slices of this height
 
-__all__ = ["INDEX", "MAX_PNG_HEIGHT_PX", "ReportError", "Screenshot", "banner_of", "capture",
-           "find_chromium", "find_notebooks", "output_names", "png_size", "render_html",
-           "screenshot", "write_index"]
+__all__ = ["INDEX", "MAX_PNG_HEIGHT_PX", "NotebookError", "ReportError", "Screenshot",
+           "banner_of", "capture", "find_chromium", "find_notebooks", "output_names",
+           "png_size", "render_html", "screenshot", "write_index"]
 
 
 class ReportError(RunFailed):
     """A notebook that cannot be rendered, or a screenshot that could not be taken."""
+
+
+class NotebookError(BadInput, ReportError):
+    """A path that names no notebook, or a notebook that cannot be read or was never
+    executed: bad input (exit 2), and a `ReportError` for callers that catch those."""
 
 
 def find_notebooks(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
@@ -61,21 +66,21 @@ def find_notebooks(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     (checkpoints skipped), in sorted order per folder.
 
     Raises:
-        ReportError: a path does not exist or is not a notebook, or a folder holds none.
+        NotebookError: a path does not exist or is not a notebook, or a folder holds none.
     """
     found: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
             nbs = sorted(f for f in p.rglob("*.ipynb") if ".ipynb_checkpoints" not in f.parts)
             if not nbs:
-                raise ReportError(f"{p}: folder holds no .ipynb notebook")
+                raise NotebookError(f"{p}: folder holds no .ipynb notebook")
             found += nbs
         elif p.is_file() and p.suffix == ".ipynb":
             found.append(p)
         elif p.exists():
-            raise ReportError(f"{p}: not a .ipynb notebook")
+            raise NotebookError(f"{p}: not a .ipynb notebook")
         else:
-            raise ReportError(f"{p}: no such file or folder")
+            raise NotebookError(f"{p}: no such file or folder")
     return found
 
 
@@ -92,7 +97,7 @@ def render_html(notebook: str | os.PathLike[str], out_dir: str | os.PathLike[str
     hidden; returns the HTML path.
 
     Raises:
-        ReportError: the notebook cannot be read or was never executed.
+        NotebookError: the notebook cannot be read or was never executed.
     """
     import nbformat
     from nbconvert import HTMLExporter
@@ -101,10 +106,10 @@ def render_html(notebook: str | os.PathLike[str], out_dir: str | os.PathLike[str
     try:
         nb = nbformat.read(src, as_version=4)
     except (OSError, ValueError, RecursionError) as exc:  # (JSON nested past the stack)
-        raise ReportError(f"{src}: cannot read notebook ({type(exc).__name__}: "
+        raise NotebookError(f"{src}: cannot read notebook ({type(exc).__name__}: "
                           f"{str(exc)[:300]})") from None
     if not _executed(nb):
-        raise ReportError(f"{src}: has no outputs: execute it first "
+        raise NotebookError(f"{src}: has no outputs: execute it first "
                           f"(papermill {src} OUT.ipynb)")
     heading = _banner_first(nb)
     from traitlets.config import Config
