@@ -176,6 +176,50 @@ def test_a_dask_task_keeps_the_heap_only_on_the_cluster_started_here(ours, monke
     assert reduced == [("plan", 3, job), ("plan", 1, job)] and kept == ([1] if ours else [])
 
 
+class KilledWorker(Exception):
+    """Named as distributed's own (`distributed.scheduler.KilledWorker`)."""
+
+
+@pytest.mark.parametrize(("exc", "scheduler", "kind", "words"), [
+    (ModuleNotFoundError("No module named 'residency'"), "tcp://h:8786", idle.DaskTaskError,
+     "every worker must import residency"),
+    (KilledWorker("('task-1', <WorkerState 'tcp://h:1'>)"), "local", idle.DaskTaskError,
+     "a worker or the scheduler was lost"),
+    (FileNotFoundError(2, "No such file or directory", "/nfs/rank3.json"), "tcp://h:8786",
+     TraceError, "/nfs/rank3.json: cannot be read on a worker of the cluster at tcp://h:8786"),
+    (RuntimeError("boom\nsecond line"), "local", idle.DaskTaskError, "(RuntimeError: boom "),
+])
+def test_a_failed_dask_task_says_what_the_workers_need(exc, scheduler, kind, words):
+    plan = traces.plan_traces(DATA / "kineto_basic")
+    got = idle._task_error(exc, plan, scheduler)
+    assert type(got) is kind and words in str(got) and "\n" not in str(got), str(got)
+
+
+@pytest.mark.parametrize("exc", [TraceError("/t/rank0.json", "not JSON"),
+                                 FileNotFoundError(2, "No such file or directory", "/t/x")])
+def test_a_trace_error_on_this_machines_cluster_is_the_local_paths_error(exc):
+    plan = traces.plan_traces(DATA / "kineto_basic")
+    assert idle._task_error(exc, plan, "local") is exc
+
+
+def _no_residency_on_the_worker(plan, items, *, ours, job):
+    raise ModuleNotFoundError("No module named 'residency'")
+
+
+@pytest.mark.slow
+def test_a_cluster_without_residency_is_one_line_exit_1(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("distributed", reason="dask[distributed] is not installed "
+                        "(pip install 'residency[cluster]')")
+    monkeypatch.setattr(idle, "_reductions_on_worker", _no_residency_on_the_worker)
+    code = cli.main(["idle", str(many_ranks(tmp_path / "t", 2)), "--no-cache",
+                     "--scheduler", "local", "--workers", "1"])
+    err = capsys.readouterr().err
+    line = next(x for x in err.splitlines() if x.startswith("residency idle: error: "))
+    assert code == 1, err
+    assert "ModuleNotFoundError: No module named 'residency'" in line
+    assert "every worker must import residency" in line
+
+
 @pytest.mark.parametrize("mask, count, usable", [({3}, 8, 1), ({0, 1, 2}, 8, 3),
                                                   (None, 6, 6), (None, None, 1)])
 def test_usable_cpus_follows_the_affinity_mask(mask, count, usable, monkeypatch):

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from residency.errors import RunFailed
 from residency.traces import busy as busydef
 from residency.traces import intervals as iv
 
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
 
     from residency.traces.load import RankTimeline, TraceSet
 
-__all__ = ["IdleSummary", "RankIdle", "RankReduction", "all_rank_idle_intervals",
+__all__ = ["DaskTaskError", "IdleSummary", "RankIdle", "RankReduction", "all_rank_idle_intervals",
            "busy_intervals", "format_summary", "idle_summary", "idle_summary_at",
            "per_rank_idle", "rank_reduction", "reduce_rank", "summarize"]
 
@@ -788,9 +789,46 @@ def _on_dask(plan: Any, job: dict[str, Any], scheduler: str,
         # fetched all 64 of 64 x 110k after the last task: ~0.06 s)
         at = {f.key: g for f, g in zip(futures, groups, strict=True)}
         got: dict[int, RankReduction] = {}
-        for future, reductions in as_completed(futures, with_results=True):
-            got.update(zip(at[future.key], reductions, strict=True))
+        try:
+            for future, reductions in as_completed(futures, with_results=True):
+                got.update(zip(at[future.key], reductions, strict=True))
+        except Exception as exc:  # sorted by kind in _task_error
+            raise _task_error(exc, plan, scheduler) from exc
         return [got[i] for i in range(len(plan.sources))]
+
+
+class DaskTaskError(RunFailed):
+    """A Dask task that could not compute its ranks for a reason of the cluster, not of a
+    trace (a worker without residency, a worker lost): exit 1, with what to fix."""
+
+
+def _task_error(exc: Exception, plan: Any, scheduler: str) -> Exception:
+    """What a failed Dask task reports: a trace's own error as the local path gives it; a
+    trace path a remote worker cannot read, or any other failure, as one line saying what
+    every worker needs."""
+    from residency.errors import BadInput
+    from residency.traces.files import TraceError
+
+    where = "this machine's LocalCluster" if scheduler == "local" else f"the cluster at " \
+        f"{scheduler}"
+    if isinstance(exc, OSError) and scheduler != "local":
+        path = exc.filename or (plan.sources[0] if plan.sources else "")
+        return TraceError(path, f"cannot be read on a worker of {where} ({exc.strerror or exc}"
+                          "): every worker must read the traces at the paths given here (a "
+                          "shared file system mounted at the same path on every worker)")
+    if isinstance(exc, (BadInput, OSError)):
+        return exc  # (the same error as without --scheduler)
+    kind = type(exc).__name__
+    text = " ".join(str(exc).split())[:300]
+    if isinstance(exc, ImportError) or kind == "AttributeError":
+        need = ("every worker must import residency, the version installed here (install "
+                "it into each worker's environment, then restart the workers)")
+    elif kind in ("KilledWorker", "CommClosedError", "CancelledError", "TimeoutError"):
+        need = ("a worker or the scheduler was lost during the task (out of memory? see the "
+                "workers' logs); rerun, or give the workers more memory")
+    else:
+        need = "see the workers' logs"
+    return DaskTaskError(f"a Dask task on {where} failed ({kind}: {text}): {need}")
 
 
 # A Dask task costs the scheduler and client ~3-6 ms of CPU, which `--scheduler local` takes
