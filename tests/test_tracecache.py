@@ -202,7 +202,22 @@ def test_a_trace_error_on_this_machines_cluster_is_the_local_paths_error(exc):
     assert idle._task_error(exc, plan, "local") is exc
 
 
-def _no_residency_on_the_worker(plan, items, *, ours, job):
+def test_a_worker_of_another_residency_version_refuses_its_task(monkeypatch):
+    reduced = []
+    monkeypatch.setattr(idle, "rank_reduction", lambda plan, i, **job: reduced.append(i))
+    here = re.escape(idle.analysis_version())
+    with pytest.raises(idle.DaskTaskError, match=rf"runs residency {here}, this process "
+                       r"9\.9\.9, parser 1: install the same residency"):
+        idle._reductions_on_worker("plan", (0,), ours=False, job={}, version="9.9.9, parser 1")
+    assert reduced == []  # nothing computed
+    got = idle._reductions_on_worker("plan", (0,), ours=False, job={},
+                                     version=idle.analysis_version())
+    assert reduced == [0] and got == [None]
+    err = idle.DaskTaskError("x")
+    assert idle._task_error(err, None, "tcp://h:8786") is err  # one line as it is
+
+
+def _no_residency_on_the_worker(plan, items, *, ours, job, version=None):
     raise ModuleNotFoundError("No module named 'residency'")
 
 

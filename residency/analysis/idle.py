@@ -784,7 +784,7 @@ def _on_dask(plan: Any, job: dict[str, Any], scheduler: str,
         # into every task it grew with the square of the ranks
         shared = client.scatter(plan, broadcast=True, hash=False)
         futures = client.map(_reductions_on_worker, [shared] * len(groups), groups,
-                             pure=False, ours=ours, job=job)
+                             pure=False, ours=ours, job=job, version=analysis_version())
         # each task's results fetched as it ends, while the others run (a gather at the end
         # fetched all 64 of 64 x 110k after the last task: ~0.06 s)
         at = {f.key: g for f, g in zip(futures, groups, strict=True)}
@@ -816,8 +816,8 @@ def _task_error(exc: Exception, plan: Any, scheduler: str) -> Exception:
         return TraceError(path, f"cannot be read on a worker of {where} ({exc.strerror or exc}"
                           "): every worker must read the traces at the paths given here (a "
                           "shared file system mounted at the same path on every worker)")
-    if isinstance(exc, (BadInput, OSError)):
-        return exc  # (the same error as without --scheduler)
+    if isinstance(exc, (BadInput, OSError, DaskTaskError)):
+        return exc  # (the same error as without --scheduler, or already one line)
     kind = type(exc).__name__
     text = " ".join(str(exc).split())[:300]
     if isinstance(exc, ImportError) or kind == "AttributeError":
@@ -871,11 +871,31 @@ def _size(source: Path) -> int:
         return 0
 
 
+def analysis_version() -> str:
+    """This residency's version and trace parser version ("0.1.0, parser 7"): what a Dask
+    worker must run for its reductions to be this process's."""
+    from residency import __version__
+    from residency.traces.cache import PARSER_VERSION
+
+    return f"{__version__}, parser {PARSER_VERSION}"
+
+
 def _reductions_on_worker(plan: Any, items: Sequence[int], *, ours: bool,
-                          job: dict[str, Any]) -> list[RankReduction]:
+                          job: dict[str, Any], version: str | None = None
+                          ) -> list[RankReduction]:
     """`rank_reduction` of each of `items`, in order, as one Dask task; `ours`: on a worker of
     the cluster started here, which keeps its heap as the local pool's do (64 x 110k, 5
-    interleaved rounds: 1.24x the local path against 1.31x without)."""
+    interleaved rounds: 1.24x the local path against 1.31x without).
+
+    Raises:
+        DaskTaskError: `version` (the client's `analysis_version`) is not this worker's.
+    """
+    if version is not None and version != analysis_version():
+        import socket
+
+        raise DaskTaskError(f"the Dask worker on {socket.gethostname()} runs residency "
+                            f"{analysis_version()}, this process {version}: install the same "
+                            "residency on every worker (its figures could differ)")
     if ours:
         from residency.traces.workers import keep_heap
 
