@@ -24,6 +24,7 @@ Analyses return values and never print; `residency.cli.main` is the ``residency 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import warnings
@@ -871,13 +872,20 @@ def _size(source: Path) -> int:
         return 0
 
 
+@functools.cache
 def analysis_version() -> str:
-    """This residency's version and trace parser version ("0.1.0, parser 7"): what a Dask
-    worker must run for its reductions to be this process's."""
-    from residency import __version__
+    """This residency's installed version and trace parser version ("0.1.0, parser 7"; the
+    version "not installed" for a source tree on the path): what a Dask worker must run for
+    its reductions to be this process's."""
+    from importlib.metadata import PackageNotFoundError, version
+
     from residency.traces.cache import PARSER_VERSION
 
-    return f"{__version__}, parser {PARSER_VERSION}"
+    try:
+        installed = version("residency")
+    except PackageNotFoundError:
+        installed = "not installed"
+    return f"{installed}, parser {PARSER_VERSION}"
 
 
 def _reductions_on_worker(plan: Any, items: Sequence[int], *, ours: bool,
