@@ -837,6 +837,7 @@ def test_a_received_notebook_draws_nothing_the_views_would_not(tmp_path: Path) -
     assert all(h.startswith(("#", "http")) for h in hrefs), hrefs
     srcs = [a["src"] for t, a in parser.tags if t == "img" and "src" in a]
     assert not [s for s in srcs if "evil" in s], srcs
+    assert any(s.startswith("data:image/svg+xml;base64,") for s in srcs)  # inert: an image
     assert html.count("&lt;meta http-equiv=") >= 3  # shown as what it is, in each place
     assert visible_text(html)[0] == f"emulated-npu: {LABEL}"
     banner_div = next(a for _, a in parser.tags

@@ -118,7 +118,7 @@ def render_html(notebook: str | os.PathLike[str], out_dir: str | os.PathLike[str
     config = Config({"CoalesceStreamsPreprocessor": {"enabled": True}})
     from residency.reports.sanitize import clean_html
 
-    # every Markdown cell, HTML or Markdown output and SVG through `clean_html` (nbconvert's
+    # every Markdown cell, HTML or Markdown output through `clean_html` (nbconvert's
     # sanitize hook, its filter replaced): a received notebook's HTML draws nothing the views
     # would not, and moves nobody elsewhere
     exporter = HTMLExporter(config=config, exclude_input=True, exclude_input_prompt=True,

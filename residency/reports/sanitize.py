@@ -5,14 +5,16 @@ someone else (or one whose outputs were edited) can hold any HTML. `REPORT_CSP` 
 every script, frame, form and remote load, but not what needs none: a ``<meta http-equiv=
 "refresh">`` that moves the reviewer to another page, a ``<style>`` or a positioned block
 that draws a fake device banner over the real one, a ``<base>``. So every Markdown cell (after
-its conversion to HTML), HTML or Markdown output and SVG image is cleaned here (nbconvert's
+its conversion to HTML), HTML or Markdown output and raw cell is cleaned here (nbconvert's
 ``sanitize_html`` hook, with this module's `clean_html` in place of nbconvert's own, which
 would strip the tables' alignment and the banner's colour): the tags and attributes this
 package's views write and Markdown renders are kept, any other tag is shown as text (not
 acted on: a reviewer sees what was there), styles keep the layout properties listed in
 `ALLOWED_CSS` (no position, transform, display, z-index or negative margin: nothing can
 leave its place in the page), links go to ``http``, ``https``, ``mailto`` or a ``#``
-fragment of the page, images are inline PNG, JPEG, GIF or WebP.
+fragment of the page, images are inline PNG, JPEG, GIF or WebP. SVG outputs are drawn as
+images (``<img src="data:image/svg+xml...">``, nbconvert's default), where no script, link or
+remote load of theirs acts.
 """
 
 from __future__ import annotations
