@@ -812,8 +812,8 @@ def _task_error(exc: Exception, plan: Any, scheduler: str) -> Exception:
     from residency.errors import BadInput
     from residency.traces.files import TraceError
 
-    where = "this machine's LocalCluster" if scheduler == "local" else f"the cluster at " \
-        f"{scheduler}"
+    where = ("this machine's LocalCluster" if scheduler == "local" else
+             f"the cluster at {scheduler}")
     if isinstance(exc, OSError) and scheduler != "local":
         path = exc.filename or (plan.sources[0] if plan.sources else "")
         return TraceError(path, f"cannot be read on a worker of {where} ({exc.strerror or exc}"

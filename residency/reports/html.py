@@ -107,10 +107,10 @@ def render_html(notebook: str | os.PathLike[str], out_dir: str | os.PathLike[str
         nb = nbformat.read(src, as_version=4)
     except (OSError, ValueError, RecursionError) as exc:  # (JSON nested past the stack)
         raise NotebookError(f"{src}: cannot read notebook ({type(exc).__name__}: "
-                          f"{str(exc)[:300]})") from None
+                            f"{str(exc)[:300]})") from None
     if not _executed(nb):
         raise NotebookError(f"{src}: has no outputs: execute it first "
-                          f"(papermill {src} OUT.ipynb)")
+                            f"(papermill {src} OUT.ipynb)")
     heading = _banner_first(nb)
     from traitlets.config import Config
 
