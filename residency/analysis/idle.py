@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from residency.errors import RunFailed
+from residency.errors import BadInput, RunFailed
 from residency.traces import busy as busydef
 from residency.traces import intervals as iv
 
@@ -809,13 +809,12 @@ def _task_error(exc: Exception, plan: Any, scheduler: str) -> Exception:
     """What a failed Dask task reports: a trace's own error as the local path gives it; a
     trace path a remote worker cannot read, or any other failure, as one line saying what
     every worker needs."""
-    from residency.errors import BadInput
     from residency.traces.files import TraceError
 
     where = ("this machine's LocalCluster" if scheduler == "local" else
              f"the cluster at {scheduler}")
     if isinstance(exc, OSError) and scheduler != "local":
-        path = exc.filename or (plan.sources[0] if plan.sources else "")
+        path = exc.filename or plan.root
         return TraceError(path, f"cannot be read on a worker of {where} ({exc.strerror or exc}"
                           "): every worker must read the traces at the paths given here (a "
                           "shared file system mounted at the same path on every worker)")

@@ -19,6 +19,7 @@ remote load of theirs acts.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -67,27 +68,21 @@ def _attribute_allowed(tag: str, name: str, value: str) -> bool:
     return True
 
 
-_sanitizer: Any = None
-
-
+@functools.cache
 def _css_sanitizer() -> Any:
     """bleach's CSS sanitizer of `ALLOWED_CSS`, which also drops a margin (or any allowed
     property) given a negative length: a block pulled up over the banner."""
-    global _sanitizer
-    if _sanitizer is None:
-        import tinycss2
-        from bleach.css_sanitizer import CSSSanitizer
+    import tinycss2
+    from bleach.css_sanitizer import CSSSanitizer
 
-        class _Layout(CSSSanitizer):
-            def sanitize_css(self, style: str) -> str:
-                kept = super().sanitize_css(style)
-                declarations = tinycss2.parse_declaration_list(kept)
-                return tinycss2.serialize(
-                    [d for d in declarations if d.type != "declaration"
-                     or not _NEGATIVE.search(tinycss2.serialize(d.value))]).strip()
+    class _Layout(CSSSanitizer):
+        def sanitize_css(self, style: str) -> str:
+            declarations = tinycss2.parse_declaration_list(super().sanitize_css(style))
+            return tinycss2.serialize(
+                [d for d in declarations if d.type != "declaration"
+                 or not _NEGATIVE.search(tinycss2.serialize(d.value))]).strip()
 
-        _sanitizer = _Layout(allowed_css_properties=ALLOWED_CSS, allowed_svg_properties=())
-    return _sanitizer
+    return _Layout(allowed_css_properties=ALLOWED_CSS, allowed_svg_properties=())
 
 
 def clean_html(fragment: str | bytes) -> str:

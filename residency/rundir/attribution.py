@@ -19,6 +19,7 @@ Pure analysis: pandas and numpy only, no torch, no run-directory reading (see
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -172,21 +173,20 @@ class RequestAttribution:
                                      warm["kind"].value_counts().items()}
         return out
 
-    @property
+    @functools.cached_property
     def id_mismatches(self) -> pd.DataFrame:
         """Decisions attributed by time whose recorded request id is a string other than the
         id of the request whose window holds them (a clock off between the client and a
         rank, or a record edited): `request`, `request_id`, `recorded_request_id`, `rank`,
         `wall_ns`. Empty where either id is missing (the vLLM-Omni adapter records none)."""
         d = self.decisions
+        cols = ["request", "request_id", "recorded_request_id", "rank", "wall_ns"]
         if d.empty or self.method != "time":
-            return d.iloc[0:0][["request", "request_id", "recorded_request_id", "rank",
-                                "wall_ns"]]
+            return d.iloc[0:0][cols]
         recorded, expected = d["recorded_request_id"], d["request_id"]
-        off = recorded.map(lambda r: isinstance(r, str)) & expected.map(
-            lambda r: isinstance(r, str)) & (recorded.astype(object) != expected.astype(object))
-        return d.loc[off, ["request", "request_id", "recorded_request_id", "rank",
-                           "wall_ns"]].reset_index(drop=True)
+        ids = recorded.map(lambda r: isinstance(r, str)) & expected.map(
+            lambda r: isinstance(r, str))
+        return d.loc[ids & (recorded != expected), cols].reset_index(drop=True)
 
     def mismatch_note(self) -> str:
         """One sentence on `id_mismatches` ("" without any): how many, and the first."""
