@@ -100,6 +100,8 @@ def test_a_decision_inside_a_window_with_another_requests_id_is_flagged() -> Non
     assert "rank 1 recorded 'r2' inside request 1, 'r1'" in note
     assert "2 decision(s) inside a request's window carry another request id" in \
         at.scope_note([attr])
+    long = at.attribute(frame([(0, "normal", 250, "x" * 10**5 + "\x1b[2J")]), client)
+    assert len(long.outside_note()) < 600 and "\x1b" not in long.outside_note()
     clean = at.attribute(frame([(0, "normal", 250, "r1")]), client)
     assert clean.id_mismatches.empty and "another request id" not in clean.outside_note()
     assert "another request id" not in at.scope_note([clean])

@@ -194,10 +194,14 @@ class RequestAttribution:
         if off.empty:
             return ""
         first = off.sort_values("wall_ns", kind="stable").iloc[0]
+        def quoted(rid: str) -> str:  # (run-supplied: repr escapes it, bounded here)
+            return repr(rid if len(rid) <= 80 else rid[:80] + "...")
+
         return (f"{len(off)} decision(s) inside a request's window carry another request id "
-                f"(first: rank {int(first['rank'])} recorded {first['recorded_request_id']!r} "
-                f"inside request {int(first['request'])}, {first['request_id']!r}): a clock "
-                "or a record is off, and their attribution by time may be wrong.")
+                f"(first: rank {int(first['rank'])} recorded "
+                f"{quoted(first['recorded_request_id'])} inside request "
+                f"{int(first['request'])}, {quoted(first['request_id'])}): a clock or a record "
+                "is off, and their attribution by time may be wrong.")
 
     def request_id_of(self, number: int) -> str | None:
         """The client's id of request `number` (0 = warm-up)."""
