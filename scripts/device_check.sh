@@ -10,8 +10,12 @@
 #      --steps 5`;
 #   5. the selftest JSON, both run directories (as .tar.gz: the results channel carries at
 #      most 8 files, 2 folders deep), nvidia-smi and the log copied to $OUT.
-# Exit status: 0 when the selftest and the pair both passed, 1 when either failed, 2 when the
-# environment could not be set up.
+# With --evidence, steps 3-4 are instead the suite's two recorded designs on one rank (for
+# data/runs/): the consecutive-request validation (3 requests of 2 steps) and the paired
+# profile (the profiled 50-step pair, then $PAIRS alternating unprofiled pairs of
+# $REQUESTS requests each).
+# Exit status: 0 when every step passed, 1 when one failed, 2 when the environment could not
+# be set up.
 #
 # Usage, on the GPU machine, from the repository root (the device tool sets $OUT; carry .whl):
 #   OUT=/some/dir scripts/device_check.sh
@@ -27,18 +31,23 @@ ROOT=$PWD
 WHEELS=${WHEELS:-$ROOT/.whl}
 TORCH_INDEX=https://download.pytorch.org/whl/cu128   # the README's CUDA install command
 # what the GPU machine's image lacks of the project's dependencies (torch, numpy, pandas,
-# scipy, pyarrow and tqdm are there), plus a setuptools new enough for pyproject's license
-OFFLINE_WHEELS=(msgspec setuptools wheel)
+# scipy, tqdm and xxhash are there), plus a setuptools new enough for pyproject's license
+OFFLINE_WHEELS=(msgspec platformdirs setuptools wheel)
 
 if [ "${1:-}" = "--fetch-wheels" ]; then
     mkdir -p "$WHEELS"
     python3 -m pip download --no-deps --only-binary=:all: --python-version "${PY_VERSION:-3.12}" \
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-        --platform manylinux2014_x86_64 -d "$WHEELS" msgspec 'setuptools>=77' wheel || exit 2
+        --platform manylinux2014_x86_64 -d "$WHEELS" msgspec platformdirs 'setuptools>=77' wheel || exit 2
     ls -l "$WHEELS"
     exit 0
 fi
 
+MODE=check
+if [ "${1:-}" = "--evidence" ]; then MODE=evidence; fi
+PAIRS=${PAIRS:-6}
+REQUESTS=${REQUESTS:-3}
+STEPS=${STEPS:-50}
 DEVICE=${DEVICE:-cuda}   # DEVICE=emulated-npu: a dry run of this script on a machine without a GPU
 START_S=$SECONDS
 OUT=${OUT:-$ROOT/device-check-out}
@@ -108,7 +117,8 @@ offline_venv() {
     run "$VENV/bin/python" -m pip install -q --no-index --no-build-isolation --no-deps \
         -e "$ROOT" || return 1
     # every runtime dependency must import (the project was installed without resolving them)
-    run "$VENV/bin/python" -c 'import numpy, pandas, scipy, msgspec, pyarrow, tqdm, torch'
+    # (pyproject's [project] dependencies, by import name)
+    run "$VENV/bin/python" -c 'import numpy, pandas, scipy, msgspec, tqdm, platformdirs, xxhash, torch'
 }
 
 if [ "$DEVICE" = cuda ] && online_venv && has_torch "$VENV/bin/python"; then
@@ -123,6 +133,7 @@ PY=$VENV/bin/python
 RESIDENCY=$VENV/bin/residency
 log "torch $("$PY" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)')"
 
+if [ "$MODE" = check ]; then
 # --- 2. selftest ----------------------------------------------------------------------------
 SELFTEST_S=$(cap 300 150)
 log "selftest (at most $SELFTEST_S s)"
@@ -154,6 +165,31 @@ if [ -d "$WORK/$DEVICE-profiled-pair-1r5s" ]; then
     run "$RESIDENCY" idle "$WORK/$DEVICE-profiled-pair-1r5s/runs/01-candidate" \
         --marker 'residency\.release\[normal\]' --no-cache
 fi
+fi
+
+# --- 2-3 (--evidence): the recorded designs ------------------------------------------------
+evidence_run() {  # evidence_run NAME MAX_S ARGS...: one `residency pair` run, verified
+    local name=$1 max_s
+    max_s=$(cap "$2" 20)
+    shift 2
+    log "$name (at most $max_s s)"
+    PYTHONUNBUFFERED=1 timeout "$max_s" "$RESIDENCY" pair --device "$DEVICE" --ranks 1 \
+        --seed 2101 --out "$WORK/$name" --no-progress "$@" >>"$LOG" 2>&1
+    local rc=$?
+    log "$name exit $rc"
+    [ "$rc" -eq 0 ] || return "$rc"
+    run "$RESIDENCY" verify "$WORK/$name" || return 1
+    run "$RESIDENCY" tables "$WORK/$name" || log "(no evidence table for $name)"
+}
+CONSECUTIVE=$DEVICE-consecutive-1r2s
+PAIRED=$DEVICE-paired-profile-1r${STEPS}s
+if [ "$MODE" = evidence ]; then
+    evidence_run "$CONSECUTIVE" 120 --design consecutive --requests 3 --steps 2
+    CONSECUTIVE_RC=$?
+    evidence_run "$PAIRED" 400 --design paired-profile --pairs "$PAIRS" \
+        --requests "$REQUESTS" --steps "$STEPS"
+    PAIRED_RC=$?
+fi
 
 # --- 4. results to $OUT ---------------------------------------------------------------------
 pack() {  # pack NAME DIR: DIR as $OUT/NAME.tar.gz, without traces if over 15 MiB
@@ -166,6 +202,14 @@ pack() {  # pack NAME DIR: DIR as $OUT/NAME.tar.gz, without traces if over 15 Mi
             "$(basename "$dir")"
     fi
 }
+if [ "$MODE" = evidence ]; then
+    pack "$CONSECUTIVE" "$WORK/$CONSECUTIVE"
+    pack "$PAIRED" "$WORK/$PAIRED"
+    log "done in $((SECONDS - START_S)) s: consecutive exit $CONSECUTIVE_RC, paired exit $PAIRED_RC"
+    find "$OUT" -maxdepth 1 -type f -printf '%10s %f\n' | tee -a "$LOG" >&2
+    [ "$CONSECUTIVE_RC" -eq 0 ] && [ "$PAIRED_RC" -eq 0 ]
+    exit
+fi
 pack "$DEVICE-selftest" "$WORK/selftest"
 pack "$DEVICE-profiled-pair-1r5s" "$WORK/$DEVICE-profiled-pair-1r5s"
 log "done in $((SECONDS - START_S)) s: selftest exit $SELFTEST_RC, pair exit $PAIR_RC"

@@ -1,0 +1,52 @@
+"""Known answers on the runs recorded on a real CUDA GPU (`data/runs/cuda-*`, one H200,
+`scripts/device_check.sh`): every one verifies, says it came from CUDA and never from an NPU,
+and its evidence holds what the device showed (the bug absent: both arms retain alike)."""
+
+from __future__ import annotations
+
+import io
+import json
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from residency import evidence
+from residency.cli import main as cli
+from residency.rundir.run import load_run
+
+RUNS = Path(__file__).resolve().parent.parent / "data" / "runs"
+CUDA_RUNS = sorted(RUNS.glob("cuda-*"))
+
+
+def test_the_cuda_runs_are_recorded() -> None:
+    assert [p.name for p in CUDA_RUNS] == [
+        "cuda-consecutive-1r2s", "cuda-paired-profile-1r50s", "cuda-profiled-pair-1r5s"]
+
+
+@pytest.mark.parametrize("run_dir", CUDA_RUNS, ids=lambda p: p.name)
+def test_each_verifies_and_says_cuda(run_dir: Path) -> None:
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["device_kind"] == "cuda"
+    ev = evidence.build(load_run(run_dir))
+    assert ev.device_kind == "cuda"
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert cli.main(["tables", str(run_dir)]) == 0
+    text = out.getvalue()
+    assert "(device kind cuda)" in text
+    assert "NPU" not in text  # neither "emulated NPU" nor an NPU claim
+
+
+def test_paired_profile_on_cuda_shows_no_difference_where_the_bug_is_absent() -> None:
+    ev = evidence.build(load_run(RUNS / "cuda-paired-profile-1r50s"))
+    # both arms read torch.accelerator's answers: every normal call retained, every forced
+    # call released, in 7 runs per arm (the profiled one and 6 unprofiled)
+    assert ev["normal_released"].values == {"baseline": (0,), "candidate": (0,)}
+    assert ev["normal_released"].n == {"baseline": 19, "candidate": 19}
+    assert ev["forced_released"].values == {"baseline": (38,), "candidate": (38,)}
+    assert ev["telemetry_errors"].values == {"baseline": (0,), "candidate": (0,)}
+    e2e = ev["e2e_unprofiled"]
+    assert e2e.n == {"baseline": 6, "candidate": 6}
+    assert e2e.p_value == pytest.approx(27 / 32, rel=1e-12)  # exact Wilcoxon, 6 pairs
+    assert "Not significant" in e2e.note
