@@ -23,13 +23,14 @@ Analyses return values and never print; `residency.cli.main` is the ``residency 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
 import re
 import warnings
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -735,6 +736,34 @@ _QUIET_LOCAL_CLUSTER = {
 }
 
 
+# A nanny polls its worker process's start message every `WorkerProcess._init_msg_interval`
+# (50 ms in distributed 2024.1-2026.8, a class attribute with no setting): ~25 ms of waiting on
+# average per start. Polled every 2 ms while the cluster here starts: up in 0.050-0.056 s
+# against 0.077-0.081 s (4 interleaved starts of 2 workers each).
+_WORKER_START_POLL_S = 0.002
+
+
+@contextlib.contextmanager
+def _prompt_worker_start() -> Iterator[None]:
+    """Nannies started inside poll their worker's start message every
+    `_WORKER_START_POLL_S`; as before afterwards (and unchanged where this distributed has no
+    such attribute)."""
+    try:
+        from distributed.nanny import WorkerProcess
+    except ImportError:
+        yield
+        return
+    shipped = getattr(WorkerProcess, "_init_msg_interval", None)
+    if not isinstance(shipped, (int, float)) or shipped <= _WORKER_START_POLL_S:
+        yield
+        return
+    WorkerProcess._init_msg_interval = _WORKER_START_POLL_S
+    try:
+        yield
+    finally:
+        WorkerProcess._init_msg_interval = shipped
+
+
 def _on_dask(plan: Any, job: dict[str, Any], scheduler: str,
              workers: int | None) -> list[RankReduction]:
     """Every rank's reduction, computed on a Dask cluster in tasks of a few ranks each
@@ -744,7 +773,6 @@ def _on_dask(plan: Any, job: dict[str, Any], scheduler: str,
     except ImportError:
         raise ValueError("--scheduler needs Dask: pip install 'residency[cluster]' "
                          "(dask[distributed])") from None
-    import contextlib
 
     from residency.traces.workers import start_method, usable_cpus
 
@@ -768,9 +796,10 @@ def _on_dask(plan: Any, job: dict[str, Any], scheduler: str,
 
             get_versions()
             threads = workers or min(usable_cpus(), max(1, len(plan.sources)))
-            cluster = stack.enter_context(LocalCluster(
-                n_workers=threads, threads_per_worker=1, processes=True,
-                dashboard_address=None))
+            with _prompt_worker_start():
+                cluster = stack.enter_context(LocalCluster(
+                    n_workers=threads, threads_per_worker=1, processes=True,
+                    dashboard_address=None))
             client = stack.enter_context(Client(cluster))
             ours = True
         else:
@@ -836,28 +865,34 @@ def _task_error(exc: Exception, plan: Any, scheduler: str) -> Exception:
 # A Dask task costs the scheduler and client ~3-6 ms of CPU, which `--scheduler local` takes
 # from the cores its workers parse on: 64 ranks x 110k events (26 MB each) on 2 workers, one
 # task per rank took 0.35-0.48 s of this process's CPU during the map, against 0.19-0.22 s in
-# tasks of 3 ranks, and the map 1.61-2.31 s against 1.33-1.47 s (3 interleaved rounds). So ranks
-# go in tasks of about TASK_BYTES of trace (~0.2 s of parsing here; Dask's own advice: tasks
-# well over 100 ms), but never so few that a worker thread gets under TASKS_PER_THREAD.
-TASK_BYTES = 64 << 20
-TASKS_PER_THREAD = 4
+# tasks of 3 ranks. Equal tasks of 3 ranks (22 tasks) still left that CPU and a last task that
+# one worker waits on; guided self-scheduling (Polychronopoulos & Kuck 1987: each task takes a
+# fixed share of the work not yet handed out) gives 13 tasks, the first of 16 ranks and the
+# last four of one: `residency idle --scheduler local` 1.48 s (1.46-1.54) against 1.50 s
+# (1.48-1.55), n=9 each, the local path 1.15-1.16 s in both runs (benchmarks/trace_analysis.py).
+GUIDED_SHARES = 2  # a task takes 1/(GUIDED_SHARES x threads) of the bytes not yet in a task
 
 
 def task_groups(sizes: Sequence[int], threads: int) -> list[tuple[int, ...]]:
-    """The items of `sizes` (trace bytes per item) grouped into Dask tasks, largest items
-    first: each group is filled until it holds `TASK_BYTES`, or less where the total would
-    give `threads` worker threads fewer than `TASKS_PER_THREAD` groups each (an item larger
-    than that is a group of its own)."""
+    """The items of `sizes` (trace bytes per item; 0 where the size cannot be read here)
+    grouped into Dask tasks, largest items first: each task takes items until it holds
+    1/(`GUIDED_SHARES` x `threads`) of the bytes not yet in a task, so the first tasks are
+    large (few tasks) and the last hold one item each (no worker waits long on another's last
+    task); an item of unknown size (0) is a task of its own."""
     order = sorted(range(len(sizes)), key=lambda i: -sizes[i])
-    fill = min(TASK_BYTES, sum(sizes) // max(1, threads * TASKS_PER_THREAD))
+    left = sum(sizes)
     groups: list[tuple[int, ...]] = []
     group: list[int] = []
     held = 0
     for i in order:
+        if sizes[i] <= 0:
+            groups.append((i,))
+            continue
         group.append(i)
         held += sizes[i]
-        if held >= fill:
+        if held >= left // max(1, threads * GUIDED_SHARES):
             groups.append(tuple(group))
+            left -= held
             group, held = [], 0
     if group:
         groups.append(tuple(group))
