@@ -50,3 +50,14 @@ def test_paired_profile_on_cuda_shows_no_difference_where_the_bug_is_absent() ->
     assert e2e.n == {"baseline": 6, "candidate": 6}
     assert e2e.p_value == pytest.approx(27 / 32, rel=1e-12)  # exact Wilcoxon, 6 pairs
     assert "Not significant" in e2e.note
+
+
+def test_first_screen_of_the_cuda_run_speaks_of_cuda_in_singular_where_one() -> None:
+    from residency.reports import summary
+
+    run = load_run(RUNS / "cuda-paired-profile-1r50s")
+    s = summary.summarize(evidence.build(run), manifest=run.manifest)
+    assert s.device_kind == "cuda"
+    assert "6 unprofiled pairs; built-in service, 1 rank, 50 steps" in s.e2e
+    assert "1 ranks" not in s.e2e
+    assert "not what an NPU would measure" in s.npu

@@ -335,9 +335,9 @@ def _scope(ev: Evidence, a: Attribution | None, manifest: Mapping[str, Any]) -> 
     service = "built-in service" if (ev.service or {}).get("kind") == "builtin" else \
         f"service {md_text((ev.service or {}).get('name') or 'external')}"
     bits = [service]
-    for k, unit in (("ranks", "ranks"), ("steps", "steps")):
+    for k, unit in (("ranks", "rank"), ("steps", "step")):
         if params.get(k) is not None:
-            bits.append(f"{params[k]} {unit}")
+            bits.append(f"{params[k]} {unit}{'' if params[k] == 1 else 's'}")
     if a is not None:
         bits.append(_requests_text(a))
     return ", ".join(bits)
