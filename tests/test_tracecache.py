@@ -150,11 +150,14 @@ MB = 1 << 20
     ([1 << 30] * 8, 64, [1] * 8),  # 1 GB ranks on many threads: one each
     ([0] * 3, 2, [1] * 3),  # not readable here (storage only the workers see): one each
     ([0, 40 * MB, 0, 40 * MB, 40 * MB, 40 * MB], 1, [2, 1, 1, 1, 1]),  # unknown sizes alone
+    ([MB, MB, MB, 0, 100 * MB], 1, [1, 2, 1, 1]),  # ... and last
 ])
 def test_dask_tasks_shrink_to_one_rank(sizes, threads, grouped):
     groups = idle.task_groups(sizes, threads)
     assert [len(g) for g in groups] == grouped
     assert sorted(i for g in groups for i in g) == list(range(len(sizes)))
+    order = [i for g in groups for i in g]
+    assert [sizes[i] for i in order] == sorted(sizes, reverse=True)
 
 
 def test_dask_tasks_take_the_largest_ranks_first():

@@ -885,7 +885,10 @@ def task_groups(sizes: Sequence[int], threads: int) -> list[tuple[int, ...]]:
     group: list[int] = []
     held = 0
     for i in order:
-        if sizes[i] <= 0:
+        if sizes[i] <= 0:  # (after every known size: the largest first)
+            if group:
+                groups.append(tuple(group))
+                group, held = [], 0
             groups.append((i,))
             continue
         group.append(i)
