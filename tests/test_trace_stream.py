@@ -45,6 +45,19 @@ FUZZ = settings(derandomize=True, database=None, deadline=None,
                 max_examples=int(os.environ.get("RESIDENCY_FUZZ_EXAMPLES", "150")),
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 CHUNKS = [1, 2, 3, 7, 64, 4096, 8 << 20]
+# Chunks of a few bytes cost ~25 s per MB of trace here (the reader's boundary handling, run
+# at every byte): they run on the files up to this size; larger files (the real CUDA profiles
+# of data/runs, 0.4-2.6 MB) in chunks of at least LARGE_FILE_MIN_CHUNK bytes.
+TINY_CHUNKS_MAX_BYTES = 128 << 10
+LARGE_FILE_MIN_CHUNK = 4096
+
+
+def chunks_for(path: Path, chunks: list[int]) -> list[int]:
+    """`chunks`, without those under LARGE_FILE_MIN_CHUNK for a file over
+    TINY_CHUNKS_MAX_BYTES."""
+    if path.stat().st_size <= TINY_CHUNKS_MAX_BYTES:
+        return chunks
+    return [c for c in chunks if c >= LARGE_FILE_MIN_CHUNK]
 
 
 def trace_files() -> list[tuple[str, Path]]:
@@ -100,7 +113,7 @@ def same(streamed: tuple, reference: tuple) -> bool:
                          ids=[str(p.relative_to(ROOT)) for _, p in trace_files()])
 def test_streamed_equals_whole_on_every_fixture(fmt, path):
     reference = whole(fmt, path, path.read_bytes())
-    for chunk in CHUNKS:
+    for chunk in chunks_for(path, CHUNKS):
         got = outcome(lambda c=chunk: parse_trace(fmt, path, chunk_bytes=c))
         assert same(got, reference), (chunk, got, reference)
 
@@ -477,7 +490,7 @@ def test_parts_equal_the_whole_parse_on_every_fixture():
             continue
         reference = outcome(lambda f=fmt, p=path: parse_trace(f, p))
         for k in (2, 3, 7):
-            for chunk in (1, 5, 1 << 20):
+            for chunk in chunks_for(path, [1, 5, 1 << 20]):
                 got = parts_outcome(fmt, path, k, chunk)
                 # real torch.profiler output has no `}, {` in strings: its parts always align
                 assert got is not None or "runs" not in path.parts, (path, k, chunk)
