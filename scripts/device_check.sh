@@ -33,12 +33,16 @@ TORCH_INDEX=https://download.pytorch.org/whl/cu128   # the README's CUDA install
 # what the GPU machine's image lacks of the project's dependencies (torch, numpy, pandas,
 # scipy, tqdm and xxhash are there), plus a setuptools new enough for pyproject's license
 OFFLINE_WHEELS=(msgspec platformdirs setuptools wheel)
+VLLM_OMNI=0.30.0   # as .ci/run
 
 if [ "${1:-}" = "--fetch-wheels" ]; then
     mkdir -p "$WHEELS"
     python3 -m pip download --no-deps --only-binary=:all: --python-version "${PY_VERSION:-3.12}" \
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 -d "$WHEELS" msgspec platformdirs 'setuptools>=77' wheel || exit 2
+    # the published vLLM-Omni, installed there without its dependencies (as CI does): the
+    # selftest's adapter step then checks the adapter against its real module_residency.py
+    python3 -m pip download --no-deps -d "$WHEELS" "vllm-omni==$VLLM_OMNI" || exit 2
     ls -l "$WHEELS"
     exit 0
 fi
@@ -131,6 +135,11 @@ else
 fi
 PY=$VENV/bin/python
 RESIDENCY=$VENV/bin/residency
+for wheel in "$WHEELS"/vllm_omni-"$VLLM_OMNI"-*.whl; do
+    [ -e "$wheel" ] || continue
+    run "$PY" -m pip install -q --no-index --no-deps "$wheel" ||
+        log "vllm-omni did not install: the selftest's adapter step will skip"
+done
 log "torch $("$PY" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)')"
 
 if [ "$MODE" = check ]; then

@@ -360,3 +360,9 @@ def test_driver_versions_from_their_files(tmp_path: Path,
     assert environment.driver_version("cuda") == {"version": "580.159.03",
                                                   "source": str(nvidia)}
     assert environment.driver_version("emulated-npu") == {"version": None, "source": None}
+    # the open kernel module's line, as on the H200 that recorded data/runs/cuda-* (its
+    # version was read as "for")
+    nvidia.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  "
+                      "Release Build  (dvs-builder@U22-I3-AF03-09-1)  Tue Oct 14 2025\n")
+    assert environment.driver_version("cuda") == {"version": "580.159.04",
+                                                  "source": str(nvidia)}

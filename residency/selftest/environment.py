@@ -59,7 +59,10 @@ def driver_version(kind: str) -> dict[str, Any]:
     if kind == "cuda":
         path = NVIDIA_VERSION_FILE
         with contextlib.suppress(OSError):
-            match = re.search(r"Kernel Module\s+(\S+)", path.read_text(errors="replace"))
+            # "... x86_64 Kernel Module  580.159.03  Release Build ..." (proprietary) or
+            # "... Open Kernel Module for x86_64  580.159.04  Release Build ..." (open)
+            match = re.search(r"Kernel Module\b[^\n]*?\s(\d+(?:\.\d+)+)\s",
+                              path.read_text(errors="replace"))
             if match:
                 return {"version": match[1], "source": str(path)}
         import subprocess
