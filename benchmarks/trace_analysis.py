@@ -369,6 +369,7 @@ def main() -> None:
               "without it every run would compile our modules again, ~0.05 s, while an "
               "installed package, as HTA's, has its bytecode)")
     base = args.dir or Path(tempfile.mkdtemp(prefix="residency-bench-"))
+    base.mkdir(parents=True, exist_ok=True)  # (a new --dir: the disk check reads it first)
     hta = args.hta_python
     why = None
     if not Path(hta).exists():
