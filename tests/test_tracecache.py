@@ -151,6 +151,7 @@ MB = 1 << 20
     ([0] * 3, 2, [1] * 3),  # not readable here (storage only the workers see): one each
     ([0, 40 * MB, 0, 40 * MB, 40 * MB, 40 * MB], 1, [2, 1, 1, 1, 1]),  # unknown sizes alone
     ([MB, MB, MB, 0, 100 * MB], 1, [1, 2, 1, 1]),  # ... and last
+    ([26 * MB] * 4, 0, [1] * 4),  # no worker joined yet: one rank a task, not one task
 ])
 def test_dask_tasks_shrink_to_one_rank(sizes, threads, grouped):
     groups = idle.task_groups(sizes, threads)

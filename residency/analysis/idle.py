@@ -878,8 +878,11 @@ def task_groups(sizes: Sequence[int], threads: int) -> list[tuple[int, ...]]:
     grouped into Dask tasks, largest items first: each task takes items until it holds
     1/(`GUIDED_SHARES` x `threads`) of the bytes not yet in a task, so the first tasks are
     large (few tasks) and the last hold one item each (no worker waits long on another's last
-    task); an item of unknown size (0) is a task of its own."""
+    task); an item of unknown size (0) is a task of its own, and so is every item where no
+    worker thread is known yet (`threads` 0: a cluster whose workers have not joined)."""
     order = sorted(range(len(sizes)), key=lambda i: -sizes[i])
+    if threads < 1:
+        return [(i,) for i in order]
     left = sum(sizes)
     groups: list[tuple[int, ...]] = []
     group: list[int] = []
