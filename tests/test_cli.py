@@ -141,7 +141,7 @@ def test_the_process_ends_without_the_collector_tracing_the_heap(entry: str) -> 
     """Both ways in (`python -m residency`, the `residency` console script) end with the
     objects left frozen (`gc.freeze`), so that the interpreter's exit does not trace them
     (~0.25 s with Dask's modules loaded); the atexit handlers and flushes still run."""
-    import tomllib
+    from residency.experiments.orchestrate import tomllib  # tomli on Python 3.10
 
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["residency"] == "residency.cli.main:console_main"

@@ -67,3 +67,19 @@ def test_the_installed_wheel_starts_the_command_line(wheel: Path, tmp_path: Path
                              timeout=120)
         assert (out.returncode, out.stderr) == (0, ""), cmd
         assert out.stdout.startswith("usage: residency"), out.stdout[:200]
+
+
+def test_the_declared_pythons_are_the_tested_lanes() -> None:
+    """requires-python is a closed range and the classifiers list exactly its versions: the
+    lanes script (`scripts/python_lanes.py`, run by the README's test command) smoke-tests
+    each one the suite does not run on."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("python_lanes",
+                                                  ROOT / "scripts" / "python_lanes.py")
+    assert spec is not None and spec.loader is not None
+    lanes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lanes)
+    minors = lanes.declared_minors()
+    assert minors[0] == 10 and sys.version_info.minor in minors
+    assert sys.version_info[:2] >= (3, minors[0])

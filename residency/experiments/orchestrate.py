@@ -25,7 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tomllib
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the backport the standard module came from (same API)
+    import tomli as tomllib
 
 from residency.devices import KINDS
 from residency.errors import BadInput, RunFailed

@@ -54,6 +54,8 @@ class UntrustedDatabase:
         self.path, self._con, self.max_rows, self.budget_s = path, con, max_rows, budget_s
         self._copy = copy  # a sealed file's private copy, removed on close
         self._deadline = 0.0
+        # SQLite enforces the length bound itself where Python can set it (3.11+)
+        self._limited = hasattr(con, "setlimit")
         con.set_progress_handler(self._past_budget, _PROGRESS_EVERY)
 
     def _past_budget(self) -> int:
@@ -71,6 +73,8 @@ class UntrustedDatabase:
         try:
             cur = self._con.execute(sql, parameters)
             while batch := cur.fetchmany(10_000):
+                if not self._limited:
+                    _check_lengths(self.path, batch)
                 rows += batch
                 if len(rows) > self.max_rows:
                     raise TraceError(self.path, f"a query returned more than {self.max_rows} "
@@ -125,6 +129,16 @@ def open_untrusted(path: Path, *, budget_s: float | None = None,
     return UntrustedDatabase(Path(path), con, max_rows=max(_MIN_ROWS, st.st_size // 8),
                              budget_s=QUERY_BUDGET_S if budget_s is None else budget_s,
                              copy=copy)
+
+
+def _check_lengths(path: Path, batch: list[tuple[Any, ...]]) -> None:
+    """The length bound of `MAX_VALUE_BYTES`, checked on fetched rows (Python 3.10, whose
+    sqlite3 cannot set SQLite's own limit: a value is then read before it is refused)."""
+    for row in batch:
+        for value in row:
+            if isinstance(value, (str, bytes)) and len(value) > MAX_VALUE_BYTES:
+                raise TraceError(path, f"a value is longer than {MAX_VALUE_BYTES} bytes, "
+                                 "the limit per string or blob; not read")
 
 
 def _remove(copy: Path | None) -> None:
