@@ -60,6 +60,17 @@ class DeviceModel:
     link_bytes_per_s: float = DEFAULT_LINK_BYTES_PER_S
     launch_ns: int = DEFAULT_LAUNCH_NS
     accelerator_patch: str = "none"
+    release_ms: float | None = None
+    """With a measured cost curve: `empty_cache` costs `release_ms + release_ms_per_gib x
+    GiB released` (host time; released buffers kept in a host pool, not unmapped). None (the
+    default): the host's own cost of unmapping, as before."""
+    release_ms_per_gib: float | None = None
+    reacquire_ms_per_gib: float | None = None
+    """With a measured cost curve: each new block after a release costs this per GiB (host
+    time; its buffer taken from the host pool, already faulted). None: the host's own cost of
+    mapping and faulting a new buffer."""
+    cost_curve: str | None = None
+    """Where the curve came from (the release-cost CSV's device and file), for the manifest."""
 
     def __post_init__(self) -> None:
         if self.compute not in COMPUTE_MODES:
@@ -79,6 +90,36 @@ class DeviceModel:
                 or self.launch_ns < 0):
             raise ValueError(f"The value for `launch_ns` must be a non-negative integer, but "
                              f"{self.launch_ns!r} was passed.")
+        curve = (self.release_ms, self.release_ms_per_gib, self.reacquire_ms_per_gib)
+        if any(v is not None for v in curve) and any(v is None for v in curve):
+            raise ValueError("The values for `release_ms`, `release_ms_per_gib` and "
+                             "`reacquire_ms_per_gib` must be given together (a cost curve) or "
+                             f"not at all, but {curve!r} was passed.")
+        for name, value in zip(("release_ms", "release_ms_per_gib", "reacquire_ms_per_gib"),
+                               curve, strict=True):
+            if value is not None and (isinstance(value, bool)
+                                      or not isinstance(value, (int, float))
+                                      or not math.isfinite(value) or value < 0):
+                raise ValueError(f"The value for `{name}` must be a finite number >= 0, but "
+                                 f"{value!r} was passed.")
+
+    @property
+    def cost_curve_set(self) -> bool:
+        """Whether release and re-acquire costs follow a measured curve (not the host's)."""
+        return self.release_ms is not None
+
+    def release_s(self, released_bytes: int) -> float:
+        """Seconds an `empty_cache` releasing `released_bytes` costs under the curve (0.0
+        without one: the host's own cost is the cost)."""
+        if self.release_ms is None or self.release_ms_per_gib is None:
+            return 0.0
+        return (self.release_ms + self.release_ms_per_gib * released_bytes / 2**30) / 1e3
+
+    def reacquire_s(self, nbytes: int) -> float:
+        """Seconds acquiring a new block of `nbytes` costs under the curve (0.0 without)."""
+        if self.reacquire_ms_per_gib is None:
+            return 0.0
+        return self.reacquire_ms_per_gib * nbytes / 2**30 / 1e3
 
     @property
     def modelled(self) -> bool:
@@ -97,13 +138,24 @@ class DeviceModel:
     def describe(self) -> str:
         """The model in words, e.g. `modelled compute at 1e+14 FLOP/s, memory 1.6e+12 B/s,
         link 2.5e+10 B/s, launch 5 us, accelerator patch none`."""
-        return (f"{self.compute} compute at {self.flops_per_s:.3g} FLOP/s, memory "
+        text = (f"{self.compute} compute at {self.flops_per_s:.3g} FLOP/s, memory "
                 f"{self.bytes_per_s:.3g} B/s, link {self.link_bytes_per_s:.3g} B/s, launch "
                 f"{self.launch_ns / 1000:g} us, accelerator patch {self.accelerator_patch}")
+        if self.cost_curve_set:
+            text += (f", release {self.release_ms:g} ms + {self.release_ms_per_gib:g} ms/GiB, "
+                     f"re-acquire {self.reacquire_ms_per_gib:g} ms/GiB"
+                     f" (from {self.cost_curve or 'a measured curve'})")
+        return text
 
     def to_params(self) -> dict[str, Any]:
-        """The model as plain values for a run manifest's `params`."""
-        return asdict(self)
+        """The model as plain values for a run manifest's `params` (the cost-curve fields
+        only when a curve is set)."""
+        params = asdict(self)
+        if not self.cost_curve_set:
+            for name in ("release_ms", "release_ms_per_gib", "reacquire_ms_per_gib",
+                         "cost_curve"):
+                params.pop(name)
+        return params
 
     def to_env(self) -> str:
         """The JSON value of `ENV_VAR` that `from_env` reads back."""
@@ -150,6 +202,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--link-bandwidth", type=float, default=DEFAULT_LINK_BYTES_PER_S,
                    metavar="BYTES/S",
                    help=f"host<->device copy bandwidth (default {DEFAULT_LINK_BYTES_PER_S:g})")
+    g.add_argument("--release-curve", metavar="CSV", default=None,
+                   help="set empty_cache and re-acquire costs from a release-cost CSV "
+                   "(benchmarks/release_cost.py: its least-squares lines); default: the "
+                   "host's own cost")
     g.add_argument("--accelerator-patch", choices=ACCELERATOR_PATCHES, default="none",
                    help="vllm-ascend: redirect torch.accelerator.memory_reserved (not "
                    "memory_allocated) to the device module, as vllm-ascend does")
@@ -158,11 +214,14 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 def model_from_args(args: argparse.Namespace) -> DeviceModel:
     """The `DeviceModel` of parsed `add_model_arguments` options (ValueError naming the
     option if invalid)."""
+    curve: dict[str, Any] = {}
+    if getattr(args, "release_curve", None):
+        curve = curve_from_csv(args.release_curve)
     try:
         return DeviceModel(compute=args.device_compute, flops_per_s=args.device_flops,
                            bytes_per_s=args.device_bandwidth,
                            link_bytes_per_s=args.link_bandwidth,
-                           accelerator_patch=args.accelerator_patch)
+                           accelerator_patch=args.accelerator_patch, **curve)
     except ValueError as exc:
         text = str(exc)
         for field_name, option in _OPTIONS.items():
@@ -170,9 +229,60 @@ def model_from_args(args: argparse.Namespace) -> DeviceModel:
         raise ValueError(text) from None
 
 
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line through (xs, ys); ValueError with fewer
+    than two distinct xs."""
+    n = len(xs)
+    if n != len(ys) or len(set(xs)) < 2:
+        raise ValueError(f"a line needs points at two or more distinct sizes, got {n} "
+                         f"point(s) at {len(set(xs))} size(s)")
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    return my - slope * mx, slope
+
+
+CURVE_COLUMNS = ("device_kind", "cached_gib", "release_ms", "reacquire_ms")
+"""Columns of a release-cost CSV the device model reads (benchmarks/release_cost.py)."""
+
+
+def curve_from_csv(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The `DeviceModel` cost-curve fields fitted from a release-cost CSV: release_ms and
+    release_ms_per_gib (least squares of release time on GiB released), reacquire_ms_per_gib
+    (slope of re-acquire time), cost_curve naming the device kind and file. A negative
+    intercept or slope is clamped to 0. ValueError naming the file and what is wrong."""
+    import csv
+
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    except OSError as exc:
+        raise ValueError(f"--release-curve {path}: {exc.strerror or exc}") from None
+    missing = [c for c in CURVE_COLUMNS if rows and c not in rows[0]]
+    if not rows or missing:
+        raise ValueError(f"--release-curve {path}: needs columns {list(CURVE_COLUMNS)} and "
+                         f"rows{'; missing ' + ', '.join(missing) if missing else ''}")
+    try:
+        xs = [float(r["cached_gib"]) for r in rows]
+        release = [float(r["release_ms"]) for r in rows]
+        reacquire = [float(r["reacquire_ms"]) for r in rows]
+        if not all(math.isfinite(v) and v >= 0 for v in (*xs, *release, *reacquire)):
+            raise ValueError("a value is negative or not finite")
+        r0, r1 = fit_line(xs, release)
+        _, a1 = fit_line(xs, reacquire)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"--release-curve {path}: {exc}") from None
+    kinds = sorted({r["device_kind"] for r in rows})
+    return {"release_ms": max(0.0, r0), "release_ms_per_gib": max(0.0, r1),
+            "reacquire_ms_per_gib": max(0.0, a1),
+            "cost_curve": f"{'/'.join(kinds)} curve {os.path.basename(str(path))} "
+                          f"(n={len(rows)})"}
+
+
 _OPTIONS = {"compute": "--device-compute", "flops_per_s": "--device-flops",
             "bytes_per_s": "--device-bandwidth", "link_bytes_per_s": "--link-bandwidth",
-            "accelerator_patch": "--accelerator-patch"}
+            "accelerator_patch": "--accelerator-patch", "release_ms": "--release-curve",
+            "release_ms_per_gib": "--release-curve", "reacquire_ms_per_gib": "--release-curve"}
 
 
 def model_changed(args: argparse.Namespace) -> bool:
@@ -180,7 +290,8 @@ def model_changed(args: argparse.Namespace) -> bool:
     return model_from_args(args) != DeviceModel()
 
 
-__all__ = ["ACCELERATOR_PATCHES", "COMPUTE_MODES", "DEFAULT_BYTES_PER_S",
+__all__ = ["ACCELERATOR_PATCHES", "COMPUTE_MODES", "CURVE_COLUMNS", "curve_from_csv",
+           "fit_line", "DEFAULT_BYTES_PER_S",
            "DEFAULT_CAPACITY_BYTES", "DEFAULT_FLOPS_PER_S", "DEFAULT_LAUNCH_NS",
            "DEFAULT_LINK_BYTES_PER_S", "DeviceModel", "ENV_VAR", "add_model_arguments",
            "model_changed", "model_from_args"]

@@ -15,6 +15,19 @@ from typing import Any
 
 EMULATED_LABEL = "emulated NPU — not an NPU measurement"
 
+INJECTIONS: tuple[str, ...] = ("none", "generic-telemetry")
+"""`--inject-failure` values: `generic-telemetry` makes PyTorch's generic `torch.accelerator`
+memory queries raise in the baseline arm's processes exactly as torch-npu <= 2.12 does."""
+INJECTED_ARMS: tuple[str, ...] = ("baseline",)
+"""The arms whose processes get the injected failure (the candidate is never touched)."""
+INJECTED_WORDING = {"generic-telemetry": "NPU telemetry failure injected into the baseline"}
+"""How labels say a failure was injected (after the device's own label)."""
+INJECTED_ERROR = ('device_allocator INTERNAL ASSERT FAILED at "/__w/pytorch/pytorch/c10/core/'
+                  'CachingDeviceAllocator.h":261, please report a bug to PyTorch. Allocator '
+                  'for {device_type} is not a DeviceAllocator.')
+"""PyTorch 2.13's own message (a RuntimeError) for a device whose allocator is not a
+DeviceAllocator: what torch-npu <= 2.12 raises, and what the injection raises."""
+
 
 @dataclass(frozen=True)
 class DeviceKind:
@@ -46,9 +59,11 @@ KINDS: tuple[str, ...] = ("npu", "cuda", "emulated-npu")  # what a run can recor
 RECORDED_KINDS: tuple[str, ...] = (*KINDS, "cpu")  # what an artifact may say (probe: cpu)
 SPECS: tuple[str, ...] = ("auto", *KINDS)
 
-__all__ = ["EMULATED_LABEL", "KINDS", "RECORDED_KINDS", "REGISTRY", "SPECS", "DeviceKind",
-           "backend", "check_kind", "device_count", "emulated", "info", "label",
-           "load_device_package", "note", "register", "resolve", "torch_device"]
+__all__ = ["EMULATED_LABEL", "INJECTED_ARMS", "INJECTED_ERROR", "INJECTED_WORDING",
+           "INJECTIONS", "KINDS", "RECORDED_KINDS", "REGISTRY", "SPECS", "DeviceKind",
+           "backend", "check_injection", "check_kind", "device_count", "emulated", "info",
+           "injection_of", "injection_record", "label", "load_device_package", "note",
+           "register", "resolve", "torch_device"]
 
 
 def check_kind(kind: Any, *, name: str = "device_kind", allowed: tuple[str, ...] = KINDS
@@ -65,10 +80,59 @@ def info(kind: str) -> DeviceKind:
     return REGISTRY[check_kind(kind, allowed=tuple(REGISTRY))]
 
 
-def label(kind: str) -> str:
+def label(kind: str, injection: str | None = None) -> str:
     """How figures and tables name a device kind (the emulated NPU says it is not an NPU
-    measurement); an unknown kind is named as is."""
-    return REGISTRY[kind].label if kind in REGISTRY else str(kind)
+    measurement); an unknown kind is named as is. With an `injection` other than `none`,
+    the label says it: "CUDA GPU, NPU telemetry failure injected into the baseline"."""
+    text = REGISTRY[kind].label if kind in REGISTRY else str(kind)
+    if injection and injection != "none":
+        text += ", " + INJECTED_WORDING.get(injection, f"failure {injection!r} injected")
+    return text
+
+
+def injection_of(params: Any) -> str:
+    """The failure injected into a run, from its manifest's `params` (`inject_failure`:
+    an object whose `kind` names it); "none" when nothing was injected or recorded."""
+    record = params.get("inject_failure") if isinstance(params, dict) else None
+    kind = record.get("kind") if isinstance(record, dict) else record
+    return kind if isinstance(kind, str) and kind else "none"
+
+
+def injection_record(kind: str, injection: str, patch: str = "none") -> dict[str, Any] | None:
+    """What a run's manifest records of an injection (`params.inject_failure`): `kind`,
+    `arms`, `device_type`, `accelerator_patch` and the `error` raised; None for `none`."""
+    if check_injection(kind, injection) == "none":
+        return None
+    device_type = info(kind).torch_type
+    return {"kind": injection, "arms": list(INJECTED_ARMS), "device_type": device_type,
+            "accelerator_patch": patch,
+            "error": "RuntimeError: " + INJECTED_ERROR.format(device_type=device_type),
+            "label": label(kind, injection)}
+
+
+def check_injection(kind: str, injection: str) -> str:
+    """`injection` when it can be injected on device kind `kind`; ValueError saying why not.
+
+    `generic-telemetry` is injected on CUDA only: on a real NPU the failure is real
+    (torch-npu <= 2.12) or absent (>= 2.13), and the emulated NPU already fails exactly so.
+    """
+    if injection not in INJECTIONS:
+        raise ValueError(f"The value for `--inject-failure` must be one of {list(INJECTIONS)}, "
+                         f"but {injection!r} was passed.")
+    if injection == "none":
+        return injection
+    if kind == "npu":
+        raise ValueError("--inject-failure applies to cuda only: on a real NPU the generic "
+                         "torch.accelerator failure is real (torch-npu <= 2.12: its allocator is "
+                         "not a DeviceAllocator) or absent (torch-npu >= 2.13): run `residency "
+                         "probe --device npu` to see which, nothing is injected there")
+    if kind == "emulated-npu":
+        raise ValueError("--inject-failure applies to cuda only: the emulated NPU's generic "
+                         "torch.accelerator queries already raise PyTorch's own 'Allocator for "
+                         "npu is not a DeviceAllocator' (it is failing without injection)")
+    if kind != "cuda":
+        raise ValueError(f"--inject-failure applies to cuda only, not {kind}")
+    return injection
 
 
 def emulated(kind: str) -> bool:
@@ -95,11 +159,16 @@ def device_count(kind: str) -> int | None:
     return int(getattr(torch, info(kind).torch_type).device_count())
 
 
-def note(kind: str) -> str:
-    """One sentence naming the device kind, saying when its figures are not device figures."""
+def note(kind: str, injection: str | None = None) -> str:
+    """One sentence naming the device kind, saying when its figures are not device figures
+    and when a failure was injected."""
     if emulated(kind):
         return (f"Device kind {kind} ({label(kind)}): host memory standing in for an NPU; "
                 "these are not NPU figures.")
+    if injection and injection != "none":
+        return (f"Device kind {kind} ({label(kind, injection)}): the baseline's generic "
+                "torch.accelerator queries were made to raise as on torch-npu <= 2.12; the "
+                "figures are this device's, not an NPU's.")
     return f"Device kind {kind} ({label(kind)})."
 
 

@@ -10,10 +10,15 @@
 #      --steps 5`;
 #   5. the selftest JSON, both run directories (as .tar.gz: the results channel carries at
 #      most 8 files, 2 folders deep), nvidia-smi and the log copied to $OUT.
-# With --evidence, steps 3-4 are instead the suite's two recorded designs on one rank (for
-# data/runs/): the consecutive-request validation (3 requests of 2 steps) and the paired
-# profile (the profiled 50-step pair, then $PAIRS alternating unprofiled pairs of
-# $REQUESTS requests each).
+# With --evidence, steps 3-4 are instead the evidence of issue #42 on one rank (for
+# data/runs/): first the release-cost curve (benchmarks/release_cost.py: empty_cache with C GiB
+# cached and re-acquiring C GiB, C up to the 25 % bound; release_cost.csv always,
+# release_cost.png when matplotlib imports, both straight into $OUT), then the paired profile
+# with the NPU's telemetry failure injected into the baseline (--inject-failure
+# generic-telemetry) at --scale auto (the service holds 85 % of the GPU): the profiled 50-step
+# pair, then $PAIRS alternating unprofiled pairs of $REQUESTS requests each. CONSECUTIVE=1
+# adds the consecutive-request validation (3 requests of 2 steps) at the same scale. On
+# DEVICE=emulated-npu (the dry run) nothing is injected (the emulated NPU fails already).
 # Exit status: 0 when every step passed, 1 when one failed, 2 when the environment could not
 # be set up.
 #
@@ -33,6 +38,8 @@ TORCH_INDEX=https://download.pytorch.org/whl/cu128   # the README's CUDA install
 # what the GPU machine's image lacks of the project's dependencies (torch, numpy, pandas,
 # scipy, tqdm and xxhash are there), plus a setuptools new enough for pyproject's license
 OFFLINE_WHEELS=(msgspec platformdirs setuptools wheel)
+# optional: the release-cost figure (the benchmark writes its CSV without it)
+OPTIONAL_WHEELS=(matplotlib)
 VLLM_OMNI=0.30.0   # as .ci/run
 
 if [ "${1:-}" = "--fetch-wheels" ]; then
@@ -43,14 +50,25 @@ if [ "${1:-}" = "--fetch-wheels" ]; then
     # the published vLLM-Omni, installed there without its dependencies (as CI does): the
     # selftest's adapter step then checks the adapter against its real module_residency.py
     python3 -m pip download --no-deps -d "$WHEELS" "vllm-omni==$VLLM_OMNI" || exit 2
+    # matplotlib and its dependencies (optional on the GPU machine: the figure only)
+    python3 -m pip download --only-binary=:all: --python-version "${PY_VERSION:-3.12}" \
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 -d "$WHEELS" "${OPTIONAL_WHEELS[@]}" ||
+        echo "matplotlib wheels not fetched: the release-cost figure will be skipped there"
     ls -l "$WHEELS"
     exit 0
 fi
 
 MODE=check
 if [ "${1:-}" = "--evidence" ]; then MODE=evidence; fi
-PAIRS=${PAIRS:-6}
-REQUESTS=${REQUESTS:-3}
+if [ "$MODE" = evidence ]; then   # sized for one 8-minute lease at --scale auto
+    PAIRS=${PAIRS:-3}
+    REQUESTS=${REQUESTS:-2}
+else
+    PAIRS=${PAIRS:-6}
+    REQUESTS=${REQUESTS:-3}
+fi
+CONSECUTIVE=${CONSECUTIVE:-0}
 STEPS=${STEPS:-50}
 DEVICE=${DEVICE:-cuda}   # DEVICE=emulated-npu: a dry run of this script on a machine without a GPU
 START_S=$SECONDS
@@ -115,6 +133,10 @@ offline_venv() {
             run "$VENV/bin/python" -m pip install -q --upgrade --no-index --find-links "$WHEELS" \
                 "$wheel" || log "carried wheel $wheel did not install"
         done
+        if [ "$MODE" = evidence ] && ! "$VENV/bin/python" -c 'import matplotlib' 2>/dev/null; then
+            run "$VENV/bin/python" -m pip install -q --no-index --find-links "$WHEELS" \
+                "${OPTIONAL_WHEELS[@]}" || log "matplotlib not installed: no release-cost figure"
+        fi
     else
         log "no $WHEELS folder: packages missing from the image cannot be installed"
     fi
@@ -190,13 +212,31 @@ evidence_run() {  # evidence_run NAME MAX_S ARGS...: one `residency pair` run, v
     run "$RESIDENCY" verify "$WORK/$name" || return 1
     run "$RESIDENCY" tables "$WORK/$name" || log "(no evidence table for $name)"
 }
-CONSECUTIVE=$DEVICE-consecutive-1r2s
-PAIRED=$DEVICE-paired-profile-1r${STEPS}s
+INJECT=(--inject-failure generic-telemetry)   # CUDA: the NPU's failure, in the baseline
+TAG=injected-
+if [ "$DEVICE" != cuda ]; then INJECT=(); TAG=""; fi   # npu: real or absent; emulated: failing
+CONSECUTIVE_RUN=$DEVICE-${TAG}consecutive-auto-1r2s
+PAIRED=$DEVICE-${TAG}paired-profile-auto-1r${STEPS}s
+CURVE_RC=0
+CONSECUTIVE_RC=0
+PAIRED_RC=0
 if [ "$MODE" = evidence ]; then
-    evidence_run "$CONSECUTIVE" 120 --design consecutive --requests 3 --steps 2
-    CONSECUTIVE_RC=$?
+    CURVE_S=$(cap 120 300)
+    log "release-cost curve (at most $CURVE_S s)"
+    # shellcheck disable=SC2086  # RELEASE_ARGS: extra options, word-split on purpose
+    PYTHONUNBUFFERED=1 timeout "$CURVE_S" "$PY" "$ROOT/benchmarks/release_cost.py" \
+        --device "$DEVICE" --out "$OUT" ${RELEASE_ARGS:-} 2>&1 | tee -a "$LOG" >&2
+    CURVE_RC=${PIPESTATUS[0]}
+    log "release-cost curve exit $CURVE_RC"
+    [ ${#INJECT[@]} -gt 0 ] || log "$DEVICE: no failure injected (npu: real or absent; \
+emulated-npu: its generic queries fail already)"
+    if [ "$CONSECUTIVE" = 1 ]; then
+        evidence_run "$CONSECUTIVE_RUN" 120 --design consecutive --requests 3 --steps 2 \
+            --scale auto "${INJECT[@]}"
+        CONSECUTIVE_RC=$?
+    fi
     evidence_run "$PAIRED" 400 --design paired-profile --pairs "$PAIRS" \
-        --requests "$REQUESTS" --steps "$STEPS"
+        --requests "$REQUESTS" --steps "$STEPS" --scale auto "${INJECT[@]}"
     PAIRED_RC=$?
 fi
 
@@ -212,11 +252,12 @@ pack() {  # pack NAME DIR: DIR as $OUT/NAME.tar.gz, without traces if over 15 Mi
     fi
 }
 if [ "$MODE" = evidence ]; then
-    pack "$CONSECUTIVE" "$WORK/$CONSECUTIVE"
+    pack "$CONSECUTIVE_RUN" "$WORK/$CONSECUTIVE_RUN"
     pack "$PAIRED" "$WORK/$PAIRED"
-    log "done in $((SECONDS - START_S)) s: consecutive exit $CONSECUTIVE_RC, paired exit $PAIRED_RC"
+    log "done in $((SECONDS - START_S)) s: curve exit $CURVE_RC, consecutive exit \
+$CONSECUTIVE_RC, paired exit $PAIRED_RC"
     find "$OUT" -maxdepth 1 -type f -printf '%10s %f\n' | tee -a "$LOG" >&2
-    [ "$CONSECUTIVE_RC" -eq 0 ] && [ "$PAIRED_RC" -eq 0 ]
+    [ "$CURVE_RC" -eq 0 ] && [ "$CONSECUTIVE_RC" -eq 0 ] && [ "$PAIRED_RC" -eq 0 ]
     exit
 fi
 pack "$DEVICE-selftest" "$WORK/selftest"

@@ -38,7 +38,38 @@ def _probe(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--accelerator-patch", choices=("none", "vllm-ascend"), default="none",
                    help="vllm-ascend: first apply vllm-ascend's torch.accelerator redirection "
-                   "(the emulated one on emulated-npu, the installed vllm_ascend's on npu)")
+                   "(the emulated one on emulated-npu, the installed vllm_ascend's on npu, "
+                   "with --inject-failure over the injected failure on cuda)")
+    _inject_argument(p)
+
+
+def _inject_argument(p: argparse.ArgumentParser) -> None:
+    from residency.devices import INJECTIONS
+
+    p.add_argument("--inject-failure", choices=INJECTIONS, default="none",
+                   help="generic-telemetry: on cuda, make the baseline arm's generic "
+                   "torch.accelerator memory queries raise as torch-npu <= 2.12 does "
+                   "('Allocator for cuda is not a DeviceAllocator'); the candidate is "
+                   "untouched; with --accelerator-patch vllm-ascend, reserved answers and "
+                   "allocated raises. Refused on npu and emulated-npu (real or already failing)")
+
+
+def _scale_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scale", type=_scale, default=1.0, metavar="S|auto",
+                   help="component sizes x S (default 1); auto: sized from the device's "
+                   "capacity so that the service holds --fill of it (see README)")
+    p.add_argument("--fill", type=float, default=None, metavar="FRACTION",
+                   help="with --scale auto: the share of capacity held at the peak "
+                   "(default 0.85, at most 0.90)")
+
+
+def _scale(text: str) -> float | str:
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number or 'auto', not {text!r}") from None
 
 
 def _serve(p: argparse.ArgumentParser) -> None:
@@ -49,11 +80,15 @@ def _serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decisions-dir", dest="decisions_dir", metavar="DIR",
                    help="directory of the decisions JSONL files (one per rank)")
     p.add_argument("--profile", metavar="DIR", help="write one trace per rank per request")
-    p.add_argument("--scale", type=float, default=1.0)
+    _scale_arguments(p)
     p.add_argument("--capacity", type=int, metavar="BYTES",
                    help="emulated NPU capacity per device (default 4 GiB)")
     p.add_argument("--resident-mib", type=float, default=1024,
                    help="resident DiT footprint in MiB at scale 1 (default 1024)")
+    p.add_argument("--resident-on-device", action="store_true",
+                   help="make the resident footprint on the device instead of uploading it "
+                   "(what --scale auto does)")
+    _inject_argument(p)
     p.add_argument("--request-timeout", type=float, default=3600.0, metavar="S",
                    help="answer 504 and cancel a request still running after S seconds "
                         "(default 3600)")
@@ -77,9 +112,10 @@ def _pair(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--seed", type=int, default=2101)
-    p.add_argument("--scale", type=float, default=1.0)
+    _scale_arguments(p)
     p.add_argument("--capacity", type=int, metavar="BYTES")
     p.add_argument("--resident-mib", type=float, default=1024)
+    _inject_argument(p)
     p.add_argument("--service", metavar="FILE", help="external service TOML file")
     p.add_argument("--out", required=True, metavar="RUN_DIR")
     p.add_argument("--no-progress", action="store_true")
@@ -212,12 +248,26 @@ def cmd_probe(args: argparse.Namespace) -> int:
     kind = "cpu" if args.device == "cpu" else _resolve(args.device)
     import torch
 
+    from residency import devices
     from residency.workload.probe import probe_queries, setup_probe
 
-    patch_info = setup_probe(kind, args.accelerator_patch)  # ValueError: bad input
+    devices.check_injection(kind, args.inject_failure)  # ValueError saying why not
+    injected = None
+    if args.inject_failure != "none":  # cuda: the failure, then the patch over it
+        from residency.workload.inject import inject_generic_telemetry_failure
+
+        patch_info = setup_probe(kind, "none")
+        injected = inject_generic_telemetry_failure(devices.info(kind).torch_type,
+                                                    args.accelerator_patch)
+        patch_info.update(accelerator_patch=args.accelerator_patch, patch_source=(
+            "residency.emulated.patches over the injected failure"
+            if args.accelerator_patch != "none" else None))
+    else:
+        patch_info = setup_probe(kind, args.accelerator_patch)  # ValueError: bad input
     device = {"cpu": "cpu", "cuda": "cuda:0"}.get(kind, "npu:0")
-    result = {"device_kind": kind, "python": platform.python_version(),
-              "torch": torch.__version__, **patch_info, **probe_queries(device)}
+    result = {"device_kind": kind, "device_label": devices.label(kind, args.inject_failure),
+              "python": platform.python_version(), "torch": torch.__version__,
+              "inject_failure": injected, **patch_info, **probe_queries(device)}
     try:
         import torch_npu  # type: ignore[import-not-found]
 
@@ -227,7 +277,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"device {result['device']} ({kind}); torch {result['torch']}, "
+    where = f"{kind}: {result['device_label']}" if injected else kind
+    print(f"device {result['device']} ({where}); torch {result['torch']}, "
           f"torch-npu {result['torch_npu']}, vllm-ascend {result['vllm_ascend']}")
     if result["patch_source"]:
         print(f"accelerator patch: {result['accelerator_patch']}, applied by "
@@ -260,7 +311,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if args.ranks <= 0:
         raise ValueError(f"--ranks must be positive, got {args.ranks}")
-    for option, value in (("--scale", args.scale), ("--resident-mib", args.resident_mib),
+    for option, value in (("--scale", 1.0 if args.scale == "auto" else args.scale),
+                          ("--resident-mib", args.resident_mib),
                           ("--request-timeout", args.request_timeout)):
         if not math.isfinite(value) or value <= 0:  # nan passes `<= 0`
             raise ValueError(f"{option} must be a positive finite number, got {value}")
@@ -277,18 +329,40 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from residency.devicemodel import ENV_VAR, DeviceModel, model_changed, model_from_args
 
+    devices.check_injection(kind, args.inject_failure)  # ValueError saying why not
+    # with an injected failure, --accelerator-patch is applied over it (not an emulator option)
+    patch_only = model_from_args(args) == DeviceModel(accelerator_patch=args.accelerator_patch)
+    injected_patch = args.inject_failure != "none" and patch_only
     # the ranks (spawned processes) read the emulated NPU's model from the environment
-    if model_changed(args) and not devices.emulated(kind):
-        raise ValueError("the emulated NPU's model options apply to emulated-npu only")
-    if model_changed(args) or ENV_VAR not in os.environ:
+    if model_changed(args) and not devices.emulated(kind) and not injected_patch:
+        raise ValueError("the emulated NPU's model options apply to emulated-npu only "
+                         "(--accelerator-patch also with --inject-failure on cuda)")
+    if devices.emulated(kind) and (model_changed(args) or ENV_VAR not in os.environ):
         os.environ[ENV_VAR] = model_from_args(args).to_env()
     DeviceModel.from_env()  # a malformed inherited value fails here, not in every rank
     from residency.workload.service import ServeConfig, serve
 
+    scale, resident_mib, on_device = args.scale, args.resident_mib, args.resident_on_device
+    if args.fill is not None and scale != "auto":
+        raise ValueError("--fill applies with --scale auto only")
+    if scale == "auto":
+        from residency import sizing
+
+        try:
+            sized = sizing.auto_size(
+                sizing.device_total_bytes(kind, capacity_bytes=args.capacity),
+                fill=sizing.AUTO_FILL if args.fill is None else args.fill)
+        except RuntimeError as exc:
+            raise ValueError(str(exc)) from None
+        scale, resident_mib, on_device = sized.scale, sized.resident_mib, True
+        print(f"--scale auto: {sized.to_params()}", file=sys.stderr, flush=True)
     cfg = ServeConfig(arm=args.arm, device_kind=kind, ranks=args.ranks,
                       decisions_dir=args.decisions_dir, profile_dir=args.profile,
-                      scale=args.scale, capacity_bytes=args.capacity,
-                      resident_mib=args.resident_mib, request_timeout_s=args.request_timeout)
+                      scale=scale, capacity_bytes=args.capacity,
+                      resident_mib=resident_mib, request_timeout_s=args.request_timeout,
+                      inject_failure=args.inject_failure,
+                      accelerator_patch=args.accelerator_patch if injected_patch else "none",
+                      resident_on_device=on_device)
     return serve(cfg, port=args.port)
 
 
@@ -308,7 +382,8 @@ def cmd_pair(args: argparse.Namespace) -> int:
                        requests=args.requests, scale=args.scale,
                        capacity_bytes=args.capacity, resident_mib=args.resident_mib,
                        service_file=args.service, progress=not args.no_progress,
-                       emulator=emulator, aa_arm=args.aa_arm)
+                       emulator=emulator, aa_arm=args.aa_arm, fill=args.fill,
+                       inject_failure=args.inject_failure)
     except ExperimentError as exc:
         if isinstance(exc, ValueError):  # the output directory or service file: bad input
             raise

@@ -6,6 +6,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import threading
+import time
 from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -127,9 +128,15 @@ class CachingHostAllocator:
     def __init__(self, capacity_bytes: int, *, device_index: int = 0,
                  before_release: Callable[[], None] | None = None,
                  on_change: Callable[[int, int, int], None] | None = None,
-                 prefault: bool = False) -> None:
+                 prefault: bool = False,
+                 acquire_s: Callable[[int], float] | None = None) -> None:
         self.capacity_bytes = check_positive_int("capacity_bytes", capacity_bytes)
         self.prefault = prefault
+        # with a measured cost curve: released buffers stay in a host pool (no unmapping),
+        # a new block takes one (already faulted) and waits out acquire_s(size) instead
+        self._acquire_s = acquire_s
+        self._pool: dict[int, list[torch.Tensor]] = {}
+        self._pool_bytes = 0
         self.device_index = device_index
         self._before_release = before_release
         self._on_change = on_change
@@ -290,9 +297,11 @@ class CachingHostAllocator:
     def _new_block(self, size: int) -> Block | None:
         if self._stats["reserved_bytes", "all"].current + size > self.capacity_bytes:
             return None
-        buffer = torch.empty(size, dtype=torch.uint8)  # untouched: pages fault on first write
-        if self.prefault:
-            buffer.zero_()
+        buffer = self._pooled(size)
+        if buffer is None:
+            buffer = torch.empty(size, dtype=torch.uint8)  # untouched: pages fault on first write
+            if self.prefault:
+                buffer.zero_()
         block = Block(self._next_id, size, buffer)
         self._next_id += 1
         self._blocks[block.id] = block
@@ -300,6 +309,26 @@ class CachingHostAllocator:
         self._update("segment", block.pool, 1)
         self._counters["num_device_alloc"] += 1
         return block
+
+    def _pooled(self, size: int) -> torch.Tensor | None:
+        """A pooled buffer of `size` after waiting out its re-acquire cost (cost curve only);
+        None without a curve or pooled buffer. Trims the pool so that it and the reserved
+        bytes fit the capacity."""
+        if self._acquire_s is None:
+            return None
+        delay = self._acquire_s(size)
+        if delay > 0:
+            time.sleep(delay)
+        buffers = self._pool.get(size)
+        if buffers:
+            self._pool_bytes -= size
+            return buffers.pop()
+        limit = self.capacity_bytes - self._stats["reserved_bytes", "all"].current - size
+        for pooled_size in sorted(self._pool, reverse=True):
+            while self._pool[pooled_size] and self._pool_bytes > limit:
+                self._pool[pooled_size].pop()
+                self._pool_bytes -= pooled_size
+        return None
 
     def _activate(self, block: Block, nbytes: int) -> Block:
         block.allocated = True
@@ -331,6 +360,9 @@ class CachingHostAllocator:
         for entries in self._cached.values():
             for size, block_id in entries:
                 block = self._blocks.pop(block_id)
+                if self._acquire_s is not None and block.buffer is not None:  # cost curve
+                    self._pool.setdefault(size, []).append(block.buffer)
+                    self._pool_bytes += size
                 block.buffer = None  # the last reference: glibc munmaps large buffers here
                 self._update("reserved_bytes", block.pool, -size)
                 self._update("segment", block.pool, -1)

@@ -230,10 +230,16 @@ class EmulatedNPU(types.ModuleType):
         return allocator.free_bytes, allocator.capacity_bytes
 
     def empty_cache(self) -> None:
-        """Synchronize the current device, then return its cached blocks to the OS."""
+        """Synchronize the current device, then return its cached blocks to the OS (with the
+        model's cost curve: to a host pool, taking the curve's time)."""
         device = self._device(None)
         device.synchronize()
-        device.allocator.release_cached()
+        start = time.perf_counter()
+        released = device.allocator.release_cached()
+        if self._model.cost_curve_set:  # the measured curve's cost, not the host's
+            left = self._model.release_s(released) - (time.perf_counter() - start)
+            if left > 0:
+                time.sleep(left)
 
     def empty(self, shape: int | Sequence[int], dtype: torch.dtype = torch.float32,
               device: Any = None) -> DeviceTensor:

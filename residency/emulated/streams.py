@@ -94,7 +94,8 @@ class Device:
             capacity_bytes, device_index=index, before_release=self.wait_idle,
             on_change=lambda delta, allocated, reserved: tracer.on_memory(
                 index, delta, allocated, reserved),
-            prefault=self.model.modelled)
+            prefault=self.model.modelled,
+            acquire_s=self.model.reacquire_s if self.model.cost_curve_set else None)
         self.streams: list[Stream] = []
         self.error: tuple[str, BaseException] | None = None
         self._lock = threading.Lock()

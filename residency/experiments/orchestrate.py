@@ -103,15 +103,24 @@ class ServiceSpec:
 def builtin_service(*, device_kind: str, ranks: int, scale: float = 1.0,
                     capacity_bytes: int | None = None, resident_mib: float = 1024,
                     health_timeout_s: float = 600.0,
-                    emulator: dict[str, Any] | None = None) -> ServiceSpec:
+                    emulator: dict[str, Any] | None = None, inject_failure: str = "none",
+                    accelerator_patch: str = "none",
+                    resident_on_device: bool = False) -> ServiceSpec:
     """The spec of `residency serve` for these parameters. `emulator` (the emulated NPU's
-    `DeviceModel.to_params()`) reaches the service's ranks in the environment."""
+    `DeviceModel.to_params()`) reaches the service's ranks in the environment;
+    `inject_failure` (with `accelerator_patch`) is passed to every arm's service, which
+    injects it into the baseline arm only."""
     command = [sys.executable, "-m", "residency", "serve", "--arm", "{arm}", "--device",
                device_kind, "--ranks", str(ranks), "--port", "{port}", "--decisions-dir",
                "{decisions_dir}", "--scale", repr(scale), "--resident-mib", repr(resident_mib),
                "{profile_flag}"]
     if capacity_bytes is not None:
         command += ["--capacity", str(capacity_bytes)]
+    if resident_on_device:
+        command += ["--resident-on-device"]
+    if inject_failure != "none":
+        command += ["--inject-failure", inject_failure, "--accelerator-patch",
+                    accelerator_patch]
     env = {}
     if emulator is not None:
         env["RESIDENCY_EMULATED_NPU"] = json.dumps(emulator, sort_keys=True)
@@ -728,15 +737,24 @@ def _progress(progress: Any, total: int, desc: str) -> Any:
 def run_pair(design: str = "profiled-pair", *, out: str | os.PathLike[str], device: str = "auto",
              ranks: int = 2, steps: int = 50, seed: int = 2101, pairs: int = 1,
              requests: int = 1,
-             scale: float = 1.0, capacity_bytes: int | None = None, resident_mib: float = 1024,
+             scale: float | str = 1.0, capacity_bytes: int | None = None,
+             resident_mib: float = 1024,
              service_file: str | os.PathLike[str] | None = None, progress: bool = True,
-             emulator: Any = None, aa_arm: str = "candidate") -> Path:
+             emulator: Any = None, aa_arm: str = "candidate", fill: float | None = None,
+             inject_failure: str = "none") -> Path:
     """`residency pair` as a function: the built-in service unless `service_file` is given.
 
     `emulator` is the emulated NPU's `DeviceModel` (default `DeviceModel()`: modelled device
-    time); it is recorded in the manifest's params as `emulated_npu`.
+    time); it is recorded in the manifest's params as `emulated_npu`. `scale="auto"` sizes
+    the workload from the device's capacity (`residency.sizing.auto_size`, `fill` of it held;
+    recorded as `params.sizing`). `inject_failure="generic-telemetry"` (cuda only) makes the
+    baseline's generic telemetry raise as torch-npu <= 2.12 does, with the emulator's
+    `accelerator_patch` on top (recorded as `params.inject_failure`).
     """
     if service_file is not None:
+        if scale == "auto" or inject_failure != "none":
+            raise ValueError("--scale auto and --inject-failure apply to the built-in service "
+                             "only, not with --service")
         spec = load_service_file(service_file)
         params: dict[str, Any] = {"service_file": str(service_file)}
     else:
@@ -751,24 +769,50 @@ def run_pair(design: str = "profiled-pair", *, out: str | os.PathLike[str], devi
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise ValueError(f"The value for `{name}` must be an integer in [{low}, {high}],"
                                  f" but {value!r} was passed.")
-        for name, number in (("scale", scale), ("resident_mib", resident_mib)):
-            if not math.isfinite(number) or number <= 0:
-                raise ValueError(f"The value for `{name}` must be a positive finite number, "
-                                 f"but {number!r} was passed.")
+        for name, number in (("scale", 1.0 if scale == "auto" else scale),
+                             ("resident_mib", resident_mib)):
+            if (isinstance(number, bool) or not isinstance(number, (int, float))
+                    or not math.isfinite(number) or number <= 0):
+                raise ValueError(f"The value for `{name}` must be a positive finite number"
+                                 f"{' or auto' if name == 'scale' else ''}, but {number!r} "
+                                 "was passed.")
+        if fill is not None and scale != "auto":
+            raise ValueError("--fill applies with --scale auto only")
+        import dataclasses
+
+        from residency import sizing
         from residency.devicemodel import DeviceModel
 
         kind = devices.resolve(device)
+        devices.check_injection(kind, inject_failure)  # ValueError saying why not
+        patch = "none"
+        if emulator is not None and inject_failure != "none":  # the patch goes with it
+            patch = emulator.accelerator_patch
+            emulator = dataclasses.replace(emulator, accelerator_patch="none")
         model = None
         if devices.emulated(kind):
             model = (emulator or DeviceModel()).to_params()
         elif emulator is not None and emulator != DeviceModel():
             raise ValueError(f"the emulated NPU's model options apply to device emulated-npu "
-                             f"only, not {kind}")
+                             f"only, not {kind} (--accelerator-patch also with "
+                             "--inject-failure on cuda)")
+        sized = None
+        if scale == "auto":
+            sized = sizing.auto_size(
+                sizing.device_total_bytes(kind, capacity_bytes=capacity_bytes),
+                fill=sizing.AUTO_FILL if fill is None else fill)
+            scale, resident_mib = sized.scale, sized.resident_mib
         spec = builtin_service(device_kind=kind, ranks=ranks, scale=scale,
                                capacity_bytes=capacity_bytes, resident_mib=resident_mib,
-                               emulator=model)
+                               emulator=model, inject_failure=inject_failure,
+                               accelerator_patch=patch, resident_on_device=sized is not None)
         params = {"scale": scale, "capacity_bytes": capacity_bytes,
                   "resident_mib": resident_mib}
+        if sized is not None:
+            params["sizing"] = sized.to_params()
+        injected = devices.injection_record(kind, inject_failure, patch)
+        if injected is not None:
+            params["inject_failure"] = injected
         if model is not None:  # the device model and the capacity it emulates
             from residency.devicemodel import DEFAULT_CAPACITY_BYTES
 

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import torch
 
 from residency import devices as device_kinds
-from residency import markers
+from residency import markers, sizing
 from residency.policy.cache import BoundedAllocatorCache, Decision
 
 MiB = 1 << 20
@@ -39,11 +39,15 @@ class WorkloadConfig:
     hidden: int = 512
     tokens: int = 512
     dit_layers: int = 8
-    text_encoder_mib: float = 768
-    reference_encoder_mib: float = 512
-    vae_mib: float = 512
-    resident_mib: float = 1024
-    frames_mib: float = 128
+    text_encoder_mib: float = sizing.TEXT_ENCODER_MIB
+    reference_encoder_mib: float = sizing.REFERENCE_ENCODER_MIB
+    vae_mib: float = sizing.VAE_MIB
+    resident_mib: float = sizing.RESIDENT_MIB
+    frames_mib: float = sizing.FRAMES_MIB
+    resident_on_device: bool = False
+    """Make the resident footprint on the device (filled there, as a loaded DiT is) instead of
+    uploading host weights: `--scale auto` sizes it to most of a large device, where host
+    copies would cost host memory and minutes per service start."""
 
     def __post_init__(self) -> None:
         for name in ("scale", "text_encoder_mib", "reference_encoder_mib", "vae_mib",
@@ -204,9 +208,25 @@ class Pipeline:
         # the DiT stays resident: its layers plus the rest of its resident footprint
         self.dit_layers = [ops.upload(w, "dit.load") for w in seeded_weights(
             config.dit_layers * h * h * 4, h, seed + 4)[0].split(h, dim=1)]
-        self.resident = [ops.upload(w, "resident.load") for w in seeded_weights(
-            config.nbytes(config.resident_mib), h, seed + 5)]
+        if config.resident_on_device:
+            self.resident = self._device_resident(config.nbytes(config.resident_mib))
+        else:
+            self.resident = [ops.upload(w, "resident.load") for w in seeded_weights(
+                config.nbytes(config.resident_mib), h, seed + 5)]
         ops.synchronize()
+
+    def _device_resident(self, nbytes: int) -> list[Any]:
+        """`nbytes` of resident weights made and filled on the device, in BLOCK_BYTES blocks."""
+        h, out = self.config.hidden, []
+        remaining = nbytes
+        while remaining > 0:
+            rows = max(1, min(BLOCK_BYTES, remaining) // (h * 4))
+            block = self.ops.empty((rows, h))
+            view = self.ops.view(block)
+            self.ops.launch("resident.fill", lambda view=view: view.fill_(h ** -0.5))
+            out.append(block)
+            remaining -= rows * h * 4
+        return out
 
     def _encode(self, weights: list[Any], query: Any, out: Any, name: str) -> None:
         """out[hidden] = mean over blocks of (query @ W) folded to hidden width (reads all W)."""

@@ -65,6 +65,9 @@ class ServeConfig:
     rendezvous: str = ""        # file:// init method; empty: serve() makes a private one
     warmup_steps: int = 1
     request_timeout_s: float = REQUEST_TIMEOUT_S
+    inject_failure: str = "none"  # devices.INJECTIONS: injected into the baseline arm only
+    accelerator_patch: str = "none"  # with inject_failure: vllm-ascend's redirection on top
+    resident_on_device: bool = False  # the resident footprint made on the device (scale auto)
 
 
 def _log(message: str) -> None:
@@ -105,11 +108,18 @@ def _rank_loop(rank: int, cfg: ServeConfig, commands: Any, results: Any, status:
 
     from residency import devices
     from residency.policy.cache import JsonlRecorder, policy_for
+    from residency.workload.inject import inject_for_arm
     from residency.workload.pipeline import Pipeline, WorkloadConfig, open_device
 
     torch.set_num_threads(1)
     ops = open_device(cfg.device_kind, rank, devices=cfg.ranks,
                       capacity_bytes=cfg.capacity_bytes)
+    injected = inject_for_arm(cfg.device_kind, cfg.arm, cfg.inject_failure,
+                              cfg.accelerator_patch)
+    if injected is not None and rank == 0:
+        _log(f"arm {cfg.arm}: generic torch.accelerator telemetry failure injected "
+             f"({injected['error']}; redirected by {cfg.accelerator_patch}: "
+             f"{', '.join(injected['redirected']) or 'nothing'})")
     backend = devices.backend(cfg.device_kind)
     # every listener on loopback: the rendezvous is a file, gloo/nccl sockets bind to `lo`
     os.environ["GLOO_SOCKET_IFNAME"] = _loopback_ifname()
@@ -124,7 +134,8 @@ def _rank_loop(rank: int, cfg: ServeConfig, commands: Any, results: Any, status:
     release = getattr(ops, "module", None)
     policy = policy_for(cfg.arm, ops.device, recorder=recorder, rank=rank,
                         release=None if release is None else release.empty_cache)
-    pipeline = Pipeline(ops, policy, WorkloadConfig(scale=cfg.scale, resident_mib=cfg.resident_mib),
+    pipeline = Pipeline(ops, policy, WorkloadConfig(scale=cfg.scale, resident_mib=cfg.resident_mib,
+                                                    resident_on_device=cfg.resident_on_device),
                         rank=rank, world_size=cfg.ranks)
     profiler = profiling.profiler(cfg.device_kind, rank=rank, world_size=cfg.ranks,
                                 module=getattr(ops, "module", None))
@@ -470,7 +481,8 @@ class Service:
         body = {"status": "ok" if self.ready and not failure else
                 ("failed" if failure else "starting"),
                 "ranks": self.cfg.ranks, "arm": self.cfg.arm,
-                "device_kind": self.cfg.device_kind, "rank_pids": self.pids}
+                "device_kind": self.cfg.device_kind, "rank_pids": self.pids,
+                "inject_failure": self.cfg.inject_failure}
         if failure:
             body["error"] = failure
         return (200 if body["status"] == "ok" else 503), body
