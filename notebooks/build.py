@@ -132,16 +132,18 @@ CONSECUTIVE_REQUESTS = [
         + " `ranks`, `requests`, `steps` and `scale` (workload size) set up a fresh run; a "
         "recorded run keeps its own." + SERVICE_HELP),
     new_code_cell(_params(device="auto", output_dir=None, source="run", ranks=2, requests=3,
-                          steps=2, scale=1.0, service=None), metadata={"tags": ["parameters"]}),
+                          steps=2, scale=1.0, service=None, inject_failure="none"),
+                  metadata={"tags": ["parameters"]}),
     new_code_cell(_check("consecutive_requests",
                          ["device", "output_dir", "source", "ranks", "requests", "steps",
-                          "scale", "service"], designs=("consecutive",))),
+                          "scale", "service", "inject_failure"], designs=("consecutive",))),
     new_markdown_cell("## The run"),
     new_code_cell('run = nb.open_source(params["source"], output_dir=out, design="consecutive",\n'
                   '                     device=params["device"], ranks=params["ranks"], '
                   'steps=params["steps"],\n'
                   '                     requests=params["requests"], scale=params["scale"],\n'
-                  '                     service=params["service"])\n'
+                  '                     service=params["service"],\n'
+                  '                     inject_failure=params["inject_failure"])\n'
                   "rv.show_banner(run)\n"
                   "display(Markdown(nb.describe_run(run)))"),
     new_markdown_cell(
@@ -182,11 +184,11 @@ PAIRED_PROFILE = [
         "# Paired profile: the fix (candidate) against the pre-fix telemetry (baseline)"),
     new_code_cell(_params(device="auto", output_dir=None, source="run", ranks=2, steps=50,
                           seed=2101, scale=1.0, pairs=PAIRED_PAIRS, requests=PAIRED_REQUESTS,
-                          service=None, aa_source=None),
+                          service=None, aa_source=None, inject_failure="none"),
                   metadata={"tags": ["parameters"]}),
     new_code_cell(_check("paired_profile",
                          ["device", "output_dir", "source", "ranks", "steps", "seed", "scale",
-                          "pairs", "requests", "service", "aa_source"],
+                          "pairs", "requests", "service", "aa_source", "inject_failure"],
                          designs=("paired-profile", "profiled-pair", "alternating"))),
     new_code_cell('run = nb.open_source(params["source"], output_dir=out, '
                   'design="paired-profile",\n'
@@ -195,7 +197,8 @@ PAIRED_PROFILE = [
                   '                     seed=params["seed"], scale=params["scale"], '
                   'pairs=params["pairs"],\n'
                   '                     requests=params["requests"],\n'
-                  '                     service=params["service"])\n'
+                  '                     service=params["service"],\n'
+                  '                     inject_failure=params["inject_failure"])\n'
                   "rv.show_banner(run)\n"
                   'ev = nb.paired_profile(run, aa=params["aa_source"])\n'
                   "display(Markdown(nb.first_screen(ev, run)))"),
@@ -305,7 +308,7 @@ PAIRED_PROFILE = [
                   "profiled, unprofiled = rv.e2e_pairs(ev)\n"
                   "rv.write_e2e(profiled, unprofiled, device_kind=run.device_kind, "
                   "output_dir=out,\n"
-                  "             aa_spread=rv.aa_spread(ev))\n"
+                  "             aa_spread=rv.aa_spread(ev), injection=run.injection)\n"
                   'rv.show_note(nb.note(ev, "e2e_profiled"))\n'
                   'rv.show_note(nb.note(ev, "e2e_unprofiled"))\n'
                   'if "e2e_aa" in ev:\n'

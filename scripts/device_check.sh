@@ -38,8 +38,10 @@ TORCH_INDEX=https://download.pytorch.org/whl/cu128   # the README's CUDA install
 # what the GPU machine's image lacks of the project's dependencies (torch, numpy, pandas,
 # scipy, tqdm and xxhash are there), plus a setuptools new enough for pyproject's license
 OFFLINE_WHEELS=(msgspec platformdirs setuptools wheel)
-# optional: the release-cost figure (the benchmark writes its CSV without it)
-OPTIONAL_WHEELS=(matplotlib)
+# optional: the release-cost figure (the benchmark writes its CSV without it): matplotlib
+# and its dependencies but numpy (the image has it)
+OPTIONAL_WHEELS=(matplotlib contourpy cycler fonttools kiwisolver pillow pyparsing
+    python-dateutil packaging six)
 VLLM_OMNI=0.30.0   # as .ci/run
 
 if [ "${1:-}" = "--fetch-wheels" ]; then
@@ -51,9 +53,10 @@ if [ "${1:-}" = "--fetch-wheels" ]; then
     # selftest's adapter step then checks the adapter against its real module_residency.py
     python3 -m pip download --no-deps -d "$WHEELS" "vllm-omni==$VLLM_OMNI" || exit 2
     # matplotlib and its dependencies (optional on the GPU machine: the figure only)
-    python3 -m pip download --only-binary=:all: --python-version "${PY_VERSION:-3.12}" \
-        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-        --platform manylinux2014_x86_64 -d "$WHEELS" "${OPTIONAL_WHEELS[@]}" ||
+    python3 -m pip download --no-deps --only-binary=:all: --python-version \
+        "${PY_VERSION:-3.12}" --implementation cp --platform manylinux_2_28_x86_64 \
+        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$WHEELS" \
+        "${OPTIONAL_WHEELS[@]}" ||
         echo "matplotlib wheels not fetched: the release-cost figure will be skipped there"
     ls -l "$WHEELS"
     exit 0
@@ -135,7 +138,7 @@ offline_venv() {
         done
         if [ "$MODE" = evidence ] && ! "$VENV/bin/python" -c 'import matplotlib' 2>/dev/null; then
             run "$VENV/bin/python" -m pip install -q --no-index --find-links "$WHEELS" \
-                "${OPTIONAL_WHEELS[@]}" || log "matplotlib not installed: no release-cost figure"
+                matplotlib || log "matplotlib not installed: no release-cost figure"
         fi
     else
         log "no $WHEELS folder: packages missing from the image cannot be installed"

@@ -67,7 +67,7 @@ def build(run: Run, *, idle: Mapping[str, Mapping[str, int]] | None = None,
 
     attrs = data.attributions
     return Evidence(run_dir=run.path, device_kind=run.device_kind, design=run.design,
-                    status=run.status,
+                    status=run.status, injection=run.injection,
                     reference_pair=(pair[0].name, pair[1].name) if pair else None,
                     attributions=tuple(out), idle_error=data.idle_error if needs_idle else None,
                     attribution_note=scope_note(list(attrs.values())),

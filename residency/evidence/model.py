@@ -117,6 +117,8 @@ class Evidence:
     service: Mapping[str, Any] = field(default_factory=dict)
     """Which service ran: `kind` (builtin|external), `name`, `file`, `command`, `versions`
     (what it reported), `expect` (the manifest's `service_info`)."""
+    injection: str = "none"
+    """The failure injected into the baseline (`--inject-failure`), "none" when none."""
 
     @property
     def name(self) -> str:
@@ -125,8 +127,8 @@ class Evidence:
 
     @property
     def label(self) -> str:
-        """The device kind's label (`residency.devices.label`)."""
-        return devices.label(self.device_kind)
+        """The device kind's label, saying an injected failure (`residency.devices.label`)."""
+        return devices.label(self.device_kind, self.injection)
 
     def keys(self) -> tuple[str, ...]:
         """Keys of the attributions present, in order."""
@@ -152,7 +154,8 @@ class Evidence:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: run, device kind, reference pair and every attribution by key."""
         return {"run_dir": str(self.run_dir), "device_kind": self.device_kind,
-                "device_label": self.label, "design": self.design, "status": self.status,
+                "device_label": self.label, "inject_failure": self.injection,
+                "design": self.design, "status": self.status,
                 "reference_pair": list(self.reference_pair) if self.reference_pair else None,
                 "idle_error": self.idle_error, "service": plain(dict(self.service)),
                 "attribution_note": self.attribution_note,

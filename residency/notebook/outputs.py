@@ -139,7 +139,8 @@ def describe_run(run: Run, *, attribution: bool = True) -> str:
     order = ", ".join(f"{md_text(r.name)}{' (profiled)' if r.profiled else ''}"
                       for r in run.runs)
     text = (f"**Run** {md_code(run.path)}: design {md_code(run.design)}, device kind "
-            f"**{md_text(run.device_kind)}** ({md_text(devices.label(run.device_kind))}), "
+            f"**{md_text(run.device_kind)}** "
+            f"({md_text(devices.label(run.device_kind, run.injection))}), "
             f"{md_text(m.get('service', '?'))} service; parameters {md_text(params)}; measured "
             f"runs in order: {order}. Recorded {md_text(m.get('started_at'))} to "
             f"{md_text(m.get('ended_at'))} on host {md_code(m.get('host'))}.")

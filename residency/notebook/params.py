@@ -199,6 +199,15 @@ def check_parameters(*, designs: Sequence[str] | None = None, **params: Any) -> 
                 value, designs=("aa",), name=name, live=False)
         elif name == "accelerator_patch":
             out[name] = check_accelerator_patch(value)
+        elif name == "scale" and value == "auto":
+            out[name] = value  # sized from the device's capacity (residency.sizing)
+        elif name == "inject_failure":
+            from residency.devices import INJECTIONS
+
+            if value not in INJECTIONS:
+                raise ParameterError(f"The value for `inject_failure` must be one of "
+                                     f"{list(INJECTIONS)}, but {value!r} was passed.")
+            out[name] = value
         elif name in _INT_MINIMUM:
             out[name] = _check_int(name, value, _INT_MINIMUM[name])
         elif name in _POSITIVE:
@@ -206,7 +215,7 @@ def check_parameters(*, designs: Sequence[str] | None = None, **params: Any) -> 
         else:
             raise ParameterError(f"The parameter `{name}` is not one this notebook knows "
                                  f"(known: device, output_dir, source, service, aa_source, "
-                                 f"accelerator_patch, "
+                                 f"accelerator_patch, inject_failure, "
                                  f"{', '.join([*_INT_MINIMUM, *_POSITIVE])}).")
     device, source = out.get("device", "auto"), out.get("source")
     service = out.get("service")
@@ -231,13 +240,15 @@ def check_parameters(*, designs: Sequence[str] | None = None, **params: Any) -> 
 
 def open_source(source: str | os.PathLike[str], *, output_dir: str | os.PathLike[str],
                 design: str, device: str = "auto", ranks: int = 2, steps: int = 50,
-                seed: int = 2101, scale: float = 1.0, pairs: int = 1, requests: int = 1,
-                resident_mib: float = 1024, service: str | os.PathLike[str] | None = None
-                ) -> Run:
+                seed: int = 2101, scale: float | str = 1.0, pairs: int = 1, requests: int = 1,
+                resident_mib: float = 1024, service: str | os.PathLike[str] | None = None,
+                inject_failure: str = "none") -> Run:
     """The run to analyse: the recorded run directory `source`, or with `source="run"` a new
     run of `design` recorded into `output_dir/run` by `residency.experiments.orchestrate.run_pair`
     (services start as subprocesses): the built-in service, or the external one the service
-    file `service` describes (then `device`, `ranks` and `scale` come from that file)."""
+    file `service` describes (then `device`, `ranks` and `scale` come from that file).
+    `scale="auto"` sizes the workload from the device; `inject_failure` (cuda only) injects
+    the NPU's telemetry failure into the baseline (`residency pair --inject-failure`)."""
     if str(source) != "run":
         return load_run(source)
     from residency.experiments.orchestrate import plan, run_pair
@@ -249,7 +260,8 @@ def open_source(source: str | os.PathLike[str], *, output_dir: str | os.PathLike
         warnings.filterwarnings("ignore", message=".*IProgress not found.*")
         path = run_pair(design, out=out, device=device, ranks=ranks, steps=steps, seed=seed,
                         pairs=pairs, requests=requests, scale=scale,
-                        resident_mib=resident_mib, service_file=service, progress=progress)
+                        resident_mib=resident_mib, service_file=service, progress=progress,
+                        inject_failure=inject_failure)
     return load_run(path)
 
 

@@ -26,15 +26,22 @@ __all__ = ["BANNER_CLASS", "BANNER_METADATA", "banner_html", "banner_line", "ban
            "provenance_lines"]
 
 
-def device_heading(device_kind: str | None) -> str:
+def device_heading(device_kind: str | None, injection: str | None = None) -> str:
     """The banner's first words: the kind and its label (`residency.devices.label`), e.g.
     "emulated-npu: emulated NPU — not an NPU measurement", "npu: Ascend NPU"."""
     from residency import devices
 
     if not device_kind:
         return "unknown device kind"
-    label = devices.label(device_kind)
+    label = devices.label(device_kind, injection)
     return f"{device_kind}: {label}" if label != device_kind else device_kind
+
+
+def _heading(manifest: Mapping[str, Any]) -> str:
+    from residency import devices
+
+    return device_heading(manifest.get("device_kind"),
+                          devices.injection_of(manifest.get("params")))
 
 
 def elapsed_s(manifest: Mapping[str, Any]) -> float | None:
@@ -86,7 +93,7 @@ def banner_line(manifest: Mapping[str, Any]) -> str:
     """The banner as one line (terminal, `index.html`): device heading, design, commit and
     start time."""
     m = manifest
-    parts = [device_heading(m.get("device_kind"))]
+    parts = [_heading(m)]
     if m.get("design"):
         parts.append(str(m["design"]))
     commit = (m.get("versions") or {}).get("git_commit")
@@ -100,7 +107,7 @@ def banner_line(manifest: Mapping[str, Any]) -> str:
 def banner_markdown(manifest: Mapping[str, Any], *, title: str | None = None) -> str:
     """The banner as Markdown (for `.md` outputs): a bold heading line, then the
     provenance lines."""
-    head = f"**{device_heading(manifest.get('device_kind'))}**"
+    head = f"**{_heading(manifest)}**"
     if title:
         head += f" — {title}"
     return "\n".join([head, "", *(f"{line}  " for line in provenance_lines(manifest))]) + "\n"
@@ -111,7 +118,7 @@ def banner_html(manifest: Mapping[str, Any], *, title: str | None = None) -> str
     kind), then the provenance block in small type."""
     kind = str(manifest.get("device_kind") or "")
     colour = _STYLE.get(kind, "#4b5563")
-    head = html.escape(device_heading(manifest.get("device_kind")))
+    head = html.escape(_heading(manifest))
     if title:
         head += f" — {html.escape(title)}"
     prov = "<br>".join(html.escape(line) for line in provenance_lines(manifest))

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 __all__ = ["plot_fractions", "plot_idle", "plot_normal_calls", "whatif_figure"]
 
 
-def _title(what: str, device_kind: str, n: str) -> str:
-    return f"{what}\n{device_kind} ({devices.label(device_kind)}); {n}"
+def _title(what: str, device_kind: str, n: str, injection: str = "none") -> str:
+    return f"{what}\n{device_kind} ({devices.label(device_kind, injection)}); {n}"
 
 
 def _figure(ncols: int, *, width: float = 11.0, height: float = 4.2) -> tuple[Figure, Any]:
@@ -102,7 +102,7 @@ def plot_normal_calls(ev: Evidence) -> Figure:
     pair = (f"profiled pair {ev.reference_pair[0]} / {ev.reference_pair[1]}"
             if ev.reference_pair else "no pair")
     ax.set_title(_title("Normal policy calls: time per rank (every rank, in this run pair)",
-                        ev.device_kind, f"n = {nb} vs {nc} ranks, {pair}"))
+                        ev.device_kind, f"n = {nb} vs {nc} ranks, {pair}", ev.injection))
     return fig
 
 
@@ -142,7 +142,7 @@ def plot_idle(ev: Evidence) -> Figure:
         if all(math.isnan(v) for v in vals):
             ax.text(0.5, 0.5, "no traces recorded", ha="center", transform=ax.transAxes)
     fig.suptitle(_title("Idle attribution of the profiled pair", ev.device_kind,
-                        "n = 1 profiled run per arm (single observations)"))
+                        "n = 1 profiled run per arm (single observations)", ev.injection))
     return fig
 
 

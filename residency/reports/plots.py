@@ -51,9 +51,10 @@ __all__ = ["e2e_slopegraph", "figure_title", "memory_figure", "memory_timeline_f
            "neighbour_table", "neighbour_rows", "timeline_figure"]
 
 
-def figure_title(what: str, device_kind: str | None, n: str) -> str:
+def figure_title(what: str, device_kind: str | None, n: str,
+                 injection: str | None = None) -> str:
     """A figure title: what it shows, then the device heading and n on a second line."""
-    return f"{what}\n{device_heading(device_kind)}; {n}"
+    return f"{what}\n{device_heading(device_kind, injection)}; {n}"
 
 
 def _figure(**kwargs: Any) -> Figure:
@@ -147,7 +148,7 @@ def _draw_arm(ax: Axes, t: ArmTimeline, *, scale: float, origin_ns: int,
 
 @plain_text
 def timeline_figure(baseline: ArmTimeline, candidate: ArmTimeline, *,
-                    zoom_ms: float | None = None) -> Figure:
+                    zoom_ms: float | None = None, injection: str | None = None) -> Figure:
     """The profiled pair on one time axis (s from each run's request start): baseline above
     candidate, one lane per rank of device-busy time, the all-rank no-device-task time shaded
     across all lanes, normal and forced release markers (bars and triangles), the phases; at
@@ -198,7 +199,7 @@ def timeline_figure(baseline: ArmTimeline, candidate: ArmTimeline, *,
     fig.suptitle(figure_title("Timeline of the profiled pair: where the normal release sits",
                               baseline.device_kind,
                               f"n = 1 profiled run per arm, {ranks} ranks; dashed box: the "
-                              "zoomed span"))
+                              "zoomed span", injection))
     return fig
 
 
@@ -212,7 +213,7 @@ def _recorded_bound(d: pd.DataFrame, column: str, default: float) -> float:
 def memory_figure(decisions: pd.DataFrame, *, device_kind: str,
                   max_cached_fraction: float | None = None,
                   min_free_fraction: float | None = None,
-                  scope: str = "measured requests") -> Figure:
+                  scope: str = "measured requests", injection: str | None = None) -> Figure:
     """Per rank (columns) and arm (rows, arms with at least one call): reserved and
     allocated bytes at each policy call in call order, against the bounds: the reserved
     ceiling ``allocated + int(total * max_cached_fraction)`` and the free floor
@@ -295,7 +296,7 @@ def memory_figure(decisions: pd.DataFrame, *, device_kind: str,
     fig.suptitle(figure_title(
         "Memory at each policy call against the bounds (retain while reserved <= ceiling "
         "and free >= floor)", device_kind,
-        f"n = {snaps} calls with a snapshot, {len(ranks)} ranks; {scope}"))
+        f"n = {snaps} calls with a snapshot, {len(ranks)} ranks; {scope}", injection))
     return fig
 
 
@@ -333,7 +334,7 @@ def _release_kind(name: str) -> str:
 def memory_timeline_figure(memory: Mapping[str, pd.DataFrame],
                            releases: Mapping[str, pd.DataFrame],
                            origins_ns: Mapping[str, int], *, device_kind: str,
-                           source: str) -> Figure:
+                           source: str, injection: str | None = None) -> Figure:
     """Per arm (rows) and rank (columns): the caching allocator's reserved and allocated
     bytes after each change, as steps over time (s from the arm's `origins_ns`), with its
     normal and forced release markers shaded. `memory`: arm -> `residency.traces.memory.
@@ -392,7 +393,7 @@ def memory_timeline_figure(memory: Mapping[str, pd.DataFrame],
         "Device memory in the profiled pair's traces: the caching allocator's reserved and "
         "allocated bytes after each change, with the releases", device_kind,
         f"n = 1 profiled run per arm, {len(ranks)} rank{'s' * (len(ranks) != 1)}, "
-        f"{records} records; {source}"))
+        f"{records} records; {source}", injection))
     return fig
 
 
@@ -421,7 +422,8 @@ def _spread_labels(ys: Sequence[float], gap: float) -> list[float]:
 @plain_text
 def e2e_slopegraph(profiled: Mapping[str, Sequence[float]],
                    unprofiled: Mapping[str, Sequence[float]], *, device_kind: str,
-                   unit: str = "s", aa_spread: float | None = None) -> Figure:
+                   unit: str = "s", aa_spread: float | None = None,
+                   injection: str | None = None) -> Figure:
     """Client E2E per pair as a slopegraph (a line from baseline to candidate per pair):
     profiled and unprofiled pairs in separate panels on one axis starting at zero, pairs
     numbered once across both (profiled first), and a third panel of the paired deltas
@@ -487,7 +489,8 @@ def e2e_slopegraph(profiled: Mapping[str, Sequence[float]],
         dax.legend(fontsize=8, loc="best")
     n_all = sum(len(p) for p in groups.values())
     fig.suptitle(figure_title("Client end-to-end time per pair (profiled and unprofiled never "
-                              "pooled)", device_kind, f"n = {n_all} pairs, numbered once"))
+                              "pooled)", device_kind, f"n = {n_all} pairs, numbered once",
+                              injection))
     return fig
 
 

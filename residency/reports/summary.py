@@ -343,13 +343,18 @@ def _scope(ev: Evidence, a: Attribution | None, manifest: Mapping[str, Any]) -> 
     return ", ".join(bits)
 
 
-def _npu_line(kind: str) -> str:
+def _npu_line(kind: str, injection: str = "none") -> str:
     if devices.emulated(kind):
         return ("**What this says about an NPU**: the mechanism (which query answers, which "
                 "calls release, where the release time goes), not its size: durations here are "
                 "host-memory costs of the emulated NPU, per call and E2E.")
     if kind == "npu":
         return "**Device**: measured on an Ascend NPU (see the banner for the host and versions)."
+    if injection != "none":
+        return (f"**Device**: measured on {devices.label(kind, injection)}: the baseline's "
+                "generic torch.accelerator queries were made to raise as torch-npu <= 2.12 "
+                "does, so its normal calls release as on that NPU; the release costs are this "
+                "device's, not what an NPU would measure.")
     return (f"**Device**: measured on {devices.label(kind)}: it says how the fix behaves "
             "there, not what an NPU would measure.")
 
@@ -391,7 +396,7 @@ def summarize(ev: Evidence, *, manifest: Mapping[str, Any] | None = None) -> Sum
     if hostload.loaded(load):
         warnings.append(f"**Loaded host**: {host.removeprefix('Host: ')}")
     return Summary(run=ev.name, device_kind=ev.device_kind, label=ev.label, rows=tuple(rows),
-                   e2e=e2e, npu=_npu_line(ev.device_kind), warnings=tuple(warnings),
+                   e2e=e2e, npu=_npu_line(ev.device_kind, ev.injection), warnings=tuple(warnings),
                    shares=shares, host=host, digest=ev.digest, scope=ev.attribution_note,
                    host_load=load)
 

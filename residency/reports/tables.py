@@ -141,8 +141,9 @@ _USED = {"description": "description", "groups": "groups", "pairs": "pairs",
          "counts": "counts", "single": "single", "aa": "aa"}
 
 
-def _title(name: str, device_kind: str) -> str:
-    label = f": {devices.label(device_kind)}" if devices.emulated(device_kind) else ""
+def _title(name: str, device_kind: str, injection: str = "none") -> str:
+    label = (f": {devices.label(device_kind, injection)}"
+             if devices.emulated(device_kind) or injection != "none" else "")
     return f"Evidence: {name} (device kind {device_kind}{label})"
 
 
@@ -202,7 +203,7 @@ def evidence_table(run: Run | Evidence, *, idle: Mapping[str, Mapping[str, float
     design = (f" A/A run: the {aa.detail['arm']} arm in both slots, so only the noise row "
               "compares; the other arm's column is empty by design." if ev.design == "aa"
               and aa is not None else "")
-    return _frame(rows, _title(ev.name, ev.device_kind), ev.device_kind,
+    return _frame(rows, _title(ev.name, ev.device_kind, ev.injection), ev.device_kind,
                   _footer(used, ev.attribution_note + design
                           + (f" Run digest: {ev.digest}." if ev.digest else
                              " The run is not sealed.")), docs)

@@ -108,7 +108,7 @@ def write_timeline(run: Run, pair: Sequence[RunEntry] | None,
     if pair_tl is None:
         print("No timeline: the profiled pair recorded no traces.")
         return None
-    return show_figure(timeline_figure(*pair_tl), output_dir, name)
+    return show_figure(timeline_figure(*pair_tl, injection=run.injection), output_dir, name)
 
 
 def _pair_traces(run: Run, pair: Sequence[RunEntry] | None) -> tuple[Any, Any] | None:
@@ -144,7 +144,8 @@ def write_causes(run: Run, pair: Sequence[RunEntry] | None,
         "delta_idle_ms": "candidate − baseline (ms)"})
     show_table(shown[["cause", "kind", "baseline (ms)", "candidate (ms)",
                       "candidate − baseline (ms)"]],
-               caption=f"{run.device_kind} ({devices.label(run.device_kind)}): all-rank "
+               caption=f"{run.device_kind} ({devices.label(run.device_kind, run.injection)}): "
+               "all-rank "
                "no-device-task time by cause (innermost host range, ms), profiled pair, n = 1 "
                "run per arm, largest reduction first; per arm in "
                f"`{path.name}`, the difference in `{name}_diff.csv`")
@@ -167,7 +168,8 @@ def write_trace_diff(run: Run, pair: Sequence[RunEntry] | None,
     diff = trace_diff(*traces)
     path = Path(output_dir) / f"{name}.csv"
     humanize.write_csv(diff, path)
-    show_table(diff.head(rows), caption=f"{run.device_kind} ({devices.label(run.device_kind)}):"
+    label = devices.label(run.device_kind, run.injection)
+    show_table(diff.head(rows), caption=f"{run.device_kind} ({label}):"
                " device tasks, baseline vs candidate (ms), per phase and task-name group, "
                f"profiled pair, n = 1 run per arm, largest change first; all {len(diff)} rows in "
                f"`{path.name}`")
@@ -201,7 +203,7 @@ def write_memory_timeline(run: Run, pair: Sequence[RunEntry] | None,
         release_markers,
     )
 
-    head = f"{run.device_kind} ({devices.label(run.device_kind)})"
+    head = f"{run.device_kind} ({devices.label(run.device_kind, run.injection)})"
     traces = _pair_traces(run, pair)
     if traces is None or pair is None:
         print("No memory timeline: the profiled pair recorded no traces.")
@@ -231,7 +233,8 @@ def write_memory_timeline(run: Run, pair: Sequence[RunEntry] | None,
     source = ("Kineto [memory] events" if traces[0].format == "kineto"
               else f"torch-npu {table}, component PTA")
     path = show_figure(memory_timeline_figure(memory, releases, origins,
-                                              device_kind=run.device_kind, source=source),
+                                              device_kind=run.device_kind, source=source,
+                                              injection=run.injection),
                        out, name)
     if len(released):
         kind = released["name"].str.extract(r"\[(\w+)\]", expand=False).fillna("other")
@@ -266,7 +269,8 @@ def write_memory(run: Run, output_dir: str | os.PathLike[str], *, name: str = "m
     requests against the bounds the calls recorded), saved and displayed."""
     from residency.reports.plots import memory_figure
 
-    fig = memory_figure(decisions_frame(run), device_kind=run.device_kind)
+    fig = memory_figure(decisions_frame(run), device_kind=run.device_kind,
+                        injection=run.injection)
     return show_figure(fig, output_dir, name)
 
 
@@ -282,13 +286,14 @@ def e2e_pairs(ev: Any) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
 def write_e2e(profiled: Mapping[str, Sequence[float]],
               unprofiled: Mapping[str, Sequence[float]], *, device_kind: str,
               output_dir: str | os.PathLike[str], name: str = "e2e",
-              aa_spread: float | None = None) -> Path:
+              aa_spread: float | None = None, injection: str | None = None) -> Path:
     """The E2E slopegraph (profiled and unprofiled pairs, paired deltas; with `aa_spread`,
     the A/A noise band on the deltas), saved and displayed."""
     from residency.reports.plots import e2e_slopegraph
 
     return show_figure(e2e_slopegraph(profiled, unprofiled, device_kind=device_kind,
-                                      aa_spread=aa_spread), output_dir, name)
+                                      aa_spread=aa_spread, injection=injection),
+                       output_dir, name)
 
 
 def aa_spread(ev: Any) -> float | None:

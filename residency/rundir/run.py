@@ -284,6 +284,14 @@ class Run:
         return str(self.manifest["status"])
 
     @property
+    def injection(self) -> str:
+        """The failure injected into the run's baseline (`params.inject_failure`), or
+        "none" (`residency.devices.injection_of`)."""
+        from residency import devices
+
+        return devices.injection_of(self.manifest.get("params"))
+
+    @property
     def design(self) -> str | None:
         """`profiled-pair` or `alternating`, when recorded."""
         return self.manifest.get("design")
