@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from residency import devices, sizing
+from residency import devices
+from residency import protocol as sizing
 from residency.cli import main as cli
 from residency.devicemodel import DeviceModel, curve_from_csv, fit_line
 from residency.policy.cache import (

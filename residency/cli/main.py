@@ -346,7 +346,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.fill is not None and scale != "auto":
         raise ValueError("--fill applies with --scale auto only")
     if scale == "auto":
-        from residency import sizing
+        from residency import protocol as sizing
 
         try:
             sized = sizing.auto_size(

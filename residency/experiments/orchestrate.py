@@ -780,7 +780,7 @@ def run_pair(design: str = "profiled-pair", *, out: str | os.PathLike[str], devi
             raise ValueError("--fill applies with --scale auto only")
         import dataclasses
 
-        from residency import sizing
+        from residency import protocol as sizing
         from residency.devicemodel import DeviceModel
 
         kind = devices.resolve(device)

@@ -18,7 +18,8 @@ from typing import Any, Protocol
 import torch
 
 from residency import devices as device_kinds
-from residency import markers, sizing
+from residency import markers
+from residency import protocol as sizing
 from residency.policy.cache import BoundedAllocatorCache, Decision
 
 MiB = 1 << 20
