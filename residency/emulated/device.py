@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import threading
@@ -20,7 +19,7 @@ from residency.emulated.allocator import Block, check_positive_int
 from residency.emulated.model import DeviceModel, modelled_cost
 from residency.emulated.streams import TASK_CATEGORIES, Device, Stream, Task
 from residency.emulated.streams import Event as _Event
-from residency.emulated.trace import Tracer, TraceRecord, kineto_trace
+from residency.emulated.trace import Tracer, TraceRecord, kineto_json, kineto_trace
 
 DEFAULT_CAPACITY_BYTES = 4 * 1024**3
 BACKEND_NAME = "npu"
@@ -375,12 +374,13 @@ class EmulatedNPU(types.ModuleType):
         Device tasks are `ph: X` events of category kernel/gpu_memcpy/gpu_memset on pid
         DEVICE_PID_BASE + device index, tid = stream id; host ranges are `user_annotation`
         on this process's pid and native thread id. `ts`/`dur` are microseconds, `ts` relative
-        to `baseTimeNanoseconds` (wall-clock ns at `start_trace`).
+        to `baseTimeNanoseconds` (wall-clock ns at `start_trace`). The text is laid out as
+        Kineto lays out its own (`residency.emulated.trace.kineto_json`).
         """
         target = Path(path)
         trace = self.kineto_trace(rank=rank, world_size=world_size, trace_name=str(target))
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(trace, separators=(",", ":")), encoding="utf-8")
+        target.write_text(kineto_json(trace), encoding="utf-8")
         return target
 
     def __repr__(self) -> str:

@@ -30,7 +30,8 @@ import numpy as np
 from residency.traces.files import TraceError, TraceStream
 
 __all__ = ["EVENT_CAP", "PLACEHOLDER", "WHOLE_CAP", "NotAligned", "Part", "Skeleton",
-           "decode_error", "likely_boundary", "read_whole", "split_events", "split_part"]
+           "decode_error", "likely_boundary", "read_whole", "split_events", "split_part",
+           "value_end"]
 
 WHOLE_CAP = 64 << 20  # an irregular document; what lies outside the events array
 PLACEHOLDER = b'"\\u0000residency:streamed-events"'
@@ -103,6 +104,12 @@ def _value_end(buf: bytearray, i: int) -> int | None:
         except RecursionError:
             return -1
     return None
+
+
+def value_end(buf: bytearray, i: int) -> int | None:
+    """Index of the first non-space byte after the JSON value that starts at `buf[i]`; None
+    when `buf` may end inside it (read more); -1 when it is malformed."""
+    return _value_end(buf, i)
 
 
 def _scan_head(buf: bytearray) -> tuple[str, int]:
