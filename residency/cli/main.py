@@ -171,6 +171,10 @@ def _idle(p: argparse.ArgumentParser) -> None:
                    "every worker")
     p.add_argument("--workers", metavar="N", type=_positive_int,
                    help="worker processes (here, or of --scheduler local); default: one per CPU")
+    p.add_argument("--no-verify", action="store_true",
+                   help="PATH inside a recorded run (RUN/runs/01-candidate): read it without "
+                   "checking the run's seal (a warning says so); by default the enclosing "
+                   "run is verified as `residency verify` does and refused on any finding")
 
 
 def _run_reading(p: argparse.ArgumentParser) -> None:
@@ -421,7 +425,13 @@ def cmd_idle(args: argparse.Namespace) -> int:
             if args.by_cause and args.scheduler:
                 raise ValueError("--by-cause reads every rank's timeline in this process; "
                                  "drop --scheduler")
-            if not args.by_cause:  # rank by rank: only each rank's reduction comes back
+            seal = _enclosing_seal(args.path, verify=not args.no_verify)
+            if seal is not None and args.scheduler:
+                raise ValueError(f"{args.path} lies in the sealed run {seal.root}, whose files "
+                                 "are checked as this process reads them: drop --scheduler "
+                                 "(or pass --no-verify)")
+            if not args.by_cause and seal is None:  # rank by rank: only each rank's
+                # reduction comes back
                 summary = idle_summary_at(
                     args.path, marker=args.marker, window_marker=args.window_marker,
                     busy=args.busy, session=args.session, group=args.group,
@@ -429,7 +439,7 @@ def cmd_idle(args: argparse.Namespace) -> int:
                     allow_no_device_tasks=args.allow_no_device_tasks)
             else:
                 traces = load_traces(args.path, cache=not args.no_cache, session=args.session,
-                                     group=args.group, workers=args.workers)
+                                     group=args.group, workers=args.workers, seal=seal)
                 summary = idle_summary(traces, marker=args.marker,
                                        window_marker=args.window_marker, busy=args.busy,
                                        allow_no_device_tasks=args.allow_no_device_tasks)
@@ -459,6 +469,38 @@ def cmd_idle(args: argparse.Namespace) -> int:
         lines += ["", *format_causes(causes)]
     print("\n".join(map(_terminal, lines)))  # names from the traces: never raw
     return 0
+
+
+def _enclosing_seal(path: str, *, verify: bool) -> Any:
+    """The seal (`residency.traces.files.Sealed`) of the run `path` lies in, after verifying
+    the run as `verify` does; None outside a run, for a run without a seal, or without
+    `verify` (both said in a warning).
+
+    Raises:
+        RunDirError: the enclosing run fails verification (a file missing, changed or added,
+            an edited manifest) or cannot be read.
+    """
+    from residency.rundir.seal import enclosing_run
+
+    root = enclosing_run(path)
+    if root is None:
+        return None
+    from residency.rundir.run import load_run  # (pandas: only for a run's folder)
+    from residency.traces.files import Sealed
+
+    if not verify:
+        warnings.warn(f"{path} lies in the run {root}, NOT checked against its seal "
+                      "(--no-verify): its figures may come from changed files", UserWarning,
+                      stacklevel=2)
+        return None
+    run = load_run(root, allow_incomplete=True)
+    sealed = run.sealed_artifacts
+    if sealed is None:
+        warnings.warn(f"{path} lies in the run {root}, which has no seal (status "
+                      f"{run.manifest.get('status')!r}, or recorded without a sha256 list): "
+                      "read unverified", UserWarning, stacklevel=2)
+        return None
+    return Sealed(run.path, sealed)
 
 
 def _tables_pr(args: argparse.Namespace) -> int:

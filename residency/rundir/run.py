@@ -61,8 +61,9 @@ DECISION_COLUMNS = (
 )
 
 __all__ = ["DECISION_COLUMNS", "MANIFEST", "SCHEMA", "Manifest", "Run",
-           "RunDirError", "RunEntry", "Verification", "artifact_hashes", "load_run",
-           "load_decisions", "run_entries", "verify_run", "versions"]
+           "RunDirError", "RunEntry", "Verification", "artifact_hashes",
+           "load_run", "load_decisions", "project_commit", "run_entries", "verify_run",
+           "versions"]
 # the manifest's atomic writer's temporary file: never evidence. Hidden files are evidence like
 # any other: sealed, and listed by `verify` when they appear later (trace discovery never
 # reads them either).
@@ -996,8 +997,32 @@ def load_decisions(run: Run) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)[cols]
 
 
+def project_commit(root: Path | None = None) -> str | None:
+    """The git commit of the project's own checkout: HEAD of the repository whose top level
+    is `root` (default: the folder holding this package and residency's pyproject.toml);
+    None when that folder is not a repository's top level (an installed copy, or a copy
+    vendored inside another project's repository, whose commit says nothing about this
+    code) or git cannot tell."""
+    if root is None:
+        root = Path(__file__).resolve().parent.parent.parent
+    try:
+        text = (root / "pyproject.toml").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    if not re.search(r'(?m)^name\s*=\s*"residency"\s*$', text):
+        return None
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"],
+                             capture_output=True, text=True, cwd=root, timeout=10,
+                             check=True).stdout.split("\n")
+        if len(out) >= 2 and out[0] and os.path.samefile(out[0], root):
+            return out[1].strip() or None
+    return None
+
+
 def versions() -> dict[str, Any]:
-    """python, torch, torch-npu, residency and its git commit."""
+    """python, torch, torch-npu, residency and the git commit of its own checkout
+    (`project_commit`: None for an installed or vendored copy)."""
     from importlib.metadata import PackageNotFoundError, version
 
     def ver(name: str) -> str | None:
@@ -1006,11 +1031,7 @@ def versions() -> dict[str, Any]:
         except PackageNotFoundError:
             return None
 
-    commit = None
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).resolve().parent, timeout=10,
-                                check=True).stdout.strip() or None
+    commit = project_commit()
     return {"python": platform.python_version(), "torch": ver("torch"),
             "torch_npu": ver("torch-npu") or ver("torch_npu"), "residency": ver("residency"),
             "git_commit": commit}

@@ -14,6 +14,7 @@ size, so a FIFO, a device, a socket or a link leaving the run is an error, never
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -24,8 +25,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
 from residency.errors import CHANGED_SINCE_VERIFIED, BadInput
+from residency.rundir.layout import MANIFEST, RUNS
 
 __all__ = ["SEAL_FIELD", "MAX_EVIDENCE_BYTES", "UnsafePathError", "canonical_json",
+           "enclosing_run",
            "run_digest", "seal", "seal_findings", "confined", "open_regular", "read_regular",
            "walk_files", "sha256_regular", "parse_digest", "CHANGED_SINCE_VERIFIED",
            "printable"]
@@ -241,3 +244,15 @@ def walk_files(root: Path) -> Iterator[tuple[str, Path, str | None]]:
             mode = os.lstat(path).st_mode
             rel = path.relative_to(root).as_posix()
             yield rel, path, None if stat.S_ISREG(mode) else _kind(mode)
+
+
+def enclosing_run(path: str | Path) -> Path | None:
+    """The run directory `path` lies in (or is): the nearest folder at or above it, its
+    links resolved, that holds both ``manifest.json`` and ``runs/``; None outside any run."""
+    here = Path(os.path.abspath(path))
+    with contextlib.suppress(OSError, RuntimeError):  # a link loop: the path as given
+        here = here.resolve()
+    for folder in (here, *here.parents):
+        if (folder / MANIFEST).is_file() and (folder / RUNS).is_dir():
+            return folder
+    return None
