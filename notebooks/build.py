@@ -176,20 +176,37 @@ CONSECUTIVE_REQUESTS = [
                   "nb.check_gates(failures)"),
 ]
 
-PAIRED_PAIRS = 10  # the main job's defaults: see README "Defaults and timing"
-PAIRED_REQUESTS = 5
+sys.path.insert(0, str(HERE.parent))  # this checkout's residency: its defaults
+from residency.rundir.layout import PAIRED_DEFAULTS  # noqa: E402
+
+# the main job's defaults, shared with `residency pair`: see README "Defaults and timing"
+PAIRED_PAIRS, PAIRED_REQUESTS = PAIRED_DEFAULTS
 
 PAIRED_PROFILE = [
     new_markdown_cell(
         "# Paired profile: the fix (candidate) against the pre-fix telemetry (baseline)"),
     new_code_cell(_params(device="auto", output_dir=None, source="run", ranks=2, steps=50,
                           seed=2101, scale=1.0, pairs=PAIRED_PAIRS, requests=PAIRED_REQUESTS,
-                          service=None, aa_source=None, inject_failure="none"),
+                          service=None, aa_source=None, inject_failure="none",
+                          stop_when_decided=False, plan_pilot=None, plan_cv=None,
+                          plan_effect_s=None, plan_budget_hours=None),
                   metadata={"tags": ["parameters"]}),
     new_code_cell(_check("paired_profile",
                          ["device", "output_dir", "source", "ranks", "steps", "seed", "scale",
-                          "pairs", "requests", "service", "aa_source", "inject_failure"],
+                          "pairs", "requests", "service", "aa_source", "inject_failure",
+                          "stop_when_decided", "plan_pilot", "plan_cv", "plan_effect_s",
+                          "plan_budget_hours"],
                          designs=("paired-profile", "profiled-pair", "alternating"))),
+    new_markdown_cell(
+        "## Plan: what this design can decide, before anything starts\n\n"
+        "The design's device time, the power of the exact paired E2E test and the smallest "
+        "effect it detects (`residency plan`, README \"Plan within a device budget\"), from "
+        "`plan_pilot` (a recorded run: its costs, and its noise unless `aa_source` or "
+        "`plan_cv`), the effect `plan_effect_s` (default: the published -0.19 % change) and "
+        "`plan_budget_hours`. With `stop_when_decided=True`, `pairs` is the maximum and "
+        "pairs are added until E2E is decided under a sequential rule fixed before the "
+        "first pair."),
+    new_code_cell("display(Markdown(nb.plan_markdown(params)))"),
     new_code_cell('run = nb.open_source(params["source"], output_dir=out, '
                   'design="paired-profile",\n'
                   '                     device=params["device"], ranks=params["ranks"], '
@@ -198,7 +215,8 @@ PAIRED_PROFILE = [
                   'pairs=params["pairs"],\n'
                   '                     requests=params["requests"],\n'
                   '                     service=params["service"],\n'
-                  '                     inject_failure=params["inject_failure"])\n'
+                  '                     inject_failure=params["inject_failure"],\n'
+                  '                     stop_when_decided=params["stop_when_decided"])\n'
                   "rv.show_banner(run)\n"
                   'ev = nb.paired_profile(run, aa=params["aa_source"])\n'
                   "display(Markdown(nb.first_screen(ev, run)))"),

@@ -102,10 +102,18 @@ def _pair(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--design", choices=DESIGNS, default="profiled-pair",
                    help="aa: the same arm (--aa-arm) in both slots, ABBA order: E2E noise")
-    p.add_argument("--pairs", type=int, default=1, help="alternating pairs (ABBA order)")
-    p.add_argument("--requests", type=int, default=1,
+    p.add_argument("--pairs", type=int, default=None, help="alternating pairs (ABBA order; "
+                   "default 10 as the paired-profile notebook, 1 for profiled-pair)")
+    p.add_argument("--requests", type=int, default=None,
                    help="measured requests per unprofiled service run after its warm-up "
-                   "(the run's E2E is their median; every one is recorded)")
+                   "(the run's E2E is their median; every one is recorded; default 5 as the "
+                   "notebook, 1 for profiled-pair)")
+    p.add_argument("--max-pairs", type=int, metavar="N",
+                   help="with --stop-when-decided: the most unprofiled pairs (default --pairs)")
+    p.add_argument("--stop-when-decided", action="store_true",
+                   help="paired-profile: add pairs until E2E is decided (difference or "
+                   "equivalence) under a sequential rule fixed before the first pair "
+                   "(README: Stop when decided), or --max-pairs is reached")
     p.add_argument("--aa-arm", choices=("baseline", "candidate"), default="candidate",
                    help="the arm of both slots of --design aa")
     p.add_argument("--device", default="auto", help="auto|npu|cuda|emulated-npu")
@@ -379,15 +387,22 @@ def cmd_pair(args: argparse.Namespace) -> int:
     from residency.processes import raise_terminated
 
     emulator = model_from_args(args)  # ValueError naming the option: bad input
+    from residency.analysis.planning import design_statement
+
+    pairs, requests, rule = _pair_design(args)
+    if not args.no_progress:  # which design runs and what it can decide, before it starts
+        print(design_statement(args.design, pairs, requests), file=sys.stderr)
+        if rule is not None:
+            print(rule.describe(), file=sys.stderr)
     signal.signal(signal.SIGTERM, raise_terminated)  # recorded as SIGTERM, exit 130
     try:
         out = run_pair(args.design, out=args.out, device=args.device, ranks=args.ranks,
-                       steps=args.steps, seed=args.seed, pairs=args.pairs,
-                       requests=args.requests, scale=args.scale,
+                       steps=args.steps, seed=args.seed, pairs=pairs,
+                       requests=requests, scale=args.scale,
                        capacity_bytes=args.capacity, resident_mib=args.resident_mib,
                        service_file=args.service, progress=not args.no_progress,
                        emulator=emulator, aa_arm=args.aa_arm, fill=args.fill,
-                       inject_failure=args.inject_failure)
+                       inject_failure=args.inject_failure, sequential=rule)
     except ExperimentError as exc:
         if isinstance(exc, ValueError):  # the output directory or service file: bad input
             raise
@@ -403,12 +418,100 @@ def cmd_pair(args: argparse.Namespace) -> int:
     if digest:
         print(f"digest: {digest} (quote it in the pull request; check a copy with "
               f"`residency verify RUN_DIR --digest {digest}`)")
+    seq = run.manifest.get("sequential") or {}
+    if "stopped_after" in seq:
+        from residency.analysis.sequential import stop_sentence
+
+        print(stop_sentence(seq))
     if args.design == "aa":
         from residency.evidence import build
 
         noise = build(run, traces=False, keys=("e2e_aa",)).get("e2e_aa")
         if noise is not None:
             print(f"{noise.note} Use it with `residency tables RUN_DIR --aa {out}`.")
+    return 0
+
+
+def _pair_design(args: argparse.Namespace) -> tuple[int, int, Any]:
+    """`pair`'s pairs, requests and sequential rule: the notebook's 10 x 5 where the design
+    has pairs, 1 x 1 for profiled-pair; --stop-when-decided runs up to --max-pairs."""
+    from residency.rundir.layout import PAIRED_DEFAULTS
+
+    single = args.design in ("profiled-pair", "consecutive")
+    pairs = args.pairs if args.pairs is not None else 1 if single else PAIRED_DEFAULTS[0]
+    requests = (args.requests if args.requests is not None else
+                1 if args.design == "profiled-pair" else PAIRED_DEFAULTS[1])
+    if args.max_pairs is not None and not args.stop_when_decided:
+        raise ValueError("--max-pairs goes with --stop-when-decided")
+    if not args.stop_when_decided:
+        return pairs, requests, None
+    if args.design != "paired-profile":
+        raise ValueError(f"--stop-when-decided needs --design paired-profile, not "
+                         f"{args.design}")
+    from residency.analysis.sequential import SequentialRule
+
+    pairs = args.max_pairs if args.max_pairs is not None else pairs
+    if pairs < 6:
+        raise ValueError(f"--max-pairs must be at least 6 (the fewest pairs whose exact test "
+                         f"can reach p < 0.05), got {pairs}")
+    return pairs, requests, SequentialRule.default(pairs)
+
+
+def _plan(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pilot", metavar="RUN_DIR", help="read costs (and noise, unless --aa or "
+                   "--cv) from a recorded run")
+    p.add_argument("--published", action="store_true",
+                   help="costs of the published NPU figures (2,248.8 s per request, a warm-up "
+                   "request per start, the start 5 min unless --start-s)")
+    p.add_argument("--aa", metavar="RUN_DIR", help="read the noise from an A/A run")
+    for name, what in (("request-s", "one measured request"), ("start-s", "one service start "
+                       "(spawn to healthy)"), ("warmup-s", "the warm-up request per start"),
+                       ("other-s", "the rest of a run (stop, profiler control)")):
+        p.add_argument(f"--{name}", type=float, metavar="S", help=f"seconds of {what} "
+                       "(typed: replaces the pilot's)")
+    p.add_argument("--cv", type=float, metavar="FRACTION",
+                   help="stated CV of a run's E2E between service runs (e.g. 0.01)")
+    p.add_argument("--request-cv", type=float, metavar="FRACTION",
+                   help="stated CV between the requests of one run")
+    p.add_argument("--effect", type=float, metavar="S", help="effect of interest in seconds "
+                   "(default: the published -0.19 %% E2E change of the request time)")
+    p.add_argument("--effect-percent", type=float, metavar="P",
+                   help="effect of interest as a percentage of the request time")
+    p.add_argument("--pairs", type=_int_list, default="3,4,6,8,10,15,20,30,40",
+                   metavar="LIST", help="candidate unprofiled pairs (default 3,4,6,8,10,15,"
+                   "20,30,40)")
+    p.add_argument("--requests", type=_int_list, default="1,3,5", metavar="LIST",
+                   help="candidate measured requests per run (default 1,3,5)")
+    p.add_argument("--budget-hours", type=float, metavar="H", help="device-time budget")
+    p.add_argument("--power", type=float, default=0.8, help="target power (default 0.8)")
+    p.add_argument("--simulations", type=int, default=2000, metavar="N",
+                   help="Monte Carlo sequences per design (default 2000)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be integers separated by commas, not "
+                                         f"{text!r}") from None
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """`plan`: device time, power and smallest detectable effect of candidate designs."""
+    from residency.analysis.planning import make_plan
+
+    plan = make_plan(pilot=args.pilot, aa=args.aa, published=args.published,
+                     request_s=args.request_s, start_s=args.start_s, warmup_s=args.warmup_s,
+                     other_s=args.other_s, cv=args.cv, request_cv=args.request_cv,
+                     effect_s=args.effect, effect_percent=args.effect_percent,
+                     pairs=args.pairs, requests=args.requests, budget_hours=args.budget_hours,
+                     power=args.power, simulations=args.simulations, seed=args.seed)
+    if args.json:
+        print(json.dumps(plan.to_dict()))
+    else:
+        print("\n".join(plan.lines()))
     return 0
 
 
@@ -643,6 +746,12 @@ COMMANDS: dict[str, tuple[str, str, Callable[[argparse.ArgumentParser], None],
              "Each arm runs in a fresh service process group: started, health-checked, warmed "
              "with the same request, measured, stopped before the other arm starts.",
              _pair, cmd_pair),
+    "plan": ("device time, power and smallest detectable E2E effect of candidate designs",
+             "Before anything starts: from costs (typed, --published, or a --pilot run), noise "
+             "(--cv, an --aa run or the pilot) and the effect of interest, each design's "
+             "device time, the power of the exact paired test, the smallest effect it "
+             "detects, and the cheapest design reaching the power within --budget-hours (or "
+             "what the budget supports instead).", _plan, cmd_plan),
     "idle": ("all-rank no-device-task time and marker attribution from traces",
              "All-rank no-device-task time within a window, and host markers intersected with "
              "it, from Kineto or torch-npu traces (times in ms; --json in ns).",

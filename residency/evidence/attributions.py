@@ -494,6 +494,11 @@ def _e2e_pairs(data: RunData, profiled: bool) -> Attribution | None:
                       "equivalent": eq.equivalent, "equivalence": eq.outcome,
                       "equivalence_p_below": eq.p_below, "equivalence_p_above": eq.p_above,
                       "baseline_median_s": baseline_median, "verdict": sentence}
+            seq = _sequential(data, base, [p[3] for p in pairs], result)
+            if seq is not None:  # the claim is the rule's, at its adjusted figures
+                detail.update(sequential=seq[0], verdict=seq[1])
+                verdict = (f" {seq[1]} {seq[0]['text']} Unadjusted figures of the last look "
+                           f"(not the claim): {eq.note}")
     if aa is not None:
         detail["aa_spread_s"] = aa[1].spread
         detail["aa_run"] = aa[0].path.name
@@ -520,6 +525,26 @@ def _e2e_pairs(data: RunData, profiled: bool) -> Attribution | None:
                 "outlier_pairs": [labels[i] for i in result.outlier_pairs],
                 "requests_per_run": _requests_per_run(data, [e for p in pairs for e in p[:2]]),
                 **detail})
+
+
+def _sequential(data: RunData, base: list[float], cand: list[float],
+                result: stats.PairComparison) -> tuple[dict[str, Any], str] | None:
+    """A run recorded with `--stop-when-decided`: its rule's looks and adjusted figures,
+    recomputed from the pairs (`residency.analysis.sequential`), and the verdict sentence."""
+    record = data.run.manifest.get("sequential")
+    if not isinstance(record, Mapping) or not isinstance(record.get("rule"), Mapping):
+        return None
+    from residency.analysis.sequential import SequentialRule, verdict_sentence
+
+    rule = SequentialRule.from_dict(record["rule"])
+    try:
+        found = rule.result(base, cand)
+    except ValueError as exc:  # stopped (interrupted) before the first look
+        out = {"rule": rule.to_dict(), "text": f"{rule.describe()} {exc}."}
+        return out, f"No verdict: {exc} (the sequential rule's first look never came)."
+    out = found.to_dict()
+    out["text"] = f"{found.sentence()} {rule.describe()}"
+    return out, verdict_sentence(found, result)
 
 
 def _requests_per_run(data: RunData, entries: Sequence[RunEntry]) -> list[int]:

@@ -494,7 +494,9 @@ def _run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, 
     rel = run_dir_name(index, arm)
     run_dir = out / rel
     run_dir.mkdir(parents=True, exist_ok=False)
+    began = time.perf_counter_ns()
     service = start_service(spec, arm, run_dir, profiled=profiled)
+    started = time.perf_counter_ns()
     values = {**service.values, "steps": steps, "seed": seed}
     measured: list[dict[str, Any]] = []
     try:
@@ -526,6 +528,7 @@ def _run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, 
         raise
     finally:
         service.stop()
+    ended = time.perf_counter_ns()
     _check_decisions_written(spec, Path(_fill(spec.decisions, values)), arm, requests + 1)
     first = measured[0]
     # the unit of the E2E claim is the run: with R requests, the median of its R E2Es
@@ -547,13 +550,40 @@ def _run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, 
     write_json_atomic(run_dir / CLIENT, client)
     # `request_id` and `e2e_s` describe the same thing: one measured request and its E2E, or,
     # with R > 1, the R requests (`request_ids`) and their median (issue 25)
-    entry = {"arm": arm, "index": index, "dir": rel, "e2e_s": median_s, "profiled": profiled}
+    entry = {"arm": arm, "index": index, "dir": rel, "e2e_s": median_s, "profiled": profiled,
+             "cost": run_cost(start_ns=started - began, warmup_ns=warm.e2e_ns,
+                              measured_ns=sum(m["e2e_ns"] for m in measured),
+                              total_ns=ended - began)}
     if requests > 1:
         entry["request_ids"] = [m["request_id"] for m in measured]
         entry["e2e_s_requests"] = [m["e2e_s"] for m in measured]
     else:
         entry["request_id"] = first["request_id"]
     return entry
+
+
+COST_FIELDS = ("start_s", "warmup_s", "measured_s", "other_s", "total_s")
+"""`runs[].cost` of a service run (seconds of wall time on the device's host): `start_s`
+spawn to healthy, `warmup_s` the warm-up request, `measured_s` the measured requests' E2E
+summed, `other_s` the rest (profiler control, stopping the service, gaps), `total_s` spawn to
+stopped. The manifest's `cost` sums them over the runs (with `runs`)."""
+
+
+def run_cost(*, start_ns: int, warmup_ns: int, measured_ns: int, total_ns: int
+             ) -> dict[str, float]:
+    """A run's `cost` record (`COST_FIELDS`) from its measured times in ns."""
+    other = max(0, total_ns - start_ns - warmup_ns - measured_ns)
+    return {"start_s": start_ns / 1e9, "warmup_s": warmup_ns / 1e9,
+            "measured_s": measured_ns / 1e9, "other_s": other / 1e9,
+            "total_s": total_ns / 1e9}
+
+
+def cost_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The manifest's `cost`: every `runs[].cost` field summed, with `runs` (how many runs
+    recorded one)."""
+    costs = [r["cost"] for r in runs if isinstance(r.get("cost"), dict)]
+    return {"runs": len(costs), **{k: sum(float(c.get(k) or 0.0) for c in costs)
+                                   for k in COST_FIELDS}}
 
 
 def _check_decisions_written(spec: ServiceSpec, directory: Path, arm: str, sent: int) -> None:
@@ -641,14 +671,26 @@ def _builtin_versions() -> dict[str, Any]:
 def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, steps: int = 50,
                seed: int = 2101, pairs: int = 1, requests: int = 1,
                params: dict[str, Any] | None = None, aa_arm: str = "candidate",
-               progress: bool | Callable[[Iterator[Any]], Iterator[Any]] = True) -> Path:
+               progress: bool | Callable[[Iterator[Any]], Iterator[Any]] = True,
+               sequential: Any = None) -> Path:
     """Run a design into a new run directory; returns it. On any failure the directory stays
     with `status: incomplete` and the error, every service is stopped, and
     `ExperimentError` is raised.
 
     Each unprofiled service run measures `requests` requests after its warm-up (every one
     recorded in client.json; the run's `e2e_s` is their median); profiled runs measure one.
+    Every run's cost (service start, warm-up, measured, the rest) is recorded in its
+    `runs[].cost` and summed in the manifest's `cost`.
+
+    `sequential` (paired-profile only; `residency.analysis.sequential.SequentialRule`, or
+    any object with `to_dict()`, `look(baseline, candidate)` and `result(baseline,
+    candidate, looks)`) stops adding unprofiled pairs once a look decides; `pairs` is then
+    the maximum. The manifest's `sequential` records the rule (before the first pair), every
+    look, where and why it stopped, and the adjusted figures.
     """
+    if sequential is not None and design != "paired-profile":
+        raise ValueError(f"stopping when decided applies to design paired-profile only, not "
+                         f"{design!r}")
     for name, value in (("steps", steps), ("requests", requests)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"The value for `{name}` must be an integer >= 1, but {value!r} "
@@ -680,6 +722,9 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
                                 "versions": _builtin_versions() if spec.builtin else None,
                                 "expect": spec.expect}})
     info = manifest.extra["service_info"]
+    if sequential is not None:  # the rule is fixed (and recorded) before the first pair
+        manifest.params["max_pairs"] = pairs
+        manifest.extra["sequential"] = {"rule": sequential.to_dict(), "looks": []}
     try:
         manifest.write(out)
     except OSError as exc:
@@ -698,12 +743,18 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
             manifest.runs.append(entry)
             manifest.extra["host_load"] = hostload.summarize(
                 [r.get("host_load") for r in manifest.runs])
+            manifest.extra["cost"] = cost_summary(manifest.runs)
             if info["versions"] is None:  # what the first external service reported
                 client = json.loads((out / manifest.runs[-1]["dir"] / CLIENT)
                                     .read_text(encoding="utf-8"))
                 info["versions"] = client.get("service_versions")
+            stop = sequential is not None and _sequential_look(sequential, manifest)
             manifest.write(out)
             bar.update(1)
+            if stop:
+                with contextlib.suppress(AttributeError, TypeError):
+                    bar.total = index + 1
+                break
     except BaseException as exc:
         unsaved = ""
         try:  # best effort: the directory may be what failed
@@ -726,6 +777,29 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
     return out
 
 
+def _sequential_look(rule: Any, manifest: Manifest) -> bool:
+    """After a run: when it completes an unprofiled pair, the rule's look (recorded in the
+    manifest's `sequential`); True when the rule stops there (its figures recorded, `order`
+    and `params.pairs` cut to the pairs run)."""
+    e2e = {arm: [float(r["e2e_s"]) for r in manifest.runs
+                 if r["arm"] == arm and not r["profiled"]] for arm in PAIRED_ARMS}
+    base, cand = e2e[PAIRED_ARMS[0]], e2e[PAIRED_ARMS[1]]
+    if not base or len(base) != len(cand):
+        return False
+    record = manifest.extra["sequential"]
+    look = rule.look(base, cand)
+    if look is None:
+        return False
+    record["looks"].append(look.to_dict())
+    if look.decision == "continue":
+        return False
+    result = rule.result(base, cand, record["looks"]).to_dict()
+    record.update({k: v for k, v in result.items() if k not in ("rule", "looks")})
+    manifest.params["pairs"] = len(base)
+    manifest.order = manifest.order[:len(manifest.runs)]
+    return True
+
+
 def _progress(progress: Any, total: int, desc: str) -> Any:
     if callable(progress):
         return progress(total=total, desc=desc)
@@ -741,7 +815,7 @@ def run_pair(design: str = "profiled-pair", *, out: str | os.PathLike[str], devi
              resident_mib: float = 1024,
              service_file: str | os.PathLike[str] | None = None, progress: bool = True,
              emulator: Any = None, aa_arm: str = "candidate", fill: float | None = None,
-             inject_failure: str = "none") -> Path:
+             inject_failure: str = "none", sequential: Any = None) -> Path:
     """`residency pair` as a function: the built-in service unless `service_file` is given.
 
     `emulator` is the emulated NPU's `DeviceModel` (default `DeviceModel()`: modelled device
@@ -749,7 +823,8 @@ def run_pair(design: str = "profiled-pair", *, out: str | os.PathLike[str], devi
     the workload from the device's capacity (`residency.sizing.auto_size`, `fill` of it held;
     recorded as `params.sizing`). `inject_failure="generic-telemetry"` (cuda only) makes the
     baseline's generic telemetry raise as torch-npu <= 2.12 does, with the emulator's
-    `accelerator_patch` on top (recorded as `params.inject_failure`).
+    `accelerator_patch` on top (recorded as `params.inject_failure`). `sequential`: see
+    `run_design` (`pairs` is then the maximum).
     """
     if service_file is not None:
         if scale == "auto" or inject_failure != "none":
@@ -819,9 +894,10 @@ def run_pair(design: str = "profiled-pair", *, out: str | os.PathLike[str], devi
             params["emulated_npu"] = {**model,
                                       "capacity_bytes": capacity_bytes or DEFAULT_CAPACITY_BYTES}
     return run_design(design, out, spec=spec, steps=steps, seed=seed, pairs=pairs,
-                      requests=requests, params=params, aa_arm=aa_arm, progress=progress)
+                      requests=requests, params=params, aa_arm=aa_arm, progress=progress,
+                      sequential=sequential)
 
 
-__all__ = ["BUILTIN_EXPECT", "ExperimentError", "ExperimentInputError", "Reply",
+__all__ = ["BUILTIN_EXPECT", "COST_FIELDS", "ExperimentError", "ExperimentInputError", "Reply",
            "ServiceFileError", "ServiceSpec", "aa_slots", "builtin_service", "load_service_file",
-           "plan", "run_design", "run_pair", "send_request"]
+           "cost_summary", "plan", "run_cost", "run_design", "run_pair", "send_request"]

@@ -167,6 +167,8 @@ def _check_service_use(service: str, source: str | None, device: str) -> None:
 
 _INT_MINIMUM = {"ranks": 1, "steps": 1, "requests": 1, "pairs": 0, "seed": 0}
 _POSITIVE = ("scale", "resident_mib")
+_PLAN_NUMBERS = ("plan_cv", "plan_effect_s", "plan_budget_hours")  # None or a number (> 0;
+# the effect non-zero, of either sign)
 
 
 def check_parameters(*, designs: Sequence[str] | None = None, **params: Any) -> dict[str, Any]:
@@ -208,6 +210,19 @@ def check_parameters(*, designs: Sequence[str] | None = None, **params: Any) -> 
                 raise ParameterError(f"The value for `inject_failure` must be one of "
                                      f"{list(INJECTIONS)}, but {value!r} was passed.")
             out[name] = value
+        elif name == "stop_when_decided":
+            if not isinstance(value, bool):
+                raise ParameterError(f"The value for `{name}` must be True or False, but "
+                                     f"{_passed(value)} was passed.")
+            out[name] = value
+        elif name == "plan_pilot":
+            out[name] = None if value is None else _check_source(
+                value, designs=None, name=name, live=False)
+        elif name == "plan_effect_s":  # of either sign, not zero
+            out[name] = None if value is None else math.copysign(
+                _check_positive(name, abs(value) if _is_number(value) else value), value)
+        elif name in _PLAN_NUMBERS:
+            out[name] = None if value is None else _check_positive(name, value)
         elif name in _INT_MINIMUM:
             out[name] = _check_int(name, value, _INT_MINIMUM[name])
         elif name in _POSITIVE:
@@ -215,8 +230,9 @@ def check_parameters(*, designs: Sequence[str] | None = None, **params: Any) -> 
         else:
             raise ParameterError(f"The parameter `{name}` is not one this notebook knows "
                                  f"(known: device, output_dir, source, service, aa_source, "
-                                 f"accelerator_patch, inject_failure, "
-                                 f"{', '.join([*_INT_MINIMUM, *_POSITIVE])}).")
+                                 f"accelerator_patch, inject_failure, stop_when_decided, "
+                                 f"plan_pilot, "
+                                 f"{', '.join([*_INT_MINIMUM, *_POSITIVE, *_PLAN_NUMBERS])}).")
     device, source = out.get("device", "auto"), out.get("source")
     service = out.get("service")
     if service is not None:
@@ -242,13 +258,15 @@ def open_source(source: str | os.PathLike[str], *, output_dir: str | os.PathLike
                 design: str, device: str = "auto", ranks: int = 2, steps: int = 50,
                 seed: int = 2101, scale: float | str = 1.0, pairs: int = 1, requests: int = 1,
                 resident_mib: float = 1024, service: str | os.PathLike[str] | None = None,
-                inject_failure: str = "none") -> Run:
+                inject_failure: str = "none", stop_when_decided: bool = False) -> Run:
     """The run to analyse: the recorded run directory `source`, or with `source="run"` a new
     run of `design` recorded into `output_dir/run` by `residency.experiments.orchestrate.run_pair`
     (services start as subprocesses): the built-in service, or the external one the service
     file `service` describes (then `device`, `ranks` and `scale` come from that file).
     `scale="auto"` sizes the workload from the device; `inject_failure` (cuda only) injects
-    the NPU's telemetry failure into the baseline (`residency pair --inject-failure`)."""
+    the NPU's telemetry failure into the baseline (`residency pair --inject-failure`).
+    `stop_when_decided` (paired-profile): `pairs` is the maximum, the suite's sequential rule
+    (`residency.analysis.sequential.SequentialRule.default`) stops once E2E is decided."""
     if str(source) != "run":
         return load_run(source)
     from residency.experiments.orchestrate import plan, run_pair
@@ -261,7 +279,20 @@ def open_source(source: str | os.PathLike[str], *, output_dir: str | os.PathLike
         path = run_pair(design, out=out, device=device, ranks=ranks, steps=steps, seed=seed,
                         pairs=pairs, requests=requests, scale=scale,
                         resident_mib=resident_mib, service_file=service, progress=progress,
-                        inject_failure=inject_failure)
+                        inject_failure=inject_failure,
+                        sequential=_rule(stop_when_decided, design, pairs))
     return load_run(path)
 
 
+
+
+def _rule(stop_when_decided: bool, design: str, pairs: int) -> Any:
+    """The sequential rule of a notebook run with `stop_when_decided`, else None."""
+    if not stop_when_decided:
+        return None
+    if design != "paired-profile" or pairs < 6:
+        raise ParameterError(f"The value for `pairs` must be at least 6 (the maximum, with "
+                             f"stop_when_decided), but {pairs!r} was passed.")
+    from residency.analysis.sequential import SequentialRule
+
+    return SequentialRule.default(pairs)

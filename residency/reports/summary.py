@@ -248,6 +248,15 @@ def _e2e_row(ev: Evidence) -> Row | None:
                  else "")
         verdict = f"no verdict (p = {_p(r.p_value)}{reach})"
     eq = a.detail.get("equivalence")
+    seq = a.detail.get("sequential") or {}
+    if "stopped_after" in seq:  # the rule's claim, at its adjusted figures
+        verdict = {"difference": f"candidate {'faster' if r.delta < 0 else 'slower'}",
+                   "equivalent": "equivalent within ±2 %"}.get(seq["decision"], "no verdict")
+        verdict += (f" (sequential: stopped after {seq['stopped_after']} of "
+                    f"{seq['max_pairs']} pairs, adjusted p = {_p(seq['p_adjusted'])}"
+                    + ("" if seq.get("p_equivalence_adjusted") is None else
+                       f", adjusted TOST p = {_p(seq['p_equivalence_adjusted'])}") + ")")
+        eq = None
     if eq and r.n > 1:
         verdict += {"equivalent": "; equivalent within ±2 %",
                     "not equivalent": "; not equivalent within ±2 %",
@@ -264,7 +273,8 @@ def _e2e_row(ev: Evidence) -> Row | None:
 def _e2e_note(a: Attribution) -> str:
     r = a.result
     d = a.detail
-    parts = []
+    parts = [d["sequential"]["text"] + " Unadjusted figures of the last look (not the "
+             "claim):"] if "text" in (d.get("sequential") or {}) else []
     if r.n > 1:
         parts.append(f"{r.test[0].upper()}{r.test[1:]} on {r.n} paired deltas (candidate − "
                      f"baseline, pair i = the i-th run of each arm, ABBA order): p = "

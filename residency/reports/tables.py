@@ -109,7 +109,14 @@ def _pairs_row(a: Attribution) -> dict[str, str]:
     return _row(a.metric, f"median {_num(r.baseline_median, 's')}",
                 f"median {_num(r.candidate_median, 's')}",
                 f"median of the paired deltas {_num(r.delta, 's')}{_pct(r.relative)}",
-                f"{r.n} pairs", a.note)
+                f"{r.n} pairs" + _stopped(a), a.note)
+
+
+def _stopped(a: Attribution) -> str:
+    """", stopped after k of N pairs" for a run recorded with --stop-when-decided."""
+    seq = a.detail.get("sequential") or {}
+    return (f", stopped after {seq['stopped_after']} of {seq['max_pairs']} pairs"
+            if "stopped_after" in seq else "")
 
 
 def _aa_row(a: Attribution) -> dict[str, str]:

@@ -26,12 +26,15 @@ SERVICE_LOG = "service.log"
 TRACE = "trace"
 TRACE_RAW = "trace-raw"  # the built-in service's raw profiler output, moved into TRACE
 DESIGNS = ("profiled-pair", "alternating", "paired-profile", "consecutive", "aa")
+PAIRED_DEFAULTS = (10, 5)
+"""Unprofiled pairs and measured requests per run of the paired-profile notebook and of
+`residency pair` for designs with pairs: one definition, so the two agree."""
 STATUSES = ("complete", "incomplete")
 # derived files that may appear beside the evidence after it was recorded (never hashed):
 # the manifest itself (and its atomic writer's temporary file) and these directories; hidden
 # files are sealed like any other
 
-__all__ = ["CLIENT", "DECISIONS_GLOB", "DESIGNS", "MANIFEST", "RUNS",
+__all__ = ["CLIENT", "DECISIONS_GLOB", "DESIGNS", "MANIFEST", "PAIRED_DEFAULTS", "RUNS",
            "SCHEMA", "SERVICE_LOG", "STATUSES", "TRACE", "TRACE_RAW", "decisions_file",
            "run_dir"]
 
