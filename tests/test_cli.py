@@ -85,7 +85,7 @@ def test_the_removed_markers_alias_is_refused(capsys: pytest.CaptureFixture) -> 
 
 
 def test_every_subcommand_is_wired_here() -> None:
-    assert set(cli.COMMANDS) == {"probe", "serve", "pair", "idle", "tables", "report",
+    assert set(cli.COMMANDS) == {"probe", "serve", "pair", "plan", "idle", "tables", "report",
                                  "verify", "whatif", "selftest"}
     text = cli.create_parser().format_help()
     assert all(name in text for name in cli.COMMANDS)

@@ -390,10 +390,11 @@ def cmd_pair(args: argparse.Namespace) -> int:
     from residency.analysis.planning import design_statement
 
     pairs, requests, rule = _pair_design(args)
-    if not args.no_progress:  # which design runs and what it can decide, before it starts
-        print(design_statement(args.design, pairs, requests), file=sys.stderr)
-        if rule is not None:
-            print(rule.describe(), file=sys.stderr)
+
+    def announce() -> None:  # which design runs and what it can decide, before it starts
+        if not args.no_progress:
+            print(design_statement(args.design, pairs, requests)
+                  + ("" if rule is None else " " + rule.describe()), file=sys.stderr)
     signal.signal(signal.SIGTERM, raise_terminated)  # recorded as SIGTERM, exit 130
     try:
         out = run_pair(args.design, out=args.out, device=args.device, ranks=args.ranks,
@@ -402,7 +403,8 @@ def cmd_pair(args: argparse.Namespace) -> int:
                        capacity_bytes=args.capacity, resident_mib=args.resident_mib,
                        service_file=args.service, progress=not args.no_progress,
                        emulator=emulator, aa_arm=args.aa_arm, fill=args.fill,
-                       inject_failure=args.inject_failure, sequential=rule)
+                       inject_failure=args.inject_failure, sequential=rule,
+                       on_start=announce)
     except ExperimentError as exc:
         if isinstance(exc, ValueError):  # the output directory or service file: bad input
             raise

@@ -672,7 +672,7 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
                seed: int = 2101, pairs: int = 1, requests: int = 1,
                params: dict[str, Any] | None = None, aa_arm: str = "candidate",
                progress: bool | Callable[[Iterator[Any]], Iterator[Any]] = True,
-               sequential: Any = None) -> Path:
+               sequential: Any = None, on_start: Callable[[], None] | None = None) -> Path:
     """Run a design into a new run directory; returns it. On any failure the directory stays
     with `status: incomplete` and the error, every service is stopped, and
     `ExperimentError` is raised.
@@ -686,7 +686,8 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
     any object with `to_dict()`, `look(baseline, candidate)` and `result(baseline,
     candidate, looks)`) stops adding unprofiled pairs once a look decides; `pairs` is then
     the maximum. The manifest's `sequential` records the rule (before the first pair), every
-    look, where and why it stopped, and the adjusted figures.
+    look, where and why it stopped, and the adjusted figures. `on_start` is called once the
+    run directory is usable, before the first service starts.
     """
     if sequential is not None and design != "paired-profile":
         raise ValueError(f"stopping when decided applies to design paired-profile only, not "
@@ -730,6 +731,8 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
     except OSError as exc:
         raise ExperimentError(f"{out}: cannot write manifest.json: {exc.strerror or exc}"
                               ) from None
+    if on_start is not None:
+        on_start()
     bar = _progress(progress, len(order), f"{design} ({spec.device_kind})")
     try:
         for index, (arm, profiled) in enumerate(order):
@@ -815,7 +818,8 @@ def run_pair(design: str = "profiled-pair", *, out: str | os.PathLike[str], devi
              resident_mib: float = 1024,
              service_file: str | os.PathLike[str] | None = None, progress: bool = True,
              emulator: Any = None, aa_arm: str = "candidate", fill: float | None = None,
-             inject_failure: str = "none", sequential: Any = None) -> Path:
+             inject_failure: str = "none", sequential: Any = None,
+             on_start: Callable[[], None] | None = None) -> Path:
     """`residency pair` as a function: the built-in service unless `service_file` is given.
 
     `emulator` is the emulated NPU's `DeviceModel` (default `DeviceModel()`: modelled device
@@ -895,7 +899,7 @@ def run_pair(design: str = "profiled-pair", *, out: str | os.PathLike[str], devi
                                       "capacity_bytes": capacity_bytes or DEFAULT_CAPACITY_BYTES}
     return run_design(design, out, spec=spec, steps=steps, seed=seed, pairs=pairs,
                       requests=requests, params=params, aa_arm=aa_arm, progress=progress,
-                      sequential=sequential)
+                      sequential=sequential, on_start=on_start)
 
 
 __all__ = ["BUILTIN_EXPECT", "COST_FIELDS", "ExperimentError", "ExperimentInputError", "Reply",
