@@ -88,8 +88,8 @@ def test_cli_and_notebook_defaults_agree() -> None:
     values: dict = {}
     exec(cell.source, values)  # noqa: S102 - the notebook's own parameter cell
     assert (values["pairs"], values["requests"]) == PAIRED_DEFAULTS == (10, 5)
-    from residency.cli.main import _pair_design, create_parser
+    from residency.cli.main import pair_design, create_parser
 
     args = create_parser("pair").parse_args(["pair", "--design", "paired-profile", "--out",
                                              "x"])
-    assert _pair_design(args)[:2] == PAIRED_DEFAULTS
+    assert pair_design(args)[:2] == PAIRED_DEFAULTS

@@ -389,7 +389,7 @@ def cmd_pair(args: argparse.Namespace) -> int:
     emulator = model_from_args(args)  # ValueError naming the option: bad input
     from residency.analysis.planning import design_statement
 
-    pairs, requests, rule = _pair_design(args)
+    pairs, requests, rule = pair_design(args)
 
     def announce() -> None:  # which design runs and what it can decide, before it starts
         if not args.no_progress:
@@ -434,7 +434,7 @@ def cmd_pair(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pair_design(args: argparse.Namespace) -> tuple[int, int, Any]:
+def pair_design(args: argparse.Namespace) -> tuple[int, int, Any]:
     """`pair`'s pairs, requests and sequential rule: the notebook's 10 x 5 where the design
     has pairs, 1 x 1 for profiled-pair; --stop-when-decided runs up to --max-pairs."""
     from residency.rundir.layout import PAIRED_DEFAULTS
