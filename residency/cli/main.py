@@ -57,6 +57,10 @@ def _serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-timeout", type=float, default=3600.0, metavar="S",
                    help="answer 504 and cancel a request still running after S seconds "
                         "(default 3600)")
+    p.add_argument("--require-exclusive", action="store_true",
+                   help="refuse to measure while a process other than this run's holds a "
+                   "device (nvidia-smi/NVML, npu-smi; $RESIDENCY_DEVICE_PROCESSES: a stand-in "
+                   "listing): exit 2, before the ranks start")
     from residency.devicemodel import add_model_arguments
 
     add_model_arguments(p)
@@ -83,6 +87,10 @@ def _pair(p: argparse.ArgumentParser) -> None:
     p.add_argument("--service", metavar="FILE", help="external service TOML file")
     p.add_argument("--out", required=True, metavar="RUN_DIR")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--require-exclusive", action="store_true",
+                   help="refuse to measure while a process other than this run's holds a "
+                   "device (nvidia-smi/NVML, npu-smi; $RESIDENCY_DEVICE_PROCESSES: a stand-in "
+                   "listing): exit 2 before anything runs, 1 when seen during the run")
     from residency.devicemodel import add_model_arguments
 
     add_model_arguments(p)
@@ -283,6 +291,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if model_changed(args) or ENV_VAR not in os.environ:
         os.environ[ENV_VAR] = model_from_args(args).to_env()
     DeviceModel.from_env()  # a malformed inherited value fails here, not in every rank
+    if args.require_exclusive:  # before the ranks start: any device process is foreign
+        from residency.rundir import neighbours
+
+        try:
+            neighbours.exclusive(neighbours.lister_for(kind), {os.getpid()})
+        except neighbours.NotExclusive as exc:
+            raise ValueError(f"device {kind}: {exc}") from None
     from residency.workload.service import ServeConfig, serve
 
     cfg = ServeConfig(arm=args.arm, device_kind=kind, ranks=args.ranks,
@@ -308,7 +323,8 @@ def cmd_pair(args: argparse.Namespace) -> int:
                        requests=args.requests, scale=args.scale,
                        capacity_bytes=args.capacity, resident_mib=args.resident_mib,
                        service_file=args.service, progress=not args.no_progress,
-                       emulator=emulator, aa_arm=args.aa_arm)
+                       emulator=emulator, aa_arm=args.aa_arm,
+                       require_exclusive=args.require_exclusive)
     except ExperimentError as exc:
         if isinstance(exc, ValueError):  # the output directory or service file: bad input
             raise

@@ -41,7 +41,7 @@ from residency.processes import (
     interruption,
     pdeathsig_preexec,
 )
-from residency.rundir import hostload
+from residency.rundir import hostload, neighbours
 from residency.rundir.layout import (
     CLIENT,
     DECISIONS_GLOB,
@@ -468,27 +468,49 @@ def _post_control(url: str, values: dict[str, Any], timeout: float) -> None:
 
 
 def run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, seed: int,
-            profiled: bool, requests: int = 1) -> dict[str, Any]:
+            profiled: bool, requests: int = 1, lister: neighbours.Lister | None = None,
+            require_exclusive: bool = False) -> dict[str, Any]:
     """Start, warm, measure `requests` consecutive requests and stop one arm; returns its
-    manifest entry. An arm that fails leaves no raw profiles (`trace-raw/`) behind."""
+    manifest entry. An arm that fails leaves no raw profiles (`trace-raw/`) behind.
+
+    The entry's `neighbours` records the devices' processes (`lister`, default the device
+    kind's: `residency.rundir.neighbours`) once the service is healthy and after the last
+    measured request; with `require_exclusive`, a foreign one is an `ExperimentError`."""
     try:
         return _run_arm(spec, arm, index, out, steps=steps, seed=seed, profiled=profiled,
-                        requests=requests)
+                        requests=requests, lister=lister, require_exclusive=require_exclusive)
     except BaseException:
         if spec.builtin:  # nobody will collect them; tmp/ already went with the service
             shutil.rmtree(out / run_dir_name(index, arm) / TRACE_RAW, ignore_errors=True)
         raise
 
 
+def _look(lister: neighbours.Lister, service: RunningService, arm: str, when: str,
+          require_exclusive: bool) -> tuple[dict[str, Any], set[int]]:
+    """The devices' processes now, ours being this process and the service's tree."""
+    own = {os.getpid(), *neighbours.own_pids([service.proc.pid])}  # not our other children
+    found = neighbours.sample(lister, own)
+    if require_exclusive:
+        try:
+            neighbours.check(found)
+        except neighbours.NotExclusive as exc:
+            raise ExperimentError(f"{arm}: at the {when} of its measured run, {exc}") from None
+    return found, own
+
+
 def _run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, seed: int,
-             profiled: bool, requests: int = 1) -> dict[str, Any]:
+             profiled: bool, requests: int = 1, lister: neighbours.Lister | None = None,
+             require_exclusive: bool = False) -> dict[str, Any]:
     rel = run_dir_name(index, arm)
     run_dir = out / rel
     run_dir.mkdir(parents=True, exist_ok=False)
+    lister = lister or neighbours.lister_for(spec.device_kind)
     service = start_service(spec, arm, run_dir, profiled=profiled)
     values = {**service.values, "steps": steps, "seed": seed}
     measured: list[dict[str, Any]] = []
     try:
+        host_before = neighbours.host_cpu()
+        first_look, _ = _look(lister, service, arm, "start", require_exclusive)
         warm = send_request(spec, values, warmup=True)
         if warm.status != 200:
             raise ExperimentError(f"{arm} warm-up answered {warm.status}: {warm.payload[:300]!r};"
@@ -510,6 +532,9 @@ def _run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, 
                              else {"bytes": len(reply.payload)}})
         if profiled and spec.profile_stop_url:
             _post_control(spec.profile_stop_url, values, timeout=spec.profile_stop_timeout_s)
+        last_look, own = _look(lister, service, arm, "end", require_exclusive)
+        seen = neighbours.record(first_look, last_look, host_before=host_before,
+                                 host_after=neighbours.host_cpu(), own=own)
     except ExperimentError as exc:
         if service.proc.poll() is not None:
             raise ExperimentError(f"{exc}\nservice exited with code {service.proc.returncode};"
@@ -538,7 +563,8 @@ def _run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, 
     write_json_atomic(run_dir / CLIENT, client)
     # `request_id` and `e2e_s` describe the same thing: one measured request and its E2E, or,
     # with R > 1, the R requests (`request_ids`) and their median (issue 25)
-    entry = {"arm": arm, "index": index, "dir": rel, "e2e_s": median_s, "profiled": profiled}
+    entry = {"arm": arm, "index": index, "dir": rel, "e2e_s": median_s, "profiled": profiled,
+             "neighbours": seen}
     if requests > 1:
         entry["request_ids"] = [m["request_id"] for m in measured]
         entry["e2e_s_requests"] = [m["e2e_s"] for m in measured]
@@ -632,13 +658,21 @@ def _builtin_versions() -> dict[str, Any]:
 def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, steps: int = 50,
                seed: int = 2101, pairs: int = 1, requests: int = 1,
                params: dict[str, Any] | None = None, aa_arm: str = "candidate",
-               progress: bool | Callable[[Iterator[Any]], Iterator[Any]] = True) -> Path:
+               progress: bool | Callable[[Iterator[Any]], Iterator[Any]] = True,
+               require_exclusive: bool = False,
+               lister: neighbours.Lister | None = None) -> Path:
     """Run a design into a new run directory; returns it. On any failure the directory stays
     with `status: incomplete` and the error, every service is stopped, and
     `ExperimentError` is raised.
 
     Each unprofiled service run measures `requests` requests after its warm-up (every one
     recorded in client.json; the run's `e2e_s` is their median); profiled runs measure one.
+
+    Every service run records the devices' processes at its start and end (`lister`, default
+    the device kind's, `residency.rundir.neighbours`). `require_exclusive`: a foreign process
+    on the devices before anything runs is an `ExperimentInputError` (nothing is written);
+    one seen at the start or end of a service run stops the run, `incomplete`
+    (`ExperimentError`).
     """
     for name, value in (("steps", steps), ("requests", requests)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -650,6 +684,12 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExperimentInputError(f"{out}: run directory exists and is not empty; choose a "
                                    "new one")
+    lister = lister or neighbours.lister_for(spec.device_kind)
+    if require_exclusive:  # before anything runs or is written
+        try:
+            neighbours.exclusive(lister, {os.getpid()})
+        except neighbours.NotExclusive as exc:
+            raise ExperimentInputError(f"device {spec.device_kind}: {exc}") from None
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write-test"
@@ -664,7 +704,7 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
         params={"ranks": spec.ranks, "steps": steps, "seed": seed,
                 "pairs": pairs if design in ("alternating", "paired-profile", "aa") else 1,
                 "requests": requests, **({"aa_arm": aa_arm} if design == "aa" else {}),
-                **(params or {})},
+                "require_exclusive": require_exclusive, **(params or {})},
         versions=versions(), order=[arm for arm, _ in order],
         extra={"service_info": {"name": spec.name, "file": spec.source,
                                 "command": list(spec.command),
@@ -682,13 +722,16 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
             bar.set_postfix_str(f"{arm} #{index}")
             before = hostload.sample()
             entry = run_arm(spec, arm, index, out, steps=steps, seed=seed, profiled=profiled,
-                            requests=1 if profiled else requests)
+                            requests=1 if profiled else requests, lister=lister,
+                            require_exclusive=require_exclusive)
             entry["host_load"] = hostload.record(before, hostload.sample())
             if slots is not None:
                 entry["slot"] = slots[index]
             manifest.runs.append(entry)
             manifest.extra["host_load"] = hostload.summarize(
                 [r.get("host_load") for r in manifest.runs])
+            manifest.extra["neighbours"] = neighbours.summarize(
+                [(r.get("dir"), r.get("neighbours")) for r in manifest.runs])
             if info["versions"] is None:  # what the first external service reported
                 client = json.loads((out / manifest.runs[-1]["dir"] / CLIENT)
                                     .read_text(encoding="utf-8"))
@@ -730,11 +773,13 @@ def run_pair(design: str = "profiled-pair", *, out: str | os.PathLike[str], devi
              requests: int = 1,
              scale: float = 1.0, capacity_bytes: int | None = None, resident_mib: float = 1024,
              service_file: str | os.PathLike[str] | None = None, progress: bool = True,
-             emulator: Any = None, aa_arm: str = "candidate") -> Path:
+             emulator: Any = None, aa_arm: str = "candidate",
+             require_exclusive: bool = False) -> Path:
     """`residency pair` as a function: the built-in service unless `service_file` is given.
 
     `emulator` is the emulated NPU's `DeviceModel` (default `DeviceModel()`: modelled device
-    time); it is recorded in the manifest's params as `emulated_npu`.
+    time); it is recorded in the manifest's params as `emulated_npu`. `require_exclusive`:
+    see `run_design`.
     """
     if service_file is not None:
         spec = load_service_file(service_file)
@@ -775,7 +820,8 @@ def run_pair(design: str = "profiled-pair", *, out: str | os.PathLike[str], devi
             params["emulated_npu"] = {**model,
                                       "capacity_bytes": capacity_bytes or DEFAULT_CAPACITY_BYTES}
     return run_design(design, out, spec=spec, steps=steps, seed=seed, pairs=pairs,
-                      requests=requests, params=params, aa_arm=aa_arm, progress=progress)
+                      requests=requests, params=params, aa_arm=aa_arm, progress=progress,
+                      require_exclusive=require_exclusive)
 
 
 __all__ = ["BUILTIN_EXPECT", "ExperimentError", "ExperimentInputError", "Reply",
