@@ -153,7 +153,9 @@ def _run_reading(p: argparse.ArgumentParser) -> None:
 
 
 def _tables(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="run directory")
+    p.add_argument("run_dir", nargs="*", metavar="RUN_DIR",
+                   help="run directory; several: one cross-device table, a column per run "
+                   "(with --published, the published NPU column too)")
     p.add_argument("--format", choices=("md", "csv", "json", "pr"), default="md",
                    help="md, csv or json tables; pr: the pull request's \"Test Result\" "
                    "block (one bullet per attribution with both arms, change, n and verdict; "
@@ -408,16 +410,34 @@ def _tables_pr(args: argparse.Namespace) -> int:
     from residency.reports import summary
     from residency.rundir.run import load_run
 
-    if args.run_dir is None:
-        raise ValueError("--format pr needs RUN_DIR (the Test Result block of a run)")
-    run = load_run(args.run_dir, allow_incomplete=args.allow_incomplete,
+    if len(args.run_dir) != 1:
+        raise ValueError("--format pr needs one RUN_DIR (the Test Result block of a run)")
+    run = load_run(args.run_dir[0], allow_incomplete=args.allow_incomplete,
                    verify=not args.no_verify)
     extra = {} if args.aa is None else {"aa": load_run(
         args.aa, allow_incomplete=args.allow_incomplete, verify=not args.no_verify)}
     ev = evidence.build(run, **extra)
     block = summary.pr_markdown(summary.summarize(ev, manifest=run.manifest),
-                                run_dir=str(args.run_dir))
+                                run_dir=str(args.run_dir[0]))
     sys.stdout.write(block)
+    return 0
+
+
+def _tables_cross_device(args: argparse.Namespace) -> int:
+    """`tables RUN RUN ... [--published]`: runs of different devices in one table."""
+    from residency.evidence.crossdevice import cross_device
+    from residency.reports import cross_device as view
+    from residency.reports import tables
+    from residency.rundir.run import load_run
+
+    if args.aa is not None:
+        raise ValueError("--aa applies to the evidence table of one RUN_DIR, not to the "
+                         "cross-device table of several")
+    runs = [load_run(d, allow_incomplete=args.allow_incomplete, verify=not args.no_verify)
+            for d in args.run_dir]
+    table = view.cross_device_table(cross_device(runs, published=args.published))
+    text = view.to_json(table) if args.format == "json" else tables.render([table], args.format)
+    sys.stdout.write(text.rstrip("\n") + "\n")
     return 0
 
 
@@ -426,13 +446,15 @@ def cmd_tables(args: argparse.Namespace) -> int:
     from residency.reports import tables
     from residency.rundir.run import load_run
 
-    if args.run_dir is None and not args.published:
+    if not args.run_dir and not args.published:
         raise ValueError("give RUN_DIR, --published, or both")
     if args.format == "pr":
         return _tables_pr(args)
+    if len(args.run_dir) > 1:
+        return _tables_cross_device(args)
     out = []
-    if args.run_dir is not None:
-        run = load_run(args.run_dir, allow_incomplete=args.allow_incomplete,
+    if args.run_dir:
+        run = load_run(args.run_dir[0], allow_incomplete=args.allow_incomplete,
                        verify=not args.no_verify)
         aa = None if args.aa is None else load_run(
             args.aa, allow_incomplete=args.allow_incomplete, verify=not args.no_verify)
