@@ -135,6 +135,17 @@ def _check_source(value: Any, *, designs: Sequence[str] | None, name: str = "sou
     return str(path.resolve())
 
 
+def _check_compare(value: Any) -> list[str] | None:
+    """None, or the run directories to compare with (one path or a list), each complete."""
+    if value is None:
+        return None
+    items = [value] if isinstance(value, (str, os.PathLike)) else value
+    if not isinstance(items, (list, tuple)) or not items:
+        raise ParameterError("The value for `compare` must be None or a list of recorded run "
+                             f"directories, but {value!r} was passed.")
+    return [_check_source(v, designs=None, name="compare", live=False) for v in items]
+
+
 def _check_service(value: Any) -> str | None:
     """None (the built-in service) or a service file that loads, as an absolute path."""
     if value is None:
@@ -181,8 +192,11 @@ def check_parameters(*, designs: Sequence[str] | None = None, **params: Any) -> 
     match an explicit `device`. `service` (None or a service file that loads) goes with
     `source="run"` only, and an explicit `device` must be its device kind. `aa_source`
     (None or a complete A/A run directory, `--design aa`) is the E2E noise the unprofiled
-    E2E delta is read against. Returns the values, with `source` as "run" or an absolute
-    path and `service` as an absolute path.
+    E2E delta is read against. `require_exclusive` (True or False): a fresh run refuses to
+    measure while a foreign process holds a device. `compare` (None or a list of complete
+    recorded run directories, any design and device): runs set beside this one in the
+    cross-device table. Returns the values, with `source` as "run" or an absolute path,
+    `service` as an absolute path and `compare` as a list of absolute paths.
     """
     out: dict[str, Any] = {}
     for name, value in params.items():
@@ -199,6 +213,13 @@ def check_parameters(*, designs: Sequence[str] | None = None, **params: Any) -> 
                 value, designs=("aa",), name=name, live=False)
         elif name == "accelerator_patch":
             out[name] = check_accelerator_patch(value)
+        elif name == "require_exclusive":
+            if not isinstance(value, bool):
+                raise ParameterError("The value for `require_exclusive` must be True or False, "
+                                     f"but {value!r} was passed.")
+            out[name] = value
+        elif name == "compare":
+            out[name] = _check_compare(value)
         elif name in _INT_MINIMUM:
             out[name] = _check_int(name, value, _INT_MINIMUM[name])
         elif name in _POSITIVE:
@@ -206,7 +227,7 @@ def check_parameters(*, designs: Sequence[str] | None = None, **params: Any) -> 
         else:
             raise ParameterError(f"The parameter `{name}` is not one this notebook knows "
                                  f"(known: device, output_dir, source, service, aa_source, "
-                                 f"accelerator_patch, "
+                                 f"accelerator_patch, require_exclusive, compare, "
                                  f"{', '.join([*_INT_MINIMUM, *_POSITIVE])}).")
     device, source = out.get("device", "auto"), out.get("source")
     service = out.get("service")
@@ -232,12 +253,13 @@ def check_parameters(*, designs: Sequence[str] | None = None, **params: Any) -> 
 def open_source(source: str | os.PathLike[str], *, output_dir: str | os.PathLike[str],
                 design: str, device: str = "auto", ranks: int = 2, steps: int = 50,
                 seed: int = 2101, scale: float = 1.0, pairs: int = 1, requests: int = 1,
-                resident_mib: float = 1024, service: str | os.PathLike[str] | None = None
-                ) -> Run:
+                resident_mib: float = 1024, service: str | os.PathLike[str] | None = None,
+                require_exclusive: bool = False) -> Run:
     """The run to analyse: the recorded run directory `source`, or with `source="run"` a new
     run of `design` recorded into `output_dir/run` by `residency.experiments.orchestrate.run_pair`
     (services start as subprocesses): the built-in service, or the external one the service
-    file `service` describes (then `device`, `ranks` and `scale` come from that file)."""
+    file `service` describes (then `device`, `ranks` and `scale` come from that file).
+    `require_exclusive`: see `residency.experiments.orchestrate.run_design`."""
     if str(source) != "run":
         return load_run(source)
     from residency.experiments.orchestrate import plan, run_pair
@@ -249,7 +271,8 @@ def open_source(source: str | os.PathLike[str], *, output_dir: str | os.PathLike
         warnings.filterwarnings("ignore", message=".*IProgress not found.*")
         path = run_pair(design, out=out, device=device, ranks=ranks, steps=steps, seed=seed,
                         pairs=pairs, requests=requests, scale=scale,
-                        resident_mib=resident_mib, service_file=service, progress=progress)
+                        resident_mib=resident_mib, service_file=service, progress=progress,
+                        require_exclusive=require_exclusive)
     return load_run(path)
 
 
