@@ -346,9 +346,10 @@ PAIRED_PROFILE = [
                   "    display(fig)\n"
                   "    display(Markdown(f\"*{table.attrs['footer']}*\"))\n"
                   "else:\n"
-                  '    display(Markdown("No `compare` runs given: pass run folders (papermill '
-                  '`-y \\"compare: [data/runs/cuda-paired-profile-1r50s]\\"`) to set other '
-                  'devices beside this run."))'),
+                  '    display(Markdown("No `compare` runs given: pass run folders "\n'
+                  "                     '(papermill `-y \"compare: [data/runs/cuda-paired-"
+                  "profile-1r50s]\"`) '\n"
+                  '                     "to set other devices beside this run."))'),
     new_markdown_cell(
         "## Appendix: parameters and the run\n\n" + PARAMETERS_HELP
         + " `ranks`, `steps`, `seed`, `scale`, `pairs` and `requests` (measured requests per "

@@ -150,3 +150,19 @@ def test_normal_call_figure_is_log_scale(columns) -> None:
     assert ax.get_yscale() == "log"
     assert [t.get_text().splitlines()[0] for t in ax.get_xticklabels()] == [
         c.name for c in columns]
+
+
+def test_notebook_compare_and_require_exclusive_parameters() -> None:
+    from residency import notebook as nb
+
+    params = nb.check_parameters(compare=[str(CUDA)], require_exclusive=True)
+    assert params == {"compare": [str(CUDA.resolve())], "require_exclusive": True}
+    with pytest.raises(nb.ParameterError, match="`compare` must be a readable run directory"):
+        nb.check_parameters(compare=[str(ROOT / "data")])
+    with pytest.raises(nb.ParameterError, match="`require_exclusive` must be True or False"):
+        nb.check_parameters(require_exclusive="yes")
+    table, fig, cols = nb.cross_device(load_run(EMULATED), [str(CUDA)])
+    assert [c["name"] for c in cols] == [EMULATED.name, CUDA.name, "published"]
+    assert list(table.columns)[1:] == [view.header(c) for c in
+                                       cross_device([load_run(EMULATED), load_run(CUDA)],
+                                                    published=True)]

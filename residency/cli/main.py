@@ -410,8 +410,11 @@ def _tables_pr(args: argparse.Namespace) -> int:
     from residency.reports import summary
     from residency.rundir.run import load_run
 
-    if len(args.run_dir) != 1:
-        raise ValueError("--format pr needs one RUN_DIR (the Test Result block of a run)")
+    if not args.run_dir:
+        raise ValueError("--format pr needs RUN_DIR (the Test Result block of a run)")
+    if len(args.run_dir) > 1:
+        raise ValueError("--format pr takes one RUN_DIR (the Test Result block of a run); "
+                         "several runs make the cross-device table (md, csv or json)")
     run = load_run(args.run_dir[0], allow_incomplete=args.allow_incomplete,
                    verify=not args.no_verify)
     extra = {} if args.aa is None else {"aa": load_run(
