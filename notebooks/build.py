@@ -132,18 +132,21 @@ CONSECUTIVE_REQUESTS = [
         + " `ranks`, `requests`, `steps` and `scale` (workload size) set up a fresh run; a "
         "recorded run keeps its own." + SERVICE_HELP),
     new_code_cell(_params(device="auto", output_dir=None, source="run", ranks=2, requests=3,
-                          steps=2, scale=1.0, service=None, inject_failure="none"),
+                          steps=2, scale=1.0, service=None, inject_failure="none",
+                          require_exclusive=False),
                   metadata={"tags": ["parameters"]}),
     new_code_cell(_check("consecutive_requests",
                          ["device", "output_dir", "source", "ranks", "requests", "steps",
-                          "scale", "service", "inject_failure"], designs=("consecutive",))),
+                          "scale", "service", "inject_failure", "require_exclusive"],
+                         designs=("consecutive",))),
     new_markdown_cell("## The run"),
     new_code_cell('run = nb.open_source(params["source"], output_dir=out, design="consecutive",\n'
                   '                     device=params["device"], ranks=params["ranks"], '
                   'steps=params["steps"],\n'
                   '                     requests=params["requests"], scale=params["scale"],\n'
                   '                     service=params["service"],\n'
-                  '                     inject_failure=params["inject_failure"])\n'
+                  '                     inject_failure=params["inject_failure"],\n'
+                  '                     require_exclusive=params["require_exclusive"])\n'
                   "rv.show_banner(run)\n"
                   "display(Markdown(nb.describe_run(run)))"),
     new_markdown_cell(
@@ -189,13 +192,14 @@ PAIRED_PROFILE = [
                           seed=2101, scale=1.0, pairs=PAIRED_PAIRS, requests=PAIRED_REQUESTS,
                           service=None, aa_source=None, inject_failure="none",
                           stop_when_decided=False, plan_pilot=None, plan_cv=None,
-                          plan_effect_s=None, plan_budget_hours=None),
+                          plan_effect_s=None, plan_budget_hours=None,
+                          require_exclusive=False, compare=None),
                   metadata={"tags": ["parameters"]}),
     new_code_cell(_check("paired_profile",
                          ["device", "output_dir", "source", "ranks", "steps", "seed", "scale",
                           "pairs", "requests", "service", "aa_source", "inject_failure",
                           "stop_when_decided", "plan_pilot", "plan_cv", "plan_effect_s",
-                          "plan_budget_hours"],
+                          "plan_budget_hours", "require_exclusive", "compare"],
                          designs=("paired-profile", "profiled-pair", "alternating"))),
     new_markdown_cell(
         "## Plan: what this design can decide, before anything starts\n\n"
@@ -216,7 +220,8 @@ PAIRED_PROFILE = [
                   '                     requests=params["requests"],\n'
                   '                     service=params["service"],\n'
                   '                     inject_failure=params["inject_failure"],\n'
-                  '                     stop_when_decided=params["stop_when_decided"])\n'
+                  '                     stop_when_decided=params["stop_when_decided"],\n'
+                  '                     require_exclusive=params["require_exclusive"])\n'
                   "rv.show_banner(run)\n"
                   'ev = nb.paired_profile(run, aa=params["aa_source"])\n'
                   "display(Markdown(nb.first_screen(ev, run)))"),
@@ -346,17 +351,43 @@ PAIRED_PROFILE = [
                   "rv.show_table(table, formats={c: str for c in table.columns})\n"
                   "display(Markdown(f\"*{evidence.attrs['footer']}*\"))"),
     new_markdown_cell(
+        "## Every device side by side\n\n"
+        "With `compare` (run folders of any device), this run beside those runs and the "
+        "published NPU figures, a column per run: what sets it apart (device kind, failure "
+        "injected or not, scale, reserved bytes), then the normal-call cost per call and per "
+        "GiB released, the forced-call cost, normal-release markers ∩ all-rank "
+        "no-device-task time and the E2E delta with its share of E2E. The figure puts the "
+        "normal-call cost per call of every run and device on one log axis. Emulated NPU "
+        "columns are host-memory costs, never NPU figures."),
+    new_code_cell('cross = None\n'
+                  'if params["compare"]:\n'
+                  '    table, fig, cross = nb.cross_device(run, params["compare"])\n'
+                  '    nb.write_tables(out, {"cross_device": table})\n'
+                  '    nb.save_figure(fig, out, "cross_device")\n'
+                  "    rv.show_table(table, formats={c: str for c in table.columns})\n"
+                  "    display(fig)\n"
+                  "    display(Markdown(f\"*{table.attrs['footer']}*\"))\n"
+                  "else:\n"
+                  '    display(Markdown("No `compare` runs given: pass run folders "\n'
+                  "                     '(papermill `-y \"compare: [data/runs/cuda-paired-"
+                  "profile-1r50s]\"`) '\n"
+                  '                     "to set other devices beside this run."))'),
+    new_markdown_cell(
         "## Appendix: parameters and the run\n\n" + PARAMETERS_HELP
         + " `ranks`, `steps`, `seed`, `scale`, `pairs` and `requests` (measured requests per "
         "unprofiled run after its warm-up; the run's median is the unit) set up a fresh run; a "
         "recorded run keeps its own. `aa_source` (None or an A/A run directory recorded with "
         "`residency pair --design aa` on the same device kind) adds that run's E2E noise: the "
-        "unprofiled E2E delta is then read against the A/A spread." + SERVICE_HELP),
+        "unprofiled E2E delta is then read against the A/A spread. `require_exclusive` "
+        "(True): a fresh run refuses to measure while a process other than its own holds a "
+        "device. `compare` (None or a list of recorded run folders, any device) adds the "
+        "cross-device table and figure." + SERVICE_HELP),
     new_code_cell("display(Markdown(nb.describe_run(run, attribution=False)))\n"
                   'results = nb.finish(out, nb.paired_results(ev, source=params["source"], '
                   'notebook="paired_profile",\n'
                   "                                             parameters=params, "
-                  "manifest=run.manifest))"),
+                  "manifest=run.manifest,\n"
+                  "                                             cross_device=cross))"),
 ]
 
 POLICY_WHATIF = [

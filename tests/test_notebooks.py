@@ -473,12 +473,14 @@ def test_committed_notebooks_are_what_build_py_writes(tmp_path: Path) -> None:
                           "accelerator_patch": "both"}),
     ("consecutive_requests", {"device": "auto", "output_dir": None, "source": "run",
                               "ranks": 2, "requests": 3, "steps": 2, "scale": 1.0,
-                              "service": None, "inject_failure": "none"}),
+                              "service": None, "inject_failure": "none",
+                              "require_exclusive": False}),
     ("paired_profile", {"device": "auto", "output_dir": None, "source": "run", "ranks": 2,
                         "steps": 50, "seed": 2101, "scale": 1.0, "pairs": 10, "requests": 5,
                         "service": None, "aa_source": None, "inject_failure": "none",
                         "stop_when_decided": False, "plan_pilot": None, "plan_cv": None,
-                        "plan_effect_s": None, "plan_budget_hours": None}),
+                        "plan_effect_s": None, "plan_budget_hours": None,
+                        "require_exclusive": False, "compare": None}),
 ])
 def test_notebook_parameters_cell(name: str, expected: dict) -> None:
     book = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)

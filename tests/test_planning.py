@@ -88,7 +88,7 @@ def test_cli_and_notebook_defaults_agree() -> None:
     values: dict = {}
     exec(cell.source, values)  # noqa: S102 - the notebook's own parameter cell
     assert (values["pairs"], values["requests"]) == PAIRED_DEFAULTS == (10, 5)
-    from residency.cli.main import pair_design, create_parser
+    from residency.cli.main import create_parser, pair_design
 
     args = create_parser("pair").parse_args(["pair", "--design", "paired-profile", "--out",
                                              "x"])

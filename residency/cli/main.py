@@ -92,6 +92,10 @@ def _serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-timeout", type=float, default=3600.0, metavar="S",
                    help="answer 504 and cancel a request still running after S seconds "
                         "(default 3600)")
+    p.add_argument("--require-exclusive", action="store_true",
+                   help="refuse to measure while a process other than this run's holds a "
+                   "device (nvidia-smi/NVML, npu-smi; $RESIDENCY_DEVICE_PROCESSES: a stand-in "
+                   "listing): exit 2, before the ranks start")
     from residency.devicemodel import add_model_arguments
 
     add_model_arguments(p)
@@ -127,6 +131,10 @@ def _pair(p: argparse.ArgumentParser) -> None:
     p.add_argument("--service", metavar="FILE", help="external service TOML file")
     p.add_argument("--out", required=True, metavar="RUN_DIR")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--require-exclusive", action="store_true",
+                   help="refuse to measure while a process other than this run's holds a "
+                   "device (nvidia-smi/NVML, npu-smi; $RESIDENCY_DEVICE_PROCESSES: a stand-in "
+                   "listing): exit 2 before anything runs, 1 when seen during the run")
     from residency.devicemodel import add_model_arguments
 
     add_model_arguments(p)
@@ -193,7 +201,9 @@ def _run_reading(p: argparse.ArgumentParser) -> None:
 
 
 def _tables(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="run directory")
+    p.add_argument("run_dir", nargs="*", metavar="RUN_DIR",
+                   help="run directory; several: one cross-device table, a column per run "
+                   "(with --published, the published NPU column too)")
     p.add_argument("--format", choices=("md", "csv", "json", "pr"), default="md",
                    help="md, csv or json tables; pr: the pull request's \"Test Result\" "
                    "block (one bullet per attribution with both arms, change, n and verdict; "
@@ -352,6 +362,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if devices.emulated(kind) and (model_changed(args) or ENV_VAR not in os.environ):
         os.environ[ENV_VAR] = model_from_args(args).to_env()
     DeviceModel.from_env()  # a malformed inherited value fails here, not in every rank
+    if args.require_exclusive:  # before the ranks start: any device process is foreign
+        from residency.rundir import neighbours
+
+        try:
+            neighbours.exclusive(neighbours.lister_for(kind), {os.getpid()})
+        except neighbours.NotExclusive as exc:
+            raise ValueError(f"device {kind}: {exc}") from None
     from residency.workload.service import ServeConfig, serve
 
     scale, resident_mib, on_device = args.scale, args.resident_mib, args.resident_on_device
@@ -404,7 +421,7 @@ def cmd_pair(args: argparse.Namespace) -> int:
                        service_file=args.service, progress=not args.no_progress,
                        emulator=emulator, aa_arm=args.aa_arm, fill=args.fill,
                        inject_failure=args.inject_failure, sequential=rule,
-                       on_start=announce)
+                       on_start=announce, require_exclusive=args.require_exclusive)
     except ExperimentError as exc:
         if isinstance(exc, ValueError):  # the output directory or service file: bad input
             raise
@@ -614,16 +631,37 @@ def _tables_pr(args: argparse.Namespace) -> int:
     from residency.reports import summary
     from residency.rundir.run import load_run
 
-    if args.run_dir is None:
+    if not args.run_dir:
         raise ValueError("--format pr needs RUN_DIR (the Test Result block of a run)")
-    run = load_run(args.run_dir, allow_incomplete=args.allow_incomplete,
+    if len(args.run_dir) > 1:
+        raise ValueError("--format pr takes one RUN_DIR (the Test Result block of a run); "
+                         "several runs make the cross-device table (md, csv or json)")
+    run = load_run(args.run_dir[0], allow_incomplete=args.allow_incomplete,
                    verify=not args.no_verify)
     extra = {} if args.aa is None else {"aa": load_run(
         args.aa, allow_incomplete=args.allow_incomplete, verify=not args.no_verify)}
     ev = evidence.build(run, **extra)
     block = summary.pr_markdown(summary.summarize(ev, manifest=run.manifest),
-                                run_dir=str(args.run_dir))
+                                run_dir=str(args.run_dir[0]))
     sys.stdout.write(block)
+    return 0
+
+
+def _tables_cross_device(args: argparse.Namespace) -> int:
+    """`tables RUN RUN ... [--published]`: runs of different devices in one table."""
+    from residency.evidence.crossdevice import cross_device
+    from residency.reports import cross_device as view
+    from residency.reports import tables
+    from residency.rundir.run import load_run
+
+    if args.aa is not None:
+        raise ValueError("--aa applies to the evidence table of one RUN_DIR, not to the "
+                         "cross-device table of several")
+    runs = [load_run(d, allow_incomplete=args.allow_incomplete, verify=not args.no_verify)
+            for d in args.run_dir]
+    table = view.cross_device_table(cross_device(runs, published=args.published))
+    text = view.to_json(table) if args.format == "json" else tables.render([table], args.format)
+    sys.stdout.write(text.rstrip("\n") + "\n")
     return 0
 
 
@@ -632,13 +670,15 @@ def cmd_tables(args: argparse.Namespace) -> int:
     from residency.reports import tables
     from residency.rundir.run import load_run
 
-    if args.run_dir is None and not args.published:
+    if not args.run_dir and not args.published:
         raise ValueError("give RUN_DIR, --published, or both")
     if args.format == "pr":
         return _tables_pr(args)
+    if len(args.run_dir) > 1:
+        return _tables_cross_device(args)
     out = []
-    if args.run_dir is not None:
-        run = load_run(args.run_dir, allow_incomplete=args.allow_incomplete,
+    if args.run_dir:
+        run = load_run(args.run_dir[0], allow_incomplete=args.allow_incomplete,
                        verify=not args.no_verify)
         aa = None if args.aa is None else load_run(
             args.aa, allow_incomplete=args.allow_incomplete, verify=not args.no_verify)

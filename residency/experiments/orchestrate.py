@@ -41,7 +41,7 @@ from residency.processes import (
     interruption,
     pdeathsig_preexec,
 )
-from residency.rundir import hostload
+from residency.rundir import hostload, neighbours
 from residency.rundir.layout import (
     CLIENT,
     DECISIONS_GLOB,
@@ -477,29 +477,51 @@ def _post_control(url: str, values: dict[str, Any], timeout: float) -> None:
 
 
 def run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, seed: int,
-            profiled: bool, requests: int = 1) -> dict[str, Any]:
+            profiled: bool, requests: int = 1, lister: neighbours.Lister | None = None,
+            require_exclusive: bool = False) -> dict[str, Any]:
     """Start, warm, measure `requests` consecutive requests and stop one arm; returns its
-    manifest entry. An arm that fails leaves no raw profiles (`trace-raw/`) behind."""
+    manifest entry. An arm that fails leaves no raw profiles (`trace-raw/`) behind.
+
+    The entry's `neighbours` records the devices' processes (`lister`, default the device
+    kind's: `residency.rundir.neighbours`) once the service is healthy and after the last
+    measured request; with `require_exclusive`, a foreign one is an `ExperimentError`."""
     try:
         return _run_arm(spec, arm, index, out, steps=steps, seed=seed, profiled=profiled,
-                        requests=requests)
+                        requests=requests, lister=lister, require_exclusive=require_exclusive)
     except BaseException:
         if spec.builtin:  # nobody will collect them; tmp/ already went with the service
             shutil.rmtree(out / run_dir_name(index, arm) / TRACE_RAW, ignore_errors=True)
         raise
 
 
+def _look(lister: neighbours.Lister, service: RunningService, arm: str, when: str,
+          require_exclusive: bool) -> tuple[dict[str, Any], set[int]]:
+    """The devices' processes now, ours being this process and the service's tree."""
+    own = {os.getpid(), *neighbours.own_pids([service.proc.pid])}  # not our other children
+    found = neighbours.sample(lister, own)
+    if require_exclusive:
+        try:
+            neighbours.check(found)
+        except neighbours.NotExclusive as exc:
+            raise ExperimentError(f"{arm}: at the {when} of its measured run, {exc}") from None
+    return found, own
+
+
 def _run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, seed: int,
-             profiled: bool, requests: int = 1) -> dict[str, Any]:
+             profiled: bool, requests: int = 1, lister: neighbours.Lister | None = None,
+             require_exclusive: bool = False) -> dict[str, Any]:
     rel = run_dir_name(index, arm)
     run_dir = out / rel
     run_dir.mkdir(parents=True, exist_ok=False)
     began = time.perf_counter_ns()
+    lister = lister or neighbours.lister_for(spec.device_kind)
     service = start_service(spec, arm, run_dir, profiled=profiled)
     started = time.perf_counter_ns()
     values = {**service.values, "steps": steps, "seed": seed}
     measured: list[dict[str, Any]] = []
     try:
+        host_before = neighbours.host_cpu()
+        first_look, _ = _look(lister, service, arm, "start", require_exclusive)
         warm = send_request(spec, values, warmup=True)
         if warm.status != 200:
             raise ExperimentError(f"{arm} warm-up answered {warm.status}: {warm.payload[:300]!r};"
@@ -521,6 +543,9 @@ def _run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, 
                              else {"bytes": len(reply.payload)}})
         if profiled and spec.profile_stop_url:
             _post_control(spec.profile_stop_url, values, timeout=spec.profile_stop_timeout_s)
+        last_look, own = _look(lister, service, arm, "end", require_exclusive)
+        seen = neighbours.record(first_look, last_look, host_before=host_before,
+                                 host_after=neighbours.host_cpu(), own=own)
     except ExperimentError as exc:
         if service.proc.poll() is not None:
             raise ExperimentError(f"{exc}\nservice exited with code {service.proc.returncode};"
@@ -553,7 +578,8 @@ def _run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, 
     entry = {"arm": arm, "index": index, "dir": rel, "e2e_s": median_s, "profiled": profiled,
              "cost": run_cost(start_ns=started - began, warmup_ns=warm.e2e_ns,
                               measured_ns=sum(m["e2e_ns"] for m in measured),
-                              total_ns=ended - began)}
+                              total_ns=ended - began),
+             "neighbours": seen}
     if requests > 1:
         entry["request_ids"] = [m["request_id"] for m in measured]
         entry["e2e_s_requests"] = [m["e2e_s"] for m in measured]
@@ -672,7 +698,9 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
                seed: int = 2101, pairs: int = 1, requests: int = 1,
                params: dict[str, Any] | None = None, aa_arm: str = "candidate",
                progress: bool | Callable[[Iterator[Any]], Iterator[Any]] = True,
-               sequential: Any = None, on_start: Callable[[], None] | None = None) -> Path:
+               sequential: Any = None, on_start: Callable[[], None] | None = None,
+               require_exclusive: bool = False,
+               lister: neighbours.Lister | None = None) -> Path:
     """Run a design into a new run directory; returns it. On any failure the directory stays
     with `status: incomplete` and the error, every service is stopped, and
     `ExperimentError` is raised.
@@ -688,6 +716,12 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
     the maximum. The manifest's `sequential` records the rule (before the first pair), every
     look, where and why it stopped, and the adjusted figures. `on_start` is called once the
     run directory is usable, before the first service starts.
+
+    Every service run records the devices' processes at its start and end (`lister`, default
+    the device kind's, `residency.rundir.neighbours`). `require_exclusive`: a foreign process
+    on the devices before anything runs is an `ExperimentInputError` (nothing is written);
+    one seen at the start or end of a service run stops the run, `incomplete`
+    (`ExperimentError`).
     """
     if sequential is not None and design != "paired-profile":
         raise ValueError(f"stopping when decided applies to design paired-profile only, not "
@@ -702,6 +736,12 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExperimentInputError(f"{out}: run directory exists and is not empty; choose a "
                                    "new one")
+    lister = lister or neighbours.lister_for(spec.device_kind)
+    if require_exclusive:  # before anything runs or is written
+        try:
+            neighbours.exclusive(lister, {os.getpid()})
+        except neighbours.NotExclusive as exc:
+            raise ExperimentInputError(f"device {spec.device_kind}: {exc}") from None
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write-test"
@@ -716,7 +756,7 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
         params={"ranks": spec.ranks, "steps": steps, "seed": seed,
                 "pairs": pairs if design in ("alternating", "paired-profile", "aa") else 1,
                 "requests": requests, **({"aa_arm": aa_arm} if design == "aa" else {}),
-                **(params or {})},
+                "require_exclusive": require_exclusive, **(params or {})},
         versions=versions(), order=[arm for arm, _ in order],
         extra={"service_info": {"name": spec.name, "file": spec.source,
                                 "command": list(spec.command),
@@ -739,7 +779,8 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
             bar.set_postfix_str(f"{arm} #{index}")
             before = hostload.sample()
             entry = run_arm(spec, arm, index, out, steps=steps, seed=seed, profiled=profiled,
-                            requests=1 if profiled else requests)
+                            requests=1 if profiled else requests, lister=lister,
+                            require_exclusive=require_exclusive)
             entry["host_load"] = hostload.record(before, hostload.sample())
             if slots is not None:
                 entry["slot"] = slots[index]
@@ -747,6 +788,8 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
             manifest.extra["host_load"] = hostload.summarize(
                 [r.get("host_load") for r in manifest.runs])
             manifest.extra["cost"] = cost_summary(manifest.runs)
+            manifest.extra["neighbours"] = neighbours.summarize(
+                [(r.get("dir"), r.get("neighbours")) for r in manifest.runs])
             if info["versions"] is None:  # what the first external service reported
                 client = json.loads((out / manifest.runs[-1]["dir"] / CLIENT)
                                     .read_text(encoding="utf-8"))
@@ -819,7 +862,8 @@ def run_pair(design: str = "profiled-pair", *, out: str | os.PathLike[str], devi
              service_file: str | os.PathLike[str] | None = None, progress: bool = True,
              emulator: Any = None, aa_arm: str = "candidate", fill: float | None = None,
              inject_failure: str = "none", sequential: Any = None,
-             on_start: Callable[[], None] | None = None) -> Path:
+             on_start: Callable[[], None] | None = None,
+             require_exclusive: bool = False) -> Path:
     """`residency pair` as a function: the built-in service unless `service_file` is given.
 
     `emulator` is the emulated NPU's `DeviceModel` (default `DeviceModel()`: modelled device
@@ -828,7 +872,7 @@ def run_pair(design: str = "profiled-pair", *, out: str | os.PathLike[str], devi
     recorded as `params.sizing`). `inject_failure="generic-telemetry"` (cuda only) makes the
     baseline's generic telemetry raise as torch-npu <= 2.12 does, with the emulator's
     `accelerator_patch` on top (recorded as `params.inject_failure`). `sequential`: see
-    `run_design` (`pairs` is then the maximum).
+    `run_design` (`pairs` is then the maximum). `require_exclusive`: see `run_design`.
     """
     if service_file is not None:
         if scale == "auto" or inject_failure != "none":
@@ -899,7 +943,8 @@ def run_pair(design: str = "profiled-pair", *, out: str | os.PathLike[str], devi
                                       "capacity_bytes": capacity_bytes or DEFAULT_CAPACITY_BYTES}
     return run_design(design, out, spec=spec, steps=steps, seed=seed, pairs=pairs,
                       requests=requests, params=params, aa_arm=aa_arm, progress=progress,
-                      sequential=sequential, on_start=on_start)
+                      sequential=sequential, on_start=on_start,
+                      require_exclusive=require_exclusive)
 
 
 __all__ = ["BUILTIN_EXPECT", "COST_FIELDS", "ExperimentError", "ExperimentInputError", "Reply",

@@ -47,6 +47,7 @@ from residency.notebook.outputs import (
 from residency.notebook.paired import (
     ATTRIBUTIONS,
     PER_RUN_COLUMNS,
+    cross_device,
     e2e_frame,
     evidence_tables,
     first_screen,
@@ -84,7 +85,7 @@ __all__ = [
     "NOTEBOOKS", "PER_RUN_COLUMNS", "RESULTS_FILE",
     "GateError", "ParameterError", "WhatIf", "api_from_run", "api_reproduction", "api_results",
     "arms_table", "check_gates", "check_parameters", "check_ranges", "consecutive_notes",
-    "consecutive_summary", "consecutive_table", "describe_run", "describe_service",
+    "consecutive_summary", "consecutive_table", "cross_device", "describe_run", "describe_service",
     "e2e_frame",
     "evidence_tables", "finish", "first_screen", "first_screen_notes", "fractions",
     "gate_failures", "headline", "idle_frame",

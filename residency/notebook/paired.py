@@ -31,10 +31,22 @@ NOTE_KEYS = ("normal_call_per_rank", "normal_call_per_run", "normal_released",
              "forced_released", "idle_intersection", "all_rank_idle", "preparation_window",
              "e2e_profiled", "e2e_unprofiled", "e2e_aa")
 
-__all__ = ["ATTRIBUTIONS", "PER_RUN_COLUMNS", "e2e_frame", "evidence_tables",
+__all__ = ["ATTRIBUTIONS", "PER_RUN_COLUMNS", "cross_device", "e2e_frame", "evidence_tables",
            "first_screen", "first_screen_notes", "headline", "notes",
            "normal_call_frame",
            "note", "paired_profile", "paired_results", "per_run_frame", "releases_frame"]
+
+
+def cross_device(run: Run, compare: list[str]) -> tuple[pd.DataFrame, Any, list[dict[str, Any]]]:
+    """This run beside the `compare` runs and the published NPU figures: the cross-device
+    table (`residency.reports.cross_device`), its normal-call figure (log scale) and the
+    columns for `results.json`."""
+    from residency.evidence.crossdevice import cross_device as columns_of
+    from residency.reports.cross_device import cross_device_table, normal_call_figure
+    from residency.rundir.run import load_run
+
+    cols = columns_of([run, *(load_run(c) for c in compare)], published=True)
+    return cross_device_table(cols), normal_call_figure(cols), [c.to_dict() for c in cols]
 
 
 def paired_profile(run: Run, aa: Run | str | None = None) -> Evidence:

@@ -135,6 +135,17 @@ def _check_source(value: Any, *, designs: Sequence[str] | None, name: str = "sou
     return str(path.resolve())
 
 
+def _check_compare(value: Any) -> list[str] | None:
+    """None, or the run directories to compare with (one path or a list), each complete."""
+    if value is None:
+        return None
+    items = [value] if isinstance(value, (str, os.PathLike)) else value
+    if not isinstance(items, (list, tuple)) or not items:
+        raise ParameterError("The value for `compare` must be None or a list of recorded run "
+                             f"directories, but {value!r} was passed.")
+    return [_check_source(v, designs=None, name="compare", live=False) for v in items]
+
+
 def _check_service(value: Any) -> str | None:
     """None (the built-in service) or a service file that loads, as an absolute path."""
     if value is None:
@@ -183,8 +194,11 @@ def check_parameters(*, designs: Sequence[str] | None = None, **params: Any) -> 
     match an explicit `device`. `service` (None or a service file that loads) goes with
     `source="run"` only, and an explicit `device` must be its device kind. `aa_source`
     (None or a complete A/A run directory, `--design aa`) is the E2E noise the unprofiled
-    E2E delta is read against. Returns the values, with `source` as "run" or an absolute
-    path and `service` as an absolute path.
+    E2E delta is read against. `require_exclusive` (True or False): a fresh run refuses to
+    measure while a foreign process holds a device. `compare` (None or a list of complete
+    recorded run directories, any design and device): runs set beside this one in the
+    cross-device table. Returns the values, with `source` as "run" or an absolute path,
+    `service` as an absolute path and `compare` as a list of absolute paths.
     """
     out: dict[str, Any] = {}
     for name, value in params.items():
@@ -223,6 +237,13 @@ def check_parameters(*, designs: Sequence[str] | None = None, **params: Any) -> 
                 _check_positive(name, abs(value) if _is_number(value) else value), value)
         elif name in _PLAN_NUMBERS:
             out[name] = None if value is None else _check_positive(name, value)
+        elif name == "require_exclusive":
+            if not isinstance(value, bool):
+                raise ParameterError("The value for `require_exclusive` must be True or False, "
+                                     f"but {value!r} was passed.")
+            out[name] = value
+        elif name == "compare":
+            out[name] = _check_compare(value)
         elif name in _INT_MINIMUM:
             out[name] = _check_int(name, value, _INT_MINIMUM[name])
         elif name in _POSITIVE:
@@ -231,7 +252,7 @@ def check_parameters(*, designs: Sequence[str] | None = None, **params: Any) -> 
             raise ParameterError(f"The parameter `{name}` is not one this notebook knows "
                                  f"(known: device, output_dir, source, service, aa_source, "
                                  f"accelerator_patch, inject_failure, stop_when_decided, "
-                                 f"plan_pilot, "
+                                 f"plan_pilot, require_exclusive, compare, "
                                  f"{', '.join([*_INT_MINIMUM, *_POSITIVE, *_PLAN_NUMBERS])}).")
     device, source = out.get("device", "auto"), out.get("source")
     service = out.get("service")
@@ -258,7 +279,8 @@ def open_source(source: str | os.PathLike[str], *, output_dir: str | os.PathLike
                 design: str, device: str = "auto", ranks: int = 2, steps: int = 50,
                 seed: int = 2101, scale: float | str = 1.0, pairs: int = 1, requests: int = 1,
                 resident_mib: float = 1024, service: str | os.PathLike[str] | None = None,
-                inject_failure: str = "none", stop_when_decided: bool = False) -> Run:
+                inject_failure: str = "none", stop_when_decided: bool = False,
+                require_exclusive: bool = False) -> Run:
     """The run to analyse: the recorded run directory `source`, or with `source="run"` a new
     run of `design` recorded into `output_dir/run` by `residency.experiments.orchestrate.run_pair`
     (services start as subprocesses): the built-in service, or the external one the service
@@ -266,7 +288,8 @@ def open_source(source: str | os.PathLike[str], *, output_dir: str | os.PathLike
     `scale="auto"` sizes the workload from the device; `inject_failure` (cuda only) injects
     the NPU's telemetry failure into the baseline (`residency pair --inject-failure`).
     `stop_when_decided` (paired-profile): `pairs` is the maximum, the suite's sequential rule
-    (`residency.analysis.sequential.SequentialRule.default`) stops once E2E is decided."""
+    (`residency.analysis.sequential.SequentialRule.default`) stops once E2E is decided.
+    `require_exclusive`: see `residency.experiments.orchestrate.run_design`."""
     if str(source) != "run":
         return load_run(source)
     from residency.experiments.orchestrate import plan, run_pair
@@ -280,7 +303,8 @@ def open_source(source: str | os.PathLike[str], *, output_dir: str | os.PathLike
                         pairs=pairs, requests=requests, scale=scale,
                         resident_mib=resident_mib, service_file=service, progress=progress,
                         inject_failure=inject_failure,
-                        sequential=_rule(stop_when_decided, design, pairs))
+                        sequential=_rule(stop_when_decided, design, pairs),
+                        require_exclusive=require_exclusive)
     return load_run(path)
 
 

@@ -6,7 +6,8 @@ Like pyperf `compare_to` or criterion's summary: one short row per attribution (
 candidate, change with its ratio or %, n with its unit of analysis, verdict in a few
 words), then the E2E verdict with its relative size, scope and n, a line on what the run can
 and cannot say about an NPU, and warnings that quote their numbers (emulated shares of E2E
-that differ from the published ones by more than `TRANSFER_FACTOR`, a loaded host). Notes,
+that differ from the published ones by more than `TRANSFER_FACTOR`, a loaded host, a
+foreign process on the devices: `residency.rundir.neighbours`). Notes,
 one per attribution and a few sentences each, follow separately. Every number shown has 4
 significant digits. No torch.
 """
@@ -24,7 +25,7 @@ from residency import devices
 from residency.analysis import stats
 from residency.evidence import PAIRED_ARMS, Attribution, Evidence
 from residency.humanize import md_code, md_text, sig
-from residency.rundir import hostload
+from residency.rundir import hostload, neighbours
 
 TRANSFER_FACTOR = 10.0
 """Emulated and published shares of E2E further apart than this factor: the emulated E2E
@@ -84,12 +85,14 @@ class Summary:
     digest: str | None = None
     scope: str = ""  # how decisions were attributed, warm-ups (one summary for all runs)
     host_load: Mapping[str, Any] | None = field(default=None)
+    neighbours: str = ""  # the devices' other processes, one sentence
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: every field, rows as dicts."""
         return {"run": self.run, "device_kind": self.device_kind, "label": self.label,
                 "rows": [r.__dict__ for r in self.rows], "e2e": self.e2e, "npu": self.npu,
-                "warnings": list(self.warnings), "host": self.host, "digest": self.digest,
+                "warnings": list(self.warnings), "host": self.host,
+                "neighbours": self.neighbours, "digest": self.digest,
                 "scope": self.scope,
                 "shares": [{**s.__dict__, "factor": s.factor} for s in self.shares]}
 
@@ -405,10 +408,18 @@ def summarize(ev: Evidence, *, manifest: Mapping[str, Any] | None = None) -> Sum
     host = hostload.describe(load)
     if hostload.loaded(load):
         warnings.append(f"**Loaded host**: {host.removeprefix('Host: ')}")
+    near = m.get("neighbours") if isinstance(m.get("neighbours"), Mapping) else None
+    if near is None:
+        near = neighbours.summarize([(r.get("dir"), r.get("neighbours"))
+                                     for r in m.get("runs") or [] if isinstance(r, Mapping)])
+    near_text = neighbours.describe(near)
+    if neighbours.seen(near):
+        warnings.append("**Not alone on the device**: "
+                        + md_text(near_text.removeprefix("Device neighbours: ")))
     return Summary(run=ev.name, device_kind=ev.device_kind, label=ev.label, rows=tuple(rows),
                    e2e=e2e, npu=_npu_line(ev.device_kind, ev.injection), warnings=tuple(warnings),
                    shares=shares, host=host, digest=ev.digest, scope=ev.attribution_note,
-                   host_load=load)
+                   host_load=load, neighbours=near_text)
 
 
 # ----------------------------------------------------------------------------- rendering
@@ -432,6 +443,9 @@ def notes_markdown(s: Summary) -> str:
     lines = [f"* **{md_text(r.attribution)}**: {md_text(r.note)}" for r in s.rows]
     lines.append(f"* **Runs**: {md_text(s.scope)}")
     lines.append(f"* **Host**: {md_text(s.host.removeprefix('Host: '))}")
+    if s.neighbours:
+        lines.append("* **Device neighbours**: "
+                     + md_text(s.neighbours.removeprefix("Device neighbours: ")))
     return "\n".join(lines) + "\n"
 
 
@@ -450,6 +464,6 @@ def pr_markdown(s: Summary, *, run_dir: str | None = None) -> str:
     tail = [f"Device kind: `{s.device_kind}` ({s.label}). {digest} Regenerate this block "
             f"with {md_code(f'residency tables {where} --format pr')}."]
     body = [head, "", *bullets, "", s.e2e, "", s.npu, *(["", *s.warnings] if s.warnings else []),
-            "", s.host, "", *tail]
+            "", s.host, *(["", md_text(s.neighbours)] if s.neighbours else []), "", *tail]
     return "\n".join(body) + "\n"
 
