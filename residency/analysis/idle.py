@@ -563,11 +563,7 @@ def _computed(plan: Any, i: int, job: dict[str, Any], parsed: Any) -> RankReduct
     r = dataclasses.replace(reduce_rank(t, definition, plan.format, rx, wrx), rank=rank,
                             content_rank=content_rank, world_size=parsed_world)
     del t
-    if cache:
-        if digest is None:  # (the SQLite export)
-            from residency.traces.files import file_digest
-
-            digest = file_digest(source, root=root, max_bytes=limit)
+    if cache:  # (digest: of exactly the bytes parsed; none, nothing is recorded)
         arrays = {"busy": r.busy, "markers": r.markers, "window_ranges": r.window_ranges}
         if r.free is not None:
             arrays["free"] = r.free
