@@ -315,3 +315,14 @@ def test_an_unreadable_cache_folder_means_no_cache_not_exit_2(tmp_path, monkeypa
     monkeypatch.setattr(Path, "is_file", denied)
     rc, out, err = run_cli("idle", str(d), "--workers", "2")
     assert rc == 0 and out, err
+
+
+# -- F15: bad input is one line ---------------------------------------------------------------
+
+@pytest.mark.parametrize("pattern", ["x{4294967296}", "(", "x{2,1}"])
+@pytest.mark.parametrize("option", ["--marker", "--window-marker"])
+def test_any_regex_compile_error_is_one_line_exit_2(pattern, option, tmp_path):
+    d = many_ranks(tmp_path / "t", 1)
+    rc, out, err = run_cli("idle", str(d), "--no-cache", option, pattern)
+    assert rc == 2 and not out and err.count("\n") == 1, err
+    assert "must be a regular expression" in err and "Traceback" not in err

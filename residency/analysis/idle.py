@@ -111,7 +111,8 @@ class IdleSummary:
 def _compile(pattern: str, option: str) -> re.Pattern[str]:
     try:
         return re.compile(pattern)
-    except re.error as exc:
+    except (re.error, OverflowError, RecursionError, MemoryError, ValueError) as exc:
+        # (a repeat count past the C limit, 'x{4294967296}', is an OverflowError)
         raise busydef.OptionError(option, "The value for {option} must be a regular "
                                   "expression, but {0!r} was passed ({1}).", pattern,
                                   exc) from None
