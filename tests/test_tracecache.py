@@ -539,9 +539,10 @@ def _age_entries(seconds: float) -> None:
 
 def _counting_digests(monkeypatch) -> list[Path]:
     calls: list[Path] = []
-    digest = tracecache.file_digest
-    monkeypatch.setattr(tracecache, "file_digest",
-                        lambda path, **k: calls.append(path) or digest(path, **k))
+    digest = tracecache.digest_like
+    monkeypatch.setattr(tracecache, "digest_like",
+                        lambda recorded, path, **k: calls.append(path) or digest(recorded, path,
+                                                                                 **k))
     return calls
 
 

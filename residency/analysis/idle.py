@@ -111,7 +111,8 @@ class IdleSummary:
 def _compile(pattern: str, option: str) -> re.Pattern[str]:
     try:
         return re.compile(pattern)
-    except re.error as exc:
+    except (re.error, OverflowError, RecursionError, MemoryError, ValueError) as exc:
+        # (a repeat count past the C limit, 'x{4294967296}', is an OverflowError)
         raise busydef.OptionError(option, "The value for {option} must be a regular "
                                   "expression, but {0!r} was passed ({1}).", pattern,
                                   exc) from None
@@ -563,11 +564,7 @@ def _computed(plan: Any, i: int, job: dict[str, Any], parsed: Any) -> RankReduct
     r = dataclasses.replace(reduce_rank(t, definition, plan.format, rx, wrx), rank=rank,
                             content_rank=content_rank, world_size=parsed_world)
     del t
-    if cache:
-        if digest is None:  # (the SQLite export)
-            from residency.traces.files import file_digest
-
-            digest = file_digest(source, root=root, max_bytes=limit)
+    if cache:  # (digest: of exactly the bytes parsed; none, nothing is recorded)
         arrays = {"busy": r.busy, "markers": r.markers, "window_ranges": r.window_ranges}
         if r.free is not None:
             arrays["free"] = r.free
@@ -764,23 +761,126 @@ def _prompt_worker_start() -> Iterator[None]:
         WorkerProcess._init_msg_interval = shipped
 
 
+# How long a scheduler address given by the user may take to connect and answer Dask's
+# handshake (distributed's own `connect` waits for the handshake without a bound: a listener
+# that accepts and then says nothing held `idle` silent for 480 s).
+SCHEDULER_CONNECT_S = 30.0
+
+
+@contextlib.contextmanager
+def _quiet_dask() -> Iterator[None]:
+    """Dask's own log lines and warnings (a task's "Compute Failed" block, the HTTP port
+    moved, sockets closed late, tornado's tracebacks when interrupted) kept from the user:
+    each failure reaches the user once, as our one line. Levels as before afterwards."""
+    import logging
+
+    names = ("distributed", "tornado", "asyncio")
+    levels = {n: logging.getLogger(n).level for n in names}
+    for n in names:
+        logging.getLogger(n).setLevel(logging.CRITICAL + 1)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module=r"(distributed|tornado|dask)(\.|$)")
+            warnings.simplefilter("ignore", ResourceWarning)
+            yield
+    finally:
+        for n, level in levels.items():
+            logging.getLogger(n).setLevel(level)
+
+
+def _scheduler_security(scheduler: str) -> Any:
+    """The credentials for the user's scheduler address, used as given: Dask's configuration
+    (``distributed.comm.tls.*``); refused in one line where its scheme is unknown or needs
+    what is not configured or installed.
+
+    Raises:
+        BadInput: as said.
+    """
+    from distributed.comm import registry
+    from distributed.comm.addressing import parse_address
+    from distributed.security import Security
+
+    try:
+        scheme, _ = parse_address(scheduler)
+    except (ValueError, TypeError) as exc:
+        raise BadInput(f"--scheduler {scheduler!r} is not a Dask address ({exc})") from None
+    if scheme not in registry.backends:
+        raise BadInput(f"--scheduler {scheduler!r}: unknown address scheme {scheme!r} (Dask "
+                       f"knows {', '.join(sorted(registry.backends))})")
+    security = Security()
+    if scheme in ("tls", "wss") and security.get_connection_args("client").get(
+            "ssl_context") is None:
+        raise BadInput(f"--scheduler {scheduler!r} needs TLS credentials: set Dask's "
+                       "distributed.comm.tls.ca-file, distributed.comm.tls.client.cert and "
+                       "distributed.comm.tls.client.key (configuration file or "
+                       "DASK_DISTRIBUTED__COMM__TLS__... variables)")
+    return security
+
+
+def _probe_scheduler(scheduler: str, security: Any, timeout_s: float) -> None:
+    """Connect to `scheduler` and complete Dask's handshake within `timeout_s`, then hang up.
+
+    Raises:
+        ValueError: unreachable, or no handshake in time (one line each).
+        BadInput: the scheme's transport cannot be used here (not installed).
+    """
+    import asyncio
+
+    from distributed.comm import connect
+
+    async def probe() -> None:
+        comm = await asyncio.wait_for(connect(
+            scheduler, timeout=timeout_s, **security.get_connection_args("client")),
+            timeout_s)
+        await comm.close()
+
+    try:
+        asyncio.run(probe())
+    except (asyncio.TimeoutError, TimeoutError):
+        raise ValueError(f"the Dask scheduler {scheduler!r} did not complete Dask's handshake "
+                         f"within {timeout_s:g} s (is a Dask scheduler listening there, with "
+                         "the credentials given?)") from None
+    except (OSError, ValueError) as exc:
+        text = " ".join(str(exc).split())[:300]
+        raise ValueError(f"cannot reach the Dask scheduler {scheduler!r}: {text}") from None
+    except (ImportError, TypeError, RuntimeError, AttributeError) as exc:
+        text = " ".join(str(exc).split())[:300]
+        raise BadInput(f"--scheduler {scheduler!r} cannot be used here "
+                       f"({type(exc).__name__}: {text})") from None
+
+
 def _on_dask(plan: Any, job: dict[str, Any], scheduler: str,
              workers: int | None) -> list[RankReduction]:
     """Every rank's reduction, computed on a Dask cluster in tasks of a few ranks each
-    (`task_groups`) and taken here as each task ends; in plan order."""
+    (`task_groups`) and taken here as each task ends; in plan order.
+
+    The cluster of ``"local"`` accepts only this process: its scheduler and workers speak TLS
+    with credentials made for it in memory (`distributed.security.Security.temporary`, mutual
+    authentication), so another process of any user on the host cannot connect, submit work
+    or read results."""
     try:
         from distributed import Client, LocalCluster, as_completed
+        from distributed.security import Security
     except ImportError:
         raise ValueError("--scheduler needs Dask: pip install 'residency[cluster]' "
                          "(dask[distributed])") from None
+
+    import logging
 
     from residency.traces.workers import start_method, usable_cpus
 
     ours = False
     with contextlib.ExitStack() as stack:
+        stack.enter_context(_quiet_dask())
         if scheduler == "local":
             import dask
 
+            try:
+                security = Security.temporary()
+            except ImportError:
+                raise ValueError("--scheduler local needs the package cryptography (for the "
+                                 "cluster's temporary TLS credentials): pip install "
+                                 "'residency[cluster]'") from None
             key = "distributed.worker.multiprocessing-method"
             # fork starts a worker in 0.3 s, spawn in 3 s (measured here); where the local
             # pool would fork, and never over a choice the user made
@@ -799,12 +899,18 @@ def _on_dask(plan: Any, job: dict[str, Any], scheduler: str,
             with _prompt_worker_start():
                 cluster = stack.enter_context(LocalCluster(
                     n_workers=threads, threads_per_worker=1, processes=True,
-                    dashboard_address=None))
-            client = stack.enter_context(Client(cluster))
+                    host="127.0.0.1", protocol="tls://", security=security,
+                    silence_logs=logging.CRITICAL + 1, dashboard_address=None,
+                    # (the scheduler's bare HTTP server, no routes: on loopback, any free port)
+                    scheduler_kwargs={"dashboard_address": "127.0.0.1:0"}))
+            client = stack.enter_context(Client(cluster, security=security))
             ours = True
         else:
+            security = _scheduler_security(scheduler)
+            _probe_scheduler(scheduler, security, SCHEDULER_CONNECT_S)
             try:
-                client = stack.enter_context(Client(scheduler, timeout="30s"))
+                client = stack.enter_context(Client(scheduler, security=security,
+                                                    timeout=SCHEDULER_CONNECT_S))
             except (OSError, TimeoutError, ValueError) as exc:
                 raise ValueError(f"cannot reach the Dask scheduler {scheduler!r}: "
                                  f"{exc}") from None

@@ -337,17 +337,18 @@ _HOST_SQL = {  # table -> (lane, its host ranges); times CAST: PYTORCH_API's are
 _COMM_LANE = "Communication"
 
 
-def _open_db(path: Path) -> UntrustedDatabase:
+def _open_db(path: Path, *, digest: bool = False) -> UntrustedDatabase:
     """`path` opened read-only and immutable, schema untrusted, every query bounded
-    (`residency.traces.sqlitedb`); TraceError when it cannot be."""
-    return open_untrusted(path)
+    (`residency.traces.sqlitedb`; with `digest`, a private copy hashed as it is made);
+    TraceError when it cannot be."""
+    return open_untrusted(path, digest=digest)
 
 
 def _tables(con: UntrustedDatabase) -> set[str]:
     return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
 
 
-def read_db(path: Path) -> Parsed:
+def read_db(path: Path, *, digest: bool = False) -> Parsed:
     """Read a torch-npu ``ascend_pytorch_profiler_<rank>.db`` (or msprof database) with the
     standard library, into the columns a text export gives: every ``TASK`` row a device task
     (type: its ``COMPUTE_TASK_INFO.taskType`` when it has one, else ``TASK.taskType``, both
@@ -356,13 +357,14 @@ def read_db(path: Path) -> Parsed:
     ``COMMUNICATION_TASK_INFO``, which with the ``COMMUNICATION_OP`` operations are ranges of
     the ``Communication`` lane as in the text export; ``PYTORCH_API`` (lane ``Python``),
     ``CANN_API`` (``CANN``) and ``MSTX_EVENTS`` (``MsTx``) rows host ranges; the rank from
-    ``RANK_DEVICE_MAP``.
+    ``RANK_DEVICE_MAP``. With `digest`, SQLite reads a private copy of the file and the
+    parse's `digest` is the content digest of exactly those bytes.
 
     Raises:
         TraceError: not a SQLite database, or a required table (``STRING_IDS``, ``TASK``)
             missing, named in the message.
     """
-    con = _open_db(path)
+    con = _open_db(path, digest=digest)
     try:
         tables = _tables(con)
         for table in _REQUIRED:
@@ -395,10 +397,12 @@ def read_db(path: Path) -> Parsed:
     lanes: dict[str, int] = {}
     task = np.array([types.setdefault(r[3], len(types)) for r in device], np.int16)
     lane = np.array([lanes.setdefault(r[3], len(lanes)) for r in host], np.int16)
-    return Parsed(rank, _times(path, [r[:2] for r in device]),
-                  _times(path, [r[:2] for r in host]), _texts([r[2] for r in host]), 0, task,
-                  np.full(len(host), -1, np.int16), lane, tuple(types), tuple(lanes),
-                  device_names=_texts([r[2] for r in device]))
+    parsed = Parsed(rank, _times(path, [r[:2] for r in device]),
+                    _times(path, [r[:2] for r in host]), _texts([r[2] for r in host]), 0,
+                    task, np.full(len(host), -1, np.int16), lane, tuple(types), tuple(lanes),
+                    device_names=_texts([r[2] for r in device]))
+    parsed.digest = con.digest
+    return parsed
 
 
 _MEMORY_SQL = """

@@ -32,7 +32,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat as stat_
 import struct
+import time
+import warnings
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +45,11 @@ import numpy as np
 
 from residency.traces.files import (
     MAX_TRACE_BYTES,
+    PARTS_DIGEST,
     TraceError,
     active_seal,
     content_hash,
-    file_digest,
+    digest_like,
     open_regular,
 )
 from residency.traces.formats import Parsed, object_array
@@ -52,13 +57,14 @@ from residency.traces.formats import Parsed, object_array
 __all__ = ["PARSER_VERSION", "cache_dir", "enabled", "get", "get_parsed", "max_bytes", "put",
            "put_parsed"]
 
-# 7: distributedInfo.world_size kept; 6: the payload digest covers the trace digest and
-# status; 5: user cache
-PARSER_VERSION = 7
+# 8: SHA-256 trace digests of the bytes parsed (was xxh3-128); 7: distributedInfo.world_size
+# kept; 6: the payload digest covers the trace digest and status; 5: user cache
+PARSER_VERSION = 8
 _MAGIC = b"RESIDENCY-TRACE-CACHE/1\n"
 _DTYPES = frozenset({"<i8", "<i4", "<i2", "|i1", "|b1", "|u1"})
 _DEFAULT_MAX = 4 << 30
 _ENTRY_SUFFIX = ".entry"
+_DIGESTS = frozenset({"sha256", PARTS_DIGEST})  # the trace digests an entry may record
 
 
 def cache_dir() -> Path:
@@ -96,7 +102,45 @@ def enabled(root: Path | None = None, source: Path | None = None) -> bool:
             top = _real(folder)
             if where == top or top in where.parents:
                 return False
+    return _trusted(cache_dir())
+
+
+_WARNED: set[str] = set()
+
+
+def _trusted(folder: Path) -> bool:
+    """Whether `folder` may hold our entries: created (mode 0700) when absent; else a real
+    folder, not a link, owned by this user, with no access for group or others, that this user
+    can read and write. Otherwise the cache is not used, and one warning says why (once per
+    folder and process): another user's or a shared folder could hold forged entries or
+    plant links (issue 41)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        st = os.lstat(folder)
+    except OSError as exc:
+        return _bypass(folder, f"cannot be created or read ({exc.strerror or exc})")
+    if stat_.S_ISLNK(st.st_mode):
+        return _bypass(folder, "is a symbolic link")
+    if not stat_.S_ISDIR(st.st_mode):
+        return _bypass(folder, "is not a folder")
+    if os.name == "posix":
+        if st.st_uid != os.geteuid():
+            return _bypass(folder, f"is owned by uid {st.st_uid}, not by this user "
+                           f"({os.geteuid()})")
+        if st.st_mode & 0o077:
+            return _bypass(folder, f"has mode {stat_.S_IMODE(st.st_mode):04o}, not 0700 (other "
+                           f"users could plant or read entries; chmod 700 it to use it)")
+    if not os.access(folder, os.R_OK | os.W_OK | os.X_OK):
+        return _bypass(folder, "cannot be read and written by this user")
     return True
+
+
+def _bypass(folder: Path, why: str) -> bool:
+    if str(folder) not in _WARNED:
+        _WARNED.add(str(folder))
+        warnings.warn(f"the trace cache folder {folder} {why}: running without the cache",
+                      UserWarning, stacklevel=4)
+    return False
 
 
 def _real(p: Path) -> Path:
@@ -122,7 +166,10 @@ def has_entry(kind: str, source: Path, stat: os.stat_result, options: dict[str, 
               root: Path | None = None) -> bool:
     """Whether an entry is recorded under `source`'s key (nothing read or hashed: `get` still
     decides whether it is used)."""
-    return enabled(root, source) and _entry(_key(kind, source, stat, options)).is_file()
+    try:
+        return enabled(root, source) and _entry(_key(kind, source, stat, options)).is_file()
+    except OSError:  # an unreadable folder: no entry (the parse goes on without the cache)
+        return False
 
 
 def get(kind: str, source: Path, stat: os.stat_result, options: dict[str, Any], *,
@@ -152,11 +199,10 @@ def get(kind: str, source: Path, stat: os.stat_result, options: dict[str, Any], 
         if header.get("payload_digest") != _payload_digest(header, [payload]):
             return None  # edited or truncated: never trusted
         recorded = header.get("trace_digest")
-        if not isinstance(recorded, str) or recorded.split(":", 1)[0] != \
-                content_hash().hexdigest().split(":", 1)[0]:
+        if not isinstance(recorded, str) or recorded.split(":", 1)[0] not in _DIGESTS:
             return None
-        if not _vouched(header, stat, st) and file_digest(
-                source, root=root, max_bytes=max_trace_bytes) != recorded:
+        if not _vouched(header, stat, st) and digest_like(
+                recorded, source, root=root, max_bytes=max_trace_bytes) != recorded:
             return None  # the trace changed (size and mtime kept)
         arrays = _arrays(header, payload)
         meta = header.get("meta")
@@ -232,12 +278,14 @@ def put(kind: str, source: Path, stat: os.stat_result, options: dict[str, Any],
         trace_digest: str | None, meta: dict[str, Any], arrays: dict[str, np.ndarray], *,
         root: Path | None = None) -> None:
     """Record an entry (module doc); a failure (read-only or full disk, ...) is ignored.
-    Nothing is recorded without the trace's digest."""
+    Nothing is recorded without the trace's digest. The entry is written to a temporary file
+    created exclusively (never through a link), mode 0600, then renamed into place; removed
+    when the write is interrupted."""
     if trace_digest is None or not enabled(root, source):
         return
     key = _key(kind, source, stat, options)
     path = _entry(key)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}{_TMP_SUFFIX}")
     try:
         specs, blobs, offset = [], [], 0
         for name, a in arrays.items():
@@ -251,34 +299,95 @@ def put(kind: str, source: Path, stat: os.stat_result, options: dict[str, Any],
         header = json.dumps({"key": key, **asserted,
                              "payload_digest": _payload_digest(asserted, blobs), "meta": meta,
                              "arrays": specs}).encode()
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with open(tmp, "wb") as f:
-            f.write(_MAGIC + struct.pack("<Q", len(header)) + header)
-            for b in blobs:
-                f.write(b)
-        os.replace(tmp, path)
-        _evict(path.parent)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # (a process of this pid that died while writing; a link itself)
+        fd = os.open(tmp, _CREATE, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(_MAGIC + struct.pack("<Q", len(header)) + header)
+                for b in blobs:
+                    f.write(b)
+            os.replace(tmp, path)
+        except BaseException:  # (Ctrl-C included: no temporary file left behind)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        _written(path.parent, path, len(_MAGIC) + 8 + len(header) + offset)
     except (OSError, ValueError, TypeError):
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+        pass
 
 
-def _evict(folder: Path) -> None:
-    """Remove the least recently used entries until the cache fits `max_bytes()`."""
+_TMP_SUFFIX = ".tmp"
+_CREATE = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+           | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
+STALE_TMP_S = 24 * 3600  # a temporary file this old is removed whatever its pid
+
+
+class _Index:
+    """What this process knows of a cache folder's entries: (mtime_ns, size, path), least
+    recently used first, as of its last scan plus what it wrote since."""
+
+    def __init__(self, entries: list[tuple[int, int, Path]]) -> None:
+        self.entries = deque(sorted(entries))
+        self.total = sum(size for _, size, _ in entries)
+        self.written = 0  # bytes written by this process since the scan
+
+
+_INDEX: dict[str, _Index] = {}
+
+
+def _written(folder: Path, path: Path, size: int) -> None:
+    """After `path` (`size` bytes) was written: remove the least recently used entries until
+    the cache fits `max_bytes()`. The folder is scanned at this process's first write and
+    after each tenth of the bound written since (other processes' writes and uses show
+    then), so the work is linear in the entries written, not quadratic (issue 41: one scan
+    per write took 155.6 s over 4,000 small traces)."""
     limit = max_bytes()
-    entries = []
-    with os.scandir(folder) as it:
-        for e in it:
-            if e.name.endswith(_ENTRY_SUFFIX) and e.is_file(follow_symlinks=False):
-                st = e.stat(follow_symlinks=False)
-                entries.append((st.st_mtime_ns, st.st_size, Path(e.path)))
-    total = sum(size for _, size, _ in entries)
-    for _, size, p in sorted(entries):
-        if total <= limit:
-            break
+    index = _INDEX.get(str(folder))
+    if index is None or index.written + size > limit // 10:
+        index = _INDEX[str(folder)] = _scan(folder)
+    else:
+        index.entries.append((time.time_ns(), size, path))
+        index.total += size
+        index.written += size
+    while index.total > limit and index.entries:
+        _, old, p = index.entries.popleft()
+        index.total -= old
         with contextlib.suppress(OSError):
             p.unlink()
-            total -= size
+
+
+def _scan(folder: Path) -> _Index:
+    """The folder's entries; temporary files of processes that died while writing (or older
+    than `STALE_TMP_S`) are removed on the way."""
+    entries = []
+    now = time.time()
+    with os.scandir(folder) as it:
+        for e in it:
+            if not e.is_file(follow_symlinks=False):
+                continue
+            st = e.stat(follow_symlinks=False)
+            if e.name.endswith(_ENTRY_SUFFIX):
+                entries.append((st.st_mtime_ns, st.st_size, Path(e.path)))
+            elif (e.name.startswith(".") and e.name.endswith(_TMP_SUFFIX)
+                  and (_dead(e.name) or now - st.st_mtime > STALE_TMP_S)):
+                with contextlib.suppress(OSError):
+                    os.unlink(e.path)
+    return _Index(entries)
+
+
+def _dead(name: str) -> bool:
+    """Whether the process that named a temporary file ``.<entry>.<pid>.tmp`` is gone."""
+    pid = name[:-len(_TMP_SUFFIX)].rpartition(".")[2]
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, OverflowError):
+        return False  # alive under another user, or not ours to tell
+    return False
 
 
 # -- one file's parsed columns (`residency.traces.load.load_traces`) -------------------------------

@@ -35,8 +35,9 @@ from typing import Any
 from residency.errors import CHANGED_SINCE_VERIFIED, BadInput
 
 __all__ = ["CHUNK_BYTES", "MAX_TRACE_BYTES", "RANK_COMPONENT_RE", "Sealed", "TraceError",
-           "TraceStream", "active_seal", "check_regular", "content_hash", "file_digest",
-           "file_sha256", "open_regular", "sealed_reads", "verified_copy"]
+           "TraceStream", "active_seal", "check_regular", "content_hash", "digest_like",
+           "file_digest", "file_sha256", "hashed_copy", "open_regular", "parts_digest",
+           "sealed_reads", "verified_copy"]
 
 # a path component that names a rank, for both formats: "[<group>_]rank<N>" and nothing else
 # (fullmatch); "_" never occurs in host names (RFC 1123), so "gpu-rank7" or "gpu-rank7-a_123"
@@ -123,22 +124,26 @@ def _expected(path: Path) -> str | None:
     return None if seal is None else seal.expected(path)
 
 
-def _copy_checked(path: Path, fd: int, sha256: str, out: int, max_bytes: int) -> None:
-    """Copy what `fd` reads into `out` (both raw descriptors), hashing it; `TraceError`
-    when it is not `sha256` or grows past `max_bytes`."""
-    digest, total = hashlib.sha256(), 0
+def _copy_checked(path: Path, fd: int, sha256: str | None, out: int, max_bytes: int,
+                  digest: Any = None) -> None:
+    """Copy what `fd` reads into `out` (both raw descriptors), hashing it (into `digest`
+    too, when given); `TraceError` when it is not `sha256` (when given) or grows past
+    `max_bytes`."""
+    check, total = hashlib.sha256(), 0
     try:
         while block := os.read(fd, _RAW_READ_BYTES):
             total += len(block)
             if total > max_bytes:
                 raise TraceError(path, f"grew past the limit of {max_bytes} bytes while read")
-            digest.update(block)
+            check.update(block)
+            if digest is not None:
+                digest.update(block)
             view = memoryview(block)
             while view:
                 view = view[os.write(out, view):]
     except OSError as exc:
         raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
-    if digest.hexdigest() != sha256:
+    if sha256 is not None and check.hexdigest() != sha256:
         raise TraceError(path, CHANGED_SINCE_VERIFIED)
 
 
@@ -147,16 +152,30 @@ def verified_copy(path: Path, *, root: Path | None = None,
     """Under a seal: a private copy of `path` (in a new 0700 temporary folder; the caller
     removes the folder, `copy.parent`), made while checking its sha256, for readers that
     need a path (SQLite). Without a seal: None (read `path` itself)."""
-    sha256 = _expected(path)
-    if sha256 is None:
+    if _expected(path) is None:
         return None
+    return hashed_copy(path, root=root, max_bytes=max_bytes)[0]
+
+
+def hashed_copy(path: Path, *, root: Path | None = None,
+                max_bytes: int = MAX_TRACE_BYTES) -> tuple[Path, str]:
+    """A private copy of `path` (in a new 0700 temporary folder; the caller removes the
+    folder, `copy.parent`) and the `content_hash` of exactly the bytes copied, for readers
+    that need a path (SQLite): what they read is what was hashed. Under a seal the copy's
+    sha256 must be the sealed one.
+
+    Raises:
+        TraceError: as `open_regular`.
+    """
+    sha256 = _expected(path)
     fd, _ = _open_checked(path, root, max_bytes)
-    folder = Path(tempfile.mkdtemp(prefix="residency-sealed-"))
+    folder = Path(tempfile.mkdtemp(prefix="residency-copy-"))
     copy = folder / path.name
+    digest = content_hash()
     try:
         out = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            _copy_checked(path, fd, sha256, out, max_bytes)
+            _copy_checked(path, fd, sha256, out, max_bytes, digest)
         finally:
             os.close(out)
     except BaseException:
@@ -164,7 +183,7 @@ def verified_copy(path: Path, *, root: Path | None = None,
         raise
     finally:
         os.close(fd)
-    return copy
+    return copy, digest.hexdigest()
 
 
 def open_regular(path: Path, *, root: Path | None = None,
@@ -243,13 +262,59 @@ class _Named:
 
 
 def content_hash() -> Any:
-    """A new content hash: xxh3-128 when `xxhash` is installed (about 4 GB/s here, against
-    1.3 GB/s for SHA-256), else SHA-256; `hexdigest()` is prefixed by the algorithm's name."""
+    """A new content hash: SHA-256, a cryptographic digest (xxh3-128, used before, is not:
+    two traces sharing one were built, issue 41); `hexdigest()` is prefixed by the
+    algorithm's name (``sha256:...``)."""
+    return _Named("sha256", hashlib.sha256())
+
+
+PARTS_DIGEST = "sha256-parts"  # the prefix of `parts_digest`
+
+
+def parts_digest(parts: list[tuple[int, int, str]]) -> str:
+    """The content digest of a file read in byte ranges, from each range's `content_hash`
+    (``(start, stop, "sha256:...")``, in file order): ``sha256-parts:<ranges>:<hex>``, the
+    SHA-256 over the ranges and their digests. `digest_like` recomputes it from the file."""
+    bounds = ",".join(f"{a}-{b}" for a, b, _ in parts)
+    h = hashlib.sha256()
+    for a, b, d in parts:
+        h.update(f"{a}-{b}={d};".encode())
+    return f"{PARTS_DIGEST}:{bounds}:{h.hexdigest()}"
+
+
+def digest_like(recorded: str, path: Path, *, root: Path | None = None,
+                max_bytes: int = MAX_TRACE_BYTES) -> str | None:
+    """The digest of `path` as it is now, in the form of `recorded` (a `content_hash`
+    ``sha256:...`` of the whole file, or a `parts_digest`); None for any other form.
+
+    Raises:
+        TraceError: as `file_digest`.
+    """
+    kind, _, rest = recorded.partition(":")
+    if kind == "sha256":
+        return file_digest(path, root=root, max_bytes=max_bytes)
+    if kind != PARTS_DIGEST:
+        return None
     try:
-        import xxhash
-    except ImportError:
-        return _Named("sha256", hashlib.sha256())
-    return _Named("xxh3_128", xxhash.xxh3_128())
+        bounds = [tuple(int(x) for x in r.split("-", 1)) for r in rest.split(":", 1)[0].split(",")]
+    except ValueError:
+        return None
+    if any(len(b) != 2 or not 0 <= b[0] <= b[1] for b in bounds):
+        return None
+    fd, _ = _open_checked(path, root, max_bytes)
+    parts = []
+    try:
+        with os.fdopen(fd, "rb", buffering=0, closefd=True) as f:
+            for a, b in bounds:
+                h, left = content_hash(), b - a
+                f.seek(a)
+                while left and (block := f.read(min(left, _HASH_READ_BYTES))):
+                    h.update(block)
+                    left -= len(block)
+                parts.append((a, b, h.hexdigest()))
+    except OSError as exc:
+        raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
+    return parts_digest(parts)
 
 
 def file_digest(path: Path, *, root: Path | None = None,

@@ -221,30 +221,32 @@ def part_bounds(source: Path, size: int, parts: int) -> list[tuple[int, int]]:
 
 def parse_part(fmt: str, source: Path, start: int, stop: int, *, first: bool, last: bool,
                root: Path | None = None, chunk_bytes: int = CHUNK_BYTES,
-               max_bytes: int = MAX_TRACE_BYTES, device_names: bool = True
-               ) -> tuple[Any, Part]:
-    """The columns of one part of a plain trace file (`part_bounds`), not yet finished.
+               max_bytes: int = MAX_TRACE_BYTES, device_names: bool = True,
+               digest: bool = False) -> tuple[Any, Part, str | None]:
+    """The columns of one part of a plain trace file (`part_bounds`), not yet finished, with
+    (`digest`) the content digest of exactly the bytes of the part as it read them (else
+    None; `residency.traces.files.parts_digest` combines them).
 
     Raises:
         NotAligned, TraceError: the caller parses the whole file with `parse_trace` instead.
     """
     with _gc_paused(), _trace_errors(source), TraceStream(
             source, root=root, chunk_bytes=chunk_bytes, max_bytes=max_bytes, start=start,
-            stop=stop) as stream:
+            stop=stop, digest=digest) as stream:
         cols = _Kineto(device_names) if fmt == "kineto" else _Ascend()
         part = split_part(stream, cols.add, source, first=first, last=last)
         cols.compact()
-        return cols, part
+        return cols, part, _drain(stream) if digest else None
 
 
-def join_parts(source: Path, parts: list[tuple[Any, Part]]) -> Parsed:
+def join_parts(source: Path, parts: list[tuple[Any, Part, str | None]]) -> Parsed:
     """The timeline of a file from its parts' columns, in file order.
 
     Raises:
         NotAligned: the document repeats ``traceEvents``; TraceError: as `parse_trace`.
     """
     cols = parts[0][0]
-    for other, _ in parts[1:]:
+    for other, *_ in parts[1:]:
         cols.extend(other)
     head, tail = parts[0][1], parts[-1][1]
     assert head.head is not None and tail.tail is not None

@@ -50,7 +50,7 @@ from residency.traces.files import (
     TraceError,
     active_seal,
     check_regular,
-    file_digest,
+    parts_digest,
     sealed_reads,
 )
 from residency.traces.formats import (
@@ -636,7 +636,7 @@ def _parse_pool(fmt: str, sources: list[Path], stats: list[os.stat_result], todo
 
     from residency.traces.workers import process_pool  # (here: small traces start faster)
 
-    part_job = {k: v for k, v in job.items() if k != "digest"}
+    part_job = dict(job)
     # largest first: the last job to finish is a small one
     order = sorted(todo, key=lambda i: -stats[i].st_size)
     with tempfile.TemporaryDirectory(prefix="residency-traces-") as folder, \
@@ -652,13 +652,14 @@ def _parse_pool(fmt: str, sources: list[Path], stats: list[os.stat_result], todo
                 out.append(_from_disk(*futures[i].result()))  # type: ignore[union-attr]
                 continue
             try:
-                p = join_parts(sources[i], [f.result() for f in futures[i]])  # type: ignore[union-attr]
+                got = [f.result() for f in futures[i]]  # type: ignore[union-attr]
+                p = join_parts(sources[i], got)
             except (NotAligned, TraceError):  # parse it whole: the exact error, if any
                 p = parse_trace(fmt, sources[i], **job)
             else:
-                if job["digest"]:
-                    p.digest = file_digest(sources[i], root=job["root"],
-                                           max_bytes=job["max_bytes"])
+                if job["digest"]:  # of exactly the bytes the parts parsed, as they read them
+                    p.digest = parts_digest([(a, b, g[2]) for (a, b), g in
+                                             zip(parts[i], got, strict=True)])
             out.append(p)
     return out
 
@@ -677,7 +678,7 @@ def _parse_one(fmt: str, source: Path, **job: Any) -> Parsed:
     if source.suffix == ".db" or _is_sqlite(source):
         from residency.traces.ascend import read_db
 
-        return read_db(source)
+        return read_db(source, digest=bool(job.get("digest")))
     if fmt != "kineto":
         job = {k: v for k, v in job.items() if k != "device_names"}
     return parse_trace(fmt, source, **job)

@@ -21,7 +21,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from residency.traces.files import MAX_TRACE_BYTES, TraceError, check_regular, verified_copy
+from residency.traces.files import (
+    MAX_TRACE_BYTES,
+    TraceError,
+    check_regular,
+    hashed_copy,
+    verified_copy,
+)
 
 __all__ = ["MAX_VALUE_BYTES", "QUERY_BUDGET_S", "UntrustedDatabase", "open_untrusted"]
 
@@ -53,6 +59,7 @@ class UntrustedDatabase:
                  budget_s: float, copy: Path | None = None) -> None:
         self.path, self._con, self.max_rows, self.budget_s = path, con, max_rows, budget_s
         self._copy = copy  # a sealed file's private copy, removed on close
+        self.digest: str | None = None  # of the bytes SQLite reads, when asked for
         self._deadline = 0.0
         # SQLite enforces the length bound itself where Python can set it (3.11+)
         self._limited = hasattr(con, "setlimit")
@@ -99,8 +106,11 @@ class UntrustedDatabase:
 
 
 def open_untrusted(path: Path, *, budget_s: float | None = None,
-                   max_bytes: int = MAX_TRACE_BYTES) -> UntrustedDatabase:
-    """`path` (a regular file of at most `max_bytes`) as an `UntrustedDatabase`.
+                   max_bytes: int = MAX_TRACE_BYTES, digest: bool = False
+                   ) -> UntrustedDatabase:
+    """`path` (a regular file of at most `max_bytes`) as an `UntrustedDatabase`; with
+    `digest`, SQLite reads a private copy and `UntrustedDatabase.digest` is the content digest
+    of exactly the bytes copied (`residency.traces.files.hashed_copy`).
 
     Raises:
         TraceError: not a regular file, too large, or SQLite cannot open it.
@@ -108,7 +118,11 @@ def open_untrusted(path: Path, *, budget_s: float | None = None,
     st = check_regular(path, max_bytes=max_bytes)
     # under a seal SQLite reads a private copy made while checking its sha256 (it opens
     # by path: the file itself could change between the check and the reads)
-    copy = verified_copy(path, max_bytes=max_bytes)
+    hashed = None
+    if digest:
+        copy, hashed = hashed_copy(path, max_bytes=max_bytes)
+    else:
+        copy = verified_copy(path, max_bytes=max_bytes)
     uri = ("file:" + urllib.parse.quote(os.fspath(copy or Path(path).resolve()))
            + "?mode=ro&immutable=1")
     try:
@@ -126,9 +140,11 @@ def open_untrusted(path: Path, *, budget_s: float | None = None,
         con.close()
         _remove(copy)
         raise TraceError(path, f"cannot open the database: {exc}") from None
-    return UntrustedDatabase(Path(path), con, max_rows=max(_MIN_ROWS, st.st_size // 8),
-                             budget_s=QUERY_BUDGET_S if budget_s is None else budget_s,
-                             copy=copy)
+    db = UntrustedDatabase(Path(path), con, max_rows=max(_MIN_ROWS, st.st_size // 8),
+                           budget_s=QUERY_BUDGET_S if budget_s is None else budget_s,
+                           copy=copy)
+    db.digest = hashed
+    return db
 
 
 def _check_lengths(path: Path, batch: list[tuple[Any, ...]]) -> None:
