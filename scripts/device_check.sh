@@ -64,9 +64,11 @@ fi
 
 MODE=check
 if [ "${1:-}" = "--evidence" ]; then MODE=evidence; fi
-if [ "$MODE" = evidence ]; then   # sized for one 8-minute lease at --scale auto
-    PAIRS=${PAIRS:-3}
-    REQUESTS=${REQUESTS:-2}
+if [ "$MODE" = evidence ]; then   # sized for one 8-minute lease at --scale auto: measured on
+    # an H200, each service run took ~50 s (~30 s its start), so 3 pairs of 2 requests ran
+    # past the 400 s cap after 7 of 8 runs; 1 pair of 1 request: 247 s in all
+    PAIRS=${PAIRS:-1}
+    REQUESTS=${REQUESTS:-1}
 else
     PAIRS=${PAIRS:-6}
     REQUESTS=${REQUESTS:-3}

@@ -21,7 +21,8 @@ CUDA_RUNS = sorted(RUNS.glob("cuda-*"))
 
 def test_the_cuda_runs_are_recorded() -> None:
     assert [p.name for p in CUDA_RUNS] == [
-        "cuda-consecutive-1r2s", "cuda-paired-profile-1r50s", "cuda-profiled-pair-1r5s"]
+        "cuda-consecutive-1r2s", "cuda-injected-paired-profile-auto-1r50s",
+        "cuda-paired-profile-1r50s", "cuda-profiled-pair-1r5s"]
 
 
 @pytest.mark.parametrize("run_dir", CUDA_RUNS, ids=lambda p: p.name)
@@ -34,7 +35,12 @@ def test_each_verifies_and_says_cuda(run_dir: Path) -> None:
     with redirect_stdout(out):
         assert cli.main(["tables", str(run_dir)]) == 0
     text = out.getvalue()
-    assert "(device kind cuda)" in text
+    injected = "NPU telemetry failure injected into the baseline"
+    if manifest["params"].get("inject_failure"):
+        assert f"(device kind cuda: CUDA GPU, {injected})" in text
+        text = text.replace(injected, "")
+    else:
+        assert "(device kind cuda)" in text
     assert "NPU" not in text  # neither "emulated NPU" nor an NPU claim
 
 
@@ -61,3 +67,21 @@ def test_first_screen_of_the_cuda_run_speaks_of_cuda_in_singular_where_one() -> 
     assert "6 unprofiled pairs; built-in service, 1 rank, 50 steps" in s.e2e
     assert "1 ranks" not in s.e2e
     assert "not what an NPU would measure" in s.npu
+
+
+def test_the_injected_failure_on_cuda_releases_the_baselines_normal_calls() -> None:
+    """The H200 run with the NPU's telemetry failure injected into the baseline at
+    --scale auto (15.0 GB text encoder, 127.6 GB peak of 150.1 GB): the baseline's normal
+    calls met the failure and released, the candidate's retained; the release cost shows."""
+    run = load_run(RUNS / "cuda-injected-paired-profile-auto-1r50s")
+    params = run.manifest["params"]
+    assert params["inject_failure"]["arms"] == ["baseline"]
+    assert params["sizing"]["mode"] == "auto"
+    ev = evidence.build(run)
+    assert ev["normal_released"].values == {"baseline": (2,), "candidate": (0,)}
+    assert ev["telemetry_errors"].values == {"baseline": (2,), "candidate": (0,)}
+    assert ev["forced_released"].values == {"baseline": (4,), "candidate": (4,)}
+    durations = ev["normal_call_per_rank"].values
+    assert min(durations["baseline"]) > 10 * max(durations["candidate"])
+    neighbours = run.manifest["neighbours"]
+    assert neighbours["source"] == "nvml" and neighbours["foreign"] == []
