@@ -85,3 +85,15 @@ def test_the_injected_failure_on_cuda_releases_the_baselines_normal_calls() -> N
     assert min(durations["baseline"]) > 10 * max(durations["candidate"])
     neighbours = run.manifest["neighbours"]
     assert neighbours["source"] == "nvml" and neighbours["foreign"] == []
+
+
+def test_the_cross_device_table_names_the_injection_in_the_runs_column() -> None:
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert cli.main(["tables", str(RUNS / "cuda-paired-profile-1r50s"),
+                         str(RUNS / "cuda-injected-paired-profile-auto-1r50s"),
+                         "--published"]) == 0
+    title = out.getvalue().splitlines()[0]
+    assert ("cuda-injected-paired-profile-auto-1r50s (CUDA GPU, NPU telemetry failure injected "
+            "into the baseline)") in title
+    assert "cuda-paired-profile-1r50s (CUDA GPU)," in title

@@ -186,7 +186,8 @@ def device_column(run: Run, *, idle: Mapping[str, Mapping[str, int]] | None = No
     params = run.manifest.get("params") or {}
     scale = params.get("scale")
     return DeviceColumn(
-        name=run.path.name, device_kind=run.device_kind, label=devices.label(run.device_kind),
+        name=run.path.name, device_kind=run.device_kind,
+        label=devices.label(run.device_kind, devices.injection_of(params)),
         injected=injected(run.manifest), scale=None if scale is None else str(scale),
         reserved_bytes=reserved, total_bytes=total, scope=scope, normal_ms=normal_ms,
         normal_released=released, released_gib_per_call=gib, normal_ms_per_gib=per_gib,
