@@ -260,7 +260,9 @@ PAIRED_PROFILE = [
         "For each arm of the profiled pair, which host range was running while no rank ran a "
         "device task (the innermost range at each instant, so each arm's rows add up to its "
         "all-rank no-device-task time; \"(no host range)\" is time no range covered), and "
-        "the difference, largest reduction first. What the fix removes should lead: the "
+        "the difference, the largest changes either way first; a cut table sums the causes "
+        "it leaves out in one row, and the total row is each arm's all-rank no-device-task "
+        "time. What the fix removes should lead: the "
         "normal release itself and the load that re-acquires what it released "
         "(`residency.load[...]`); loads and phases both arms share stay level."),
     new_code_cell("causes = rv.write_causes(run, reference_pair(run), out)"),
@@ -274,10 +276,10 @@ PAIRED_PROFILE = [
         "## Normal-call duration per rank\n\n"
         "Each rank's median duration per normal policy call in the measured request of the "
         "profiled pair (warm-up excluded): every rank, in this run pair, a description with "
-        "no test (ranks of one run are not independent replicates). The baseline's generic "
-        "telemetry fails on NPU, so its normal calls release the cache; the candidate's only "
-        "read telemetry."),
-    new_code_cell("table = nb.normal_call_frame(ev)\n"
+        "no test (ranks of one run are not independent replicates). A normal call releases "
+        "when its telemetry read fails or a bound is crossed, else it only reads telemetry."),
+    new_code_cell("rv.show_text(nb.release_reason(ev))\n"
+                  "table = nb.normal_call_frame(ev)\n"
                   "fig = nb.plot_normal_calls(ev)\n"
                   'nb.write_tables(out, {"normal_calls": table})\n'
                   'nb.save_figure(fig, out, "normal_calls")\n'
@@ -302,8 +304,8 @@ PAIRED_PROFILE = [
     new_code_cell("table = nb.releases_frame(ev)\n"
                   'nb.write_tables(out, {"releases": table})\n'
                   "rv.show_table(table)\n"
-                  'rv.show_note(nb.note(ev, "normal_released"))\n'
-                  'rv.show_note(nb.note(ev, "forced_released"))'),
+                  'for text in nb.notes(ev, ("normal_released", "forced_released")):\n'
+                  "    rv.show_note(text)"),
     new_markdown_cell(
         "## Idle attribution\n\n"
         "From the profiled pair's traces: the normal-release markers of all ranks (union) "
@@ -322,8 +324,9 @@ PAIRED_PROFILE = [
     new_markdown_cell(
         "## Client end-to-end time\n\n"
         "Per pair, baseline and candidate. Profiling slows a run down, so the profiled pair "
-        "and the unprofiled pairs are compared separately, on one axis from zero; pairs are "
-        "numbered once (the profiled pair first). The right panel shows each pair's delta "
+        "and the unprofiled pairs are compared separately, on one axis from zero; the "
+        "unprofiled pairs are numbered 1..K as the notes number them, the profiled pair is "
+        "named. The right panel shows each pair's delta "
         "(candidate − baseline) and their median."),
     new_code_cell("table = nb.e2e_frame(ev)\n"
                   'nb.write_tables(out, {"e2e": table})\n'
@@ -332,10 +335,9 @@ PAIRED_PROFILE = [
                   "rv.write_e2e(profiled, unprofiled, device_kind=run.device_kind, "
                   "output_dir=out,\n"
                   "             aa_spread=rv.aa_spread(ev), injection=run.injection)\n"
-                  'rv.show_note(nb.note(ev, "e2e_profiled"))\n'
-                  'rv.show_note(nb.note(ev, "e2e_unprofiled"))\n'
-                  'if "e2e_aa" in ev:\n'
-                  '    rv.show_note(nb.note(ev, "e2e_aa"))'),
+                  'for text in nb.notes(ev, [k for k in ("e2e_profiled", "e2e_unprofiled", '
+                  '"e2e_aa") if k in ev]):\n'
+                  "    rv.show_note(text)"),
     new_markdown_cell(
         "## Evidence beside the published NPU figures\n\n"
         "For each quantity, this run's value, change and change relative to E2E beside the "
@@ -349,7 +351,7 @@ PAIRED_PROFILE = [
                   "table = side_by_side(evidence, published, evidence=ev)\n"
                   "# published figures at their published precision: cells shown as written\n"
                   "rv.show_table(table, formats={c: str for c in table.columns})\n"
-                  "display(Markdown(f\"*{evidence.attrs['footer']}*\"))"),
+                  "display(Markdown(f\"*{evidence.attrs['legend']}*\"))"),
     new_markdown_cell(
         "## Every device side by side\n\n"
         "With `compare` (run folders of any device), this run beside those runs and the "

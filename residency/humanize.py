@@ -1,8 +1,12 @@
 """Numbers and headers for people: what reports, tables and figures show.
 
-Prose, rendered tables and figure labels show 4 significant digits (`sig`), never the float
-artefacts of a sum (``1.734383532999999``) nor nanosecond digits printed as milliseconds;
-CSV and JSON keep full precision and are not formatted here. Headers read as words
+The suite's one owner of numbers people read: prose, notes, rendered tables, figure labels,
+the first screen and the pull-request block all format through these functions, so a figure
+has one text in every view. They show 4 significant digits (`sig`), never the float
+artefacts of a sum (``1.734383532999999``) nor nanosecond digits printed as milliseconds; a
+change carries its sign (`signed`, `change_percent`: "+4.979 %"); a range one dash
+(`span_text`, `percent_span`: "63.06–100 %"); a ratio pyperf's words (`ratio_text`); a
+p-value `p_text`. CSV and JSON keep full precision and are not formatted here. Headers read as words
 (`header`), a table has no index column and no raw dict or list in a cell (`for_people`).
 Run-supplied text stays inert wherever it lands: Markdown (`md_text`, `write_markdown_table`:
 no tag, link or autolink) and CSV (`csv_text`, the suite's one CSV writer: no cell a
@@ -34,10 +38,12 @@ _WORDS = {  # whole-word replacements in headers
     "max": "max", "min": "min",
 }
 
-__all__ = ["DIGITS", "MISSING", "bytes_text", "cell", "csv_cell", "csv_comment", "csv_text",
-           "duration_text", "for_people", "header", "html_table", "markdown_table", "md_code",
-           "md_line", "md_text", "ms_from_ns", "percent", "quantity", "round_numbers", "sig",
-           "span_text", "write_csv", "write_markdown_table"]
+__all__ = ["DASH", "DIGITS", "MISSING", "bytes_text", "cell", "change_percent", "count_text",
+           "csv_cell", "csv_comment", "csv_text", "duration_text", "for_people",
+           "header", "html_table", "markdown_table", "md_code", "md_line", "md_text",
+           "ms_from_ns", "p_text", "pair_names", "percent", "percent_span", "quantity",
+           "ratio_text", "round_numbers", "sig", "signed", "span_text", "write_csv",
+           "write_markdown_table"]
 
 
 # Markdown punctuation, "@" and the ":" of "://": escaped, so that no URL or e-mail address is
@@ -57,11 +63,19 @@ def md_text(value: Any) -> str:
     return _WWW.sub(r"\1\\.", _MD_SPECIAL.sub(r"\\\1", text))
 
 
+_BACKTICKS = re.compile(r"`+")
+
+
 def md_code(value: Any) -> str:
-    """`value` (run-supplied) as inline code in Markdown: an HTML `<code>` element with its
-    text escaped as `md_text` escapes it (a backtick in the value cannot close it early, and
-    Markdown inside it stays text)."""
-    return f"<code>{md_text(value)}</code>"
+    """`value` (run-supplied) as inline code in Markdown, the suite's one code style: a
+    backtick code span (as GitHub and nbconvert render it), on one line, fenced by one
+    backtick more than the longest run of backticks in the value (so none closes it early)
+    and padded with a space where the value starts or ends with a backtick. Inside a code
+    span no Markdown, tag or link is interpreted."""
+    text = " ".join(str(value).split()) or " "
+    fence = "`" * (max((len(m) for m in _BACKTICKS.findall(text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def duration_text(seconds: float) -> str:
@@ -83,8 +97,10 @@ def _is_missing(x: Any) -> bool:
 
 
 def sig(x: float | int, digits: int = DIGITS) -> str:
-    """`x` with `digits` significant digits, trailing zeros dropped: 1.734383532999999 ->
-    "1.734", 2248.795837 -> "2249", 221.29668 -> "221.3", 0.000123456 -> "0.0001235".
+    """`x` with `digits` significant digits: 1.734383532999999 -> "1.734", 2248.795837 ->
+    "2249", 221.29668 -> "221.3", 0.000123456 -> "0.0001235", 50.8999 -> "50.90" (a
+    trailing zero is a digit shown, so one column never mixes "2.1" and "3.05"); a value
+    that is exactly a shorter number prints as that: 0.25 -> "0.25", 100.0 -> "100".
     Integers up to 10^digits print whole; larger magnitudes round to whole numbers below
     10^6 and use an exponent from there ("1.235e+07"). None and NaN print as "—"."""
     if _is_missing(x):
@@ -104,8 +120,11 @@ def sig(x: float | int, digits: int = DIGITS) -> str:
     exp = math.floor(math.log10(mag))
     decimals = max(0, digits - 1 - exp)
     text = f"{round(v, decimals):.{decimals}f}"
-    if "." in text:
-        text = text.rstrip("0").rstrip(".")
+    if "." in text:  # trailing zeros are digits of a measured value: "50.90", never "50.9"
+        short = text.rstrip("0").rstrip(".")
+        exact = type(x)(short) if isinstance(x, np.floating) else float(short)
+        if exact == x:  # ... unless the value is that shorter number exactly (in its own
+            text = short  # type: np.float32(0.1) is 0.1): 0.25 -> "0.25"
     return "0" if text in ("-0", "") else text
 
 
@@ -125,9 +144,73 @@ def round_numbers(text: str, digits: int = DIGITS) -> str:
     return _DECIMAL.sub(one, str(text))
 
 
-def quantity(x: float | int | None, unit: str, digits: int = DIGITS) -> str:
-    """`x` with its unit: quantity(221.29668, "ms") -> "221.3 ms"; "—" when missing."""
-    return MISSING if _is_missing(x) else f"{sig(x, digits)} {unit}".rstrip()
+def quantity(x: float | int | None, unit: str = "", digits: int = DIGITS, *,
+             sign: bool = False) -> str:
+    """`x` with its unit: quantity(221.29668, "ms") -> "221.3 ms"; "—" when missing; `sign`
+    puts "+" before a positive value (a change: `signed`)."""
+    if _is_missing(x):
+        return MISSING
+    text = sig(x, digits)
+    if sign and float(x) > 0:
+        text = "+" + text
+    return f"{text} {unit}".rstrip()
+
+
+def count_text(n: int, word: str, plural: str | None = None) -> str:
+    """A count with its noun in the right number: count_text(1, "rank") -> "1 rank",
+    count_text(2, "rank") -> "2 ranks"."""
+    return f"{n} {word if n == 1 else (plural or word + 's')}"
+
+
+def pair_names(profiled: int, unprofiled: int) -> tuple[list[str], list[str]]:
+    """How every view names the pairs of a run: the unprofiled pairs "1".."K" (pair i = the
+    i-th unprofiled run of each arm, as the statistical notes number them) and the profiled
+    pair "profiled pair" ("profiled pair 1", ... when there are several)."""
+    prof = (["profiled pair"] if profiled == 1 else
+            [f"profiled pair {i}" for i in range(1, profiled + 1)])
+    return prof, [str(i) for i in range(1, unprofiled + 1)]
+
+
+def signed(x: float | int | None, unit: str = "", digits: int = DIGITS) -> str:
+    """A change for people: "+" before a positive value, "-" before a negative one:
+    signed(4.2, "ms") -> "+4.2 ms", signed(-0.19152, "s") -> "-0.1915 s", signed(0) -> "0"."""
+    return quantity(x, unit, digits, sign=True)
+
+
+def change_percent(fraction: float | None, digits: int = DIGITS) -> str:
+    """A relative change as a signed percentage: 0.049791 -> "+4.979 %", -0.2165 ->
+    "-21.65 %"; "—" when missing or not finite."""
+    if _is_missing(fraction) or not math.isfinite(float(fraction)):  # type: ignore[arg-type]
+        return MISSING
+    return signed(100 * float(fraction), "%", digits)  # type: ignore[arg-type]
+
+
+def ratio_text(baseline: float, candidate: float, digits: int = DIGITS) -> str:
+    """How the candidate compares with the baseline as a duration ratio (pyperf's words):
+    "860.7x faster" (candidate below baseline), "1.05x slower", "no change", or "ratio
+    undefined" when either is not positive."""
+    b, c = float(baseline), float(candidate)
+    if b == c:
+        return "no change"
+    if b <= 0 or c <= 0 or not (math.isfinite(b) and math.isfinite(c)):
+        return "ratio undefined"
+    return f"{sig(b / c, digits)}x faster" if c < b else f"{sig(c / b, digits)}x slower"
+
+
+def p_text(p: float | None, digits: int = DIGITS) -> str:
+    """A p-value for people: 0.001953125 -> "0.001953", 0.25 -> "0.25"; "—" when missing."""
+    return sig(p, digits)
+
+
+DASH = "–"  # the one dash between the ends of a range people read
+
+
+def percent_span(lo: float | None, hi: float | None, digits: int = DIGITS) -> str:
+    """A range of fractions as percentages, e.g. a Clopper-Pearson interval: (0.6306, 1.0)
+    -> "63.06–100 %"."""
+    if _is_missing(lo) or _is_missing(hi):
+        return MISSING
+    return span_text(100 * float(lo), 100 * float(hi), "%", digits)  # type: ignore[arg-type]
 
 
 def ms_from_ns(ns: int | float | None, digits: int = DIGITS) -> str:
@@ -141,7 +224,7 @@ def span_text(lo: float | None, hi: float | None, unit: str, digits: int = DIGIT
     if _is_missing(lo) or _is_missing(hi):
         return MISSING
     a, b = sig(lo, digits), sig(hi, digits)
-    return f"{a} {unit}".rstrip() if a == b else f"{a}–{b} {unit}".rstrip()
+    return f"{a} {unit}".rstrip() if a == b else f"{a}{DASH}{b} {unit}".rstrip()
 
 
 def bytes_text(n: int | float | None, digits: int = DIGITS) -> str:
@@ -156,8 +239,8 @@ def bytes_text(n: int | float | None, digits: int = DIGITS) -> str:
     return f"{int(v)} B"
 
 
-def percent(fraction: float | None, digits: int = 3) -> str:
-    """A fraction as a percentage: 0.25 -> "25 %", 1/3 -> "33.3 %"."""
+def percent(fraction: float | None, digits: int = DIGITS) -> str:
+    """A fraction as a percentage: 0.25 -> "25 %", 1/3 -> "33.33 %"."""
     return MISSING if _is_missing(fraction) else f"{sig(float(fraction) * 100, digits)} %"
 
 
@@ -197,19 +280,34 @@ def cell(x: Any, digits: int = DIGITS) -> str:
     return round_numbers(str(x), digits)
 
 
+_CHANGE_COLUMN = re.compile(r"(?i)(?<![a-z])(?:delta|change)(?![a-z])|−|(?<![a-z])vs own")
+
+
+def _signed_cell(digits: int) -> Any:
+    def one(v: Any) -> str:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.number)):
+            return cell(v, digits)
+        return signed(v, "", digits)
+    return one
+
+
 def for_people(df: pd.DataFrame, *, digits: int = DIGITS,
                headers: Mapping[str, str] | None = None,
                formats: Mapping[str, Any] | None = None) -> pd.DataFrame:
     """`df` as a table of text for people: a named index becomes columns (an unnamed
     range index is dropped), headers read as words (`headers` overrides), every cell through
-    `cell` or the column's own formatter in `formats` (column -> callable). Attributes
-    (`attrs`) are kept."""
+    `cell` or the column's own formatter in `formats` (column -> callable); a numeric column
+    of changes (its name says "delta", "change", "vs own" or "−") shows its sign: "+9.512".
+    Attributes (`attrs`) are kept."""
     frame = df
     if any(n is not None for n in frame.index.names):
         frame = frame.reset_index()
     else:
         frame = frame.reset_index(drop=True)
     formats = dict(formats or {})
+    for col in frame.columns:  # a change carries its sign in every table
+        if col not in formats and _CHANGE_COLUMN.search(str(col)):
+            formats[col] = _signed_cell(digits)
     out = pd.DataFrame({
         col: [formats[col](v) if col in formats and not _is_missing(v) else cell(v, digits)
               for v in frame[col].tolist()] for col in frame.columns})
@@ -229,7 +327,8 @@ def _md_cell(x: Any) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return ""
     text = _LINE_BREAKS.sub(" ", str(x))  # \r, \n, U+2028 ... would end the row
-    text = _MD_CELL_SPECIAL.sub(r"\\\1", text.replace("<", "&lt;"))  # no tag, link; -> stays
+    text = text.replace("<", "&lt;").replace(">", "&gt;")  # no tag: both angle brackets alike
+    text = _MD_CELL_SPECIAL.sub(r"\\\1", text)  # no link
     return _WWW.sub(r"\1\\.", text)
 
 
@@ -242,8 +341,8 @@ def md_line(value: Any) -> str:
 
 def write_markdown_table(header: Sequence[Any], rows: Sequence[Sequence[Any]]) -> str:
     """The one Markdown-table writer of the suite: header row, separator, one line per row
-    (line breaks flattened, None/NaN empty, a cell's text inert: `<` as an entity so no tag
-    opens; backslashes, pipes, a "]" before "(" or "[", the ":" of "://", "@" and "www."
+    (line breaks flattened, None/NaN empty, a cell's text inert: `<` and `>` as entities so
+    no tag opens; backslashes, pipes, a "]" before "(" or "[", the ":" of "://", "@" and "www."
     backslash-escaped so that it neither splits its row nor renders as a link, image or
     autolink)."""
     lines = ["| " + " | ".join(_md_cell(h) for h in header) + " |",
@@ -258,11 +357,22 @@ def markdown_table(df: pd.DataFrame, **kwargs: Any) -> str:
     return write_markdown_table(list(t.columns), list(t.itertuples(index=False)))
 
 
+_NUMBER_CELL = re.compile(r"[-+−]?[\d.,]+(?:e[+-]\d+)?(?:\s?[%\w/µ]{0,5})?")
+
+
+def _wrap(text: str) -> str:
+    """A cell's wrapping: a number (with a short unit) never breaks ("6.300e-05" stays on
+    one line beside a long kernel name); other text wraps anywhere, so a long path or
+    exception message never runs past the page."""
+    return "white-space:nowrap" if _NUMBER_CELL.fullmatch(text) else "overflow-wrap:anywhere"
+
+
 def html_table(df: pd.DataFrame, *, caption: str | None = None,
                align: Sequence[str] | None = None, **kwargs: Any) -> str:
     """`df` for people (`for_people`) as an HTML table without an index column; `align`:
     one of left/right/center per column (default: left for the first, right for the rest).
-    Cells wrap anywhere, so a long path or exception message never runs past the page."""
+    Text cells wrap anywhere, so a long path or exception message never runs past the page;
+    number cells never break."""
     t = for_people(df, **kwargs)
     cols = list(t.columns)
     align = list(align or ["left", *(["right"] * (len(cols) - 1))])
@@ -274,7 +384,7 @@ def html_table(df: pd.DataFrame, *, caption: str | None = None,
         for c, a in zip(cols, align, strict=False)) + "</tr></thead><tbody>")
     for row in t.itertuples(index=False):
         parts.append("<tr>" + "".join(
-            f'<td style="text-align:{a};overflow-wrap:anywhere">{html.escape(str(v))}</td>'
+            f'<td style="text-align:{a};{_wrap(str(v))}">{html.escape(str(v))}</td>'
             for v, a in zip(row, align, strict=False)) + "</tr>")
     parts.append("</tbody></table>")
     return "".join(parts)

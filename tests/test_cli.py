@@ -123,14 +123,15 @@ def test_tables_format_pr_prints_the_test_result_block() -> None:
     bullets = [x for x in lines if x.startswith("* ")]
     assert [b.split(":")[0] for b in bullets] == [
         "* Normal-call duration, per call", "* Normal calls that released cache",
-        "* Forced releases that released",
+        "* Forced releases that released", "* Telemetry errors (a failed read releases)",
         "* Normal-release markers ∩ all-rank no-device-task time, profiled pair",
         "* Client E2E, unprofiled pairs"]
     for b in bullets:
         assert "baseline " in b and "candidate " in b and "change " in b and "n = " in b
     assert "baseline 8/8, candidate 0/8" in out
     digest = json.loads((PAIRED / "manifest.json").read_text())["seal"]["digest"]
-    assert f"<code>{digest}</code>" in out and "Device kind: `emulated-npu`" in out
+    assert f"`{digest}`" in out and "Device kind: `emulated-npu`" in out
+    assert "<code>" not in out
     assert "does not transfer to the NPU" in out
     rc, out, err = run("tables", "--published", "--format", "pr")
     assert rc == 2 and "--format pr needs RUN_DIR" in err

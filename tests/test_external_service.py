@@ -222,7 +222,7 @@ def test_consecutive_notebook_with_an_external_service(notebooks: dict[str, Path
     assert (attributed["method"], attributed["outside_count"], attributed["startup_count"]
             ) == ("time", 0, RANKS * 3)
     shown = _outputs(folder / "c.ipynb")
-    assert "**Service** <code>standin-vllm-omni-2r</code>" in shown
+    assert "**Service** `standin-vllm-omni-2r`" in shown
     assert "vllm\\_omni 0.0.0+standin" in shown  # Markdown-escaped (md_text, issue 28)
     from residency.humanize import md_text
 
@@ -245,7 +245,7 @@ def test_paired_profile_notebook_with_an_external_service(notebooks: dict[str, P
     assert [(r["outside_count"], r["startup_count"])
             for r in results["evidence"]["request_attribution"]] == [(0, RANKS * 3)] * 2
     shown = _outputs(folder / "p.ipynb")
-    assert "**Service** <code>standin-vllm-omni-2r</code>" in shown
+    assert "**Service** `standin-vllm-omni-2r`" in shown
     # issue 25: said once for all runs, the start-up warm-ups counted as warm-ups
     assert "lay outside every request" not in shown
     # once in the notes under the first screen, once in the evidence table's footer

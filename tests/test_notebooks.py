@@ -198,7 +198,7 @@ def test_consecutive_table_counts_per_rank_and_request() -> None:
                     "6 (4 forced, 2 normal), client warm-up 6 (4 forced, 2 normal); no "
                     "decision outside every request.")
     notes = nb.consecutive_notes(summary)
-    assert notes["normal_retained"].startswith("6 of 6 (100.0%); Clopper-Pearson 95 %")
+    assert notes["normal_retained"].startswith("6 of 6 (100 %); Clopper-Pearson 95 %")
 
 
 def _tampered(tmp: Path, edit_decision: Any = None, edit_client: Any = None) -> Any:
@@ -316,14 +316,14 @@ def test_paired_profile_frames_and_plots() -> None:
     assert per_run.empty and list(per_run.reset_index().columns) == nb.PER_RUN_COLUMNS
     assert nb.releases_frame(ev).loc["candidate", "normal calls released"] == "0/4"
     assert nb.idle_frame(ev).notna().all().all()
-    assert nb.e2e_frame(ev).index.tolist() == [("profiled", 1), ("unprofiled", 2)]
+    assert nb.e2e_frame(ev)["pair"].tolist() == ["profiled pair", "1"]  # one numbering
     for fig, n in ((nb.plot_normal_calls(ev), "n = 2 vs 2 ranks"),
                    (nb.plot_idle(ev), "n = 1 profiled run per arm")):
         title = (fig._suptitle or fig.axes[0].title).get_text()
         assert "emulated-npu (emulated NPU — not an NPU measurement)" in title and n in title
     e2e = e2e_slopegraph(*rv.e2e_pairs(ev), device_kind=ev.device_kind)
-    assert "emulated-npu: emulated NPU — not an NPU measurement; n = 2 pairs, numbered once" \
-        in e2e._suptitle.get_text()
+    assert "emulated-npu: emulated NPU — not an NPU measurement; n = 1 profiled pair, 1 " \
+        "unprofiled pair" in e2e._suptitle.get_text()
     evidence, published = nb.evidence_tables(ev)
     assert evidence.attrs["device_kind"] == "emulated-npu"
     assert published.attrs["device_kind"] == "npu"
@@ -448,8 +448,8 @@ def test_api_probe_on_the_emulated_npu_shows_both_rows() -> None:
     assert patched["bug_present"] is True and "second query" in patched["verdict"]
     verdict = nb.verdict_markdown(probes)
     assert "with the vllm-ascend patch, applied by residency.emulated.patches" in verdict
-    assert ("Redirected: <code>reserved</code>, <code>memory\\_stats</code>, "
-            "<code>get\\_memory\\_info</code>; PyTorch's own: <code>allocated</code>.") in verdict
+    assert ("Redirected: `reserved`, `memory_stats`, `get_memory_info`; PyTorch's own: "
+            "`allocated`.") in verdict
     arms = nb.arms_table(probes)
     assert set(arms["accelerator patch"]) == {"none", "vllm-ascend"}
 

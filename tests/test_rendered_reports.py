@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from residency.reports import html as reports
+from tests.reading import repeated_sentences, two_roundings
 from tests.test_reports import LABEL, too_precise, visible_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -205,7 +206,7 @@ def test_paired_report_ranks_idle_causes_and_diffs_the_traces(
     top = diff["cause"].head(2).tolist()
     assert normal in top and all(c == normal or c.startswith("residency.load[") for c in top)
     assert (diff["delta_idle_ns"] == diff["candidate_idle_ns"] - diff["baseline_idle_ns"]).all()
-    assert "largest reduction first" in r.text
+    assert "the largest changes by size first" in r.text and "top 8 of 10 causes" in r.text
     diff = pd.read_csv(r.out / "trace_diff.csv")
     assert len(diff) > 0 and diff["delta_ms"].abs().is_monotonic_decreasing
     assert "All-rank no-device-task time by cause" in r.text
@@ -361,3 +362,27 @@ def test_fresh_run_records_host_load_and_describes_each_runs_requests(
     assert re.search(r"load average \d+\.\d\d at the start and \d+\.\d\d at the end on \d+ "
                      r"CPUs", text)
     assert ("Loaded host" in text) is hostload.loaded(manifest["host_load"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_each_figure_has_one_text_and_each_sentence_is_said_once(
+        rendered: dict[str, Rendered], name: str) -> None:
+    """Issue 40 over the rendered reports of the recorded runs: no figure shown with two
+    roundings (published figures aside: their own precision), no sentence twice on a page,
+    no remote script, and nothing between the title and the verdict."""
+    from residency.reports.summary import published_figures
+
+    r = rendered[name]
+    texts = visible_text(r.text)
+    published = {m.group(0).lstrip("+-") for m in re.finditer(
+        r"[+-]?\d+\.\d+", json.dumps(list(published_figures()["rows"].values())))}
+    assert two_roundings(texts, exempt=published) == []
+    lines = [" ".join(t.split()) for t in texts]
+    prose = visible_text(re.sub(r"(?s)<table.*?</table>", "", r.text))  # rows repeat by design
+    assert repeated_sentences("\n".join(" ".join(t.split()) for t in prose)) == []
+    assert "<script" not in r.text.lower() and "mathjax" not in r.text.lower()
+    if NOTEBOOK.get(name, name) == "paired_profile":
+        title = next(i for i, t in enumerate(lines) if t.startswith("Paired profile:"))
+        after = [t for t in lines[title + 1:] if t not in ("¶", "")]
+        assert after[0].startswith("E2E"), after[:3]  # nothing between title and verdict

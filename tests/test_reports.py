@@ -350,11 +350,11 @@ def test_e2e_slopegraph_shares_a_zero_based_axis_and_numbers_pairs_once() -> Non
     prof, unprof, deltas = fig.axes
     assert prof.get_ylim() == unprof.get_ylim() and prof.get_ylim()[0] == 0
     numbers = [t.get_text() for ax in (prof, unprof) for t in ax.texts]
-    assert numbers == ["1", "2", "3", "4"]
+    assert numbers == ["", "1", "2", "3"]  # the profiled pair named, unprofiled 1..K
     medians = [t.get_text() for t in deltas.texts if t.get_text().startswith("median")]
-    assert medians == ["median -0.3 s"]  # issue 25: no median drawn for one pair
-    assert "n = 1: 0.4 s" in [t.get_text() for t in deltas.texts]
-    assert "n = 4 pairs, numbered once" in fig._suptitle.get_text()
+    assert medians == ["median -0.3000 s"]  # issue 25: no median drawn for one pair
+    assert "n = 1: 0.4000 s" in [t.get_text() for t in deltas.texts]
+    assert "n = 1 profiled pair, 3 unprofiled pairs numbered 1–3" in fig._suptitle.get_text()
 
 
 def test_whatif_neighbours() -> None:
@@ -499,7 +499,8 @@ def test_progress_reaches_the_terminal_papermill_runs_in(tmp_path: Path) -> None
 
 def test_round_numbers_in_text_built_elsewhere() -> None:
     cases = {"2248.795837 s": "2249 s", "216.822-251.161 ms": "216.8-251.2 ms",
-             "61.428477-163.008423 ms (median 112.21845 ms)": "61.43-163 ms (median 112.2 ms)",
+             "61.428477-163.008423 ms (median 112.21845 ms)":
+             "61.43-163.0 ms (median 112.2 ms)",
              "run 00-baseline 2r50s #8129, torch 2.10.0+cpu, 1.5 x": None,
              "p = 2/C(16,8) = 0.000155": None}
     for text, want in cases.items():
@@ -698,7 +699,7 @@ def test_show_table_caps_the_rows(shown: list) -> None:
                full="values.csv")
     html = shown[-1].data
     assert html.count("<tr>") == 1 + 40
-    assert "values — first 40 of 50 rows; all rows in `values.csv`" in html
+    assert "values — first 40 of 50 rows; all 50 in `values.csv`" in html
     assert "value (ms)" in html and "0.3333" in html and "0.333333" not in html
 
 
@@ -749,7 +750,7 @@ def test_markdown_table_cells_stay_in_their_row() -> None:
 
     md = write_markdown_table(["a", "b"], [[HOSTILE, 1]])
     assert len(md.strip().splitlines()) == 3  # header, separator, one row
-    assert "<script" not in md and "&lt;script>" in md
+    assert "<script" not in md and "&lt;script&gt;" in md
 
 
 @needs_chromium

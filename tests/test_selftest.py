@@ -310,7 +310,7 @@ def test_report_json_and_lines() -> None:
                                 "detail": "python 3"}
     assert data["steps"][1]["hint"] == "look" and "hint" not in data["steps"][2]
     lines = report.lines()
-    assert "emulated NPU - not an NPU measurement" in lines[0]
+    assert "emulated NPU — not an NPU measurement" in lines[0]  # devices.label, spelled once
     assert any(line.strip() == "hint: look" for line in lines)
     assert any(line.strip() == "ExperimentError: boom" for line in lines)
     # a log tail: its last lines without the access log, and how many were left out

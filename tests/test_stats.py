@@ -66,7 +66,7 @@ def test_smallest_reachable_p_and_interval_threshold() -> None:
 
 def test_noise_and_pairs_needed() -> None:
     r = stats.compare_pairs([2248.795837], [2244.482967], noise=3.0)
-    assert "1.4x the noise" in r.note and r.pairs_needed == 6
+    assert "1.438x the noise" in r.note and r.pairs_needed == 6  # 4 significant digits
     within = stats.compare_pairs([10.0, 10.0], [9.9, 9.95], noise=0.5)
     assert "within the noise" in within.note
     noisy = stats.compare_pairs([10, 10, 10, 10], [9, 11, 9.5, 10.4])
@@ -362,7 +362,7 @@ def test_pair_note_names_the_test_once_with_its_coverage_reversed_pairs_and_outl
     assert r.ci_coverage == pytest.approx(1 - 22 / 1024) and r.ci_order == (2, 9)
     assert "97.85 % distribution-free interval" in r.note and "95 %" not in r.note
     assert r.reversed_pairs == (3,) and r.outlier_pairs == (3, 6)
-    assert "Reversed (against the median's direction): pair 4 (p3) +0.333 s" in r.note
+    assert "Reversed (against the median's direction): pair 4 (p3) +0.3330 s" in r.note
     assert "pair 7 (p6) -1.352 s" in r.note
     assert too_many_digits(r.note.replace("1.4826 x MAD", "")) == []  # a constant's name
 

@@ -61,19 +61,22 @@ def test_rows_units_and_emulated_label() -> None:
     assert "emulated NPU — not an NPU measurement" in table.attrs["title"]
     row = table.set_index("metric")
     normal = row.loc["normal-call duration per rank, profiled pair 00-baseline / 01-candidate"]
-    assert normal["baseline"].startswith("99.123456-102.1 ms")
+    assert normal["baseline"].startswith("99.12–102.1 ms")  # for people: 4 digits, one dash
+    full = pd.DataFrame(table.attrs["full_rows"]).set_index("metric")  # CSV and JSON
+    assert full.loc[normal.name, "baseline"].startswith("99.123456–102.1 ms")
     assert normal["n"] == "2 vs 2 ranks (no test)" and "p=" not in normal["note"]
     assert row.loc["normal calls that released cache", "baseline"].startswith("2/2 released")
     assert row.loc["normal calls that released cache", "candidate"].startswith("0/2 released")
     assert row.loc["forced releases that released", "n"] == "4 vs 4 calls"  # warm-up excluded
     assert row.loc["preparation window", "baseline"] == "0.85 s"
-    assert row.loc["client E2E per pair", "delta"] == "-1.145678 s (-9.28 %)"
+    assert row.loc["client E2E per pair", "delta"] == "-1.146 s (-9.280 %)"
+    assert full.loc["client E2E per pair", "delta"].startswith("-1.145678 s (-9.27999")
     assert "Single observation" in row.loc["client E2E per pair", "note"]
 
 
 def test_preparation_falls_back_to_service_response() -> None:
     row = tables.evidence_table(load_run(FIXTURE)).set_index("metric").loc["preparation window"]
-    assert (row["baseline"], row["candidate"]) == ("0.8455 s", "0.13125 s")
+    assert (row["baseline"], row["candidate"]) == ("0.8455 s", "0.1313 s")
     assert "max over ranks" in row["note"]
 
 
@@ -98,30 +101,32 @@ def test_alternating_pairs_use_sign_flip_test(run_copy: Path) -> None:
 
 def test_csv_and_json_round_trip() -> None:
     table = tables.evidence_table(load_run(FIXTURE), idle=IDLE)
-    assert pd.read_csv(io.StringIO(tables.to_csv(table))).fillna("").equals(table)
+    full = pd.DataFrame(table.attrs["full_rows"], columns=list(table.columns))
+    assert pd.read_csv(io.StringIO(tables.to_csv(table))).fillna("").equals(full)
+    assert "0.13125 s" in tables.to_csv(tables.evidence_table(load_run(FIXTURE)))
     doc = json.loads(tables.to_json(table))
     assert doc["device_kind"] == "emulated-npu" and len(doc["rows"]) == len(table)
 
 
 def test_published_table_holds_every_brief_figure() -> None:
-    """The CSV keeps every published figure at full precision; the Markdown, for people,
-    shows 4 significant digits (as the reports do)."""
+    """The CSV and the Markdown keep every published figure at its published precision, as
+    the reports' side-by-side table shows it (one text per figure in every view)."""
     table = tables.published_table()
     csv, md = tables.to_csv(table), tables.to_markdown(table)
     assert table.attrs["device_kind"] == "npu" and "emulated" not in table.attrs["title"]
-    for figure in ("216.822-251.161 ms", "1.334-1.579 ms", "8/8 released", "0/8 released",
+    for figure in ("216.822–251.161 ms", "1.334–1.579 ms", "8/8 released", "0/8 released",
                    "16/16 released", "221.296680 ms", "3.164550 ms", "-218.132130 ms",
                    "2248.795837 s", "2244.482967 s", "24/24 normal checks retained",
                    "48/48 forced releases released", "0 telemetry errors", "0 OOM",
                    "2253.664743 s", "2239.304066 s", "-14.360677 s", "6.631556 s",
                    "3.039535 s", "3.670694 s", "0.941927 s", "every rank, in this run pair"):
         assert figure in csv, figure
-    for figure in ("216.8-251.2 ms", "1.334-1.579 ms", "8/8 released", "221.3 ms",
-                   "3.165 ms", "-218.1 ms", "2249 s", "2244 s", "24/24 normal checks retained",
-                   "2254 s", "2239 s", "-14.36 s", "6.632 s", "0.9419 s",
+    for figure in ("216.822–251.161 ms", "1.334–1.579 ms", "8/8 released", "221.296680 ms",
+                   "3.164550 ms", "-218.132130 ms", "2248.795837 s", "2244.482967 s",
+                   "24/24 normal checks retained", "-14.360677 s", "0.941927 s",
                    "every rank, in this run pair"):
         assert figure in md, figure
-    assert "221.29668" not in md and "2248.795837" not in md
+    assert "221.3 ms" not in md and "2249 s" not in md  # never re-rounded
     assert "2/C(16,8)" not in md  # ranks of one run: a description, no p-value
 
 

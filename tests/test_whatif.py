@@ -381,7 +381,7 @@ def test_estimated_effect_prices_predicted_releases_with_measured_costs() -> Non
     assert effect.recorded_ms == pytest.approx(97.272)
     assert "A model, not a measurement" in effect.note
     assert "not NPU figures" in effect.note and "Mann-Whitney" in effect.note
-    assert "97.272 ms" in effect.note  # the model is checked against the measured time
+    assert "97.27 ms" in effect.note  # the model is checked against the measured time
     json.dumps(effect.to_dict())
 
 
@@ -400,7 +400,7 @@ def test_cli_gate_then_totals_then_effect_with_empty_stderr() -> None:
     assert lines[0].startswith("Consistency gate: PASS: all 10 recorded normal decisions")
     text = out.stdout
     assert text.index("### What-if: bounded policy") < text.index("### Estimated effect")
-    assert "| 0.25 * | 0.05 | 7 | 5 | 2 | 71.4 % | r0 2, r1 0 | 0/3 |" in lines
+    assert "| 0.25 * | 0.05 | 7 | 5 | 2 | 71.43 % | r0 2, r1 0 | 0/3 |" in lines
     assert "not NPU figures" in text and "A model, not a measurement" in text
 
 

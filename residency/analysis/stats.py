@@ -33,6 +33,8 @@ from typing import Any
 import numpy as np
 from scipy import stats as _sps
 
+from residency import humanize
+
 ALPHA = 0.05
 MIN_REPETITIONS = 9  # Google Benchmark compare.py warns below this
 MIN_CI_PAIRS = 10  # no interval for paired deltas below this many pairs
@@ -62,30 +64,25 @@ def fmt_num(x: float) -> str:
 
 
 def fmt_p(p: float) -> str:
-    """A p-value with four significant digits: 0.001953125 -> "0.001953"."""
-    return f"{p:.4g}"
+    """A p-value with four significant digits: 0.001953125 -> "0.001953"
+    (`residency.humanize.p_text`)."""
+    return humanize.p_text(p)
 
 
 def fmt_sig(x: float, unit: str = "", *, sign: bool = False) -> str:
     """`x` with 4 significant digits (and its unit): -0.293371 -> "-0.2934"; `sign` adds
-    "+" to positive values."""
-    from residency.humanize import sig
-
-    text = sig(x)
-    if sign and x > 0:
-        text = "+" + text
-    return f"{text} {unit}".rstrip()
+    "+" to positive values (`residency.humanize.quantity`)."""
+    return humanize.quantity(x, unit, sign=sign)
 
 
 def fmt_speed(ratio: float | None) -> str:
-    """pyperf's wording for a duration ratio candidate/baseline."""
+    """pyperf's wording for a duration ratio candidate/baseline, with 4 significant digits
+    as every figure people read (`residency.humanize.ratio_text`)."""
     if ratio is None or not math.isfinite(ratio):
         return "ratio undefined (baseline is 0)"
-    if ratio == 1.0:
-        return "no change"
     if ratio == 0.0:
         return "candidate is 0"
-    return f"{1 / ratio:.2f}x faster" if ratio < 1 else f"{ratio:.2f}x slower"
+    return humanize.ratio_text(1.0, ratio)
 
 
 def _verdict(p: float) -> str:
@@ -468,10 +465,10 @@ def compare_pairs(
             ci, coverage, order = (found[0], found[1]), found[2], (found[3], found[4])
         parts.append(f"Median of the paired deltas {fmt_sig(md, unit, sign=True)} (not the "
                      f"delta of the medians, {fmt_sig(cm - bm, unit, sign=True)}); " + (
-            f"{coverage:.2%} distribution-free interval {fmt_sig(ci[0])}..{fmt_sig(ci[1], unit)}"
+            f"{humanize.percent(coverage)} distribution-free interval "
+            f"{humanize.span_text(ci[0], ci[1], unit)}"
             f" (deltas {order[0]} and {order[1]} of {n} in order; exact coverage from the "
-            f"binomial distribution)." if ci else f"no interval below {MIN_CI_PAIRS} pairs."
-        ).replace("%", " %"))
+            f"binomial distribution)." if ci else f"no interval below {MIN_CI_PAIRS} pairs."))
         rev, out = _unusual_pairs(d)
         if rev:
             parts.append(f"Reversed (against the median's direction): "
@@ -481,7 +478,7 @@ def compare_pairs(
                          f"MAD, from the median delta): {_name_pairs(out, d, labels, unit)}.")
     if noise is not None:
         verdict = ("within the noise: not distinguishable from A/A variation"
-                   if abs(md) <= noise else f"{abs(md) / noise:.1f}x the noise")
+                   if abs(md) <= noise else f"{humanize.sig(abs(md) / noise)}x the noise")
         parts.append(f"A/A noise {fmt_sig(noise, unit)}: |median delta| "
                      f"{fmt_sig(abs(md), unit)} is {verdict}.")
     spread = robust_spread(d) if n >= 2 else noise
@@ -669,8 +666,9 @@ def aa_noise(slot_a: Sequence[float], slot_b: Sequence[float], *, unit: str = "s
     cv = float(np.std(both, ddof=1) / np.mean(both)) if both.size > 1 and np.mean(both) else None
     spread, mx = float(np.median(np.abs(d))), float(np.max(np.abs(d)))
     note = (f"A/A: the same arm in both slots, {a.size} pair(s): median |delta| "
-            f"{fmt_num(spread)} {unit}, largest {fmt_num(mx)} {unit}"
-            + ("" if cv is None else f", coefficient of variation of the runs {cv:.2%}")
+            f"{humanize.quantity(spread, unit)}, largest {humanize.quantity(mx, unit)}"
+            + ("" if cv is None else f", coefficient of variation of the runs "
+                                     f"{humanize.percent(cv)}")
             + ". An A/B delta within this spread is not distinguishable from noise.")
     return AANoise(n=int(a.size), deltas=tuple(float(x) for x in d), spread=spread,
                    max_abs=mx, cv=cv, unit=unit, p_value=None, ci=None, note=note)
@@ -688,7 +686,7 @@ def e2e_verdict(difference: PairComparison, equivalence: Equivalence, *,
     u = difference.unit
     p = difference.p_value
     rel = ("" if difference.relative is None else
-           f" ({difference.relative:+.2%} of the baseline median)".replace("%", " %"))
+           f" ({humanize.change_percent(difference.relative)} of the baseline median)")
     if p is not None and p < ALPHA and difference.delta != 0:
         direction = "faster" if difference.delta < 0 else "slower"
         where = ("in the expected direction" if direction == expected
@@ -751,8 +749,8 @@ def proportion(successes: int, n: int) -> Proportion:
     k = int(successes)
     lo = 0.0 if k == 0 else float(_sps.beta.ppf(0.025, k, n - k + 1))
     hi = 1.0 if k == n else float(_sps.beta.ppf(0.975, k + 1, n - k))
-    note = (f"{k} of {n} ({k / n:.1%}); Clopper-Pearson 95 % interval "
-            f"{lo:.1%}-{hi:.1%}: what this count supports.")
+    note = (f"{k} of {n} ({humanize.percent(k / n)}); Clopper-Pearson 95 % interval "
+            f"{humanize.percent_span(lo, hi)}: what this count supports.")
     return Proportion(successes=k, n=int(n), fraction=k / n, ci=(lo, hi), p_value=None,
                       ratio=None, delta=None, unit="fraction", note=note)
 

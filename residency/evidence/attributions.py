@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from residency import markers
+from residency import humanize, markers
 from residency.analysis import stats
 from residency.evidence.model import PAIRED_ARMS, Attribution, Evidence, Scope
 from residency.evidence.runs import RunData, measured_requests, service_of
@@ -116,7 +116,7 @@ def _range(values: Sequence[float]) -> tuple[float, float]:
 
 def _fmt_range(values: Sequence[float], unit: str) -> str:
     lo, hi = _range(values)
-    return f"{stats.fmt_num(lo)}-{stats.fmt_num(hi)} {unit}"
+    return humanize.span_text(lo, hi, unit)
 
 
 # ----------------------------------------------------------------------------- attributions
@@ -143,7 +143,7 @@ def _normal_call_per_rank(data: RunData) -> Attribution | None:
     speed = stats.fmt_speed(cm / bm if bm else None)
     note = (f"Every rank, in this run pair ({what} {names}): baseline {_fmt_range(b, 'ms')}, "
             f"candidate {_fmt_range(c, 'ms')} per call, {order}; median over ranks "
-            f"{stats.fmt_num(bm)} -> {stats.fmt_num(cm)} ms ({speed}). A description of the "
+            f"{humanize.sig(bm)} -> {humanize.quantity(cm, 'ms')} ({speed}). A description of the "
             f"ranks of one run each, not a test: ranks of one run are not independent "
             f"replicates (the cross-run claim is the per-run attribution).")
     return Attribution(
@@ -243,9 +243,10 @@ def _counts(data: RunData, kind: str, key: str, metric: str) -> Attribution | No
     runs = {a: sorted(set(calls[calls["run_arm"] == a]["run"])) for a in PAIRED_ARMS}
     ranks = {a: int(calls[calls["run_arm"] == a]["rank"].nunique()) for a in PAIRED_ARMS}
     result = {a: stats.proportion(k[a], n[a]) for a in PAIRED_ARMS if n[a]}
-    ci = ", ".join(f"{a} {p.ci[0]:.1%}-{p.ci[1]:.1%}" for a, p in result.items()
-                   ).replace("%", " %")
-    clusters = "; ".join(f"{a}: {n[a]} calls in {len(runs[a])} runs x {ranks[a]} ranks"
+    ci = ", ".join(f"{a} {humanize.percent_span(*p.ci)}" for a, p in result.items())
+    clusters = "; ".join(f"{a}: {humanize.count_text(n[a], 'call')} in "
+                         f"{humanize.count_text(len(runs[a]), 'run')} x "
+                         f"{humanize.count_text(ranks[a], 'rank')}"
                          for a in PAIRED_ARMS if n[a])
     note = (f"Clopper-Pearson 95 %: {ci or 'no calls'}. The calls are outcomes of a "
             f"deterministic rule (the policy on each call's memory state), clustered in runs "
@@ -293,23 +294,27 @@ def _telemetry_errors(data: RunData) -> Attribution | None:
 
 @attributor("oom")
 def _oom(data: RunData) -> Attribution | None:
-    vals: dict[str, list[int]] = {}
-    reported = True
-    for a in PAIRED_ARMS:
+    vals: dict[str, list[int | None]] = {}
+    unreported = []
+    for a in PAIRED_ARMS:  # each arm on its own: an arm without runs blanks only itself
         ooms = [pr.get("oom") for e in data.entries(a) for resp in data.responses(e)
                 for pr in resp.get("per_rank") or []]
-        if not ooms or None in ooms:
-            reported = False
-        vals[a] = [int(sum(o for o in ooms if o is not None))]
+        if data.entries(a) and (not ooms or None in ooms):
+            unreported.append(a)
+        vals[a] = [None] if not ooms or None in ooms else [int(sum(ooms))]
     if not data.run.runs:
         return None
+    missing = "".join(f" No {a} runs in this design." for a in PAIRED_ARMS
+                      if not data.entries(a))
     return Attribution(
         key="oom", metric="out-of-memory errors", kind="tally", unit="errors",
-        values=vals if reported else {a: [None] for a in PAIRED_ARMS},
-        n={a: len(data.entries(a)) for a in PAIRED_ARMS}, judged_on="run (plain counts)",
+        values=vals, n={a: len(data.entries(a)) for a in PAIRED_ARMS},
+        judged_on="run (plain counts)",
         scope=Scope(runs=tuple(e.name for e in data.run.runs), what="all measured runs"),
         note="Out-of-memory errors the service reported per rank, summed over measured "
-             "requests." + ("" if reported else " Not reported by this service: n/a."))
+             "requests." + missing + ("" if not unreported else
+                                     f" Not reported by this service ({', '.join(unreported)})"
+                                     ": n/a."))
 
 
 def _single(key: str, metric: str, unit: str, scale: float, b: float, c: float,
@@ -368,7 +373,7 @@ def _preparation_window(data: RunData) -> Attribution | None:
 def _e2e(data: RunData, entry: RunEntry) -> float | None:
     if entry.e2e_s is not None:
         return float(entry.e2e_s)
-    v = data.clients[entry.name].get("e2e_s")
+    v = data.clients[entry.name].get("median_e2e_s")
     return None if v is None else float(v)
 
 
@@ -489,7 +494,9 @@ def _e2e_pairs(data: RunData, profiled: bool) -> Attribution | None:
                 margin_label=f"{stats.E2E_MARGIN_FRACTION:.0%} of the baseline median E2E".replace(
                     "%", " %"))
             sentence = stats.e2e_verdict(result, eq)
-            verdict = " " + eq.note + " " + sentence
+            # (the verdict sentence itself is `detail["verdict"]`: the first screen's E2E line
+            # says it, the note does not repeat it on the same page)
+            verdict = " " + eq.note
             detail = {"equivalence_margin_s": margin, "equivalence_p": eq.p_value,
                       "equivalent": eq.equivalent, "equivalence": eq.outcome,
                       "equivalence_p_below": eq.p_below, "equivalence_p_above": eq.p_above,

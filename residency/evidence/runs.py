@@ -24,11 +24,8 @@ __all__ = ["NORMAL_MARKER", "PREPARE_MARKER", "RunData", "idle_from_traces", "lo
 
 def measured_requests(run: Run, entry: RunEntry) -> list[dict[str, Any]]:
     """The measured requests of one run entry, in order: `request_id` and `response`."""
-    client = run.client(entry)
-    if client.get("requests"):
-        return [{"request_id": r.get("request_id"), "response": r.get("response") or {}}
-                for r in client["requests"]]
-    return [{"request_id": client.get("request_id"), "response": client.get("response") or {}}]
+    return [{"request_id": r.get("request_id"), "response": r.get("response") or {}}
+            for r in run.client(entry)["requests"]]  # (every layout read as the current one)
 
 
 def service_of(manifest: Mapping[str, Any]) -> dict[str, Any]:
@@ -168,7 +165,4 @@ class RunData:
 
     def responses(self, entry: RunEntry) -> list[dict[str, Any]]:
         """Service responses of the entry's measured requests."""
-        client = self.clients[entry.name]
-        if client.get("requests"):
-            return [r.get("response") or {} for r in client["requests"]]
-        return [client.get("response") or {}]
+        return [r.get("response") or {} for r in self.clients[entry.name]["requests"]]

@@ -51,7 +51,7 @@ from residency.rundir.layout import (
     TRACE_RAW,
 )
 from residency.rundir.layout import run_dir as run_dir_name
-from residency.rundir.run import Manifest, versions
+from residency.rundir.run import CLIENT_LAYOUT, Manifest, versions
 
 STOP_GRACE_S = 30.0
 SERVICE_TMP = "tmp"  # the built-in service's TMPDIR inside its run directory, while it runs
@@ -561,17 +561,17 @@ def _run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, 
     median_s = median_ns / 1e9
     if spec.builtin and profiled:
         _collect_builtin_traces(run_dir, first["request_id"])
-    client = {"arm": arm, "index": index, "request": {"steps": steps, "seed": seed},
-              "request_id": first["request_id"], "e2e_ns": median_ns, "e2e_s": median_s,
-              "start_wall_ns": first["start_wall_ns"], "end_wall_ns": first["end_wall_ns"],
+    # layout 2 (`rundir.run.CLIENT_LAYOUT`): each field describes one thing: the run's
+    # median E2E, and one record per measured request (id, E2E, window, response)
+    client = {"layout": CLIENT_LAYOUT, "arm": arm, "index": index,
+              "request": {"steps": steps, "seed": seed},
+              "median_e2e_ns": median_ns, "median_e2e_s": median_s,
               "warmup": {"request_id": (_json_or_none(warm.payload) or {}).get("request_id"),
                          "e2e_ns": warm.e2e_ns, "start_wall_ns": warm.start_wall_ns,
                          "end_wall_ns": warm.end_wall_ns},
-              "response": first["response"]}
+              "requests": measured}
     if service.versions is not None:
         client["service_versions"] = service.versions
-    if requests > 1:
-        client["requests"] = measured
     write_json_atomic(run_dir / CLIENT, client)
     # `request_id` and `e2e_s` describe the same thing: one measured request and its E2E, or,
     # with R > 1, the R requests (`request_ids`) and their median (issue 25)

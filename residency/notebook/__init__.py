@@ -59,6 +59,7 @@ from residency.notebook.paired import (
     paired_profile,
     paired_results,
     per_run_frame,
+    release_reason,
     releases_frame,
 )
 from residency.notebook.params import (
@@ -92,6 +93,7 @@ __all__ = [
     "markdown_table", "normal_call_frame", "note", "notes", "open_source", "paired_profile",
     "paired_results", "per_run_frame", "plan_markdown", "plot_fractions", "plot_idle",
     "plot_normal_calls", "policy_whatif", "prepare_output_dir", "probe", "probe_table",
-    "releases_frame", "row_label", "save_figure", "statistical_note", "verdict_markdown",
+    "release_reason", "releases_frame", "row_label", "save_figure", "statistical_note",
+    "verdict_markdown",
     "versions_table", "whatif_figure", "whatif_results", "write_results", "write_tables",
 ]

@@ -68,12 +68,18 @@ def consecutive_notes(summary: Mapping[str, Any]) -> dict[str, str]:
     """What the counts of `consecutive_summary` support (Clopper-Pearson 95 % intervals, on
     calls that are outcomes of a deterministic rule): `normal_retained`, `forced_released`."""
     out = {}
+    said = False
     for key, total in (("normal_retained", "normal_total"), ("forced_released", "forced_total")):
         n = int(summary[total])
-        out[key] = (stats.proportion(int(summary[key]), n).note + " The calls are outcomes of "
-                    "a deterministic rule on each call's memory state, clustered in ranks and "
-                    "requests: the interval describes these calls, not a rate for other runs."
-                    if n else "No calls of this kind recorded: nothing to estimate.")
+        if not n:
+            out[key] = "No calls of this kind recorded: nothing to estimate."
+            continue
+        out[key] = stats.proportion(int(summary[key]), n).note
+        if not said:  # the shared sentence once, under the first count (one page)
+            out[key] += (" The calls are outcomes of a deterministic rule on each call's memory "
+                         "state, clustered in ranks and requests: each interval describes these "
+                         "calls, not a rate for other runs.")
+            said = True
     return out
 
 

@@ -28,11 +28,14 @@ __all__ = ["RESULTS_FILE", "describe_run", "finish",
            "write_results", "write_tables"]
 
 
-def _announce(line: str) -> None:
-    """Print `line` in the notebook and, inside a Jupyter kernel, on the terminal that
-    started it (papermill's stderr), which sees nothing of the notebook's own output."""
-    print(line, flush=True)
-    if type(sys.stderr).__module__.startswith("ipykernel"):
+def _announce(line: str, *, notebook: bool = True) -> None:
+    """Print `line` in the notebook (unless `notebook` is false: then, inside a Jupyter
+    kernel, only) on the terminal that started it (papermill's stderr), which sees nothing
+    of the notebook's own output. Outside a kernel the line is printed."""
+    kernel = type(sys.stderr).__module__.startswith("ipykernel")
+    if notebook or not kernel:
+        print(line, flush=True)
+    if kernel:
         from residency.notebook.progress import to_terminal
 
         to_terminal(line)
@@ -67,7 +70,9 @@ def prepare_output_dir(output_dir: str | os.PathLike[str] | None, name: str) -> 
                 continue
         else:
             raise ParameterError(f"The output folder {base} has no free name for {stamp}.")
-    _announce(f"{name}: results.json, tables and figures go to {path}")
+    # on the terminal only: in the report nothing stands between the title and the verdict
+    # (the appendix's last line says where everything went)
+    _announce(f"{name}: results.json, tables and figures go to {path}", notebook=False)
     return path
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,7 @@ NOTE_KEYS = ("normal_call_per_rank", "normal_call_per_run", "normal_released",
              "e2e_profiled", "e2e_unprofiled", "e2e_aa")
 
 __all__ = ["ATTRIBUTIONS", "PER_RUN_COLUMNS", "cross_device", "e2e_frame", "evidence_tables",
+           "release_reason",
            "first_screen", "first_screen_notes", "headline", "notes",
            "normal_call_frame",
            "note", "paired_profile", "paired_results", "per_run_frame", "releases_frame"]
@@ -79,17 +81,44 @@ def headline(ev: Evidence, run: Run) -> str:
     return first_screen(ev, run)
 
 
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z*(])")
+
+
 def notes(ev: Evidence, keys: tuple[str, ...] | list[str]) -> list[str]:
-    """The notes of several attributions (`note`), the statistical unit and scope said once,
-    under the last one, when they all share them (no sentence repeated per attribution)."""
-    found = [ev.get(k) for k in keys]
-    shared = {(a.judged_on, a.scope.describe()) for a in found if a is not None}
-    if len(shared) != 1 or any(a is None for a in found):
-        return [note(ev, k) for k in keys]
-    judged, scope = next(iter(shared))
-    out = [statistical_note(md_text(a.note), what=ATTRIBUTIONS.get(a.key, a.key))
-           for a in found]
-    out[-1] += f" *Judged on (all {len(found)}): {md_text(judged)}. Scope: {md_text(scope)}.*"
+    """The notes of several attributions shown together (`note`), no sentence said twice: a
+    sentence an earlier note of the group already said is left out of the later ones, and
+    the statistical unit and the scope are said once, under the last note of the run of
+    notes that share them ("Judged on (all 3): ...")."""
+    found = [(k, ev.get(k)) for k in keys]
+    present = [a for _, a in found if a is not None]
+    judged = [a.judged_on for a in present]
+    scopes = [a.scope.describe() for a in present]
+    out, said, i = [], set(), 0
+    for key, a in found:
+        if a is None:
+            out.append(note(ev, key))
+            continue
+        body = []
+        for sentence in _SENTENCE_END.split(a.note.strip()):
+            if sentence and sentence not in said:
+                body.append(sentence)
+                said.add(sentence)
+        tail = []
+        for label, values in (("Judged on", judged), ("Scope", scopes)):
+            if i + 1 < len(values) and values[i + 1] == values[i]:
+                continue  # said under a later note
+            same = 1
+            while i - same >= 0 and values[i - same] == values[i]:
+                same += 1
+            tail.append(f"{label}{f' (all {same})' if same > 1 else ''}: "
+                        f"{md_text(values[i])}.")
+        text = (md_text(" ".join(body)) if body else
+                f"As for {md_text(ATTRIBUTIONS.get(present[i - 1].key, present[i - 1].key))}"
+                " above.")
+        if tail:
+            text += " *" + " ".join(tail) + "*"
+        out.append(statistical_note(text, what=ATTRIBUTIONS.get(a.key, a.key)))
+        i += 1
     return out
 
 
@@ -106,6 +135,26 @@ def note(ev: Evidence, key: str) -> str:
                             f"{md_text(a.scope.describe())}.*", what=what)
 
 
+def release_reason(ev: Evidence) -> str:
+    """One sentence on why the baseline's normal calls released in this run, from its own
+    counts (never from the device's name): every normal call's telemetry read failed (the
+    bug), some did, or none did (the generic query answers on this device, so both arms
+    decide by the bounds)."""
+    errors, released = ev.get("telemetry_errors"), ev.get("normal_released")
+    if errors is None or released is None or not released.n.get("baseline"):
+        return "This run recorded no baseline normal calls to explain."
+    k_err, k_rel = int(errors.values["baseline"][0]), int(released.values["baseline"][0])
+    n = int(released.n["baseline"])
+    c_err = int(errors.values["candidate"][0]) if errors.n.get("candidate") else 0
+    if k_err == 0:
+        return (f"Here the baseline's generic telemetry answered on every normal call (0 of {n} "
+                f"failed reads; {k_rel} of {n} released by the bounds): on {ev.device_kind} "
+                "the bug does not show, and both arms decide by the bounds.")
+    return (f"Here the baseline's generic telemetry read failed on {k_err} of {n} normal "
+            f"calls, and each such call released the cache ({k_rel} of {n} released); the "
+            f"candidate's reads failed {c_err} times.")
+
+
 def normal_call_frame(ev: Evidence) -> pd.DataFrame:
     """Rank x arm table of normal-call durations of the profiled pair (ms, each rank's median
     per call)."""
@@ -118,7 +167,7 @@ def normal_call_frame(ev: Evidence) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=["rank", "baseline (ms)", "candidate (ms)"])
     with np.errstate(divide="ignore", invalid="ignore"):
         df["baseline / candidate"] = (df["baseline (ms)"].astype(float)
-                                      / df["candidate (ms)"].astype(float)).round(2)
+                                      / df["candidate (ms)"].astype(float))
     return df.set_index("rank")
 
 
@@ -160,19 +209,23 @@ def releases_frame(ev: Evidence) -> pd.DataFrame:
 
 
 def e2e_frame(ev: Evidence) -> pd.DataFrame:
-    """One row per pair: design (profiled / unprofiled), pair number (numbered once across
-    both, profiled first, as in the E2E figure), E2E of each arm (s) and the delta
-    candidate - baseline (s)."""
+    """One row per pair: the pair's name as every view gives it (`humanize.pair_names`: the
+    profiled pair by name, the unprofiled pairs 1..K as the statistical notes number them),
+    E2E of each arm (s) and the delta candidate - baseline (s)."""
+    from residency.humanize import pair_names
+
     rows = []
-    for key, word in (("e2e_profiled", "profiled"), ("e2e_unprofiled", "unprofiled")):
+    for key in ("e2e_profiled", "e2e_unprofiled"):
         a = ev.get(key)
         if a is None:
             continue
-        for b, c in zip(a.values["baseline"], a.values["candidate"], strict=True):
-            rows.append({"pairs": word, "pair": len(rows) + 1, "baseline (s)": b,
-                         "candidate (s)": c, "delta (s)": c - b})
-    return pd.DataFrame(rows, columns=["pairs", "pair", "baseline (s)", "candidate (s)",
-                                       "delta (s)"]).set_index(["pairs", "pair"])
+        values = list(zip(a.values["baseline"], a.values["candidate"], strict=True))
+        names = pair_names(len(values), 0)[0] if key == "e2e_profiled" else \
+            pair_names(0, len(values))[1]
+        for name, (b, c) in zip(names, values, strict=True):
+            rows.append({"pair": name, "baseline (s)": b, "candidate (s)": c,
+                         "delta (s)": c - b})
+    return pd.DataFrame(rows, columns=["pair", "baseline (s)", "candidate (s)", "delta (s)"])
 
 
 def _e2e_lists(ev: Evidence, key: str) -> dict[str, list[float]]:

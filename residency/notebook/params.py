@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -305,7 +306,18 @@ def open_source(source: str | os.PathLike[str], *, output_dir: str | os.PathLike
                         inject_failure=inject_failure,
                         sequential=_rule(stop_when_decided, design, pairs),
                         require_exclusive=require_exclusive)
+    _clear_progress()
     return load_run(path)
+
+
+def _clear_progress() -> None:
+    """Inside a Jupyter kernel, clear the cell's output once the runs are recorded: the
+    finished progress bar never stands between the report's title and its verdict (the
+    terminal keeps every progress line; the appendix lists the runs)."""
+    if type(sys.stderr).__module__.startswith("ipykernel"):
+        from IPython.display import clear_output
+
+        clear_output()
 
 
 

@@ -12,6 +12,7 @@ import pandas as pd
 
 from residency import devices
 from residency.evidence import PAIRED_ARMS, Evidence
+from residency.humanize import count_text, sig
 from residency.policy.cache import DEFAULT_MAX_CACHED_FRACTION, DEFAULT_MIN_FREE_FRACTION
 from residency.reports.figure_text import plain_text
 
@@ -24,6 +25,12 @@ __all__ = ["plot_fractions", "plot_idle", "plot_normal_calls", "whatif_figure"]
 
 def _title(what: str, device_kind: str, n: str, injection: str = "none") -> str:
     return f"{what}\n{device_kind} ({devices.label(device_kind, injection)}); {n}"
+
+
+def _bar_labels(values: Any) -> list[str]:
+    """Bar labels as the tables print the same values (`residency.humanize.sig`)."""
+    return ["" if v is None or (isinstance(v, float) and math.isnan(v)) else sig(v)
+            for v in values]
 
 
 def _figure(ncols: int, *, width: float = 11.0, height: float = 4.2) -> tuple[Figure, Any]:
@@ -69,7 +76,7 @@ def plot_fractions(frame: pd.DataFrame) -> Figure:
         ax.legend(fontsize=8, loc="best")
     ax_c.set_title("cached-but-unallocated")
     ax_f.set_title("physically free")
-    n = f"n = {len(frame)} normal checks, {len(ranks)} ranks"
+    n = f"n = {count_text(len(frame), 'normal check')}, {count_text(len(ranks), 'rank')}"
     fig.suptitle(_title("Memory state at each normal check vs the two bounds", kind, n))
     return fig
 
@@ -87,7 +94,7 @@ def plot_normal_calls(ev: Evidence) -> Figure:
     for i, a in enumerate(PAIRED_ARMS):
         vals = [by_rank[a].get(r, np.nan) for r in ranks]
         bars = ax.bar(x + (i - 0.5) * 0.4, vals, width=0.4, label=a)
-        ax.bar_label(bars, fmt="%.3g", fontsize=8)
+        ax.bar_label(bars, labels=_bar_labels(vals), fontsize=8)
     ax.set_yscale("log")
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
@@ -102,7 +109,8 @@ def plot_normal_calls(ev: Evidence) -> Figure:
     pair = (f"profiled pair {ev.reference_pair[0]} / {ev.reference_pair[1]}"
             if ev.reference_pair else "no pair")
     ax.set_title(_title("Normal policy calls: time per rank (every rank, in this run pair)",
-                        ev.device_kind, f"n = {nb} vs {nc} ranks, {pair}", ev.injection))
+                        ev.device_kind, f"n = {nb} vs {count_text(nc, 'rank')}, {pair}",
+                        ev.injection))
     return fig
 
 
@@ -135,7 +143,7 @@ def plot_idle(ev: Evidence) -> Figure:
     for ax, col in zip(axes, frame.columns, strict=True):
         vals = frame[col].astype(float).tolist()
         bars = ax.bar(list(PAIRED_ARMS), vals, color=["tab:blue", "tab:orange"])
-        ax.bar_label(bars, fmt="%.4g", fontsize=8)
+        ax.bar_label(bars, labels=_bar_labels(vals), fontsize=8)
         ax.set_title(col, fontsize=10)
         ax.set_ylabel(col.rsplit("(", 1)[-1].rstrip(")"))
         ax.grid(axis="y", alpha=0.3)

@@ -116,14 +116,18 @@ def render_html(notebook: str | os.PathLike[str], out_dir: str | os.PathLike[str
 
     # merged streams keep only what a terminal would show last (progress bars redraw with \r)
     config = Config({"CoalesceStreamsPreprocessor": {"enabled": True}})
-    from residency.reports.sanitize import clean_html
-
     # every Markdown cell, HTML or Markdown output through `clean_html` (nbconvert's
     # sanitize hook, its filter replaced): a received notebook's HTML draws nothing the views
     # would not, and moves nobody elsewhere
+    from jinja2 import DictLoader
+
+    from residency.reports.sanitize import clean_html
+
     exporter = HTMLExporter(config=config, exclude_input=True, exclude_input_prompt=True,
                             exclude_output_prompt=True, sanitize_html=True,
-                            filters={"clean_html": clean_html})
+                            filters={"clean_html": clean_html},
+                            extra_loaders=[DictLoader({REPORT_TEMPLATE: _TEMPLATE_TEXT})],
+                            template_file=REPORT_TEMPLATE)
     title = nb.metadata.get("title") or src.stem.replace("_", " ")
     if heading:  # the device kind in the window title too (issue 25); the template escapes it
         title = f"{title} — {heading}"
@@ -136,6 +140,18 @@ def render_html(notebook: str | os.PathLike[str], out_dir: str | os.PathLike[str
     from residency.jsonio import write_text_atomic
 
     return write_text_atomic(path, body)
+
+
+REPORT_TEMPLATE = "residency_report.html.j2"
+# nbconvert's lab template without a script of its own: it loads require.js, MathJax and
+# mermaid from a CDN (and a widget manager when widgets are saved); a report needs none
+# (no math, no diagram, no widget) and runs no remote code.
+_TEMPLATE_TEXT = """{%- extends 'index.html.j2' -%}
+{%- block html_head_js -%}{%- endblock html_head_js -%}
+{%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
+{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
+{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+"""
 
 
 def with_csp(html: str) -> str:

@@ -9,7 +9,8 @@
 * `memory_timeline_figure`: per arm and rank, the caching allocator's reserved and allocated
   bytes over time from the profiled pair's traces, with the release markers;
 * `e2e_slopegraph`: client E2E per pair, profiled and unprofiled panels on one axis from zero,
-  pairs numbered once, and the paired deltas with their median;
+  unprofiled pairs numbered 1..K as the notes number them (`humanize.pair_names`), and the
+  paired deltas with their median;
 * `neighbour_table`: the run's own what-if setting and its neighbours, a small table beside
   the heatmap of `residency.reports.figures.whatif_figure`.
 
@@ -25,7 +26,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from residency.humanize import bytes_text, ms_from_ns, percent, quantity, sig
+from residency.humanize import (
+    bytes_text,
+    count_text,
+    ms_from_ns,
+    pair_names,
+    percent,
+    quantity,
+    sig,
+)
 from residency.policy.cache import (
     DEFAULT_MAX_CACHED_FRACTION,
     DEFAULT_MIN_FREE_FRACTION,
@@ -198,8 +207,8 @@ def timeline_figure(baseline: ArmTimeline, candidate: ArmTimeline, *,
     ranks = max(len(t.ranks) for t in arms)
     fig.suptitle(figure_title("Timeline of the profiled pair: where the normal release sits",
                               baseline.device_kind,
-                              f"n = 1 profiled run per arm, {ranks} ranks; dashed box: the "
-                              "zoomed span", injection))
+                              f"n = 1 profiled run per arm, {count_text(ranks, 'rank')}; "
+                              "dashed box: the zoomed span", injection))
     return fig
 
 
@@ -296,7 +305,8 @@ def memory_figure(decisions: pd.DataFrame, *, device_kind: str,
     fig.suptitle(figure_title(
         "Memory at each policy call against the bounds (retain while reserved <= ceiling "
         "and free >= floor)", device_kind,
-        f"n = {snaps} calls with a snapshot, {len(ranks)} ranks; {scope}", injection))
+        f"n = {count_text(snaps, 'call')} with a snapshot, {count_text(len(ranks), 'rank')}; "
+        f"{scope}", injection))
     return fig
 
 
@@ -392,7 +402,7 @@ def memory_timeline_figure(memory: Mapping[str, pd.DataFrame],
     fig.suptitle(figure_title(
         "Device memory in the profiled pair's traces: the caching allocator's reserved and "
         "allocated bytes after each change, with the releases", device_kind,
-        f"n = 1 profiled run per arm, {len(ranks)} rank{'s' * (len(ranks) != 1)}, "
+        f"n = 1 profiled run per arm, {count_text(len(ranks), 'rank')}, "
         f"{records} records; {source}", injection))
     return fig
 
@@ -425,8 +435,9 @@ def e2e_slopegraph(profiled: Mapping[str, Sequence[float]],
                    unit: str = "s", aa_spread: float | None = None,
                    injection: str | None = None) -> Figure:
     """Client E2E per pair as a slopegraph (a line from baseline to candidate per pair):
-    profiled and unprofiled pairs in separate panels on one axis starting at zero, pairs
-    numbered once across both (profiled first), and a third panel of the paired deltas
+    profiled and unprofiled pairs in separate panels on one axis starting at zero, the
+    unprofiled pairs numbered 1..K as every note and table numbers them (`humanize.pair_names`;
+    the profiled pair is named, not numbered), and a third panel of the paired deltas
     (candidate − baseline) with each panel's median delta marked and, given `aa_spread`
     (an A/A run's median |delta|, in `unit`), a band of ±that spread around 0. Inputs:
     arm -> values (pair i is the i-th value of each arm)."""
@@ -434,23 +445,22 @@ def e2e_slopegraph(profiled: Mapping[str, Sequence[float]],
     fig = _figure(figsize=(13, 4.6))
     axes = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1, 1.4, 1.2]})
     top = max([v for ps in groups.values() for p in ps for v in p] or [1.0])
-    number = 0
-    deltas: dict[str, list[tuple[int, float]]] = {}
+    deltas: dict[str, list[tuple[str, float]]] = {}
     for ax, (name, pairs) in zip(axes[:2], groups.items(), strict=True):
         deltas[name] = []
         label_y = _spread_labels([c for _, c in pairs], 0.035 * top)
-        for (b, c), y in zip(pairs, label_y, strict=True):
-            number += 1
+        names = _pair_labels(name, len(pairs))
+        for (b, c), y, label in zip(pairs, label_y, names, strict=True):
             ax.plot([0, 1], [b, c], "-o", color="tab:gray", lw=1.2, ms=5)
-            ax.text(1.06, y, f"{number}", va="center", fontsize=8)
-            deltas[name].append((number, c - b))
+            ax.text(1.06, y, label, va="center", fontsize=8)
+            deltas[name].append((label, c - b))
         ax.set_xticks([0, 1], list(PAIRED_ARMS))
         ax.set_xlim(-0.25, 1.3)
         ax.set_ylim(0, top * 1.08)
         ax.set_ylabel(f"client E2E ({unit}), axis from 0")
         ax.grid(axis="y", alpha=0.3)
         _sig_axis(ax)
-        ax.set_title(f"{name} pairs (n = {len(pairs)})", fontsize=10)
+        ax.set_title(f"{name} {count_text(len(pairs), 'pair')}", fontsize=10)
         if not pairs:
             ax.text(0.5, 0.5, "none in this run", ha="center", transform=ax.transAxes)
     dax = axes[2]
@@ -487,11 +497,22 @@ def e2e_slopegraph(profiled: Mapping[str, Sequence[float]],
     _sig_axis(dax)
     if labelled or aa_spread is not None:
         dax.legend(fontsize=8, loc="best")
-    n_all = sum(len(p) for p in groups.values())
+    n_prof, n_unprof = (len(p) for p in groups.values())
+    numbered = f" numbered 1–{n_unprof}" if n_unprof > 1 else ""
     fig.suptitle(figure_title("Client end-to-end time per pair (profiled and unprofiled never "
-                              "pooled)", device_kind, f"n = {n_all} pairs, numbered once",
-                              injection))
+                              "pooled)", device_kind,
+                              f"n = {count_text(n_prof, 'profiled pair')}, "
+                              f"{count_text(n_unprof, 'unprofiled pair')}{numbered}", injection))
     return fig
+
+
+def _pair_labels(group: str, n: int) -> list[str]:
+    """A pair's label beside its line: the unprofiled pair's number, the profiled pair's
+    number among several profiled pairs ("P2"), nothing for a lone profiled pair (its panel
+    is titled so)."""
+    if group == "unprofiled":
+        return pair_names(0, n)[1]
+    return [""] if n == 1 else [f"P{i}" for i in range(1, n + 1)]
 
 
 # ----------------------------------------------------------------------------- what-if

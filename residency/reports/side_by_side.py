@@ -13,7 +13,6 @@ published_figures`). No torch.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +20,16 @@ from typing import Any
 import pandas as pd
 
 from residency.evidence import Evidence
-from residency.humanize import MISSING, sig
+from residency.humanize import (
+    MISSING,
+    change_percent,
+    quantity,
+    ratio_text,
+    sig,
+    signed,
+    span_text,
+)
+from residency.reports.tables import published_percent
 
 __all__ = ["FULL_STACK", "QUANTITIES", "Quantity", "side_by_side"]
 
@@ -76,24 +84,7 @@ def _label(kind: str) -> str:
 
 
 # ----------------------------------------------------------------------------- this run
-def _s(x: float, unit: str = "") -> str:
-    return f"{sig(x)} {unit}".rstrip()
-
-
-def _signed(x: float, unit: str = "") -> str:
-    return ("+" if x > 0 else "") + _s(x, unit)
-
-
-def _pct(x: float | None) -> str:
-    if x is None or not math.isfinite(x):
-        return MISSING
-    return f"{'+' if x > 0 else ''}{sig(x * 100)} %"
-
-
-def _ratio(b: float, c: float) -> str:
-    if b <= 0 or c <= 0 or b == c:
-        return "no change" if b == c else "ratio undefined"
-    return f"{sig(b / c)}x faster" if c < b else f"{sig(c / b)}x slower"
+_s, _signed, _pct, _ratio = quantity, signed, change_percent, ratio_text  # the one owner
 
 
 def _run_e2e(ev: Evidence, profiled: bool) -> float | None:
@@ -111,7 +102,7 @@ def _run_cells(ev: Evidence, key: str) -> tuple[str, str, str] | None:
         med = a.detail["medians"]
         rel = (f"baseline per call {sig(100 * min(b) / 1e3 / e2e_prof)}–"
                f"{sig(100 * max(b) / 1e3 / e2e_prof)} % of E2E" if e2e_prof else MISSING)
-        return (f"{_s(min(b))}–{_s(max(b), 'ms')} → {_s(min(c))}–{_s(max(c), 'ms')}",
+        return (f"{span_text(min(b), max(b), 'ms')} → {span_text(min(c), max(c), 'ms')}",
                 f"{_ratio(med['baseline'], med['candidate'])} (medians over ranks)", rel)
     if key == "normal_call_per_run":
         r = a.result
@@ -151,13 +142,6 @@ def _fixed(x: float, decimals: int) -> str:
     return f"{x:.{decimals}f}"
 
 
-def _pub_pct(x: float) -> str:
-    """A published change in %, at the precision the publication uses: 2 decimals (-0.19 %,
-    -54.17 %), 2 significant digits below 0.1 % (-0.0097 %)."""
-    text = f"{x:.2f}" if abs(x) >= 0.1 or x == 0 else f"{x:.2g}"
-    return f"{'+' if x > 0 else ''}{text} %"
-
-
 def _published_cells(row: Mapping[str, Any], e2e_s: float | None) -> tuple[str, str, str]:
     b, c, unit, d = row["baseline"], row["candidate"], row.get("unit", ""), row["decimals"]
     kind = row["kind"]
@@ -177,10 +161,10 @@ def _published_cells(row: Mapping[str, Any], e2e_s: float | None) -> tuple[str, 
                  for k, v in c.items()]
         return f"candidate: {', '.join(parts)}", MISSING, MISSING
     delta = c - b
-    pct = _pub_pct(100 * delta / b) if b else MISSING
+    pct = published_percent(100 * delta / b) if b else MISSING
     scale = 1e3 if unit == "ms" else 1.0
-    rel = (f"{_pub_pct(100 * delta / scale / e2e_s)} of E2E" if e2e_s and unit in ("ms", "s")
-           else MISSING)
+    rel = (f"{published_percent(100 * delta / scale / e2e_s)} of E2E"
+           if e2e_s and unit in ("ms", "s") else MISSING)
     if row["metric"].startswith(("client E2E", "full stack, 3 alternating")):
         rel = f"{pct} of E2E"
     return (f"{_fixed(b, d)} → {_fixed(c, d)} {unit}",

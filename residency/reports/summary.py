@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from residency import devices
+from residency import devices, humanize
 from residency.analysis import stats
 from residency.evidence import PAIRED_ARMS, Attribution, Evidence
-from residency.humanize import md_code, md_text, sig
+from residency.humanize import md_code, md_text
 from residency.rundir import hostload, neighbours
 
 TRANSFER_FACTOR = 10.0
@@ -99,26 +100,10 @@ class Summary:
 
 # ----------------------------------------------------------------------------- helpers
 def _q(x: float | None, unit: str = "", *, sign: bool = False) -> str:
-    return "—" if x is None else stats.fmt_sig(x, unit, sign=sign)
+    return humanize.quantity(x, unit, sign=sign)
 
 
-def _pct(x: float | None) -> str:
-    if x is None or not math.isfinite(x):
-        return ""
-    return f"{'+' if x > 0 else ''}{sig(100 * x)} %"
-
-
-def _ratio_words(b: float, c: float) -> str:
-    """'387.2x faster' (candidate below baseline), '1.2x slower', or 'no change'."""
-    if b <= 0 or c <= 0:
-        return "ratio undefined"
-    if b == c:
-        return "no change"
-    return f"{sig(b / c)}x faster" if c < b else f"{sig(c / b)}x slower"
-
-
-def _p(p: float | None) -> str:
-    return "—" if p is None else stats.fmt_p(p)
+_pct, _ratio_words, _p = humanize.change_percent, humanize.ratio_text, humanize.p_text
 
 
 def published_figures() -> dict[str, Any]:
@@ -199,15 +184,42 @@ def _count_row(a: Attribution | None, key: str, name: str) -> Row | None:
         verdict = "every call released in both arms"
     else:
         verdict = f"{k['baseline']} of {n['baseline']} vs {k['candidate']} of {n['candidate']}"
-    ci = ", ".join(f"{arm} {p.ci[0]:.1%}–{p.ci[1]:.1%}" for arm, p in (a.result or {}).items()
-                   ).replace("%", " %")
-    note = (f"Calls of all measured requests (warm-ups excluded), clustered in runs and ranks; "
-            f"Clopper-Pearson 95 %: {ci}. A deterministic rule on each call's memory state: "
-            "this many of these calls, not a rate for other runs.")
+    ci = ", ".join(f"{arm} {humanize.percent_span(*p.ci)}"
+                   for arm, p in (a.result or {}).items())
+    note = (f"Calls of all measured requests (warm-ups excluded), clustered in runs and ranks, "
+            f"with Clopper-Pearson 95 % intervals {ci}. A deterministic rule on each call's "
+            "memory state: this many of these calls, not a rate for other runs.")
     change = "unchanged" if pp == 0 and k["baseline"] * n["candidate"] == \
-        k["candidate"] * n["baseline"] else f"{'+' if pp > 0 else ''}{sig(pp)} pp"
+        k["candidate"] * n["baseline"] else f"{humanize.signed(pp)} pp"
     return Row(key, name, f"{k['baseline']}/{n['baseline']}", f"{k['candidate']}/{n['candidate']}",
                change, f"{n['baseline']} vs {n['candidate']} calls", verdict, note)
+
+
+def _telemetry_row(ev: Evidence) -> Row | None:
+    """Telemetry errors per arm: the bug's own signature (with the baseline on an NPU before
+    the fix, every normal call's read fails and so it releases)."""
+    a = ev.get("telemetry_errors")
+    if a is None or not all(a.n.get(arm) for arm in PAIRED_ARMS):
+        return None
+    k = {arm: int(a.values[arm][0]) for arm in PAIRED_ARMS}
+    normal = ev.get("normal_released")
+    n = ({arm: int(normal.n[arm]) for arm in PAIRED_ARMS} if normal is not None
+         else {arm: int(a.n[arm]) for arm in PAIRED_ARMS})
+    what = "normal calls" if normal is not None else "calls"
+    if k["baseline"] and not k["candidate"]:
+        verdict = "the baseline's telemetry read failed, the candidate's never"
+    elif not k["baseline"] and not k["candidate"]:
+        verdict = "no telemetry error in either arm"
+    else:
+        verdict = f"{k['baseline']} vs {k['candidate']} failed reads"
+    first = {arm: e for arm, e in (a.detail.get("first_error") or {}).items() if e}
+    note = ("Policy calls whose telemetry read raised, over all measured requests (warm-ups "
+            "excluded); each such normal call releases (the conservative path)."
+            + "".join(f" First {arm} error: {e}." for arm, e in first.items()))
+    return Row("telemetry_errors", "telemetry errors (a failed read releases)",
+               f"{k['baseline']}/{n['baseline']} {what}", f"{k['candidate']}/{n['candidate']} "
+               f"{what}", f"{humanize.signed(k['candidate'] - k['baseline'])} errors",
+               f"{n['baseline']} vs {n['candidate']} {what}", verdict, note)
 
 
 def _single_row(a: Attribution | None, key: str, name: str) -> Row | None:
@@ -283,8 +295,8 @@ def _e2e_note(a: Attribution) -> str:
                      f"baseline, pair i = the i-th run of each arm, ABBA order): p = "
                      f"{_p(r.p_value)}, the smallest reachable {_p(r.min_p)}.")
         if r.ci is not None:
-            parts.append(f"{sig(100 * r.ci_coverage)} % interval for the median delta "
-                         f"{_q(r.ci[0])}..{_q(r.ci[1], 's')} (deltas {r.ci_order[0]} and "
+            parts.append(f"{humanize.percent(r.ci_coverage)} interval for the median delta "
+                         f"{humanize.span_text(r.ci[0], r.ci[1], 's')} (deltas {r.ci_order[0]} and "
                          f"{r.ci_order[1]} of {r.n} in order; exact binomial coverage).")
         else:
             parts.append(f"No interval below {stats.MIN_CI_PAIRS} pairs.")
@@ -305,8 +317,6 @@ def _e2e_note(a: Attribution) -> str:
         parts.append(f"A/A noise ({d.get('aa_run')}): median |delta| "
                      f"{_q(d['aa_spread_s'], 's')}; |median delta| "
                      f"{_q(abs(r.delta), 's')}.")
-    elif a.key == "e2e_unprofiled":
-        parts.append("No A/A run given: the delta is not read against same-arm noise.")
     return " ".join(parts)
 
 
@@ -338,8 +348,8 @@ def _shares(ev: Evidence) -> tuple[Share, ...]:
 
 
 def _share_text(s: Share) -> str:
-    return (f"{s.name}: {sig(100 * s.emulated)} % of the baseline's E2E here, "
-            f"{sig(100 * s.published)} % in the published NPU run ({s.published_scope})")
+    return (f"{s.name}: {humanize.percent(s.emulated)} of the baseline's E2E here, "
+            f"{humanize.percent(s.published)} in the published NPU run ({s.published_scope})")
 
 
 # ----------------------------------------------------------------------------- summary
@@ -381,6 +391,7 @@ def summarize(ev: Evidence, *, manifest: Mapping[str, Any] | None = None) -> Sum
                    "normal calls that released cache"),
         _count_row(ev.get("forced_released"), "forced_released",
                    "forced releases that released"),
+        _telemetry_row(ev),
         _single_row(ev.get("idle_intersection"), "idle_intersection",
                     "normal-release markers ∩ all-rank no-device-task time, profiled pair"),
         _e2e_row(ev)) if r is not None]
@@ -440,19 +451,34 @@ def first_screen_markdown(s: Summary) -> str:
 def notes_markdown(s: Summary) -> str:
     """Markdown: one short note per attribution of the first screen, then the run's scope
     (attribution of decisions, warm-ups) and host load, once."""
-    lines = [f"* **{md_text(r.attribution)}**: {md_text(r.note)}" for r in s.rows]
+    said: set[str] = set()
+    lines = []
+    for r in s.rows:  # a sentence an earlier note said (the counts' shared one) is said once
+        kept = [x for x in _SENTENCE_END.split(r.note) if x not in said]
+        said.update(kept)
+        lines.append(f"* **{md_text(r.attribution)}**: {md_text(' '.join(kept))}")
     lines.append(f"* **Runs**: {md_text(s.scope)}")
-    lines.append(f"* **Host**: {md_text(s.host.removeprefix('Host: '))}")
+    if not _loaded(s):  # a loaded host is a warning on the first screen: said there only
+        lines.append(f"* **Host**: {md_text(s.host.removeprefix('Host: '))}")
     if s.neighbours:
         lines.append("* **Device neighbours**: "
                      + md_text(s.neighbours.removeprefix("Device neighbours: ")))
     return "\n".join(lines) + "\n"
 
 
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z*(])")
+
+
+def _loaded(s: Summary) -> bool:
+    return any(w.startswith("**Loaded host**") for w in s.warnings)
+
+
 def pr_markdown(s: Summary, *, run_dir: str | None = None) -> str:
-    """The pull request's "Test Result" block: one bullet per attribution with both arms,
-    the change, n and the verdict; the E2E line, the NPU line and warnings; device kind and
-    the run's digest (with the command that checks it)."""
+    """The pull request's "Test Result" block, pasted into GitHub as shown: one bullet per
+    attribution with both arms, the change, n and the verdict (the telemetry errors per arm
+    among them); the E2E line, the NPU line, each warning and the host load (once: a loaded
+    host is a warning) as paragraphs apart; device kind and the run's digest (with the
+    command that checks it), code in backticks only."""
     head = f"#### Test Result ({s.device_kind}: {s.label})"
     bullets = [f"* {r.attribution[0].upper()}{r.attribution[1:]}: baseline {r.baseline}, "
                f"candidate {r.candidate}; change {r.change}; n = {r.n}; {r.verdict}."
@@ -461,9 +487,10 @@ def pr_markdown(s: Summary, *, run_dir: str | None = None) -> str:
     digest = (f"Run {md_code(where)}, digest {md_code(s.digest)} (check: "
               f"{md_code(f'residency verify {where} --digest {s.digest}')})." if s.digest else
               f"Run {md_code(where)} (not sealed: no digest to quote).")
-    tail = [f"Device kind: `{s.device_kind}` ({s.label}). {digest} Regenerate this block "
+    tail = [f"Device kind: {md_code(s.device_kind)} ({s.label}). {digest} Regenerate this block "
             f"with {md_code(f'residency tables {where} --format pr')}."]
-    body = [head, "", *bullets, "", s.e2e, "", s.npu, *(["", *s.warnings] if s.warnings else []),
-            "", s.host, *(["", md_text(s.neighbours)] if s.neighbours else []), "", *tail]
-    return "\n".join(body) + "\n"
+    paragraphs = [head, "\n".join(bullets), s.e2e, s.npu, *s.warnings,
+                  *([] if _loaded(s) else [s.host]),
+                  *([md_text(s.neighbours)] if s.neighbours else []), *tail]
+    return "\n\n".join(paragraphs) + "\n"  # GitHub: a blank line between paragraphs
 

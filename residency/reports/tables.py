@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from residency import devices
+from residency import devices, humanize
 from residency.analysis import stats
 from residency.evidence import PAIRED_ARMS, Attribution, Evidence
 from residency.evidence import build as build_evidence
-from residency.humanize import csv_text, md_line, round_numbers, write_markdown_table
+from residency.humanize import csv_text, md_line, write_markdown_table
 from residency.jsonio import plain
 from residency.rundir.run import Run
 
@@ -37,79 +37,106 @@ _TESTS = {
     "aa": "A/A noise: median |delta| of same-arm pairs (no test)",
 }
 
-__all__ = ["evidence_table", "published_table", "to_markdown", "to_csv",
+__all__ = ["evidence_table", "published_percent", "published_table", "to_markdown", "to_csv",
            "to_json", "render"]
 
 
 # ----------------------------------------------------------------------------- cells
-def _pct(x: float | None) -> str:
-    return "" if x is None or not math.isfinite(x) else f" ({x:+.2%})".replace("%", " %")
+class _Numbers:
+    """How a row's numbers are written: for people (`residency.humanize`, 4 significant
+    digits: the Markdown, HTML and first-screen text) or at full precision (the CSV and
+    JSON rows). The row builders below write each cell once, through one of these."""
+
+    def __init__(self, full: bool) -> None:
+        self.full = full
+
+    def num(self, x: float, unit: str = "") -> str:
+        return f"{stats.fmt_num(x)} {unit}".rstrip() if self.full else humanize.quantity(x, unit)
+
+    def signed(self, x: float, unit: str = "") -> str:
+        if not self.full:
+            return humanize.signed(x, unit)
+        return f"{'+' if x > 0 else ''}{stats.fmt_num(x)} {unit}".rstrip()
+
+    def pct(self, x: float | None) -> str:
+        if x is None or not math.isfinite(x):
+            return ""
+        return f" ({f'{100 * x:+}' if self.full else humanize.change_percent(x)[:-2]} %)"
+
+    def span(self, lo: float, hi: float, unit: str) -> str:
+        if self.full:
+            return f"{stats.fmt_num(lo)}{humanize.DASH}{stats.fmt_num(hi)} {unit}".rstrip()
+        return humanize.span_text(lo, hi, unit)
+
+    def share(self, k: int, n: int) -> str:
+        return f"{100 * k / n:g} %" if self.full else humanize.percent(k / n)
+
+    def pp(self, x: float) -> str:
+        return (f"{x:+g}" if self.full else humanize.signed(x)) + " pp"
+
+
+_PEOPLE, _FULL = _Numbers(False), _Numbers(True)
 
 
 def _row(metric: str, b: str, c: str, delta: str, n: str, note: str) -> dict[str, str]:
     return dict(zip(COLUMNS, (metric, b, c, delta, n, note), strict=True))
 
 
-def _num(x: float, unit: str) -> str:
-    return f"{stats.fmt_num(x)} {unit}"
-
-
-def _description_row(a: Attribution) -> dict[str, str]:
+def _description_row(a: Attribution, f: _Numbers = _PEOPLE) -> dict[str, str]:
     med = a.detail["medians"]
 
     def cell(arm: str) -> str:
         v = a.values[arm]
-        return (f"{stats.fmt_num(min(v))}-{stats.fmt_num(max(v))} {a.unit} "
-                f"(median over ranks {stats.fmt_num(med[arm])} {a.unit})")
+        return f"{f.span(min(v), max(v), a.unit)} (median over ranks {f.num(med[arm], a.unit)})"
 
     ratio = med["candidate"] / med["baseline"] if med["baseline"] else None
-    delta = (f"{_num(med['candidate'] - med['baseline'], a.unit)} delta of the medians "
+    delta = (f"{f.signed(med['candidate'] - med['baseline'], a.unit)} delta of the medians "
              f"({stats.fmt_speed(ratio)})")
     return _row(a.metric, cell("baseline"), cell("candidate"), delta,
                 f"{a.n['baseline']} vs {a.n['candidate']} ranks (no test)", a.note)
 
 
-def _groups_row(a: Attribution) -> dict[str, str]:
+def _groups_row(a: Attribution, f: _Numbers = _PEOPLE) -> dict[str, str]:
     r = a.result
 
     def cell(rng: tuple[float, float], med: float) -> str:
-        return f"{stats.fmt_num(rng[0])}-{stats.fmt_num(rng[1])} {a.unit} " \
-               f"(median {stats.fmt_num(med)} {a.unit})"
+        return f"{f.span(rng[0], rng[1], a.unit)} (median {f.num(med, a.unit)})"
 
-    delta = f"{_num(r.delta, a.unit)} delta of the medians ({stats.fmt_speed(r.ratio)})"
+    delta = f"{f.signed(r.delta, a.unit)} delta of the medians ({stats.fmt_speed(r.ratio)})"
     return _row(a.metric, cell(r.baseline_range, r.baseline_median),
                 cell(r.candidate_range, r.candidate_median), delta,
                 f"{r.n[0]} vs {r.n[1]} runs", a.note)
 
 
-def _counts_row(a: Attribution) -> dict[str, str]:
+def _counts_row(a: Attribution, f: _Numbers = _PEOPLE) -> dict[str, str]:
     k = {arm: a.values[arm][0] for arm in PAIRED_ARMS}
     n = a.n
     if not all(n[arm] for arm in PAIRED_ARMS):
         return _row(a.metric, f"{k['baseline']}/{n['baseline']}",
                     f"{k['candidate']}/{n['candidate']}", "n/a", "no calls in an arm", a.note)
-    cells = [f"{k[arm]}/{n[arm]} released ({k[arm] / n[arm]:.1%})".replace("%", " %")
-             for arm in PAIRED_ARMS]
+    cells = [f"{k[arm]}/{n[arm]} released ({f.share(k[arm], n[arm])})" for arm in PAIRED_ARMS]
     pp = 100 * (k["candidate"] / n["candidate"] - k["baseline"] / n["baseline"])
-    return _row(a.metric, cells[0], cells[1], f"{pp:+.1f} pp",
+    return _row(a.metric, cells[0], cells[1], f.pp(pp),
                 f"{n['baseline']} vs {n['candidate']} calls", a.note)
 
 
-def _single_row(a: Attribution) -> dict[str, str]:
+def _single_row(a: Attribution, f: _Numbers = _PEOPLE) -> dict[str, str]:
     r = a.result
-    return _row(a.metric, _num(r.baseline, a.unit), _num(r.candidate, a.unit),
-                f"{_num(r.delta, a.unit)}{_pct(r.relative)}", "1 per arm", a.note)
+    return _row(a.metric, f.num(r.baseline, a.unit), f.num(r.candidate, a.unit),
+                f"{f.signed(r.delta, a.unit)}{f.pct(r.relative)}", "1 per arm", a.note)
 
 
-def _pairs_row(a: Attribution) -> dict[str, str]:
+def _pairs_row(a: Attribution, f: _Numbers = _PEOPLE) -> dict[str, str]:
     r = a.result
+    verdict = a.detail.get("verdict")
+    note = f"{verdict} {a.note}" if verdict else a.note
     if r.n == 1:
-        return _row(a.metric, _num(r.baseline_median, "s"), _num(r.candidate_median, "s"),
-                    f"{_num(r.delta, 's')}{_pct(r.relative)}", "1 pair", a.note)
-    return _row(a.metric, f"median {_num(r.baseline_median, 's')}",
-                f"median {_num(r.candidate_median, 's')}",
-                f"median of the paired deltas {_num(r.delta, 's')}{_pct(r.relative)}",
-                f"{r.n} pairs" + _stopped(a), a.note)
+        return _row(a.metric, f.num(r.baseline_median, "s"), f.num(r.candidate_median, "s"),
+                    f"{f.signed(r.delta, 's')}{f.pct(r.relative)}", "1 pair", note)
+    return _row(a.metric, f"median {f.num(r.baseline_median, 's')}",
+                f"median {f.num(r.candidate_median, 's')}",
+                f"median of the paired deltas {f.signed(r.delta, 's')}{f.pct(r.relative)}",
+                f"{r.n} pairs" + _stopped(a), note)
 
 
 def _stopped(a: Attribution) -> str:
@@ -119,19 +146,23 @@ def _stopped(a: Attribution) -> str:
             if "stopped_after" in seq else "")
 
 
-def _aa_row(a: Attribution) -> dict[str, str]:
+def _aa_row(a: Attribution, f: _Numbers = _PEOPLE) -> dict[str, str]:
     r = a.result
     med = {slot: float(np.median(a.values[slot])) for slot in ("A", "B")}
-    cv = "" if r.cv is None else f", CV {r.cv:.2%}".replace("%", " %")
-    return _row(a.metric, f"slot A: median {_num(med['A'], a.unit)}",
-                f"slot B: median {_num(med['B'], a.unit)}",
-                f"median |delta| {_num(r.spread, a.unit)}, largest {_num(r.max_abs, a.unit)}"
+    cv = "" if r.cv is None else f", CV {f.share(r.cv, 1)}"
+    return _row(a.metric, f"slot A: median {f.num(med['A'], a.unit)}",
+                f"slot B: median {f.num(med['B'], a.unit)}",
+                f"median |delta| {f.num(r.spread, a.unit)}, largest {f.num(r.max_abs, a.unit)}"
                 f"{cv}", f"{r.n} A/A pairs", a.note)
 
 
-def _errors_row(errors: Attribution, oom: Attribution | None) -> dict[str, str]:
+def _errors_row(errors: Attribution, oom: Attribution | None,
+                f: _Numbers = _PEOPLE) -> dict[str, str]:
     cells = []
     for arm in PAIRED_ARMS:
+        if not errors.n.get(arm) and (oom is None or not oom.n.get(arm)):
+            cells.append("— (no runs in this arm)")
+            continue
         o = None if oom is None else oom.values[arm][0]
         cells.append(f"{errors.values[arm][0]} telemetry errors, "
                      f"{'n/a' if o is None else o} OOM")
@@ -188,7 +219,7 @@ def evidence_table(run: Run | Evidence, *, idle: Mapping[str, Mapping[str, float
     ev = run if isinstance(run, Evidence) else build_evidence(run, idle=idle,
                                                              idle_error=idle_error, **extra)
     used: set[str] = set()
-    rows, docs = [], []
+    rows, docs, full = [], [], []
     for key in ROW_ORDER:
         a = ev.get(key)
         if a is None:
@@ -197,23 +228,31 @@ def evidence_table(run: Run | Evidence, *, idle: Mapping[str, Mapping[str, float
                                "all-rank no-device-task time"):
                     rows.append(_row(metric, "n/a", "n/a", "n/a", "0",
                                      f"Trace analysis unavailable: {ev.idle_error}."))
+                    full.append(rows[-1])
                     docs.append({"key": key, "missing": ev.idle_error})
                     break
             continue
         if a.kind == "tally":  # telemetry errors and OOM share a row
             rows.append(_errors_row(a, ev.get("oom")))
+            full.append(_errors_row(a, ev.get("oom"), _FULL))
         else:
             rows.append(_RENDER[a.kind](a))
+            full.append(_RENDER[a.kind](a, _FULL))
             used.add(_USED[a.kind] if a.kind != "pairs" or a.n["baseline"] > 1 else "single")
         docs.append(a.to_dict())
     aa = ev.get("e2e_aa")
     design = (f" A/A run: the {aa.detail['arm']} arm in both slots, so only the noise row "
               "compares; the other arm's column is empty by design." if ev.design == "aa"
               and aa is not None else "")
-    return _frame(rows, _title(ev.name, ev.device_kind, ev.injection), ev.device_kind,
-                  _footer(used, ev.attribution_note + design
-                          + (f" Run digest: {ev.digest}." if ev.digest else
-                             " The run is not sealed.")), docs)
+    table = _frame(rows, _title(ev.name, ev.device_kind, ev.injection), ev.device_kind,
+                   _footer(used, ev.attribution_note + design
+                           + (f" Run digest: {ev.digest}." if ev.digest else
+                              " The run is not sealed.")), docs)
+    table.attrs["full_rows"] = full  # the same cells at full precision: CSV and JSON
+    # the footer without the runs' attribution note, for a page that says that note already
+    table.attrs["legend"] = _footer(used, (f"Run digest: {ev.digest}." if ev.digest else
+                                           "The run is not sealed."))
+    return table
 
 
 # ----------------------------------------------------------------------------- published
@@ -221,7 +260,7 @@ def _published_cell(value: Any, unit: str, decimals: int) -> str:
     if value is None:
         return "—"
     if isinstance(value, list):
-        return f"{value[0]:.{decimals}f}-{value[1]:.{decimals}f} {unit}"
+        return f"{value[0]:.{decimals}f}{humanize.DASH}{value[1]:.{decimals}f} {unit}"
     if isinstance(value, dict) and "k" in value:
         return f"{value['k']}/{value['n']} {unit}"
     if isinstance(value, dict):  # a tally: name -> count or {"k", "n"}
@@ -230,11 +269,19 @@ def _published_cell(value: Any, unit: str, decimals: int) -> str:
     return f"{value:.{decimals}f} {unit}"
 
 
+def published_percent(x: float) -> str:
+    """A published change in %, at the precision the publication uses: 2 decimals (-0.19 %,
+    -54.17 %), 2 significant digits below 0.1 % (-0.0097 %); "+" before a positive one."""
+    text = f"{x:.2f}" if abs(x) >= 0.1 or x == 0 else f"{x:.2g}"
+    return f"{'+' if x > 0 else ''}{text} %"
+
+
 def _published_delta(row: Mapping[str, Any]) -> str:
     b, c, unit, d = row["baseline"], row["candidate"], row.get("unit", ""), row["decimals"]
     if isinstance(b, (int, float)) and isinstance(c, (int, float)):
         which = " delta of the medians" if row.get("pairs", 1) > 1 else ""
-        return f"{c - b:+.{d}f} {unit}{which}{_pct((c - b) / b if b else None)}"
+        pct = f" ({published_percent(100 * (c - b) / b)})" if b else ""
+        return f"{c - b:+.{d}f} {unit}{which}{pct}"
     if isinstance(b, list) and isinstance(c, list):
         return f"{b[0] / c[1]:.1f}x-{b[1] / c[0]:.1f}x faster (any rank vs any rank)"
     if isinstance(b, dict) and "k" in b:
@@ -252,7 +299,7 @@ def _published_note(row: Mapping[str, Any]) -> str:
     elif kind == "count":
         ps = {a: stats.proportion(v["k"], v["n"]) for a, v in (("baseline", b), ("candidate", c))}
         stat = "Clopper-Pearson 95 %: " + ", ".join(
-            f"{a} {p.ci[0]:.1%}-{p.ci[1]:.1%}" for a, p in ps.items()).replace("%", " %") + "."
+            f"{a} {humanize.percent_span(*p.ci)}" for a, p in ps.items()) + "."
     elif kind == "value" and row.get("pairs", 1) > 1:
         stat = (f"Medians of {row['pairs']} pairs; the pairs themselves are not published. "
                 + stats.pairs_floor_note(row["pairs"]))
@@ -261,7 +308,7 @@ def _published_note(row: Mapping[str, Any]) -> str:
     else:  # tally
         ps = {k: stats.proportion(v["k"], v["n"]) for k, v in c.items() if isinstance(v, dict)}
         stat = "Clopper-Pearson 95 %: " + ", ".join(
-            f"{k} {p.ci[0]:.1%}-{p.ci[1]:.1%}" for k, p in ps.items()).replace("%", " %") + "."
+            f"{k} {humanize.percent_span(*p.ci)}" for k, p in ps.items()) + "."
     return f"{stat} {note}".strip()
 
 
@@ -293,29 +340,42 @@ def published_table(path: str | Path | None = None) -> pd.DataFrame:
 
 # ----------------------------------------------------------------------------- formatters
 def to_markdown(table: pd.DataFrame, *, title: str | None = None) -> str:
-    """A Markdown table ready to paste into a pull request, with title and footer: for
-    people, so its numbers show 4 significant digits (`humanize.round_numbers`: "221.296680
-    ms" -> "221.3 ms"); `to_csv` and `to_json` keep full precision."""
+    """A Markdown table ready to paste into a pull request, with title and footer: the
+    table's cells as written, for people (4 significant digits, formatted once by
+    `residency.humanize`; published figures at their published precision); `to_csv` and
+    `to_json` write the same rows at full precision."""
     title = title if title is not None else table.attrs.get("title", "Evidence")
     lines = [f"### {md_line(title)}", "",  # (it names the run: run text, inert)
              write_markdown_table(list(table.columns),
                                   list(table.itertuples(index=False))).rstrip()]
     if table.attrs.get("footer"):
         lines += ["", f"*{table.attrs['footer']}*"]
-    return round_numbers("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
+
+
+def _full(table: pd.DataFrame) -> pd.DataFrame:
+    """`table` with its cells at full precision where it carries them (`attrs["full_rows"]`
+    of an evidence table)."""
+    full = table.attrs.get("full_rows")
+    if not full or len(full) != len(table):
+        return table
+    out = pd.DataFrame(full, columns=list(table.columns))
+    out.attrs.update({k: v for k, v in table.attrs.items() if k != "full_rows"})
+    return out
 
 
 def to_csv(table: pd.DataFrame) -> str:
     """The table as CSV text (header row, no index, full precision; text a spreadsheet would
     run as a formula neutralised: `humanize.csv_text`)."""
-    return csv_text(table)
+    return csv_text(_full(table))
 
 
 def to_json(table: pd.DataFrame) -> str:
-    """The table as one JSON object: title, device_kind, footer, rows; each row of an
-    evidence table also carries `attribution` (its key, values, n, unit, statistical unit,
-    scope, p-value and note as numbers: `residency.evidence.Attribution.to_dict`)."""
-    rows = table.to_dict(orient="records")
+    """The table as one JSON object: title, device_kind, footer, rows (full precision); each
+    row of an evidence table also carries `attribution` (its key, values, n, unit,
+    statistical unit, scope, p-value and note as numbers:
+    `residency.evidence.Attribution.to_dict`)."""
+    rows = _full(table).to_dict(orient="records")
     docs = table.attrs.get("attributions") or []
     if len(docs) == len(rows):
         rows = [{**r, "attribution": d} for r, d in zip(rows, docs, strict=True)]

@@ -57,18 +57,28 @@ def show_banner(run_or_manifest: Any, *, title: str | None = None) -> None:
 
 
 def show_table(df: pd.DataFrame, *, caption: str | None = None, max_rows: int = MAX_ROWS,
-               full: str | None = None, **kwargs: Any) -> None:
+               full: str | None = None, sort: str | None = None, **kwargs: Any) -> None:
     """Display `df` for people (`humanize.html_table`): no index column, readable headers,
-    numbers with 4 significant digits; a longer table shows its first `max_rows` rows and
-    says where all of them are (`full`, e.g. a CSV file name)."""
+    numbers with 4 significant digits. A longer table shows its first `max_rows` rows and
+    says so in its caption: "top N of M by `sort`" (the order `df` is in: largest first),
+    or "first N of M rows" without `sort`, and where all of them are (`full`, a file name)."""
     from IPython.display import HTML
 
     shown = df
     if len(df) > max_rows:
         shown = df.iloc[:max_rows]
-        where = f"; all rows in `{full}`" if full else ""
-        caption = f"{caption + ' — ' if caption else ''}first {max_rows} of {len(df)} rows{where}"
+        caption = _with_cut(caption, max_rows, len(df), sort, full)
     _display(HTML(humanize.html_table(shown, caption=caption, **kwargs)))
+
+
+def _with_cut(caption: str | None, shown: int, total: int, sort: str | None,
+              full: str | None, what: str = "rows") -> str:
+    """`caption` with what a cut table leaves out: "top 8 of 10 causes by |change|; all in
+    `x.csv`"."""
+    cut = (f"top {shown} of {total} {what} by {sort}" if sort else
+           f"first {shown} of {total} {what}")
+    where = f"; all {total} in `{full}`" if full else ""
+    return f"{caption + ' — ' if caption else ''}{cut}{where}"
 
 
 def show_figure(fig: Figure, output_dir: str | os.PathLike[str], name: str) -> Path:
@@ -124,9 +134,14 @@ def write_causes(run: Run, pair: Sequence[RunEntry] | None,
                  name: str = "idle_by_cause") -> Path | None:
     """All-rank no-device-task time of each arm of the profiled pair by the host range
     running during it (`residency.analysis.causes.idle_by_cause`, innermost range): per cause,
-    baseline, candidate and their difference (`residency.analysis.causes.cause_diff`), the largest
-    reduction first, `rows` displayed; every cause of both arms saved as `<name>.csv` and the
-    difference as `<name>_diff.csv`; None without traces."""
+    baseline, candidate and their difference (`residency.analysis.causes.cause_diff`). The
+    table shows the `rows` largest changes by size (either direction) first; when it is cut,
+    the caption says "top N of M causes" and one row sums the causes left out, and a last
+    row gives each arm's total (its all-rank no-device-task time), so the shown rows add up
+    to it. Every cause of both arms is saved as `<name>.csv` and the difference as
+    `<name>_diff.csv`; None without traces."""
+    import numpy as np
+
     from residency.analysis.causes import cause_diff, idle_by_cause
 
     traces = _pair_traces(run, pair)
@@ -139,16 +154,28 @@ def write_causes(run: Run, pair: Sequence[RunEntry] | None,
     humanize.write_csv(full, path)
     diff = cause_diff(*frames)
     humanize.write_csv(diff, Path(output_dir) / f"{name}_diff.csv")
-    shown = diff.head(rows).rename(columns={
-        "baseline_idle_ms": "baseline (ms)", "candidate_idle_ms": "candidate (ms)",
-        "delta_idle_ms": "candidate − baseline (ms)"})
-    show_table(shown[["cause", "kind", "baseline (ms)", "candidate (ms)",
-                      "candidate − baseline (ms)"]],
-               caption=f"{run.device_kind} ({devices.label(run.device_kind, run.injection)}): "
-               "all-rank "
-               "no-device-task time by cause (innermost host range, ms), profiled pair, n = 1 "
-               "run per arm, largest reduction first; per arm in "
-               f"`{path.name}`, the difference in `{name}_diff.csv`")
+    columns = {"baseline_idle_ms": "baseline (ms)", "candidate_idle_ms": "candidate (ms)",
+               "delta_idle_ms": "candidate − baseline (ms)"}
+    ranked = diff.iloc[np.argsort(-diff["delta_idle_ns"].abs().to_numpy(), kind="stable")]
+    shown = ranked.head(rows)
+    rest = ranked.iloc[rows:]
+    extra = []
+    if len(rest):
+        extra.append({"cause": f"({len(rest)} other causes)", "kind": "",
+                      **{c: float(rest[c].sum()) for c in columns}})
+    extra.append({"cause": "total (all-rank no-device-task time)", "kind": "",
+                  **{c: float(diff[c].sum()) for c in columns}})
+    table = pd.concat([shown[["cause", "kind", *columns]], pd.DataFrame(extra)],
+                      ignore_index=True).rename(columns=columns)
+    label = devices.label(run.device_kind, run.injection)
+    head = (f"{run.device_kind} ({label}): all-rank no-device-task "
+            "time by cause (innermost host range, ms), profiled pair, n = 1 run per arm, the "
+            "largest changes by size first")
+    if len(rest):
+        head = _with_cut(head, len(shown), len(diff), "|candidate − baseline|", None,
+                         "causes") + f", the other {len(rest)} summed in one row"
+    show_table(table, max_rows=len(table),
+               caption=f"{head}; per arm in `{path.name}`, the difference in `{name}_diff.csv`")
     return path
 
 
@@ -169,10 +196,10 @@ def write_trace_diff(run: Run, pair: Sequence[RunEntry] | None,
     path = Path(output_dir) / f"{name}.csv"
     humanize.write_csv(diff, path)
     label = devices.label(run.device_kind, run.injection)
-    show_table(diff.head(rows), caption=f"{run.device_kind} ({label}):"
+    show_table(diff, max_rows=rows, sort="|delta (ms)|", full=path.name,
+               caption=f"{run.device_kind} ({label}):"
                " device tasks, baseline vs candidate (ms), per phase and task-name group, "
-               f"profiled pair, n = 1 run per arm, largest change first; all {len(diff)} rows in "
-               f"`{path.name}`")
+               "profiled pair, n = 1 run per arm, largest change first")
     return path
 
 

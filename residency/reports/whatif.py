@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from residency import devices
+from residency import devices, humanize
 from residency.analysis import stats
 from residency.analysis.whatif import (
     Policy,
@@ -94,7 +94,7 @@ def _per_run_medians(values: list[float], runs: list[str]) -> list[float]:
 
 
 def _ms(x: float | None) -> str:
-    return "n/a" if x is None else f"{stats.fmt_num(round(x, 6))} ms"
+    return "n/a" if x is None else humanize.quantity(x, "ms")
 
 
 def estimated_effect(run: Run | str | os.PathLike[str], grid: pd.DataFrame) -> EffectEstimate:
@@ -171,7 +171,9 @@ def estimated_effect(run: Run | str | os.PathLike[str], grid: pd.DataFrame) -> E
     elif own_rows.empty:
         calib = (" The run's own bounds are not on this grid: no check of the model against "
                  f"the {_ms(recorded)} of normal-call time measured in the {arm} arm.")
-    device = devices.note(run.device_kind)
+    # (the device's own note closes the replay note shown beside this one: not said twice)
+    device = (f"Its costs are measured on {devices.label(run.device_kind)}: not NPU figures."
+              if devices.emulated(run.device_kind) else "")
     note = (f"A model, not a measurement: estimated normal-call time of the measured requests ="
             f" predicted releases x median release cost + predicted retained checks x median "
             f"retained-check cost, summed over ranks; low/high use the fastest/slowest observed "
@@ -262,7 +264,7 @@ def _md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]
 
 
 def _pct(x: float) -> str:
-    return f"{100 * x:.1f} %"
+    return humanize.percent(x)
 
 
 def totals_lines(grid: pd.DataFrame) -> list[str]:
@@ -285,12 +287,14 @@ def totals_lines(grid: pd.DataFrame) -> list[str]:
 def effect_lines(effect: EffectEstimate) -> list[str]:
     """Markdown lines: the estimated normal-call time per setting, and the model's note."""
     def ms(x: float) -> str:
-        return "n/a" if not math.isfinite(x) else f"{x:.3f}"
+        return "n/a" if not math.isfinite(x) else humanize.sig(x)
 
     rows = [(f"{r.max_cached_fraction:g}{' *' if r.own else ''}", f"{r.min_free_fraction:g}",
              f"{r.released}/{r.calls}", ms(r.estimated_ms),
-             f"{ms(r.estimated_low_ms)}-{ms(r.estimated_high_ms)}",
-             "n/a" if not math.isfinite(r.delta_vs_own_ms) else f"{r.delta_vs_own_ms:+.3f}")
+             "n/a" if not (math.isfinite(r.estimated_low_ms)
+                           and math.isfinite(r.estimated_high_ms))
+             else humanize.span_text(r.estimated_low_ms, r.estimated_high_ms, ""),
+             "n/a" if not math.isfinite(r.delta_vs_own_ms) else humanize.signed(r.delta_vs_own_ms))
             for r in effect.table.itertuples(index=False)]
     head = ("max_cached_fraction", "min_free_fraction", "measured released/calls",
             "estimated ms", "low-high ms", "vs own ms")

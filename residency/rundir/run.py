@@ -302,9 +302,11 @@ class Run:
         return tuple(r for r in self.runs if r.arm == arm)
 
     def client(self, run: RunEntry) -> dict[str, Any]:
-        """The run's `client.json`, its fields checked (see `check_client`)."""
+        """The run's `client.json`, its fields checked (see `check_client`), in the current
+        layout whatever layout it was recorded in (`upgrade_client`; the file is never
+        rewritten)."""
         path = run.dir / CLIENT
-        return check_client(path, _read_json(path, sha256=self._sealed(path)))
+        return upgrade_client(check_client(path, _read_json(path, sha256=self._sealed(path))))
 
     def decisions(self, run: RunEntry, *, warmup: bool = False) -> pd.DataFrame:
         """Policy decisions of all ranks of one run, one row per call, snapshot fields
@@ -564,13 +566,19 @@ def _client_mismatches(root: Path, manifest: dict[str, Any]) -> list[str]:
             continue
         try:
             run_dir = confined(root, r.get("dir"), what=f"runs[{i}].dir")
-            client = _read_json(run_dir / CLIENT)
+            raw = _read_json(run_dir / CLIENT)
         except (UnsafePathError, RunDirError):
             continue  # reported as a manifest or artifact finding
-        for key in ("e2e_s", "request_id", "arm", "index"):
-            if key in r and key in client and client[key] != r[key]:
+        client = upgrade_client(raw)
+        said = {"e2e_s": ("median_e2e_s", client.get("median_e2e_s")),
+                "arm": ("arm", client.get("arm")), "index": ("index", client.get("index"))}
+        if len(client["requests"]) == 1:
+            said["request_id"] = ("requests[0].request_id",
+                                  client["requests"][0].get("request_id"))
+        for key, (field_name, value) in said.items():
+            if key in r and value is not None and value != r[key]:
                 out.append(f"runs[{i}].{key} is {r[key]!r} but {r.get('dir')}/client.json "
-                           f"says {client[key]!r}")
+                           f"says {value!r} ({field_name})")
     return out
 
 
@@ -934,6 +942,31 @@ def _check_response(path: Path, resp: Any, where: str) -> None:
                       "them (one per call)")
 
 
+CLIENT_LAYOUT = 2
+"""`client.json` layouts. 1 (no `layout` field): top-level `request_id`, `start_wall_ns`,
+`end_wall_ns` and `response` of the first measured request beside `e2e_ns`/`e2e_s` of the
+run (the median of its requests), `requests` only with more than one. 2: every field
+describes one thing: `median_e2e_ns`/`median_e2e_s` (the run's E2E, the median over its
+measured requests) and `requests` (always, one record per measured request: `request_id`,
+`e2e_ns`, `e2e_s`, `start_wall_ns`, `end_wall_ns`, `response`)."""
+_REQUEST_FIELDS = ("request_id", "e2e_ns", "e2e_s", "start_wall_ns", "end_wall_ns", "response")
+
+
+def upgrade_client(c: dict[str, Any]) -> dict[str, Any]:
+    """A `client.json` in the current layout (`CLIENT_LAYOUT`): layout 1 read as layout 2
+    (its lone top-level request a one-record `requests`, its `e2e_ns`/`e2e_s` the median);
+    `c` itself is not changed."""
+    if c.get("layout") == CLIENT_LAYOUT:
+        return dict(c)
+    out = {k: v for k, v in c.items() if k not in (*_REQUEST_FIELDS, "requests")}
+    requests = c.get("requests")
+    if not (isinstance(requests, list) and requests):
+        requests = [{k: c[k] for k in _REQUEST_FIELDS if k in c}]
+    out.update(layout=CLIENT_LAYOUT, median_e2e_ns=c.get("e2e_ns"),
+               median_e2e_s=c.get("e2e_s"), requests=list(requests))
+    return out
+
+
 def check_client(path: Path, c: dict[str, Any]) -> dict[str, Any]:
     """`c` (a `client.json`) when every field analysis reads has its contract type (ints in
     int64, finite non-negative seconds, objects and lists where the contract says);
@@ -941,13 +974,17 @@ def check_client(path: Path, c: dict[str, Any]) -> dict[str, Any]:
     def bad(field: str, what: str) -> RunDirError:
         return RunDirError(path, what[:300], field=field)
 
-    for key in ("e2e_ns", "index"):
+    layout = c.get("layout")
+    if layout is not None and layout != CLIENT_LAYOUT:
+        raise bad("layout", f"must be {CLIENT_LAYOUT} or absent (layout 1), got {layout!r}")
+    for key in ("e2e_ns", "median_e2e_ns", "index"):
         if c.get(key) is not None and not _is_int(c[key]):
             raise bad(key, f"must be an integer in [0, 2**63), got {c[key]!r}")
     for key in ("request_id", "arm"):
         if c.get(key) is not None and not isinstance(c[key], str):
             raise bad(key, f"must be a string, got {type(c[key]).__name__}")
     _finite_field(path, c.get("e2e_s"), "e2e_s")
+    _finite_field(path, c.get("median_e2e_s"), "median_e2e_s")
     warm = c.get("warmup")
     if warm is not None:
         if not isinstance(warm, dict):

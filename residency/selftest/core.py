@@ -98,8 +98,10 @@ class Report:
 
     def lines(self) -> list[str]:
         """A readable report, one line per step (failures with their error and hint)."""
-        label = " (emulated NPU - not an NPU measurement)" if self.device_kind == \
-            "emulated-npu" else ""
+        from residency import devices  # the one spelling of each device's label
+
+        label = f" ({devices.label(self.device_kind)})" if devices.emulated(self.device_kind) \
+            else ""
         out = [f"residency selftest on {self.device_kind}{label}, {self.ranks} rank(s)"]
         for s in self.steps:
             out.append(f"  {s.status.upper():<8} {s.name:<12} {s.seconds:7.1f} s  {s.detail}")

@@ -11,6 +11,7 @@ from typing import Any
 
 from residency import devices, markers
 from residency.rundir.layout import CLIENT, DECISIONS_GLOB, decisions_file
+from residency.rundir.run import upgrade_client
 from residency.selftest import environment
 from residency.selftest.core import (
     HINTS,
@@ -288,7 +289,7 @@ def step_service(ctx: Context) -> StepOutput:
                     profiled=True)
     run_dir = root / entry["dir"]
     client = json.loads((run_dir / CLIENT).read_text(encoding="utf-8"))
-    per_rank = client["response"].get("per_rank", [])
+    per_rank = (upgrade_client(client)["requests"][0].get("response") or {}).get("per_rank", [])
     request_id = entry["request_id"]
     if sorted(r.get("rank") for r in per_rank) != list(range(ctx.ranks)):
         raise CheckFailed(f"the response covers ranks {[r.get('rank') for r in per_rank]}, "

@@ -1,0 +1,64 @@
+"""Checks over text people read (shared by tests, never a test module itself): one figure
+shown with two roundings, a sentence said twice on one page."""
+
+from __future__ import annotations
+
+import re
+
+from residency import humanize
+
+__all__ = ["repeated_sentences", "two_roundings"]
+
+_NUMBER = re.compile(r"(?<![\w.#^/:-])([+-]?\d+(?:\.\d+)?)(?:e([+-]\d+))?(?![\w.]*\d)")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z*])")
+
+
+def _digits(token: str) -> int:
+    return len(token.lstrip("+-").replace(".", "").lstrip("0")) or 1
+
+
+def _exact_fraction(token: str) -> bool:
+    """`token` is k / 2^n exactly (n <= 16): the p-values of exact sign-flip and signed-rank
+    tests (0.0625, 0.03125), shown in full because they are exact, not a rounding."""
+    value = abs(float(token))
+    return 0 < value < 1 and (value * 2 ** 16).is_integer()
+
+
+def two_roundings(texts: list[str], exempt: set[str] = frozenset()) -> list[tuple[str, str]]:
+    """Pairs of number texts that are one figure at two roundings: a shorter text (3 or more
+    significant digits, not an integer, not an exact k / 2^n) that the longer one rounds to,
+    e.g. "4.98" and "4.979", "0.1313" and "0.13125". (`humanize.sig` keeps a measured value's
+    trailing zeros, so a shorter text is either exact or a second rounding.)"""
+    found = set()
+    for text in texts:
+        for m in _NUMBER.finditer(text):
+            token = m.group(1).lstrip("+")
+            if "." in token and token.lstrip("-") not in exempt:
+                found.add(token)
+    out = []
+    for short in found:
+        for long in found:
+            if short == long or _digits(short) < 3 or _digits(long) <= _digits(short):
+                continue
+            if short.startswith("-") != long.startswith("-"):
+                continue
+            if _exact_fraction(short):  # an exact-test p-value (k / 2^n) prints exactly
+                continue
+            if humanize.sig(float(long), _digits(short)) == short:
+                out.append((short, long))
+    return sorted(out)
+
+
+def repeated_sentences(text: str, *, min_words: int = 6) -> list[str]:
+    """Sentences (of at least `min_words` words) said more than once in `text`, table rows
+    (lines starting with "|") aside."""
+    seen: dict[str, int] = {}
+    for line in text.splitlines():
+        if line.lstrip().startswith("|"):
+            continue
+        for sentence in _SENTENCE_END.split(line):
+            s = " ".join(sentence.strip("* ").split())
+            s = re.sub(r"^\*\*[^*]+\*\*:?\s*", "", s)  # a bold label before the sentence
+            if len(s.split()) >= min_words:
+                seen[s] = seen.get(s, 0) + 1
+    return [s for s, n in seen.items() if n > 1]
