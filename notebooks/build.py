@@ -201,16 +201,8 @@ PAIRED_PROFILE = [
                           "stop_when_decided", "plan_pilot", "plan_cv", "plan_effect_s",
                           "plan_budget_hours", "require_exclusive", "compare"],
                          designs=("paired-profile", "profiled-pair", "alternating"))),
-    new_markdown_cell(
-        "## Plan: what this design can decide, before anything starts\n\n"
-        "The design's device time, the power of the exact paired E2E test and the smallest "
-        "effect it detects (`residency plan`, README \"Plan within a device budget\"), from "
-        "`plan_pilot` (a recorded run: its costs, and its noise unless `aa_source` or "
-        "`plan_cv`), the effect `plan_effect_s` (default: the published -0.19 % change) and "
-        "`plan_budget_hours`. With `stop_when_decided=True`, `pairs` is the maximum and "
-        "pairs are added until E2E is decided under a sequential rule fixed before the "
-        "first pair."),
-    new_code_cell("display(Markdown(nb.plan_markdown(params)))"),
+    # the plan, before anything starts: on the terminal now, in the report after the verdict
+    new_code_cell("plan = nb.plan_markdown(params)\nnb.plan_to_terminal(plan)"),
     new_code_cell('run = nb.open_source(params["source"], output_dir=out, '
                   'design="paired-profile",\n'
                   '                     device=params["device"], ranks=params["ranks"], '
@@ -374,6 +366,17 @@ PAIRED_PROFILE = [
                   "                     '(papermill `-y \"compare: [data/runs/cuda-paired-"
                   "profile-1r50s]\"`) '\n"
                   '                     "to set other devices beside this run."))'),
+    new_markdown_cell(
+        "## Plan: what this design can decide\n\n"
+        "Computed before anything started, and shown then on the terminal papermill ran in. "
+        "The design's device time, the power of the exact paired E2E test and the smallest "
+        "effect it detects (`residency plan`, README \"Plan within a device budget\"), from "
+        "`plan_pilot` (a recorded run: its costs, and its noise unless `aa_source` or "
+        "`plan_cv`), the effect `plan_effect_s` (default: the published -0.19 % change) and "
+        "`plan_budget_hours`. With `stop_when_decided=True`, `pairs` is the maximum and "
+        "pairs are added until E2E is decided under a sequential rule fixed before the "
+        "first pair."),
+    new_code_cell("display(Markdown(plan))"),
     new_markdown_cell(
         "## Appendix: parameters and the run\n\n" + PARAMETERS_HELP
         + " `ranks`, `steps`, `seed`, `scale`, `pairs` and `requests` (measured requests per "

@@ -93,3 +93,24 @@ def test_cli_and_notebook_defaults_agree() -> None:
     args = create_parser("pair").parse_args(["pair", "--design", "paired-profile", "--out",
                                              "x"])
     assert pair_design(args)[:2] == PAIRED_DEFAULTS
+
+
+def test_the_plan_runs_first_but_reads_after_the_verdict(capsys) -> None:
+    """The planning cell runs before the run starts and writes the plan to the terminal only;
+    the report shows it in its own section after the first screen (issue 40: nothing between
+    the title and the verdict)."""
+    import nbformat
+
+    from residency.notebook.planning import plan_to_terminal
+
+    nb = nbformat.read(ROOT / "notebooks" / "paired_profile.ipynb", as_version=4)
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    plan_cell = next(i for i, s in enumerate(code) if "nb.plan_markdown(params)" in s)
+    run_cell = next(i for i, s in enumerate(code) if "nb.open_source(" in s)
+    shown = next(i for i, s in enumerate(code) if "display(Markdown(plan))" in s)
+    first_screen = next(i for i, s in enumerate(code) if "nb.first_screen(ev, run)" in s)
+    assert plan_cell < run_cell <= first_screen < shown
+    assert "display" not in code[plan_cell]
+    plan_to_terminal("**Design**: 10 pairs\n\n| a | b |\n")
+    err = capsys.readouterr().err
+    assert "residency: Design: 10 pairs" in err and "**" not in err

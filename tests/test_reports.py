@@ -603,7 +603,7 @@ def test_views_memory_timeline_of_the_profiled_pair(tmp_path: Path, shown: list,
         held[arm] = record(trace_dir / "rank0.trace.json", release=release)
         pair.append(SimpleNamespace(arm=arm, trace_dir=trace_dir))
     run = SimpleNamespace(device_kind="emulated-npu", manifest={"params": {"ranks": 1}},
-                          sealed_artifacts=None)
+                          sealed_artifacts=None, injection="none")
     out = tmp_path / "out"
     out.mkdir()
     assert rv.write_memory_timeline(run, pair, out) == out / "memory_timeline.png"
@@ -637,8 +637,9 @@ def test_views_memory_timeline_of_the_profiled_pair(tmp_path: Path, shown: list,
             (trace_dir / src.name).write_text(json.dumps(doc))
         bare.append(SimpleNamespace(arm=entry.arm, trace_dir=trace_dir))
     shown.clear()
+    # (the copies lie outside the run)
     unsealed = SimpleNamespace(device_kind=recorded.device_kind, manifest=recorded.manifest,
-                               sealed_artifacts=None)  # (the copies lie outside the run)
+                               sealed_artifacts=None, injection=recorded.injection)
     assert rv.write_memory_timeline(unsealed, bare, tmp_path / "bare") is None
     assert "hold no device-memory records" in capsys.readouterr().out and not shown
 
@@ -658,7 +659,8 @@ def test_views_memory_timeline_of_a_torch_npu_database_pair(tmp_path: Path,
                             tmp_path / arm, ignore=shutil.ignore_patterns("*.parquet.cache"))
         pair.append(SimpleNamespace(arm=arm, trace_dir=Path(d)))
     assert rv.write_memory_timeline(SimpleNamespace(device_kind="npu", manifest={},
-                                                    sealed_artifacts=None), pair,
+                                                    sealed_artifacts=None, injection="none"),
+                                    pair,
                                     tmp_path) == tmp_path / "memory_timeline.png"
     fig, table = shown
     title = fig._suptitle.get_text()

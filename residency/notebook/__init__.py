@@ -71,7 +71,7 @@ from residency.notebook.params import (
     check_parameters,
     open_source,
 )
-from residency.notebook.planning import plan_markdown
+from residency.notebook.planning import plan_markdown, plan_to_terminal
 from residency.notebook.whatif import WhatIf, check_ranges, policy_whatif, whatif_results
 from residency.reports.figures import (
     idle_frame,
@@ -91,7 +91,8 @@ __all__ = [
     "evidence_tables", "finish", "first_screen", "first_screen_notes", "fractions",
     "gate_failures", "headline", "idle_frame",
     "markdown_table", "normal_call_frame", "note", "notes", "open_source", "paired_profile",
-    "paired_results", "per_run_frame", "plan_markdown", "plot_fractions", "plot_idle",
+    "paired_results", "per_run_frame", "plan_markdown", "plan_to_terminal", "plot_fractions",
+    "plot_idle",
     "plot_normal_calls", "policy_whatif", "prepare_output_dir", "probe", "probe_table",
     "release_reason", "releases_frame", "row_label", "save_figure", "statistical_note",
     "verdict_markdown",

@@ -1,5 +1,7 @@
 """The paired-profile notebook's planning cell, run before anything starts: the plan of
-`residency.analysis.planning` from the notebook's parameters, as Markdown."""
+`residency.analysis.planning` from the notebook's parameters, as Markdown, shown on the
+terminal that started the notebook then (`plan_to_terminal`) and in the report in a section
+after the first screen (the report opens with the verdict, issue 40 item 6)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from typing import Any
 
 from residency.analysis.planning import PlanError, design_statement, make_plan
 
-__all__ = ["plan_markdown"]
+__all__ = ["plan_markdown", "plan_to_terminal"]
 
 
 def plan_markdown(params: Mapping[str, Any]) -> str:
@@ -37,3 +39,13 @@ def plan_markdown(params: Mapping[str, Any]) -> str:
                 "recorded run of this device, e.g. a short one) and, without an A/A run or a "
                 "pilot with 2+ unprofiled runs per arm, `plan_cv`; or run `residency plan`.\n")
     return f"**Design**: {head}\n\n" + "\n".join(plan.lines()) + "\n"
+
+
+def plan_to_terminal(markdown: str) -> None:
+    """Write the plan (`plan_markdown`'s text, emphasis dropped) to the terminal papermill
+    was started from, line by line, before the run starts; nothing goes into the notebook."""
+    from residency.notebook.progress import to_terminal
+
+    for line in markdown.replace("**", "").splitlines():
+        if line.strip():
+            to_terminal(line)
