@@ -164,6 +164,45 @@ def kineto_rank(path: Path, rank: int, ranks: int, events: int, seed: int, *,
     return tasks
 
 
+def kineto_dense_rank(path: Path, rank: int, ranks: int, events: int, seed: int) -> int:
+    """Write one rank's *device-dense* Kineto trace: `events` kernels on one stream, each
+    1-14 us, gaps 0-150 us, and nothing else but the document head, the metadata and one
+    release marker per shared stall (as every rank has): a busy device profiled at Level 0.
+    Returns its device tasks."""
+    rr = random.Random(seed * 1000 + rank)
+    stalls = _stalls(events, seed)
+    scale = 80.0  # spread the shared stalls over a dense rank's longer timeline
+    stalls = [(a * scale, b * scale - (b - a) * (scale - 1)) for a, b in stalls]
+    head = {"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": rank,
+                                                    "world_size": ranks},
+            "displayTimeUnit": "ms", "baseTimeNanoseconds": BASE_NS}
+    pid = 4242 + rank
+    out = path.open("w")
+    out.write(json.dumps(head)[:-1] + ', "traceEvents": [\n')
+    lines = [f'{{"name": "process_name", "ph": "M", "ts": 0.000, "pid": {pid}, "tid": 0, '
+             f'"args": {{"name": "python3"}}}}']
+    t, s, first = 0.0, 0, True
+    kernels = [f"k{i}_gemm_bf16" for i in range(8)]
+    for n in range(events):
+        if s < len(stalls) and t >= stalls[s][0]:
+            a, b = stalls[s]
+            lines.append(f'{{"ph": "X", "cat": "user_annotation", "name": "{MARKER}", '
+                         f'"pid": {pid}, "tid": {pid}, "ts": {a:.3f}, "dur": {b - a:.3f}}}')
+            t, s = max(t, b), s + 1
+        dur = rr.uniform(1.0, 14.0)
+        lines.append(f'{{"ph": "X", "cat": "kernel", "name": "{kernels[n & 7]}", "pid": 0, '
+                     f'"tid": 7, "ts": {t:.3f}, "dur": {dur:.3f}, "args": {{"correlation": '
+                     f'{n}, "stream": 7}}}}')
+        t += dur + rr.uniform(0.0, 150.0)
+        if len(lines) > 8192:
+            out.write(("" if first else ",\n") + ",\n".join(lines))
+            first, lines = False, []
+    out.write(("" if first else ",\n") + ",\n".join(lines))
+    out.write('\n], "traceName": "' + str(path.name) + '"}\n')
+    out.close()
+    return events
+
+
 def ascend_rank(folder: Path, rank: int, ranks: int, events: int, seed: int) -> int:
     """Write one rank's torch-npu session (``<host>_<pid>_<time>_ascend_pt/``) of about
     `events` events; return its device tasks."""
@@ -244,7 +283,7 @@ def generate(d: Path, ranks: int, events: int, seed: int, *, fmt: str = "kineto"
     stamp = d / "generated.params"  # not *.json: no trace
     params = {"ranks": ranks, "events": events, "seed": seed, "fmt": fmt,
               "string_ts": string_ts, "version": 2}
-    files = (lambda: list(d.glob("*.json"))) if fmt == "kineto" else (
+    files = (lambda: list(d.glob("*.json"))) if fmt.startswith("kineto") else (
         lambda: list(d.glob("*_ascend_pt/ASCEND_PROFILER_OUTPUT/trace_view.json")))
     if stamp.is_file() and json.loads(stamp.read_text()) == params:
         return sum(p.stat().st_size for p in files())
@@ -252,6 +291,8 @@ def generate(d: Path, ranks: int, events: int, seed: int, *, fmt: str = "kineto"
         if fmt == "kineto":
             kineto_rank(d / f"rank{r}.pt.trace.json", r, ranks, events, seed,
                         string_ts=string_ts)
+        elif fmt == "kineto-dense":
+            kineto_dense_rank(d / f"rank{r}.pt.trace.json", r, ranks, events, seed)
         else:
             ascend_rank(d, r, ranks, events, seed)
     stamp.write_text(json.dumps(params))

@@ -98,3 +98,52 @@ def test_int64_nanosecond_epoch_values_stay_exact():
 def test_bad_intervals_are_refused(bad, match):
     with pytest.raises(ValueError, match=match):
         iv.merge(bad)
+
+
+# -- sorted inputs: linear paths, never sorted again (issue 44) -------------------------------
+
+sorted_sets = interval_sets.map(sorted)  # sorted by start, overlapping and empty rows kept
+normalised_sets = interval_sets.map(lambda rows: iv.merge(arr(rows)).tolist())
+
+
+def refuse_sort(*args, **kwargs):
+    """np.sort (the only sort `intervals` calls) refused: sorted inputs must never need it."""
+    raise AssertionError("sorted input sorted again")
+
+
+@pytest.fixture
+def no_sort(monkeypatch):
+    monkeypatch.setattr(np, "sort", refuse_sort)
+
+
+@settings(max_examples=300, deadline=None)
+@given(sorted_sets, st.lists(normalised_sets, min_size=1, max_size=5))
+def test_sorted_inputs_match_naive_without_a_sort(rows, sets):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(np, "sort", refuse_sort)
+        m = iv.merge(arr(rows))
+        u = iv.union(arr(rows), *(arr(s) for s in sets))
+        i = iv.intersection(arr(rows), *(arr(s) for s in sets))
+        c = iv.complement(arr(rows), arr(sets[0]))
+        size = iv.measure(arr(rows))
+    everyone = [points(s) for s in sets]
+    assert normalised(m) and normalised(u) and normalised(i) and normalised(c)
+    assert points(m.tolist()) == points(rows) and size == len(points(rows))
+    assert points(u.tolist()) == points(rows).union(*everyone)
+    assert points(i.tolist()) == points(rows).intersection(*everyone)
+    assert points(c.tolist()) == everyone[0] - points(rows)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(normalised_sets, min_size=2, max_size=9))
+def test_union_of_many_normalised_sets_is_their_merge(sets):
+    u = iv.union(*(arr(s) for s in sets))
+    assert np.array_equal(u, iv.merge(arr([r for s in sets for r in s])))
+
+
+def test_a_normalised_set_comes_back_read_only_and_unsorted_input_is_still_sorted(no_sort):
+    a = arr([[0, 3], [5, 9], [12, 20]])
+    m = iv.merge(a)
+    assert m.tolist() == a.tolist() and not m.flags.writeable and a.flags.writeable
+    with pytest.raises(AssertionError, match="sorted input sorted again"):
+        iv.merge(arr([[5, 9], [0, 3]]))  # unsorted: the one case that sorts
