@@ -259,7 +259,7 @@ def against_bare(label: str, d: Path, total: int, ranks: int, args: argparse.Nam
     if runs["msgspec"]:
         print(f"--no-cache, compiled reader / msgspec path: wall {ratio(nocache, runs['msgspec'])}"
               f", CPU {ratio(nocache, runs['msgspec'], 'cpu_s')}")
-    else:
+    elif fmt.startswith("kineto"):
         print("the compiled reader is not built here (no C compiler at install, or "
               "RESIDENCY_PURE_PYTHON is set): every figure is the msgspec path's")
     print(f"warm / cold: wall {ratio(warm, cold)}, CPU {ratio(warm, cold, 'cpu_s')}  "
