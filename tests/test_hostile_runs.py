@@ -102,10 +102,12 @@ def test_a_file_changed_after_verification_is_never_parsed(paired: Path) -> None
         load_run(paired, verify=False).decisions(entry, warmup=True)) + 1
     client = entry.dir / "client.json"
     record = client.read_bytes()
+    honest_client = load_run(paired, verify=False).client(entry)
     forged = record.replace(b'"e2e_s": ', b'"e2e_s": 1', 1)
     assert forged != record
     client.write_bytes(forged)
-    assert run.client(entry)["e2e_s"] == json.loads(record)["e2e_s"]
+    assert load_run(paired, verify=False).client(entry) != honest_client  # (forgery shows)
+    assert run.client(entry) == honest_client
     client.write_bytes(record)
     decisions.write_text(honest)
     with pytest.MonkeyPatch.context() as mp:  # nothing kept: every read checked again
