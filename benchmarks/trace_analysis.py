@@ -1,23 +1,30 @@
 """Trace analysis speed and memory, process to process, every ratio from one run: `residency
 idle` (the default path a user gets: cold, i.e. the first time, which writes the cache; warm;
-``--no-cache``) against a bare typed msgspec decode of the same files, against
-HolisticTraceAnalysis (`traceinsight` 0.6.1) in its own venv, and the Dask path against the
-local one; then, on paper, 1,024 ranks x 1 GB from the per-rank figures.
+``--no-cache``) against a bare read of the same files (a typed msgspec decode of the JSON; the
+needed rows of a database, fetched with sqlite3), against HolisticTraceAnalysis
+(`traceinsight` 0.6.1) in its own venv, and the Dask path against the local one; then, on
+paper, 1,024 ranks x 1 GB from the per-rank figures; last, one line per case.
 
     python benchmarks/trace_analysis.py [--repeat 3] [--hta-python /tmp/ti/bin/python]
+                                        [--shapes kineto,kineto-dense,kineto-host,ascend,ascend-db]
                                         [--scale 1gb|8x1gb] [--dask-ranks 64] [--dir DIR]
 
-Traces are realistic generated Kineto exports (`benchmarks/tracegen.py`: document head,
-metadata, ProfilerStep annotations, cpu_op with args, python_function, cuda_runtime launches,
+Traces are generated (`benchmarks/tracegen.py`), one case per shape so that no target holds on
+one shape only: ``kineto``, the standard Kineto export (document head, metadata,
+ProfilerStep annotations, cpu_op with args, python_function, cuda_runtime launches,
 kernels/memcpy with args, ac2g flows, cuda_sync, gpu_user_annotation, release markers;
-fractional-us times, some as decimal strings). Cases: the standard one (8 ranks x 110k
-events) against the bare decode and HTA; ``--scale 1gb`` (2 ranks x 2.5M events, ~1.2 GB) and
-``8x1gb`` (8 ranks x 4.3M events, ~8 GB of disk); the Dask case (``--dask-ranks`` ranks x
-``--dask-events`` events, 64 x 110k by default: the standard case's rank size, on a
-LocalCluster of 2 workers against the local path; ``--dask-ranks 0`` skips it).
+fractional-us times, some as decimal strings; 8 ranks x 110k events, against HTA too);
+``kineto-dense`` (every event a kernel, gaps 0-150 us; 2 x 500k); ``kineto-host`` (nearly
+every event a host range; 2 x 400k); ``ascend``, torch-npu's text export (8 x 110k) and
+``ascend-db``, its database export (8 x 110k). ``--scale 1gb`` adds every shape at ~1.2 GB in
+2 ranks (device-dense: the issue's 2 x 2.5M kernels), ``8x1gb`` at 8 ranks of ~1 GB each
+(about 40 GB of disk in all, one case at a time, each removed after its measurement unless
+``--dir``); the Dask case (``--dask-ranks`` ranks x ``--dask-events`` events, 64 x 110k by
+default: the standard case's rank size, on a LocalCluster of 2 workers against the local
+path; ``--dask-ranks 0`` skips it).
 
-Targets (issue 26): cold within 1.2x of the bare decode, warm at most 0.2x cold, writing the
-cache at most 10 % of the cold run, peak memory of the process tree at most 25 % of the JSON
+Targets (issues 26, 44): cold within 1.2x of the bare read, warm at most 0.2x cold, writing the
+cache at most 10 % of the cold run, peak memory of the process tree at most 25 % of the input
 (under 1 GB for 8 x 1 GB), at least 30x faster than HTA cold, the LocalCluster within 1.3x of
 the local path. A shared machine is noisy: every figure is the median (and range) of
 --repeat interleaved rounds, ratios pair runs of the same round, and the load average is
@@ -53,17 +60,27 @@ import tracegen  # noqa: E402
 MARKER = r"residency\.release\[normal\]"
 
 BARE = """
-import json, math, sys, time, msgspec
+import json, math, sqlite3, sys, time, msgspec
 from pathlib import Path
 class E(msgspec.Struct, gc=False):
     ph: str = ""; cat: str = ""; name: str = ""
     ts: "float | str" = math.nan; dur: "float | str" = math.nan
 class T(msgspec.Struct, gc=False):
     traceEvents: list[E] = []
-dec = msgspec.json.Decoder(T)
+dec, array = msgspec.json.Decoder(T), msgspec.json.Decoder(list[E])
 n = 0
-for p in sorted(Path(sys.argv[1]).glob("*.json")):
-    n += len(dec.decode(p.read_bytes()).traceEvents)
+for p in map(Path, sys.argv[1:]):
+    if p.suffix == ".db":  # the rows an analysis needs, fetched and nothing else
+        con = sqlite3.connect(f"file:{p}?mode=ro&immutable=1", uri=True)
+        for sql in ("SELECT startNs, endNs, taskType, globalTaskId FROM TASK",
+                    "SELECT globalTaskId, taskType, name FROM COMPUTE_TASK_INFO",
+                    "SELECT startNs, endNs, name FROM PYTORCH_API",
+                    "SELECT startNs, endNs, name FROM CANN_API", "SELECT * FROM STRING_IDS"):
+            n += len(con.execute(sql).fetchall())
+        con.close()
+        continue
+    data = p.read_bytes()
+    n += len(array.decode(data) if data.lstrip()[:1] == b"[" else dec.decode(data).traceEvents)
 print(json.dumps({"events": n}))
 """
 
@@ -175,18 +192,27 @@ def ours(d: Path, *extra: str) -> list[str]:
             MARKER, *extra]
 
 
+BARE_WHAT = ("a typed msgspec decode of every event", "sqlite3: the rows read, fetched")
+
+
+def bare_argv(files: list[Path]) -> list[str]:
+    """A bare read of `files`: typed msgspec decode of JSON, the needed rows of a database."""
+    return [sys.executable, "-c", BARE, *map(str, files)]
+
+
 def against_bare(label: str, d: Path, total: int, ranks: int, args: argparse.Namespace,
-                 env: dict[str, str], hta: str | None = None) -> dict:
+                 env: dict[str, str], hta: str | None = None, fmt: str = "kineto") -> dict:
     """Bare decode, cold (fresh cache), no cache, warm (the cold run's cache), HTA: rounds."""
     runs: dict[str, list[dict]] = {k: [] for k in ("bare", "cold", "nocache", "warm", "hta",
                                                    "msgspec")}
     pure = {"RESIDENCY_PURE_PYTHON": "1"}  # the compiled reader off: msgspec reads every run
-    built = reader_built()
+    built = reader_built() and fmt.startswith("kineto")  # (it reads Kineto runs only)
+    files = tracegen.trace_files(d, fmt)
     entry_bytes = 0
     for _ in range(args.repeat):
         cache = Path(tempfile.mkdtemp(prefix="residency-bench-cache-"))
         mine = {**env, "RESIDENCY_CACHE_DIR": str(cache)}
-        runs["bare"].append(measure([sys.executable, "-c", BARE, str(d)], env))
+        runs["bare"].append(measure(bare_argv(files), env))
         runs["cold"].append(measure(ours(d), mine))
         entry_bytes = sum(p.stat().st_size for p in cache.rglob("*.entry"))
         runs["warm"].append(measure(ours(d), mine))
@@ -203,7 +229,7 @@ def against_bare(label: str, d: Path, total: int, ranks: int, args: argparse.Nam
     # peak memory: one sampled run each, apart from the timed ones
     cache = Path(tempfile.mkdtemp(prefix="residency-bench-cache-"))
     mine = {**env, "RESIDENCY_CACHE_DIR": str(cache)}
-    rss = {"bare": peak_mb([sys.executable, "-c", BARE, str(d)], env),
+    rss = {"bare": peak_mb(bare_argv(files), env),
            "cold": peak_mb(ours(d), mine), "warm": peak_mb(ours(d), mine),
            "nocache": peak_mb(ours(d, "--no-cache"), mine)}
     shutil.rmtree(cache, ignore_errors=True)
@@ -216,9 +242,10 @@ def against_bare(label: str, d: Path, total: int, ranks: int, args: argparse.Nam
         for r in runs[k]:
             r["rss_mb"] = mb_
     mb = total / 1e6
-    print(f"\n== {label}: {ranks} ranks, {mb:.0f} MB of Kineto JSON ({load()})")
-    print(f"bare typed msgspec decode (sequential) {show(bare)}  CPU {show(bare, 'cpu_s')}  "
-          f"peak RSS {med(bare, 'rss_mb'):.0f} MB")
+    print(f"\n== {label}: {ranks} ranks, {mb:.0f} MB of {tracegen.SHAPES[fmt]} ({load()})")
+    print(f"{'bare read (sequential)':<38} {show(bare)}  CPU {show(bare, 'cpu_s')}  "
+          f"peak RSS {med(bare, 'rss_mb'):.0f} MB  ({BARE_WHAT[fmt == 'ascend-db']})")
+    what = "SQLite" if fmt == "ascend-db" else "JSON"
     for name, rs in (("`residency idle`, cold (default)", cold),
                      ("`residency idle --no-cache`", nocache),
                      ("`residency idle`, warm", warm),
@@ -226,13 +253,13 @@ def against_bare(label: str, d: Path, total: int, ranks: int, args: argparse.Nam
         if not rs:
             continue
         print(f"{name:<38} {show(rs)}  CPU {show(rs, 'cpu_s')}  peak RSS "
-              f"{med(rs, 'rss_mb'):.0f} MB = {med(rs, 'rss_mb') / mb:.1%} of the JSON")
-    print(f"cold / bare decode: wall {ratio(cold, bare)}, CPU {ratio(cold, bare, 'cpu_s')}  "
+              f"{med(rs, 'rss_mb'):.0f} MB = {med(rs, 'rss_mb') / mb:.1%} of the {what}")
+    print(f"cold / bare read: wall {ratio(cold, bare)}, CPU {ratio(cold, bare, 'cpu_s')}  "
           "(target <= 1.2x)")
     if runs["msgspec"]:
         print(f"--no-cache, compiled reader / msgspec path: wall {ratio(nocache, runs['msgspec'])}"
               f", CPU {ratio(nocache, runs['msgspec'], 'cpu_s')}")
-    else:
+    elif fmt.startswith("kineto"):
         print("the compiled reader is not built here (no C compiler at install, or "
               "RESIDENCY_PURE_PYTHON is set): every figure is the msgspec path's")
     print(f"warm / cold: wall {ratio(warm, cold)}, CPU {ratio(warm, cold, 'cpu_s')}  "
@@ -242,7 +269,8 @@ def against_bare(label: str, d: Path, total: int, ranks: int, args: argparse.Nam
     print(f"writing the cache: CPU (cold - no-cache) / cold = {statistics.median(write):.1%} "
           f"({min(write):.1%}-{max(write):.1%}; target <= 10 %); entries {entry_bytes / 1e6:.2f}"
           f" MB ({entry_bytes / max(1, ranks) / 1e3:.0f} kB per rank)")
-    out = {"cold": cold, "bare": bare, "warm": warm, "entry_bytes": entry_bytes, "mb": mb}
+    out = {"cold": cold, "bare": bare, "warm": warm, "entry_bytes": entry_bytes, "mb": mb,
+           "label": label, "fmt": fmt, "ranks": ranks}
     if runs["hta"]:
         h = runs["hta"]
         print(f"HTA (traceinsight) temporal breakdown  {show(h)}  CPU {show(h, 'cpu_s')}  peak "
@@ -347,6 +375,36 @@ def compile_bytecode() -> bool:
     return bool(compileall.compile_dir(ROOT / "residency", quiet=1))
 
 
+# per shape: (ranks, events per rank) of the default run (practical on 2 cores) and of --scale
+DEFAULT = {"kineto-dense": (2, 500_000), "kineto-host": (2, 400_000), "ascend": (8, 110_000),
+           "ascend-db": (8, 110_000)}
+BYTES_PER_EVENT = {"kineto": 240, "kineto-dense": 160, "kineto-host": 170, "ascend": 200,
+                   "ascend-db": 50}
+SCALED = {  # 1gb: the issue's 2 x 2.5M device-dense case and ~1.2 GB of the others
+    "1gb": {"kineto": (2, 2_500_000), "kineto-dense": (2, 2_500_000),
+            "kineto-host": (2, 3_500_000), "ascend": (2, 3_000_000),
+            "ascend-db": (2, 12_000_000)},
+    "8x1gb": {fmt: (8, 1_000_000_000 // b) for fmt, b in BYTES_PER_EVENT.items()},
+}
+
+
+def summary(cases: list[dict]) -> None:
+    """One line per case: every target on every shape."""
+    if not cases:
+        return
+    print("\n== Every case (median ratios of paired rounds; targets: cold <= 1.2x the bare "
+          "read, warm <= 0.2x cold, peak <= 25 % of the input)")
+    print(f"{'case':<44} {'input':>9} {'cold/bare':>10} {'warm/cold':>10} {'peak':>16}")
+    for c in cases:
+        cold_bare = statistics.median(a["wall_s"] / b["wall_s"]
+                                      for a, b in zip(c["cold"], c["bare"], strict=True))
+        warm_cold = statistics.median(a["wall_s"] / b["wall_s"]
+                                      for a, b in zip(c["warm"], c["cold"], strict=True))
+        peak = max(med(c["cold"], "rss_mb"), med(c["warm"], "rss_mb"))
+        print(f"{c['label']:<44} {c['mb']:>6.0f} MB {cold_bare:>9.2f}x {warm_cold:>9.2f}x "
+              f"{peak:>6.0f} MB {peak / c['mb']:>6.1%}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
@@ -356,13 +414,23 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=110_000, help="events per rank (standard)")
     ap.add_argument("--hta-python", default="/tmp/ti/bin/python",
                     help="interpreter with traceinsight installed (a separate venv)")
-    ap.add_argument("--scale", choices=["1gb", "8x1gb"], help="also the large case")
+    ap.add_argument("--scale", choices=["1gb", "8x1gb"],
+                    help="also every shape at this size (SCALED: ~1.2 GB in 2 ranks, or 8 "
+                         "ranks of ~1 GB each; needs the disk, checked first)")
+    ap.add_argument("--shapes", default=",".join(tracegen.SHAPES),
+                    help="comma-separated trace shapes (tracegen.SHAPES), each its own case")
     ap.add_argument("--dask-ranks", type=int, default=64)
     ap.add_argument("--dask-events", type=int, default=110_000,
                     help="events per rank (Dask; default: the standard case's rank)")
-    ap.add_argument("--skip-standard", action="store_true")
+    ap.add_argument("--skip-standard", action="store_true",
+                    help="only the --scale cases (and Dask)")
     ap.add_argument("--dir", type=Path, help="keep the generated traces here")
     args = ap.parse_args()
+    shapes = [x for x in args.shapes.split(",") if x]
+    unknown = [x for x in shapes if x not in tracegen.SHAPES]
+    if unknown:
+        ap.error(f"The value for --shapes must name shapes of {list(tracegen.SHAPES)}, but "
+                 f"{unknown} was passed.")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if compile_bytecode():
         print("residency's bytecode compiled first (PYTHONDONTWRITEBYTECODE is set here: "
@@ -380,27 +448,32 @@ def main() -> None:
         print(f"HTA skipped: {why} (python -m venv /tmp/ti && /tmp/ti/bin/pip install "
               "traceinsight==0.6.1)")
         hta = None
+    cases: list[dict] = []
     try:
         per = None
-        if not args.skip_standard:
-            d = base / "standard"
-            total = tracegen.generate(d, args.ranks, args.events, args.seed)
-            per = against_bare(f"standard ({args.events} events per rank)", d, total,
-                               args.ranks, args, env, hta)
-            per["ranks"] = args.ranks
+        plans = [] if args.skip_standard else [
+            (fmt, "", *((args.ranks, args.events) if fmt == "kineto" else DEFAULT[fmt]))
+            for fmt in shapes]
         if args.scale:
-            ranks, events = (2, 2_500_000) if args.scale == "1gb" else (8, 4_300_000)
-            d = base / args.scale
-            need = ranks * events * 240
+            plans += [(fmt, args.scale, *SCALED[args.scale][fmt]) for fmt in shapes]
+        for fmt, scale, ranks, events in plans:
+            d = base / f"{fmt}-{ranks}x{events}"
+            need = ranks * events * BYTES_PER_EVENT[fmt]
             free = shutil.disk_usage(base).free
-            if free < need * 1.2:
-                print(f"\n== {args.scale}: skipped: {free / 1e9:.1f} GB free, "
+            label = f"{fmt}{' ' + scale if scale else ''} ({events} events per rank)"
+            if free < need * 1.2 and not (d / "generated.params").is_file():
+                print(f"\n== {label}: skipped: {free / 1e9:.1f} GB free, "
                       f"{need / 1e9:.1f} GB needed")
-            else:
-                total = tracegen.generate(d, ranks, events, args.seed)
-                per = against_bare(f"{args.scale} ({events} events per rank)", d, total,
-                                   ranks, args, env)
-                per["ranks"] = ranks
+                continue
+            total = tracegen.generate(d, ranks, events, args.seed, fmt=fmt)
+            case = against_bare(label, d, total, ranks, args, env,
+                                hta if fmt == "kineto" and not scale else None, fmt=fmt)
+            cases.append(case)
+            if fmt == "kineto":
+                per = case
+            if scale and args.dir is None:  # (a large case's disk, back before the next)
+                shutil.rmtree(d, ignore_errors=True)
+        summary(cases)
         dask = dask_case(args, base, env) if args.dask_ranks else None
         if per is not None:
             on_paper(per, dask)

@@ -164,6 +164,92 @@ def kineto_rank(path: Path, rank: int, ranks: int, events: int, seed: int, *,
     return tasks
 
 
+def kineto_dense_rank(path: Path, rank: int, ranks: int, events: int, seed: int) -> int:
+    """Write one rank's *device-dense* Kineto trace: `events` kernels on one stream, each
+    1-14 us, gaps 0-150 us, and nothing else but the document head, the metadata and one
+    release marker per shared stall (as every rank has): a busy device profiled at Level 0.
+    Returns its device tasks."""
+    rr = random.Random(seed * 1000 + rank)
+    stalls = _stalls(events, seed)
+    scale = 80.0  # spread the shared stalls over a dense rank's longer timeline
+    stalls = [(a * scale, b * scale - (b - a) * (scale - 1)) for a, b in stalls]
+    head = {"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": rank,
+                                                    "world_size": ranks},
+            "displayTimeUnit": "ms", "baseTimeNanoseconds": BASE_NS}
+    pid = 4242 + rank
+    out = path.open("w")
+    out.write(json.dumps(head)[:-1] + ', "traceEvents": [\n')
+    lines = [f'{{"name": "process_name", "ph": "M", "ts": 0.000, "pid": {pid}, "tid": 0, '
+             f'"args": {{"name": "python3"}}}}']
+    t, s, first = 0.0, 0, True
+    kernels = [f"k{i}_gemm_bf16" for i in range(8)]
+    for n in range(events):
+        if s < len(stalls) and t >= stalls[s][0]:
+            a, b = stalls[s]
+            lines.append(f'{{"ph": "X", "cat": "user_annotation", "name": "{MARKER}", '
+                         f'"pid": {pid}, "tid": {pid}, "ts": {a:.3f}, "dur": {b - a:.3f}}}')
+            t, s = max(t, b), s + 1
+        dur = rr.uniform(1.0, 14.0)
+        lines.append(f'{{"ph": "X", "cat": "kernel", "name": "{kernels[n & 7]}", "pid": 0, '
+                     f'"tid": 7, "ts": {t:.3f}, "dur": {dur:.3f}, "args": {{"correlation": '
+                     f'{n}, "stream": 7}}}}')
+        t += dur + rr.uniform(0.0, 150.0)
+        if len(lines) > 8192:
+            out.write(("" if first else ",\n") + ",\n".join(lines))
+            first, lines = False, []
+    out.write(("" if first else ",\n") + ",\n".join(lines))
+    out.write('\n], "traceName": "' + str(path.name) + '"}\n')
+    out.close()
+    return events
+
+
+def kineto_host_rank(path: Path, rank: int, ranks: int, events: int, seed: int) -> int:
+    """Write one rank's *host-dense* Kineto trace: `events` events, nearly all host ranges
+    (``cpu_op``, ``python_function``, ``user_annotation``: names kept, the costly part of a
+    parse), one kernel per 64 events, a release marker per shared stall. Returns its device
+    tasks."""
+    rr = random.Random(seed * 1000 + rank)
+    stalls = _stalls(events, seed)
+    head = {"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": rank,
+                                                    "world_size": ranks},
+            "displayTimeUnit": "ms", "baseTimeNanoseconds": BASE_NS}
+    pid = 4242 + rank
+    out = path.open("w")
+    out.write(json.dumps(head)[:-1] + ', "traceEvents": [\n')
+    lines = [f'{{"name": "process_name", "ph": "M", "ts": 0.000, "pid": {pid}, "tid": 0, '
+             f'"args": {{"name": "python3"}}}}']
+    t, s, first, tasks = 0.0, 0, True, 0
+    frames = [f"torch/nn/modules/module.py({1700 + i}): _call_impl" for i in range(12)]
+    for n in range(events):
+        if s < len(stalls) and t >= stalls[s][0]:
+            a, b = stalls[s]
+            lines.append(f'{{"ph": "X", "cat": "user_annotation", "name": "{MARKER}", '
+                         f'"pid": {pid}, "tid": {pid}, "ts": {a:.3f}, "dur": {b - a:.3f}}}')
+            t, s = max(t, b), s + 1
+        dur = rr.uniform(2.0, 40.0)
+        if n % 64 == 63:
+            lines.append(f'{{"ph": "X", "cat": "kernel", "name": "k_gemm", "pid": 0, '
+                         f'"tid": 7, "ts": {t:.3f}, "dur": {dur:.3f}, "args": '
+                         f'{{"correlation": {n}}}}}')
+            tasks += 1
+        elif n % 3 == 0:
+            lines.append(f'{{"ph": "X", "cat": "python_function", "name": "{frames[n % 12]}", '
+                         f'"pid": {pid}, "tid": {pid}, "ts": {t:.3f}, "dur": {dur:.3f}, '
+                         f'"args": {{"Python id": {n}}}}}')
+        else:
+            lines.append(f'{{"ph": "X", "cat": "cpu_op", "name": "{OPS[n % len(OPS)]}", '
+                         f'"pid": {pid}, "tid": {pid}, "ts": {t:.3f}, "dur": {dur:.3f}, '
+                         f'"args": {{"External id": {n}, "Ev Idx": {n}}}}}')
+        t += rr.uniform(0.5, 6.0)
+        if len(lines) > 8192:
+            out.write(("" if first else ",\n") + ",\n".join(lines))
+            first, lines = False, []
+    out.write(("" if first else ",\n") + ",\n".join(lines))
+    out.write('\n], "traceName": "' + str(path.name) + '"}\n')
+    out.close()
+    return tasks
+
+
 def ascend_rank(folder: Path, rank: int, ranks: int, events: int, seed: int) -> int:
     """Write one rank's torch-npu session (``<host>_<pid>_<time>_ascend_pt/``) of about
     `events` events; return its device tasks."""
@@ -236,23 +322,160 @@ def ascend_rank(folder: Path, rank: int, ranks: int, events: int, seed: int) -> 
     return tasks
 
 
+DB_SCHEMA = {  # torch-npu's tables as it writes them (tests/data/traces/make_npu_fixtures.py)
+    "STRING_IDS": "id INTEGER, value TEXT",
+    "TASK": "startNs INTEGER, endNs INTEGER, deviceId INTEGER, connectionId INTEGER, "
+            "globalTaskId INTEGER, globalPid INTEGER, taskType INTEGER, contextId INTEGER, "
+            "streamId INTEGER, taskId INTEGER, modelId INTEGER",
+    "COMPUTE_TASK_INFO": "name INTEGER, globalTaskId INTEGER, blockNum INTEGER, "
+                         "mixBlockNum INTEGER, taskType INTEGER, opType INTEGER, "
+                         "inputFormats INTEGER, inputDataTypes INTEGER, inputShapes INTEGER, "
+                         "outputFormats INTEGER, outputDataTypes INTEGER, "
+                         "outputShapes INTEGER, attrInfo INTEGER, opState INTEGER, "
+                         "hf32Eligible INTEGER, gridDim INTEGER, blockDim INTEGER",
+    "COMMUNICATION_OP": "opName INTEGER, startNs INTEGER, endNs INTEGER, connectionId INTEGER, "
+                        "groupName INTEGER, opId INTEGER, relay INTEGER, "
+                        "retry INTEGER, dataType INTEGER, algType INTEGER, count NUMERIC, "
+                        "opType INTEGER, deviceId INTEGER, rankSize INTEGER",
+    "PYTORCH_API": "startNs TEXT, endNs TEXT, globalTid INTEGER, connectionId INTEGER, "
+                   "name INTEGER, sequenceNumber INTEGER, fwdThreadId INTEGER, "
+                   "inputDtypes INTEGER, inputShapes INTEGER, callchainId INTEGER, "
+                   "type INTEGER",
+    "CANN_API": "startNs INTEGER, endNs INTEGER, type INTEGER, globalTid INTEGER, "
+                "connectionId INTEGER, name INTEGER",
+    "RANK_DEVICE_MAP": "rankId INTEGER, deviceId INTEGER",
+}
+COMPUTE_TYPES = {"AI_CORE", "AI_VECTOR_CORE", "MIX_AIC", "AI_CPU"}
+
+
+def ascend_db_rank(folder: Path, rank: int, ranks: int, events: int, seed: int) -> int:
+    """Write one rank's torch-npu *database* session (``ExportType.Db``: only
+    ``ASCEND_PROFILER_OUTPUT/ascend_pytorch_profiler_<rank>.db``) with the events of
+    `ascend_rank`'s timeline: per op a ``PYTORCH_API`` and a ``CANN_API`` row, a ``TASK`` (a
+    ``COMPUTE_TASK_INFO`` row for compute types), an all-reduce in ``COMMUNICATION_OP`` now
+    and then, the release markers as ``PYTORCH_API`` ranges. Returns its device tasks."""
+    import sqlite3
+
+    rr = random.Random(seed * 1000 + rank)
+    stalls = _stalls(events, seed)
+    session = folder / f"node{rank // 8}_{4242 + rank}_20261201120000{rank:03d}_ascend_pt"
+    out_dir = session / "ASCEND_PROFILER_OUTPUT"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (session / f"profiler_info_{rank}.json").write_text(json.dumps(
+        {"config": {"common_config": {"activities": ["CPU", "NPU"]}},
+         "start_info": {"collectionTimeBegin": EPOCH_US}, "rank_id": rank}))
+    path = out_dir / f"ascend_pytorch_profiler_{rank}.db"
+    path.unlink(missing_ok=True)
+    con = sqlite3.connect(path)
+    con.execute("PRAGMA journal_mode=OFF")
+    con.execute("PRAGMA synchronous=OFF")
+    for table, columns in DB_SCHEMA.items():
+        con.execute(f"CREATE TABLE {table} ({columns})")
+    ids: dict[str, int] = {}
+
+    def sid(text: str) -> int:
+        if text not in ids:
+            ids[text] = len(ids) + 1
+        return ids[text]
+
+    types = [t for t, w in NPU_TASKS for _ in range(w)]
+    na = sid("N/A")
+    task, compute, python, cann, comm = [], [], [], [], []
+
+    def flush() -> None:
+        con.executemany("INSERT INTO TASK VALUES (?,?,?,?,?,?,?,?,?,?,?)", task)
+        con.executemany("INSERT INTO COMPUTE_TASK_INFO VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,"
+                        "?,?)", compute)
+        con.executemany("INSERT INTO PYTORCH_API VALUES (?,?,?,?,?,?,?,?,?,?,?)", python)
+        con.executemany("INSERT INTO CANN_API VALUES (?,?,?,?,?,?)", cann)
+        con.executemany("INSERT INTO COMMUNICATION_OP VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                        comm)
+        for rows in (task, compute, python, cann, comm):
+            rows.clear()
+
+    def ns(us: float) -> int:
+        return EPOCH_US * 1000 + round(us * 1000)
+
+    n, t, s, tasks = 0, 0.0, 0, 0
+    while n < events:
+        if s < len(stalls) and t >= stalls[s][0]:
+            a, b = stalls[s]
+            m = a + rr.uniform(-20, 5)
+            python.append((str(ns(m)), str(ns(m + b - a)), 1, None, sid(MARKER), -1, 0, None,
+                           None, None, 50001))
+            t, s, n = b + rr.uniform(0, 20), s + 1, n + 1
+        op = rr.choice(OPS)
+        python.append((str(ns(t - 10)), str(ns(t - 10 + rr.uniform(8, 40))), 1, n,
+                       sid(op), n, 0, na, na, None, 50001))
+        cann.append((ns(t - 6), ns(t - 6 + 4.25), 20000, 1, n, sid("aclnnMm")))
+        ty = rr.choice(types)
+        dur = rr.uniform(1.0, 14.0)
+        tasks += 1
+        task.append((ns(t), ns(t + dur), rank, n, tasks, 4242 + rank, sid(ty), 4294967295, 2,
+                     n % 65536, 4294967295))
+        if ty in COMPUTE_TYPES:
+            compute.append((sid(f"{op[6:]}_Op_{n % 13}"), tasks, 8, 0, sid(ty), sid(op[6:]),
+                            na, na, na, na, na, na, na, sid("static"), sid("NO"), na, na))
+        n += 4
+        if n % 300 < 4:
+            comm.append((sid(f"hcom_allReduce__{n}"), ns(t + dur), ns(t + dur + 25.5), n,
+                         sid("group1"), n, 0, 0, 4, 0, 1024, sid("hcom_allReduce_"), rank,
+                         ranks))
+            n += 1
+        t += dur * rr.uniform(0.4, 1.05)
+        if len(task) >= 50_000:
+            flush()
+    flush()
+    con.executemany("INSERT INTO STRING_IDS VALUES (?, ?)", [(i, v) for v, i in ids.items()])
+    con.execute("INSERT INTO RANK_DEVICE_MAP VALUES (?, ?)", (rank, rank))
+    con.commit()
+    con.close()
+    return tasks
+
+
+SHAPES = {  # the shapes `generate` writes
+    "kineto": "the standard Kineto export (mixed host and device events)",
+    "kineto-dense": "device-dense Kineto: every event a kernel, gaps 0-150 us",
+    "kineto-host": "host-dense Kineto: nearly every event a host range",
+    "ascend": "torch-npu text export (trace_view.json per *_ascend_pt session)",
+    "ascend-db": "torch-npu database export (ascend_pytorch_profiler_<rank>.db only)",
+}
+
+
+def trace_files(d: Path, fmt: str) -> list[Path]:
+    """The files a shape's traces were written to under `d`."""
+    if fmt.startswith("kineto"):
+        return sorted(d.glob("*.json"))
+    if fmt == "ascend":
+        return sorted(d.glob("*_ascend_pt/ASCEND_PROFILER_OUTPUT/trace_view.json"))
+    return sorted(d.glob("*_ascend_pt/ASCEND_PROFILER_OUTPUT/ascend_pytorch_profiler_*.db"))
+
+
 def generate(d: Path, ranks: int, events: int, seed: int, *, fmt: str = "kineto",
              string_ts: bool = False) -> int:
-    """Write `ranks` traces of about `events` events each into `d`; return their bytes.
-    Files already written with the same parameters (a kept folder) are reused."""
+    """Write `ranks` traces of about `events` events each into `d` in shape `fmt` (`SHAPES`);
+    return their bytes. Files already written with the same parameters (a kept folder) are
+    reused."""
+    if fmt not in SHAPES:
+        raise ValueError(f"The value for fmt must be one of {list(SHAPES)}, but {fmt!r} was "
+                         "passed.")
     d.mkdir(parents=True, exist_ok=True)
     stamp = d / "generated.params"  # not *.json: no trace
     params = {"ranks": ranks, "events": events, "seed": seed, "fmt": fmt,
               "string_ts": string_ts, "version": 2}
-    files = (lambda: list(d.glob("*.json"))) if fmt == "kineto" else (
-        lambda: list(d.glob("*_ascend_pt/ASCEND_PROFILER_OUTPUT/trace_view.json")))
     if stamp.is_file() and json.loads(stamp.read_text()) == params:
-        return sum(p.stat().st_size for p in files())
+        return sum(p.stat().st_size for p in trace_files(d, fmt))
     for r in range(ranks):
         if fmt == "kineto":
             kineto_rank(d / f"rank{r}.pt.trace.json", r, ranks, events, seed,
                         string_ts=string_ts)
-        else:
+        elif fmt == "kineto-dense":
+            kineto_dense_rank(d / f"rank{r}.pt.trace.json", r, ranks, events, seed)
+        elif fmt == "kineto-host":
+            kineto_host_rank(d / f"rank{r}.pt.trace.json", r, ranks, events, seed)
+        elif fmt == "ascend":
             ascend_rank(d, r, ranks, events, seed)
+        else:
+            ascend_db_rank(d, r, ranks, events, seed)
     stamp.write_text(json.dumps(params))
-    return sum(p.stat().st_size for p in files())
+    return sum(p.stat().st_size for p in trace_files(d, fmt))

@@ -548,3 +548,46 @@ def test_device_names_survive_the_cache(tmp_path):
     assert cold.device_names.tolist()[:2] == ["MatMul_1", "EVENT_WAIT_SQE"]
     assert warm.device_names.tolist() == cold.device_names.tolist()
     assert warm.overlap_names.tolist() == cold.overlap_names.tolist() != []
+
+
+def _task_db(path: Path, tasks: int) -> Path:
+    """A torch-npu database of `tasks` compute tasks (each with its COMPUTE_TASK_INFO row)
+    and as many communication task rows looked up by id."""
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE STRING_IDS (id INTEGER, value TEXT)")
+    con.execute("CREATE TABLE TASK (startNs INTEGER, endNs INTEGER, globalTaskId INTEGER, "
+                "taskType INTEGER)")
+    con.execute("CREATE TABLE COMPUTE_TASK_INFO (name INTEGER, globalTaskId INTEGER, "
+                "taskType INTEGER)")
+    con.executemany("INSERT INTO STRING_IDS VALUES (?, ?)",
+                    [(1, "AI_CORE"), (2, "MatMul"), (3, "KERNEL_AICORE")])
+    con.executemany("INSERT INTO TASK VALUES (?, ?, ?, 3)",
+                    [(1000 * i, 1000 * i + 500, i) for i in range(tasks)])
+    con.executemany("INSERT INTO COMPUTE_TASK_INFO VALUES (2, ?, 1)",
+                    [(i,) for i in range(tasks)])
+    con.commit()
+    con.close()
+    return path
+
+
+def test_the_database_lookups_are_not_quadratic_in_the_tasks(tmp_path, monkeypatch):
+    """Each task's COMPUTE_TASK_INFO row is found through an index, never a scan per task:
+    SQLite's VM instructions (counted by the connection's progress handler, which runs every
+    fixed number of them) grow about as the tasks do (before: 8 x 27.5k tasks took 480 s)."""
+    from residency.traces import ascend
+    from residency.traces.sqlitedb import UntrustedDatabase
+
+    steps = [0]
+
+    def counting(self):
+        steps[0] += 1
+        return 0
+
+    monkeypatch.setattr(UntrustedDatabase, "_past_budget", counting)
+    counts = {}
+    for n in (1000, 4000):
+        steps[0] = 0
+        parsed = ascend.read_db(_task_db(tmp_path / f"t{n}.db", n))
+        assert len(parsed.device) == n and set(parsed.device_names.tolist()) == {"MatMul"}
+        counts[n] = steps[0]
+    assert counts[4000] < 6 * counts[1000], counts  # quadratic: about 16x

@@ -86,23 +86,36 @@ def test_trace_ranks_must_be_the_runs_ranks(paired: Path) -> None:
 
 # -------------------------------------------------- the bytes parsed are the bytes verified
 def test_a_file_changed_after_verification_is_never_parsed(paired: Path) -> None:
-    """`load_run` verified every sha256; a decisions file and a client record swapped after
-    that (between hashing and reading, as a hostile mount can) are refused when read, since
-    each read is hashed and checked against the seal (before: parsed, under the verified
-    digest)."""
+    """`load_run` verified every sha256 on the bytes it read and kept; a decisions file and a
+    client record swapped after that (as a hostile mount can) are never parsed: the run's
+    analyses parse the bytes verified, read once (issue 44; before: read again and refused,
+    issue 41 F4/F5). A file too large to keep is read again and checked against the seal."""
+    from residency.rundir import run as rundir
     from residency.rundir.run import RunDirError
 
     run = load_run(paired)
     entry = run.runs[0]
     decisions = entry.dir / "decisions-rank0.jsonl"
-    lines = decisions.read_text().split("\n")
-    decisions.write_text("\n".join(lines[1:]))  # a decision gone, the rest still valid
-    with pytest.raises(RunDirError, match="changed since the run was verified"):
-        run.decisions(entry)
+    honest = decisions.read_text()
+    decisions.write_text("\n".join(honest.split("\n")[1:]))  # a decision gone, rest valid
+    assert len(run.decisions(entry, warmup=True)) == len(
+        load_run(paired, verify=False).decisions(entry, warmup=True)) + 1
     client = entry.dir / "client.json"
-    client.write_text(client.read_text().replace('"e2e_s"', '"e2e_s" ', 1))
-    with pytest.raises(RunDirError, match="client.json.*changed since the run was verified"):
-        run.client(entry)
+    record = client.read_bytes()
+    honest_client = load_run(paired, verify=False).client(entry)
+    forged = record.replace(b'"e2e_s": ', b'"e2e_s": 1', 1)
+    assert forged != record
+    client.write_bytes(forged)
+    assert load_run(paired, verify=False).client(entry) != honest_client  # (forgery shows)
+    assert run.client(entry) == honest_client
+    client.write_bytes(record)
+    decisions.write_text(honest)
+    with pytest.MonkeyPatch.context() as mp:  # nothing kept: every read checked again
+        mp.setattr(rundir, "KEEP_BYTES", 0)
+        run = load_run(paired)
+        decisions.write_text("\n".join(honest.split("\n")[1:]))
+        with pytest.raises(RunDirError, match="changed since the run was verified"):
+            run.decisions(entry)
     unverified = load_run(paired, verify=False)  # --no-verify reads what is there
     assert len(unverified.decisions(entry, warmup=True)) > 0
 

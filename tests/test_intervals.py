@@ -98,3 +98,93 @@ def test_int64_nanosecond_epoch_values_stay_exact():
 def test_bad_intervals_are_refused(bad, match):
     with pytest.raises(ValueError, match=match):
         iv.merge(bad)
+
+
+# -- sorted inputs: linear paths, never sorted again (issue 44) -------------------------------
+
+sorted_sets = interval_sets.map(sorted)  # sorted by start, overlapping and empty rows kept
+normalised_sets = interval_sets.map(lambda rows: iv.merge(arr(rows)).tolist())
+
+
+ORIGINAL_SORT = np.sort
+
+
+class MergeOnlySorts:
+    """np.sort in place of NumPy's: only a stable sort (the merge of sorted runs) is allowed,
+    and only of an array made of at most `runs` ascending runs; anything else is a sort of
+    sorted input from scratch."""
+
+    def __init__(self, runs: int) -> None:
+        self.runs = runs
+
+    def __call__(self, a, *args, kind=None, **kwargs):
+        a = np.asarray(a)
+        if kind != "stable":
+            raise AssertionError("sorted input sorted again")
+        runs = 1 + int(np.count_nonzero(a[1:] < a[:-1]))
+        assert runs <= self.runs, f"a stable sort of {runs} runs, not a merge of sorted sets"
+        return ORIGINAL_SORT(a, *args, kind=kind, **kwargs)
+
+
+@pytest.fixture
+def no_sort(monkeypatch):
+    monkeypatch.setattr(np, "sort", MergeOnlySorts(1))
+
+
+@settings(max_examples=300, deadline=None)
+@given(sorted_sets, st.lists(normalised_sets, min_size=1, max_size=5), st.integers(1, 5))
+def test_sorted_inputs_match_naive_without_a_sort(rows, sets, block_rows):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(np, "sort", MergeOnlySorts(1 + len(sets)))
+        mp.setattr(iv, "BLOCK_ROWS", block_rows)  # work done in blocks: any size, same sets
+        m = iv.merge(arr(rows))
+        owned = arr(rows)
+        in_place = iv.merge_in_place(owned)
+        u = iv.union(arr(rows), *(arr(s) for s in sets))
+        i = iv.intersection(arr(rows), *(arr(s) for s in sets))
+        c = iv.complement(arr(rows), arr(sets[0]))
+        size = iv.measure(arr(rows))
+    everyone = [points(s) for s in sets]
+    assert normalised(m) and normalised(u) and normalised(i) and normalised(c)
+    assert points(m.tolist()) == points(rows) and size == len(points(rows))
+    assert np.array_equal(in_place, m)
+    assert points(u.tolist()) == points(rows).union(*everyone)
+    assert points(i.tolist()) == points(rows).intersection(*everyone)
+    assert points(c.tolist()) == everyone[0] - points(rows)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(normalised_sets, min_size=2, max_size=9))
+def test_union_of_many_normalised_sets_is_their_merge(sets):
+    u = iv.union(*(arr(s) for s in sets))
+    assert np.array_equal(u, iv.merge(arr([r for s in sets for r in s])))
+
+
+def test_a_normalised_set_comes_back_read_only_and_unsorted_input_is_still_sorted(no_sort):
+    a = arr([[0, 3], [5, 9], [12, 20]])
+    m = iv.merge(a)
+    assert m.tolist() == a.tolist() and not m.flags.writeable and a.flags.writeable
+    with pytest.raises(AssertionError, match="sorted input sorted again"):
+        iv.merge(arr([[5, 9], [0, 3]]))  # unsorted: the one case that sorts
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(interval_sets, max_size=4), st.one_of(st.none(), interval_sets),
+       st.integers(1, 4))
+def test_measure_union_matches_naive_in_any_block_size(sets, within, block_rows):
+    got = iv.measure_union(*(arr(s) for s in sets),
+                           within=None if within is None else arr(within),
+                           block_rows=block_rows)
+    covered = set().union(*(points(s) for s in sets))
+    assert got == len(covered if within is None else covered & points(within))
+
+
+def test_merge_in_place_writes_over_the_rows_it_was_given():
+    rows = arr([[0, 4], [2, 6], [6, 7], [9, 12], [10, 11], [20, 30]])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(iv, "BLOCK_ROWS", 2)
+        got = iv.merge_in_place(rows)
+    assert got.tolist() == [[0, 7], [9, 12], [20, 30]] and np.shares_memory(got, rows)
+    frozen = arr([[0, 4], [2, 6]])
+    frozen.flags.writeable = False
+    assert iv.merge_in_place(frozen).tolist() == [[0, 6]] and frozen.tolist() == [[0, 4], [2, 6]]

@@ -299,30 +299,39 @@ _NONE = np.empty((0, 2), np.int64)
 
 def reduce_rank(t: RankTimeline, definition: busydef.BusyDefinition, fmt: str,
                 marker: re.Pattern[str] | None, window_marker: re.Pattern[str] | None,
-                *, content_rank: int | None = None) -> RankReduction:
-    """One rank's `RankReduction` under `definition` and the compiled patterns."""
+                *, content_rank: int | None = None, consume: bool = False) -> RankReduction:
+    """One rank's `RankReduction` under `definition` and the compiled patterns. With
+    `consume`, the caller gives `t` up: its busy union may be written over its device rows
+    (no second copy of a device-dense rank)."""
     from residency.traces.load import timeline_span
 
     chosen = busydef.busy_tasks(t, definition, fmt)
     rows = chosen.rows
     bounds = (int(rows[:, 0].min()), int(rows[:, 1].max())) if len(rows) else None
+    span = timeline_span(t)
     free = None
     overlap_span = None
     if len(t.overlap):
         free = iv.merge(t.overlap[t.overlap_names == "Free"])
         overlap_span = (int(t.overlap[:, 0].min()), int(t.overlap[:, 1].max()))
-    ends = [np.abs(a[:, 1]).max() for a in (t.device, t.ranges, t.overlap) if len(a)]
+    ends = [max(-int(a[:, 1].min()), int(a[:, 1].max()))  # largest |end|, no copy
+            for a in (t.device, t.ranges, t.overlap) if len(a)]
     computing = work = None
     if fmt == "ascend":
         computing = iv.merge(busydef.class_rows(t, frozenset({"compute", "unknown"})))
         work = iv.merge(busydef.class_rows(t, frozenset({"compute", "unknown",
                                                          "communication"})))
+    if consume and rows is t.device and rows.base is None:  # (ours alone: parsed for this)
+        rows.setflags(write=True)
+        busy = iv.merge_in_place(rows)
+    else:
+        busy = iv.merge(rows)
     return RankReduction(
-        t.rank, t.source, t.device_tasks, t.rejected_events, iv.merge(rows), bounds,
+        t.rank, t.source, t.device_tasks, t.rejected_events, busy, bounds,
         dict(chosen.excluded), dict(chosen.unknown),
         np.ascontiguousarray(_matching(t, marker)) if marker is not None else _NONE,
         np.ascontiguousarray(_matching(t, window_marker)) if window_marker is not None
-        else _NONE, free, overlap_span, timeline_span(t),
+        else _NONE, free, overlap_span, span,
         int(max(ends)) if ends else None, content_rank, frozenset(chosen.confirmed),
         len(t.ranges), computing, work)
 
@@ -362,7 +371,7 @@ def summarize(fmt: str, reductions: Sequence[RankReduction],
     length = iv.measure(window)
     rows = []
     for r in reductions:
-        busy_in = iv.measure(iv.intersection(r.busy, window))
+        busy_in = iv.measure_union(r.busy, within=window)
         span = int(r.busy[-1, 1] - r.busy[0, 0]) if len(r.busy) else 0
         free = (None if r.free is None else iv.measure(iv.intersection(r.free, window)))
         if free is not None and definition.name == "msprof":
@@ -371,14 +380,18 @@ def summarize(fmt: str, reductions: Sequence[RankReduction],
         rows.append(RankIdle(r.rank, busy_in, length - busy_in, r.device_tasks,
                              _overlapping(r.markers, window), span - iv.measure(r.busy),
                              r.excluded, free, r.unknown, steps))
-    idle = iv.complement(iv.union(*(r.busy for r in reductions)), window)
+    # all-rank idle = window - union of busy; markers (inside the window) & idle = markers -
+    # (markers & union of busy): measured in a sweep, the union of every rank never built
+    busy = [r.busy for r in reductions]
     markers = iv.intersection(iv.union(*(r.markers for r in reductions)), window)
+    marker_ns = iv.measure(markers)
     return IdleSummary(
         format=fmt, ranks=tuple(r.rank for r in reductions),
         window_ns=(int(window[0, 0]), int(window[-1, 1])),
-        window_measure_ns=length, all_rank_idle_ns=iv.measure(idle),
-        marker_ns=iv.measure(markers),
-        marker_idle_intersection_ns=iv.measure(iv.intersection(markers, idle)),
+        window_measure_ns=length,
+        all_rank_idle_ns=length - iv.measure_union(*busy, within=window),
+        marker_ns=marker_ns,
+        marker_idle_intersection_ns=marker_ns - iv.measure_union(*busy, within=markers),
         rejected_events=sum(r.rejected_events for r in reductions), per_rank=tuple(rows),
         marker=marker, window_marker=window_marker, busy_definition=definition.name,
         window_basis=basis)
@@ -549,6 +562,7 @@ def _computed(plan: Any, i: int, job: dict[str, Any], parsed: Any) -> RankReduct
     source, root, limit = plan.sources[i], plan.parse_root, job["max_trace_bytes"]
     stat = tr.open_stat(source, root, limit)
     cache = job["cache"] and tracecache.enabled(root, source)
+    own = parsed is None  # parsed here for this reduction alone: its arrays can be reused
     if parsed is None:
         parsed = tr.parse_source(plan.format, source, root=root,
                                  chunk_bytes=job["chunk_bytes"], max_bytes=limit,
@@ -561,8 +575,8 @@ def _computed(plan: Any, i: int, job: dict[str, Any], parsed: Any) -> RankReduct
                                                              "window_marker")
     rx = None if job["marker"] is None else _compile(job["marker"], "marker")
     definition = busydef.resolve(job["busy"], plan.format)
-    r = dataclasses.replace(reduce_rank(t, definition, plan.format, rx, wrx), rank=rank,
-                            content_rank=content_rank, world_size=parsed_world)
+    r = dataclasses.replace(reduce_rank(t, definition, plan.format, rx, wrx, consume=own),
+                            rank=rank, content_rank=content_rank, world_size=parsed_world)
     del t
     if cache:  # (digest: of exactly the bytes parsed; none, nothing is recorded)
         arrays = {"busy": r.busy, "markers": r.markers, "window_ranges": r.window_ranges}

@@ -10,6 +10,7 @@ client records are read on demand from a `Run`.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import math
@@ -61,7 +62,7 @@ DECISION_COLUMNS = (
 )
 
 __all__ = ["DECISION_COLUMNS", "MANIFEST", "SCHEMA", "Manifest", "Run",
-           "RunDirError", "RunEntry", "Verification", "artifact_hashes",
+           "RunDirError", "RunEntry", "RunReading", "Verification", "artifact_hashes",
            "load_run", "load_decisions", "project_commit", "run_entries", "verify_run",
            "versions"]
 # the manifest's atomic writer's temporary file: never evidence. Hidden files are evidence like
@@ -72,6 +73,63 @@ _MANIFEST_TMP = f".{MANIFEST}.tmp"
 # writes about 10 MB); parsed records take about ten times their bytes in memory
 MAX_DECISIONS_BYTES = 32 * 1024 * 1024
 MAX_DECISION_LINE_BYTES = 1024 * 1024
+# a file of a run at most this large is kept in memory once read (its bytes hashed as read):
+# every later use of it in the same command takes those bytes, never the disk again
+KEEP_BYTES = 16 * 1024 * 1024
+KEEP_TOTAL_BYTES = 256 * 1024 * 1024
+
+
+class RunReading:
+    """One command's reading of a run directory: each file read once, hashed as it is read,
+    its bytes kept (up to `KEEP_BYTES` a file, `KEEP_TOTAL_BYTES` in all), and what was
+    parsed from them memoised (`parsed`), so that verifying the run and analysing it use the
+    same bytes, and every analysis of the command (tables, whatif, notebooks, verify) the
+    same reading. Larger files (traces) are hashed in a stream and read again by their own
+    sealed readers."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, tuple[bytes, str]] = {}
+        self._kept_bytes = 0
+        self.parsed: dict[tuple[str, str], Any] = {}
+
+    @staticmethod
+    def _key(path: Path) -> str:
+        return os.path.abspath(path)
+
+    def read(self, path: Path, sha256: str | None = None) -> bytes:
+        """The bytes of `path` (read once, then kept); with `sha256`, they must have it."""
+        key = self._key(path)
+        got = self._kept.get(key)
+        if got is None:
+            data = _read_bytes(path)
+            got = (data, hashlib.sha256(data).hexdigest())
+            if len(data) <= KEEP_BYTES and self._kept_bytes + len(data) <= KEEP_TOTAL_BYTES:
+                self._kept[key] = got
+                self._kept_bytes += len(data)
+        if sha256 is not None and got[1] != sha256:
+            raise RunDirError(path, CHANGED_SINCE_VERIFIED)
+        return got[0]
+
+    def sha256(self, path: Path) -> str:
+        """Hex sha256 of `path`: of the bytes kept (read now when small enough), else of a
+        stream of it."""
+        key = self._key(path)
+        if key not in self._kept:
+            try:
+                size = os.lstat(path).st_size
+            except OSError:
+                size = KEEP_BYTES + 1  # (the streamed read names the problem)
+            if size > KEEP_BYTES or self._kept_bytes + size > KEEP_TOTAL_BYTES:
+                return sha256_file(path)
+            with _reading(path):
+                self.read(path)
+            if key not in self._kept:  # (grew past the bound while read)
+                return sha256_file(path)
+        return self._kept[key][1]
+
+    def kept(self, path: Path) -> bool:
+        """Whether the bytes of `path` are held."""
+        return self._key(path) in self._kept
 
 
 def _now() -> str:
@@ -240,6 +298,7 @@ class Run:
     manifest: MappingProxyType = field(repr=False)
     runs: tuple[RunEntry, ...] = ()
     verified: bool = False  # every read must then match the sealed sha256 of its file
+    reading: RunReading = field(default_factory=RunReading, repr=False, compare=False)
 
     def _sealed(self, path: Path) -> str | None:
         """The sealed sha256 of `path` when the run was verified (every read is checked
@@ -268,11 +327,15 @@ class Run:
         budget = [MAX_DECISIONS_BYTES]
         kind = self.device_kind
         kinds = (kind, REGISTRY[kind].torch_type) if kind in REGISTRY else (kind,)
+        memo = self.reading.parsed
+        if ("decisions", str(run.dir)) in memo:  # parsed once a command
+            return [dict(r) for r in memo[("decisions", str(run.dir))]]
         for rank, f in _decisions_files(run, self.manifest):
             expect = _Expected(rank=rank, arm=run.arm, device_kinds=kinds)
             rows.extend(_read_decisions(f, sha256=self._sealed(f), budget=budget,
-                                        expect=expect))
-        return rows
+                                        expect=expect, reading=self.reading))
+        memo[("decisions", str(run.dir))] = rows
+        return [dict(r) for r in rows]
 
     @property
     def device_kind(self) -> str:
@@ -306,7 +369,12 @@ class Run:
         layout whatever layout it was recorded in (`upgrade_client`; the file is never
         rewritten)."""
         path = run.dir / CLIENT
-        return upgrade_client(check_client(path, _read_json(path, sha256=self._sealed(path))))
+        memo = self.reading.parsed
+        key = ("client", str(path))
+        if key not in memo:  # read, checked and parsed once a command
+            memo[key] = upgrade_client(check_client(
+                path, _read_json(path, sha256=self._sealed(path), reading=self.reading)))
+        return copy.deepcopy(memo[key])
 
     def decisions(self, run: RunEntry, *, warmup: bool = False) -> pd.DataFrame:
         """Policy decisions of all ranks of one run, one row per call, snapshot fields
@@ -363,16 +431,17 @@ def load_run(path: str | Path, *, allow_incomplete: bool = False, verify: bool =
     root = Path(path)
     if not root.is_dir():
         raise RunDirError(root, "run directory does not exist")
-    manifest = _read_json(root / MANIFEST)
-    Manifest.from_dict(manifest, path=root / MANIFEST)
+    reading = RunReading()  # every file of the run read once for this load
+    manifest = _read_json(root / MANIFEST, reading=reading)  # the one read of the manifest:
+    Manifest.from_dict(manifest, path=root / MANIFEST)  # the figures and the seal check alike
     if manifest["status"] != "complete" and not allow_incomplete:
         raise RunDirError(root / MANIFEST, f"status is {manifest['status']!r}, not "
                           "'complete' (pass allow_incomplete=True / --allow-incomplete to read "
                           "it anyway)", field="status")
-    verified = verify and _verify_artifacts(root, manifest)
+    verified = verify and _verify_artifacts(root, manifest, reading)
     runs = run_entries(root, manifest["runs"], required=manifest["status"] == "complete")
     return Run(path=root.resolve(), manifest=MappingProxyType(manifest), runs=runs,
-               verified=verified)
+               verified=verified, reading=reading)
 
 
 # ----------------------------------------------------------------------------- steps
@@ -433,20 +502,22 @@ def _loads(path: Path, text: str | bytes, where: str = "") -> Any:
         raise RunDirError(path, f"{where}invalid JSON ({exc})") from None
 
 
-def _read_json(path: Path, sha256: str | None = None) -> dict[str, Any]:
-    data = _loads(path, _read_bytes(path, sha256))
+def _read_json(path: Path, sha256: str | None = None, *,
+               reading: RunReading | None = None) -> dict[str, Any]:
+    data = _loads(path, _read_bytes(path, sha256) if reading is None
+                  else reading.read(path, sha256))
     if not isinstance(data, dict):
         raise RunDirError(path, f"expected a JSON object, got {type(data).__name__}")
     return data
 
 
-def _verify_artifacts(root: Path, manifest: dict[str, Any]) -> bool:
+def _verify_artifacts(root: Path, manifest: dict[str, Any], reading: RunReading) -> bool:
     """Refuse a complete run whose files or manifest differ from what was recorded when it
     completed (a run recorded without a sha256 list is read unverified; `residency verify`
     says so). True when verified (later reads are then checked against the sealed sha256)."""
     if manifest["status"] != "complete" or not manifest.get("artifacts"):
         return False
-    result = verify_run(root)
+    result = _verify(root, manifest, reading)  # the manifest read, not a second reading
     if not result.ok:
         first = result.findings()[0] if result.findings() else ""
         raise RunDirError(root / MANIFEST, "failed verification: " + result.summary()
@@ -557,7 +628,8 @@ def artifact_hashes(root: str | Path) -> dict[str, str]:
     return out
 
 
-def _client_mismatches(root: Path, manifest: dict[str, Any]) -> list[str]:
+def _client_mismatches(root: Path, manifest: dict[str, Any], reading: RunReading
+                       ) -> list[str]:
     """Manifest run fields that disagree with the run's own `client.json`."""
     out = []
     runs = manifest.get("runs")
@@ -566,7 +638,7 @@ def _client_mismatches(root: Path, manifest: dict[str, Any]) -> list[str]:
             continue
         try:
             run_dir = confined(root, r.get("dir"), what=f"runs[{i}].dir")
-            raw = _read_json(run_dir / CLIENT)
+            raw = _read_json(run_dir / CLIENT, reading=reading)
         except (UnsafePathError, RunDirError):
             continue  # reported as a manifest or artifact finding
         client = upgrade_client(raw)
@@ -587,7 +659,14 @@ def verify_run(path: str | Path, *, expected_digest: str | None = None) -> Verif
     field, each `runs[].e2e_s` against its `client.json`, the `runs` entries as the analysis
     reads them (`run_entries`: paths, types, duplicates), and the quoted digest if given."""
     root = Path(path)
-    manifest = _read_json(root / MANIFEST)
+    reading = RunReading()
+    return _verify(root, _read_json(root / MANIFEST, reading=reading), reading,
+                   expected_digest=expected_digest)
+
+
+def _verify(root: Path, manifest: dict[str, Any], reading: RunReading, *,
+            expected_digest: str | None = None) -> Verification:
+    """`verify_run` of the manifest as read (by `reading`, which reads every other file)."""
     recorded = manifest.get("artifacts")
     if not isinstance(recorded, dict) or not recorded:
         raise RunDirError(root / MANIFEST, "no sha256 list recorded (the run never "
@@ -600,7 +679,7 @@ def verify_run(path: str | Path, *, expected_digest: str | None = None) -> Verif
         if other is not None:
             unsafe.append(f"{rel}: {other}")
             continue
-        actual[rel] = sha256_file(p)
+        actual[rel] = reading.sha256(p)
     manifest_findings = seal_findings(manifest) if SEAL_FIELD in manifest or manifest.get(
         "status") == "complete" else []
     if manifest.get(SEAL_FIELD) is None and manifest_findings:
@@ -617,7 +696,7 @@ def verify_run(path: str | Path, *, expected_digest: str | None = None) -> Verif
         extra=tuple(sorted(set(actual) - set(recorded))),
         changed=tuple(sorted(k for k in set(recorded) & set(actual) if recorded[k] != actual[k])),
         unsafe=tuple(unsafe), manifest=tuple(manifest_findings),
-        mismatched=tuple(_client_mismatches(root, manifest)),
+        mismatched=tuple(_client_mismatches(root, manifest, reading)),
         invalid=tuple(_entry_findings(root, manifest)),
         digest=digest, expected_digest=expected_digest,
     )
@@ -850,8 +929,8 @@ def _decision(path: Path, lineno: int, rec: Any, expect: _Expected | None = None
 
 
 def _read_decisions(path: Path, *, sha256: str | None = None,
-                    budget: list[int] | None = None, expect: _Expected | None = None
-                    ) -> list[dict[str, Any]]:
+                    budget: list[int] | None = None, expect: _Expected | None = None,
+                    reading: RunReading | None = None) -> list[dict[str, Any]]:
     """The records of one decisions file, streamed: lines split on "\\n" only (JSON text may
     hold U+2028), at most `MAX_DECISION_LINE_BYTES` a line, `budget[0]` bytes left for the
     whole service run (decremented), hashed while read and checked against `sha256`, each
@@ -871,8 +950,17 @@ def _read_decisions(path: Path, *, sha256: str | None = None,
             rows.append(_decision(path, lineno, _loads(path, line, f"line {lineno}: "),
                                   expect))
 
-    with _reading(path), open_regular(path) as fh:
-        while chunk := fh.read(1 << 20):
+    with contextlib.ExitStack() as stack:
+        if reading is not None and (reading.kept(path) or _small(path)):
+            data = reading.read(path, sha256)  # the bytes verified, hashed when read
+            sha256 = None
+            chunks: Iterator[bytes] = (data[i:i + (1 << 20)]
+                                       for i in range(0, len(data), 1 << 20))
+        else:
+            stack.enter_context(_reading(path))
+            fh = stack.enter_context(open_regular(path))
+            chunks = iter(lambda: fh.read(1 << 20), b"")
+        for chunk in chunks:
             digest.update(chunk)
             if budget is not None:
                 budget[0] -= len(chunk)
@@ -898,6 +986,14 @@ def _read_decisions(path: Path, *, sha256: str | None = None,
 
 
 # ------------------------------------------------------------------------------- client.json
+def _small(path: Path) -> bool:
+    """Whether `path` is small enough to be kept by a `RunReading`."""
+    try:
+        return os.lstat(path).st_size <= KEEP_BYTES
+    except OSError:
+        return False
+
+
 def _is_int(v: Any, lo: int = 0) -> bool:
     return not isinstance(v, bool) and isinstance(v, int) and lo <= v < _INT64
 

@@ -312,17 +312,41 @@ _REQUIRED = ("STRING_IDS", "TASK")
 # as msprof's text export chooses it (AscendHardwareAssembler::GetTaskType; module doc)
 _DEVICE_SQL = """
 SELECT t.startNs, t.endNs,
-       COALESCE((SELECT s.value FROM {compute} ci JOIN STRING_IDS s ON s.id = ci.name
+       COALESCE((SELECT s.value FROM {compute} ci JOIN {strings} s ON s.id = ci.name
                  WHERE ci.globalTaskId = t.globalTaskId LIMIT 1),
-                (SELECT s.value FROM {comm} c JOIN STRING_IDS s ON s.id = c.name
+                (SELECT s.value FROM {comm} c JOIN {strings} s ON s.id = c.name
                  WHERE c.globalTaskId = t.globalTaskId LIMIT 1), tt.value, ''),
-       COALESCE((SELECT s.value FROM {compute} ci JOIN STRING_IDS s ON s.id = ci.taskType
+       COALESCE((SELECT s.value FROM {compute} ci JOIN {strings} s ON s.id = ci.taskType
                  WHERE ci.globalTaskId = t.globalTaskId AND s.value != 'N/A' LIMIT 1),
                 tt.value, ''),
        EXISTS (SELECT 1 FROM {comm} c WHERE c.globalTaskId = t.globalTaskId)
 FROM TASK t
-LEFT JOIN STRING_IDS tt ON tt.id = t.taskType
+LEFT JOIN {strings} tt ON tt.id = t.taskType
 """
+# The lookups above run once per task: without an index on the looked-up column each is a
+# scan, quadratic in the tasks (8 x 27.5k tasks took 480 s). torch-npu's tables have no
+# index and the file is opened immutable, so the columns read are copied into indexed
+# temporary tables first (the connection's own temp database; scan order kept, so "the
+# first row" is the same one). name: (source, columns, indexed column)
+_LOOKUPS = {"strings": ("STRING_IDS", "id, value", "id"),
+            "compute": ("COMPUTE_TASK_INFO", "globalTaskId, name, taskType", "globalTaskId"),
+            "comm": ("COMMUNICATION_TASK_INFO", "globalTaskId, name", "globalTaskId")}
+
+
+def _indexed_lookups(con: UntrustedDatabase, tables: set[str]) -> dict[str, str]:
+    """The tables `_DEVICE_SQL` looks rows up in, as indexed temporary copies (an absent
+    optional table: an empty stand-in); their names by placeholder."""
+    names = {}
+    for key, (table, columns, column) in _LOOKUPS.items():
+        if table not in tables:
+            names[key] = ("(SELECT NULL AS globalTaskId, NULL AS name, NULL AS taskType "
+                          "WHERE 0)")
+            continue
+        temp = f"residency_{key}"
+        con.execute(f"CREATE TEMP TABLE {temp} AS SELECT {columns} FROM main.{table}")
+        con.execute(f"CREATE INDEX temp.{temp}_{column} ON {temp}({column})")
+        names[key] = f"temp.{temp}"
+    return names
 _COMM_OP_SQL = """
 SELECT o.startNs, o.endNs, COALESCE(s.value, '') FROM COMMUNICATION_OP o
 LEFT JOIN STRING_IDS s ON s.id = o.opName
@@ -371,11 +395,7 @@ def read_db(path: Path, *, digest: bool = False) -> Parsed:
             if table not in tables:
                 raise TraceError(path, f"no table {table}: not a torch-npu profiler database "
                                  f"(tables: {', '.join(sorted(tables)) or 'none'})")
-        compute = ("COMPUTE_TASK_INFO" if "COMPUTE_TASK_INFO" in tables else
-                   "(SELECT NULL AS globalTaskId, NULL AS name, NULL AS taskType WHERE 0)")
-        comm = ("COMMUNICATION_TASK_INFO" if "COMMUNICATION_TASK_INFO" in tables else
-                "(SELECT NULL AS globalTaskId, NULL AS name WHERE 0)")
-        rows = con.execute(_DEVICE_SQL.format(compute=compute, comm=comm)).fetchall()
+        rows = con.execute(_DEVICE_SQL.format(**_indexed_lookups(con, tables))).fetchall()
         device = [(s, e, n, t) for s, e, n, t, c in rows if not c]
         host = [(s, e, n, lane) for table, (lane, sql) in _HOST_SQL.items() if table in tables
                 for s, e, n in con.execute(sql).fetchall()]

@@ -130,8 +130,8 @@ class RankTimeline:
 
     def __post_init__(self) -> None:
         if len(self.device_names) != len(self.device):  # built without them: unnamed
-            names = np.empty(len(self.device), object)
-            names[:] = ""
+            # one "" seen n times (read-only, no memory per task: parses for `idle` have none)
+            names = np.broadcast_to(np.array("", object), (len(self.device),))
             object.__setattr__(self, "device_names", names)
         for name, n in (("device_task_type", len(self.device)),
                         ("range_task_type", len(self.ranges)), ("range_lane", len(self.ranges))):

@@ -1,0 +1,89 @@
+"""A run read once (issue 44, issue 41 F5): every file of a run is read once per command, the
+seal checked on the bytes parsed; the manifest the figures come from is the manifest verified."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+from collections import Counter
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from residency.cli import main as cli
+from residency.rundir import run as rundir
+from residency.rundir.run import artifact_hashes
+from residency.rundir.seal import seal
+
+FIXTURE = Path(__file__).parent / "data" / "rundir" / "fixture-run"
+
+
+@pytest.fixture
+def sealed(tmp_path) -> Path:
+    """A copy of the fixture run with its sha256 list and seal recorded."""
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURE, run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["artifacts"] = artifact_hashes(run)
+    manifest["seal"] = seal(manifest)
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    return run
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        rc = cli.main(list(argv))
+    return rc, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("argv", [("tables",), ("tables", "--format", "pr"), ("verify",),
+                                  ("whatif",)])
+def test_every_file_of_the_run_is_opened_once_per_command(sealed, monkeypatch, argv):
+    opened: Counter[str] = Counter()
+    real_open = os.open
+    root = str(sealed)
+
+    def counting(path, *args, **kwargs):
+        p = os.path.abspath(os.fspath(path))
+        if p.startswith(root + os.sep):
+            opened[os.path.relpath(p, root)] += 1
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", counting)
+    rc, out, err = run_cli(argv[0], str(sealed), *argv[1:])
+    assert rc == 0, err
+    files = {p.relative_to(sealed).as_posix() for p in sealed.rglob("*") if p.is_file()}
+    assert set(opened) <= files and "manifest.json" in opened
+    assert {f: n for f, n in opened.items() if n != 1} == {}, opened
+    if argv[0] == "tables":  # every file is evidence the tables read or verify: all read
+        assert set(opened) == files
+
+
+def test_a_manifest_swapped_between_reads_never_gives_its_figures(sealed, monkeypatch):
+    """The swap: the first read of manifest.json sees a forged manifest (an E2E figure
+    changed, the honest seal kept), every later read the honest one. The figures may come
+    only from a manifest that was verified: the forged E2E figure is never printed, let alone
+    beside the honest digest."""
+    honest = (sealed / "manifest.json").read_bytes()
+    forged = json.loads(honest)
+    forged["runs"][0]["e2e_s"] = 777.777
+    forged_bytes = json.dumps(forged).encode()
+    reads = Counter()
+    real_read = rundir.read_regular
+
+    def swapping(path, *args, **kwargs):
+        if Path(path).name == "manifest.json":
+            reads["manifest.json"] += 1
+            if reads["manifest.json"] == 1:
+                return forged_bytes
+        return real_read(path, *args, **kwargs)
+
+    monkeypatch.setattr(rundir, "read_regular", swapping)
+    rc, out, err = run_cli("tables", str(sealed), "--format", "pr")
+    assert "777.8 s" not in out  # (before: "baseline 777.8 s" beside the honest digest)
+    assert rc == 2 and "failed verification" in err and "runs[0]" in err
+    assert reads["manifest.json"] == 1
