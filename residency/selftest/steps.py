@@ -288,8 +288,8 @@ def step_service(ctx: Context) -> StepOutput:
     entry = run_arm(ctx.service_spec(), "candidate", 0, root, steps=REQUEST_STEPS, seed=SEED,
                     profiled=True)
     run_dir = root / entry["dir"]
-    client = json.loads((run_dir / CLIENT).read_text(encoding="utf-8"))
-    per_rank = (upgrade_client(client)["requests"][0].get("response") or {}).get("per_rank", [])
+    client = upgrade_client(json.loads((run_dir / CLIENT).read_text(encoding="utf-8")))
+    per_rank = (client["requests"][0].get("response") or {}).get("per_rank", [])
     request_id = entry["request_id"]
     if sorted(r.get("rank") for r in per_rank) != list(range(ctx.ranks)):
         raise CheckFailed(f"the response covers ranks {[r.get('rank') for r in per_rank]}, "
@@ -319,7 +319,7 @@ def step_service(ctx: Context) -> StepOutput:
     ctx.service_run = run_dir
     normal = [r["normal"]["retained"] for r in per_rank]
     return (f"{ctx.ranks} rank(s), request {request_id} ({REQUEST_STEPS} steps) in "
-            f"{client['e2e_s']:.2f} s; per rank 1 normal call ({sum(normal)} retained), "
+            f"{client['median_e2e_s']:.2f} s; per rank 1 normal call ({sum(normal)} retained), "
             f"2 forced released; decisions files {counts} lines (warm-up included)",
             {"run_dir": str(run_dir), "request_id": request_id})
 
