@@ -702,8 +702,15 @@ def cmd_report(args: argparse.Namespace) -> int:
             html = reports.render_html(nb, args.out, name=name)
             print(html)
             if args.screenshot:
-                for png in reports.capture(html, html.with_suffix(".png")).paths:
+                shot = reports.capture(html, html.with_suffix(".png"))
+                for png in shot.paths:
                     print(png)
+                if shot.truncated:
+                    print(_terminal(
+                        f"residency report: warning: {html}: the page is "
+                        f"{shot.page_height_px:,} px tall; the screenshot shows its top "
+                        f"{sum(shot.heights_px):,} px (at most {reports.MAX_PAGE_HEIGHT_PX:,}: "
+                        "no report of ours is a sixth as tall)"), file=sys.stderr)
         except reports.ReportError as exc:
             print(_terminal(f"residency report: error: {exc}"), file=sys.stderr)
             failed += 1
@@ -806,7 +813,9 @@ COMMANDS: dict[str, tuple[str, str, Callable[[argparse.ArgumentParser], None],
                "OUT/<name>.html with inputs hidden, as `jupyter nbconvert --to html "
                "--no-input`, the report's banner (device kind, provenance) on top; with "
                "--screenshot also a full-page OUT/<name>.png from headless Chromium "
-               "(<name>-2.png, ... for pages taller than 16384 px). Given a folder or several "
+               "(<name>-2.png, ... for pages taller than 16384 px; at most the top 65536 px, "
+               "six times our tallest report: a taller page is a received notebook's doing, "
+               "and a warning says so). Given a folder or several "
                "notebooks, also OUT/index.html linking every report in OUT with its banner "
                "line.",
                _report, cmd_report),
