@@ -589,7 +589,7 @@ def cmd_idle(args: argparse.Namespace) -> int:
         from residency.analysis.causes import format_causes
 
         lines += ["", *format_causes(causes)]
-    print("\n".join(map(_terminal, lines)))  # names from the traces: never raw
+    print("\n".join(map(_terminal, lines)))  # names from the traces: never raw, one line each
     return 0
 
 
@@ -700,11 +700,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     for nb, name in zip(notebooks, reports.output_names(notebooks), strict=True):
         try:
             html = reports.render_html(nb, args.out, name=name)
-            print(html)
+            print(_terminal(str(html)))  # (named after the notebook: one line, escaped)
             if args.screenshot:
                 shot = reports.capture(html, html.with_suffix(".png"))
                 for png in shot.paths:
-                    print(png)
+                    print(_terminal(str(png)))
                 if shot.truncated:
                     print(_terminal(
                         f"residency report: warning: {html}: the page is "
@@ -717,7 +717,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             unusable += isinstance(exc, reports.NotebookError)
     if len(notebooks) > failed and (len(notebooks) > 1
                                     or any(os.path.isdir(p) for p in args.paths)):
-        print(reports.write_index(args.out))
+        print(_terminal(str(reports.write_index(args.out))))
     return 2 if unusable else 1 if failed else 0
 
 
@@ -863,7 +863,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = create_parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
     handler = COMMANDS[args.command][3]
     try:
-        code = int(handler(args) or 0)
+        with warnings.catch_warnings():  # each warning one line, its names escaped
+            warnings.showwarning = _warning_printer(args.command)
+            code = int(handler(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not at exit
         return code
     except BrokenPipeError:  # the reader left (`residency idle ... | head -3`): end quietly
@@ -874,8 +876,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BadInput as exc:  # before RunFailed: bad input found before a run is input
         print(_terminal(f"residency {args.command}: error: {_message(exc)}"), file=sys.stderr)
         return 2
-    except RunFailed as exc:
-        print(_terminal(f"residency {args.command}: error: {exc}"), file=sys.stderr)
+    except RunFailed as exc:  # (may carry a service's log tail: its lines kept)
+        print(_terminal_lines(f"residency {args.command}: error: {exc}"), file=sys.stderr)
         return 1
     except (ValueError, OSError) as exc:  # bad input from the standard library
         print(_terminal(f"residency {args.command}: error: {_message(exc)}"), file=sys.stderr)
@@ -913,11 +915,32 @@ def _stdout_gone() -> int:
 
 
 def _terminal(text: str) -> str:
-    """`text` for a terminal, line by line: the names it quotes from traces and runs (host
-    ranges, file names) with every control character written as an escape, never acted on."""
+    """`text` as one line for a terminal: the names it quotes from traces, runs and notebooks
+    (host ranges, file names) with every control character, the newline too, written as an
+    escape (``\\n``, ``\\x1b``), never acted on: a file named ``x\\nresidency verify: OK``
+    cannot print a line of its own."""
     from residency.rundir.seal import printable
 
-    return "\n".join(map(printable, text.split("\n")))
+    return printable(text)
+
+
+def _terminal_lines(text: str) -> str:
+    """`text` for a terminal line by line (`_terminal` of each): for a failure that quotes a
+    service's log tail after its one-line message."""
+    return "\n".join(map(_terminal, text.split("\n")))
+
+
+def _warning_printer(command: str) -> Callable[..., None]:
+    """A `warnings.showwarning` printing ``residency <command>: warning: <message>`` on one
+    line (``note`` for the trace loader's notes), names escaped (`_terminal`)."""
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: Any = None, line: str | None = None) -> None:
+        kind = "note" if category.__name__ == "TraceNote" else "warning"
+        with_name = f"residency {command}: {kind}: {message}"
+        print(_terminal(with_name), file=file if file is not None else sys.stderr)
+
+    return show
 
 
 def _message(exc: BaseException) -> str:
