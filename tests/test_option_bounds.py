@@ -90,4 +90,5 @@ def test_a_session_for_kineto_traces_is_refused(capsys) -> None:
     trace = str(KINETO_RUN / "runs" / "00-baseline" / "trace")
     code, _, err = run(["idle", trace, "--no-cache", "--session", "garbage"], capsys)
     assert code == 2 and err.count("\n") == 1, err
-    assert err.startswith("residency idle: error: --session ") and "Kineto" in err
+    assert err.startswith(f"residency idle: error: {trace}: holds Kineto traces") and (
+        "--session" in err), err

@@ -206,7 +206,7 @@ def load_traces(path: str | os.PathLike[str], *, cache: bool = True,
             byte position in the decompressed stream where known), a rank that cannot be told
             or appears twice, several sessions or groups and no choice among them, relative
             torch-npu times on several ranks, or ranks whose time ranges do not overlap.
-        OptionError: a `session` for Kineto traces (they have no sessions to choose).
+            A `session` for Kineto traces (they have no sessions to choose).
 
     Warns:
         UserWarning: a rank without device tasks (its busy time is zero); a recorded rank
@@ -270,11 +270,9 @@ def plan_traces(path: str | os.PathLike[str], *, session: str | None = None,
         sessions = [c.session for c in chosen]
     else:
         if session is not None:  # (was ignored: a typo went unnoticed)
-            from residency.traces.busy import OptionError
-
-            raise OptionError("session", "{option} chooses among torch-npu profiling sessions; "
-                              "{0} holds Kineto traces, which have none: drop {option}",
-                              str(root))
+            raise TraceError(root, "holds Kineto traces, which have no profiling sessions: "
+                             "--session (session= in the API) chooses among torch-npu ones; "
+                             "drop it")
         items = _choose_kineto_group(root, items, group)
         sources = list(items)
         known, sessions = [None] * len(items), [None] * len(items)
