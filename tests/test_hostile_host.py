@@ -326,3 +326,62 @@ def test_any_regex_compile_error_is_one_line_exit_2(pattern, option, tmp_path):
     rc, out, err = run_cli("idle", str(d), "--no-cache", option, pattern)
     assert rc == 2 and not out and err.count("\n") == 1, err
     assert "must be a regular expression" in err and "Traceback" not in err
+
+
+# -- F14: names printed are escaped, one line each --------------------------------------------
+
+FORGED = "x\nresidency verify: OK, digest sha256:00\x1b[2J.json"
+
+
+def _no_forged_line(err: str, command: str) -> None:
+    lines = err.splitlines()
+    assert lines and all(line.startswith(f"residency {command}: ") for line in lines), err
+    assert not [line for line in lines if line.startswith("residency verify")], err
+    assert "\x1b" not in err and "x\\nresidency verify: OK" in err
+
+
+def test_a_skipped_files_name_prints_no_line_of_its_own(tmp_path):
+    """`idle` over a folder holding a JSON file named to forge a line: its note is one
+    escaped line (F14)."""
+    d = many_ranks(tmp_path / "t", 2)
+    (d / FORGED).write_text('{"x": 1}')
+    rc, out, err = run_cli("idle", str(d), "--no-cache")
+    assert rc == 0
+    _no_forged_line(err, "idle")
+
+
+def test_a_name_in_an_error_prints_no_line_of_its_own(tmp_path):
+    """The same file alone: nothing to load, one error line (F14)."""
+    d = tmp_path / "t"
+    d.mkdir()
+    (d / FORGED).write_text('{"x": 1}')
+    rc, _, err = run_cli("idle", str(d), "--no-cache")
+    assert rc == 2 and len(err.splitlines()) == 1
+    _no_forged_line(err, "idle")
+
+
+@pytest.mark.parametrize("verify", [True, False], ids=["verified", "no-verify"])
+def test_a_name_planted_in_a_run_prints_no_line_of_its_own(tmp_path, verify):
+    """`tables` on a run with the file planted in a trace folder: refused in one line, or
+    with --no-verify skipped in one note line (Python's own warning display printed the name
+    raw over two lines) (F14)."""
+    run = Path(shutil.copytree(ROOT / "data" / "runs" / "emulated-paired-profile-2r50s",
+                               tmp_path / "run"))
+    (run / "runs" / "00-baseline" / "trace" / FORGED).write_text('{"x": 1}')
+    rc, _, err = run_cli("tables", str(run), *([] if verify else ["--no-verify"]))
+    assert rc == (2 if verify else 0)
+    _no_forged_line(err, "tables")
+
+
+def test_a_notebooks_name_prints_no_line_of_its_own(tmp_path):
+    """`report` prints the page it wrote, named after the notebook: escaped (F14)."""
+    import nbformat
+
+    book = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "1", execution_count=1, outputs=[nbformat.v4.new_output("stream", name="stdout",
+                                                                text="1\n")])])
+    nb = tmp_path / FORGED.replace(".json", ".ipynb")
+    nbformat.write(book, nb)
+    rc, out, err = run_cli("report", str(nb), "--out", str(tmp_path / "out"))
+    assert rc == 0 and len(out.splitlines()) == 1 and "\x1b" not in out, out
+    assert "x\\nresidency verify: OK" in out

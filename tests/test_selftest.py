@@ -215,7 +215,7 @@ def test_cuda_without_cuda_exits_2_with_one_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (("--ranks", "0"), "--ranks must be >= 1"),
+    (("--ranks", "0"), "argument --ranks: must be an integer from 1 to 64"),
     (("--out", "taken"), "--out taken: exists and is not an empty folder"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path: Path, args: tuple[str, ...],

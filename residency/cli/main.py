@@ -32,6 +32,52 @@ class CommandFailed(RunFailed):
 
 
 # ----------------------------------------------------------------------------- parsers
+# Upper bounds of the counts the commands take (README: Command line), each with its reason:
+MAX_RANKS = 64  # each rank a process of ~230 MB (64: ~15 GB); 8x the published 8-device host
+MAX_PAIRS = 1000  # each pair two service runs: ~52 days at the published ~2,250 s a request
+MAX_REQUESTS = 1000  # measured requests per service run (every one recorded in the run)
+MAX_STEPS = 10_000  # what the built-in service accepts (residency.protocol.MAX_STEPS)
+MAX_WORKERS = 256  # worker processes, each holding a rank's parse (~350 MB for 110k tasks)
+MAX_CAPACITY_BYTES = 1 << 50  # 1 PiB: ~5,000x the largest device today; exact as a float
+MAX_SEED = 2**53 - 1  # exact in every JSON client (residency.protocol.MAX_SEED)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser under the house error policy: a bad option or value is one line,
+    ``residency <cmd>: error: ...``, exit 2 (no usage block; ``--help`` shows it)."""
+
+    def error(self, message: str) -> Any:  # (NoReturn: exits)
+        if "expected one argument" in message:  # `--free -1:1:0.1`: the value read as option
+            message += (" (a value that starts with '-' is written with '=': "
+                        f"{message.split()[1].rstrip(':')}=VALUE)")
+        self.exit(2, _terminal(f"{self.prog}: error: {message}") + "\n")
+
+
+def _count(name: str, high: int, why: str, *, low: int = 1) -> Callable[[str], int]:
+    """An argparse type: an integer from `low` to `high` (`why`: the bound's reason)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"must be an integer from {low} to {high:,} ({why}), not {text!r}")
+        return value
+
+    parse.__name__ = name
+    return parse
+
+
+_RANKS = _count("ranks", MAX_RANKS, "each rank is a process of about 230 MB")
+_STEPS = _count("steps", MAX_STEPS, "the most the built-in service accepts")
+_SEED = _count("seed", MAX_SEED, "exact in JSON", low=0)
+_CAPACITY = _count("capacity", MAX_CAPACITY_BYTES,
+                   "1 PiB, about 5,000x the largest device memory today")
+_RANKS_HELP = f"at most {MAX_RANKS}: each rank is a process of about 230 MB"
+
+
 def _probe(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto",
                    help="auto|cpu|cuda|npu|emulated-npu (default: auto)")
@@ -75,14 +121,15 @@ def _scale(text: str) -> float | str:
 def _serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arm", required=True, choices=["candidate", "baseline", "always-release"])
     p.add_argument("--device", default="auto", help="auto|npu|cuda|emulated-npu")
-    p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    p.add_argument("--ranks", type=_RANKS, default=2, help=f"(default 2; {_RANKS_HELP})")
+    p.add_argument("--port", type=_count("port", 65535, "a TCP port", low=0), default=0,
+                   help="0 picks a free port")
     p.add_argument("--decisions-dir", dest="decisions_dir", metavar="DIR",
                    help="directory of the decisions JSONL files (one per rank)")
     p.add_argument("--profile", metavar="DIR", help="write one trace per rank per request")
     _scale_arguments(p)
-    p.add_argument("--capacity", type=int, metavar="BYTES",
-                   help="emulated NPU capacity per device (default 4 GiB)")
+    p.add_argument("--capacity", type=_CAPACITY, metavar="BYTES",
+                   help="emulated NPU capacity per device (default 4 GiB; at most 1 PiB)")
     p.add_argument("--resident-mib", type=float, default=1024,
                    help="resident DiT footprint in MiB at scale 1 (default 1024)")
     p.add_argument("--resident-on-device", action="store_true",
@@ -106,14 +153,19 @@ def _pair(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--design", choices=DESIGNS, default="profiled-pair",
                    help="aa: the same arm (--aa-arm) in both slots, ABBA order: E2E noise")
-    p.add_argument("--pairs", type=int, default=None, help="alternating pairs (ABBA order; "
-                   "default 10 as the paired-profile notebook, 1 for profiled-pair)")
-    p.add_argument("--requests", type=int, default=None,
+    pairs_bound = f"at most {MAX_PAIRS:,}: each pair is two service runs"
+    p.add_argument("--pairs", type=_count("pairs", MAX_PAIRS, "each pair is two service runs"),
+                   default=None, help="alternating pairs (ABBA order; default 10 as the "
+                   f"paired-profile notebook, 1 for profiled-pair; {pairs_bound})")
+    p.add_argument("--requests", type=_count("requests", MAX_REQUESTS, "each one is run and "
+                                             "recorded"), default=None,
                    help="measured requests per unprofiled service run after its warm-up "
                    "(the run's E2E is their median; every one is recorded; default 5 as the "
-                   "notebook, 1 for profiled-pair)")
-    p.add_argument("--max-pairs", type=int, metavar="N",
-                   help="with --stop-when-decided: the most unprofiled pairs (default --pairs)")
+                   f"notebook, 1 for profiled-pair; at most {MAX_REQUESTS:,})")
+    p.add_argument("--max-pairs", metavar="N",
+                   type=_count("max-pairs", MAX_PAIRS, "each pair is two service runs"),
+                   help="with --stop-when-decided: the most unprofiled pairs (default --pairs; "
+                   f"{pairs_bound})")
     p.add_argument("--stop-when-decided", action="store_true",
                    help="paired-profile: add pairs until E2E is decided (difference or "
                    "equivalence) under a sequential rule fixed before the first pair "
@@ -121,11 +173,12 @@ def _pair(p: argparse.ArgumentParser) -> None:
     p.add_argument("--aa-arm", choices=("baseline", "candidate"), default="candidate",
                    help="the arm of both slots of --design aa")
     p.add_argument("--device", default="auto", help="auto|npu|cuda|emulated-npu")
-    p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--seed", type=int, default=2101)
+    p.add_argument("--ranks", type=_RANKS, default=2, help=f"(default 2; {_RANKS_HELP})")
+    p.add_argument("--steps", type=_STEPS, default=50,
+                   help=f"(default 50; at most {MAX_STEPS:,}, what the service accepts)")
+    p.add_argument("--seed", type=_SEED, default=2101)
     _scale_arguments(p)
-    p.add_argument("--capacity", type=int, metavar="BYTES")
+    p.add_argument("--capacity", type=_CAPACITY, metavar="BYTES", help="at most 1 PiB")
     p.add_argument("--resident-mib", type=float, default=1024)
     _inject_argument(p)
     p.add_argument("--service", metavar="FILE", help="external service TOML file")
@@ -138,16 +191,6 @@ def _pair(p: argparse.ArgumentParser) -> None:
     from residency.devicemodel import add_model_arguments
 
     add_model_arguments(p)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}")
-    return value
 
 
 def _idle(p: argparse.ArgumentParser) -> None:
@@ -185,8 +228,11 @@ def _idle(p: argparse.ArgumentParser) -> None:
                    "$DASK_SCHEDULER_ADDRESS, else worker processes here); needs "
                    "pip install 'residency[cluster]' and the traces at the same path on "
                    "every worker")
-    p.add_argument("--workers", metavar="N", type=_positive_int,
-                   help="worker processes (here, or of --scheduler local); default: one per CPU")
+    p.add_argument("--workers", metavar="N",
+                   type=_count("workers", MAX_WORKERS, "each is a process holding a rank's "
+                               "parse"),
+                   help="worker processes (here, or of --scheduler local); default: one per "
+                   f"CPU; at most {MAX_WORKERS}: each is a process holding a rank's parse")
     p.add_argument("--no-verify", action="store_true",
                    help="PATH inside a recorded run (RUN/runs/01-candidate): read it without "
                    "checking the run's seal (a warning says so); by default the enclosing "
@@ -246,8 +292,8 @@ def _whatif(p: argparse.ArgumentParser) -> None:
 def _selftest(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto|npu|cuda|emulated-npu "
                    "(default: auto)")
-    p.add_argument("--ranks", type=int, default=None, metavar="N",
-                   help="service ranks (default: all devices, at most 2)")
+    p.add_argument("--ranks", type=_RANKS, default=None, metavar="N",
+                   help=f"service ranks (default: all devices, at most 2; {_RANKS_HELP})")
     p.add_argument("--out", metavar="DIR", help="keep everything the steps write here "
                    "(a new or empty folder; default: a temporary folder, removed)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -496,11 +542,12 @@ def _plan(p: argparse.ArgumentParser) -> None:
                    "(default: the published -0.19 %% E2E change of the request time)")
     p.add_argument("--effect-percent", type=float, metavar="P",
                    help="effect of interest as a percentage of the request time")
-    p.add_argument("--pairs", type=_int_list, default="3,4,6,8,10,15,20,30,40",
+    p.add_argument("--pairs", type=_int_list(MAX_PAIRS), default="3,4,6,8,10,15,20,30,40",
                    metavar="LIST", help="candidate unprofiled pairs (default 3,4,6,8,10,15,"
-                   "20,30,40)")
-    p.add_argument("--requests", type=_int_list, default="1,3,5", metavar="LIST",
-                   help="candidate measured requests per run (default 1,3,5)")
+                   f"20,30,40; each at most {MAX_PAIRS:,}, as pair --pairs)")
+    p.add_argument("--requests", type=_int_list(MAX_REQUESTS), default="1,3,5", metavar="LIST",
+                   help="candidate measured requests per run (default 1,3,5; each at most "
+                   f"{MAX_REQUESTS:,})")
     p.add_argument("--budget-hours", type=float, metavar="H", help="device-time budget")
     p.add_argument("--power", type=float, default=0.8, help="target power (default 0.8)")
     p.add_argument("--simulations", type=int, default=2000, metavar="N",
@@ -509,12 +556,22 @@ def _plan(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be integers separated by commas, not "
-                                         f"{text!r}") from None
+def _int_list(high: int) -> Callable[[str], list[int]]:
+    """An argparse type: integers separated by commas, none above `high`."""
+
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be integers separated by commas, not "
+                                             f"{text!r}") from None
+        if any(v > high for v in values):
+            raise argparse.ArgumentTypeError(f"each value must be at most {high:,} (as the "
+                                             f"runs the pair command makes), not {text!r}")
+        return values
+
+    parse.__name__ = "int_list"
+    return parse
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -589,7 +646,7 @@ def cmd_idle(args: argparse.Namespace) -> int:
         from residency.analysis.causes import format_causes
 
         lines += ["", *format_causes(causes)]
-    print("\n".join(map(_terminal, lines)))  # names from the traces: never raw
+    print("\n".join(map(_terminal, lines)))  # names from the traces: never raw, one line each
     return 0
 
 
@@ -700,17 +757,24 @@ def cmd_report(args: argparse.Namespace) -> int:
     for nb, name in zip(notebooks, reports.output_names(notebooks), strict=True):
         try:
             html = reports.render_html(nb, args.out, name=name)
-            print(html)
+            print(_terminal(str(html)))  # (named after the notebook: one line, escaped)
             if args.screenshot:
-                for png in reports.capture(html, html.with_suffix(".png")).paths:
-                    print(png)
+                shot = reports.capture(html, html.with_suffix(".png"))
+                for png in shot.paths:
+                    print(_terminal(str(png)))
+                if shot.truncated:
+                    print(_terminal(
+                        f"residency report: warning: {html}: the page is "
+                        f"{shot.page_height_px:,} px tall; the screenshot shows its top "
+                        f"{sum(shot.heights_px):,} px (at most {reports.MAX_PAGE_HEIGHT_PX:,}: "
+                        "no report of ours is a sixth as tall)"), file=sys.stderr)
         except reports.ReportError as exc:
             print(_terminal(f"residency report: error: {exc}"), file=sys.stderr)
             failed += 1
             unusable += isinstance(exc, reports.NotebookError)
     if len(notebooks) > failed and (len(notebooks) > 1
                                     or any(os.path.isdir(p) for p in args.paths)):
-        print(reports.write_index(args.out))
+        print(_terminal(str(reports.write_index(args.out))))
     return 2 if unusable else 1 if failed else 0
 
 
@@ -806,7 +870,9 @@ COMMANDS: dict[str, tuple[str, str, Callable[[argparse.ArgumentParser], None],
                "OUT/<name>.html with inputs hidden, as `jupyter nbconvert --to html "
                "--no-input`, the report's banner (device kind, provenance) on top; with "
                "--screenshot also a full-page OUT/<name>.png from headless Chromium "
-               "(<name>-2.png, ... for pages taller than 16384 px). Given a folder or several "
+               "(<name>-2.png, ... for pages taller than 16384 px; at most the top 65536 px, "
+               "six times our tallest report: a taller page is a received notebook's doing, "
+               "and a warning says so). Given a folder or several "
                "notebooks, also OUT/index.html linking every report in OUT with its banner "
                "line.",
                _report, cmd_report),
@@ -835,7 +901,7 @@ def create_parser(command: str | None = None) -> argparse.ArgumentParser:
     (what `main` parses with when the first argument names a command: ~25 ms less start-up)."""
     from residency import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="residency",
         description="Produce, regenerate and judge evidence for allocator cache retention.")
     parser.add_argument("--version", action="version", version=f"residency {__version__}")
@@ -854,7 +920,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = create_parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
     handler = COMMANDS[args.command][3]
     try:
-        code = int(handler(args) or 0)
+        with warnings.catch_warnings():  # each warning one line, its names escaped
+            warnings.showwarning = _warning_printer(args.command)
+            code = int(handler(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not at exit
         return code
     except BrokenPipeError:  # the reader left (`residency idle ... | head -3`): end quietly
@@ -865,8 +933,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BadInput as exc:  # before RunFailed: bad input found before a run is input
         print(_terminal(f"residency {args.command}: error: {_message(exc)}"), file=sys.stderr)
         return 2
-    except RunFailed as exc:
-        print(_terminal(f"residency {args.command}: error: {exc}"), file=sys.stderr)
+    except RunFailed as exc:  # (may carry a service's log tail: its lines kept)
+        print(_terminal_lines(f"residency {args.command}: error: {exc}"), file=sys.stderr)
         return 1
     except (ValueError, OSError) as exc:  # bad input from the standard library
         print(_terminal(f"residency {args.command}: error: {_message(exc)}"), file=sys.stderr)
@@ -904,11 +972,32 @@ def _stdout_gone() -> int:
 
 
 def _terminal(text: str) -> str:
-    """`text` for a terminal, line by line: the names it quotes from traces and runs (host
-    ranges, file names) with every control character written as an escape, never acted on."""
+    """`text` as one line for a terminal: the names it quotes from traces, runs and notebooks
+    (host ranges, file names) with every control character, the newline too, written as an
+    escape (``\\n``, ``\\x1b``), never acted on: a file named ``x\\nresidency verify: OK``
+    cannot print a line of its own."""
     from residency.rundir.seal import printable
 
-    return "\n".join(map(printable, text.split("\n")))
+    return printable(text)
+
+
+def _terminal_lines(text: str) -> str:
+    """`text` for a terminal line by line (`_terminal` of each): for a failure that quotes a
+    service's log tail after its one-line message."""
+    return "\n".join(map(_terminal, text.split("\n")))
+
+
+def _warning_printer(command: str) -> Callable[..., None]:
+    """A `warnings.showwarning` printing ``residency <command>: warning: <message>`` on one
+    line (``note`` for the trace loader's notes), names escaped (`_terminal`)."""
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: Any = None, line: str | None = None) -> None:
+        kind = "note" if category.__name__ == "TraceNote" else "warning"
+        with_name = f"residency {command}: {kind}: {message}"
+        print(_terminal(with_name), file=file if file is not None else sys.stderr)
+
+    return show
 
 
 def _message(exc: BaseException) -> str:

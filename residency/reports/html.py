@@ -6,7 +6,8 @@ the top -> export to HTML without inputs (nbconvert's `HTMLExporter(exclude_inpu
 `jupyter nbconvert --to html --no-input` does), every HTML output and Markdown cleaned
 (`residency.reports.sanitize`) -> write -> optionally screenshot the whole page
 (Chromium's DevTools protocol over `--remote-debugging-pipe`: lay the page out, measure its
-height, capture it; slices of `MAX_PNG_HEIGHT_PX` for taller pages) -> index. No torch here.
+height, capture it; slices of `MAX_PNG_HEIGHT_PX` for taller pages, at most `MAX_PAGE_HEIGHT_PX` of
+it) -> index. No torch here.
 """
 
 from __future__ import annotations
@@ -46,8 +47,13 @@ REPORT_CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; fon
 _PAGE_URL = "https://residency-report.invalid/report.html"  # served from memory, never fetched
 INDEX = "index.html"
 MAX_PNG_HEIGHT_PX = 16384  # taller pages are cut into slices of this height
+# A screenshot covers at most this much of a page (4 slices): six times the tallest report of
+# the package's notebooks (paired_profile, about 10,600 px); a taller page is a received
+# notebook's doing (one output with ``padding-top:99999999px`` made 297 slices, 29 MB, 123 s)
+MAX_PAGE_HEIGHT_PX = 4 * MAX_PNG_HEIGHT_PX
 
-__all__ = ["INDEX", "MAX_PNG_HEIGHT_PX", "NotebookError", "ReportError", "Screenshot",
+__all__ = ["INDEX", "MAX_PAGE_HEIGHT_PX", "MAX_PNG_HEIGHT_PX", "NotebookError", "ReportError",
+           "Screenshot",
            "banner_of", "capture", "find_chromium", "find_notebooks", "output_names",
            "png_size", "render_html", "screenshot", "write_index"]
 
@@ -91,6 +97,34 @@ def _executed(nb: object) -> bool:
                for c in cells)
 
 
+def _read_notebook(src: Path) -> Any:
+    """The notebook at `src` as nbformat 4, valid against its schema.
+
+    Raises:
+        NotebookError: unreadable, not JSON, or not a valid notebook (one line: the
+            schema's message, never its dump).
+    """
+    import nbformat
+    from nbformat.reader import reads
+    from nbformat.validator import ValidationError
+
+    try:
+        text = src.read_text(encoding="utf-8")
+        # nbformat.read would log a failed validation (many lines) and go on
+        nb = nbformat.convert(reads(text), 4)
+        nbformat.validate(nb)
+    except ValidationError as exc:
+        why = " ".join(str(exc.message).split())[:300]
+        raise NotebookError(f"{src}: not a valid notebook ({why})") from None
+    # (JSON other than an object, and malformed fields met by the converters of old formats,
+    # are AttributeError or TypeError; JSON nested past the stack is a RecursionError)
+    except (OSError, ValueError, AttributeError, TypeError, KeyError, RecursionError) as exc:
+        why = " ".join(str(exc).split())[:300]
+        raise NotebookError(f"{src}: cannot read notebook ({type(exc).__name__}: {why})"
+                            ) from None
+    return nb
+
+
 def render_html(notebook: str | os.PathLike[str], out_dir: str | os.PathLike[str], *,
                 name: str | None = None) -> Path:
     """Render an executed notebook to `out_dir/<name or stem>.html` with inputs and prompts
@@ -99,15 +133,10 @@ def render_html(notebook: str | os.PathLike[str], out_dir: str | os.PathLike[str
     Raises:
         NotebookError: the notebook cannot be read or was never executed.
     """
-    import nbformat
     from nbconvert import HTMLExporter
 
     src = Path(notebook)
-    try:
-        nb = nbformat.read(src, as_version=4)
-    except (OSError, ValueError, RecursionError) as exc:  # (JSON nested past the stack)
-        raise NotebookError(f"{src}: cannot read notebook ({type(exc).__name__}: "
-                            f"{str(exc)[:300]})") from None
+    nb = _read_notebook(src)
     if not _executed(nb):
         raise NotebookError(f"{src}: has no outputs: execute it first "
                             f"(papermill {src} OUT.ipynb)")
@@ -324,10 +353,14 @@ class _Cdp:
 
         cmd = [exe, *CHROMIUM_FLAGS, *_sandbox_flags(), "--remote-debugging-pipe",
                f"--user-data-dir={profile}", "about:blank"]
+        # Chromium's log goes to a file (a pipe nobody reads would fill and stall it); a
+        # failure quotes its last line only
+        self._log = Path(profile) / "chromium.log"
         try:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                         preexec_fn=wire, pass_fds=(3, 4))
+            with open(self._log, "wb") as log:
+                self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
+                                             stdout=subprocess.DEVNULL, stderr=log,
+                                             preexec_fn=wire, pass_fds=(3, 4))
         except OSError as exc:
             for fd in (self._to_chrome, self._from_chrome):
                 os.close(fd)
@@ -431,23 +464,32 @@ class _Cdp:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        if self.proc.stderr is not None:
-            self.stderr_tail = "\n".join(self.proc.stderr.read().decode(
-                errors="replace").strip().splitlines()[-5:])
-            self.proc.stderr.close()
+        with contextlib.suppress(OSError):
+            with open(self._log, "rb") as log:
+                log.seek(max(0, log.seek(0, os.SEEK_END) - 4096))
+                lines = log.read().decode(errors="replace").strip().splitlines()
+            from residency.rundir.seal import printable
 
-    stderr_tail = ""
+            self.stderr_tail = printable(lines[-1].strip())[:300] if lines else ""
+
+    stderr_tail = ""  # the last line of Chromium's log, after `close`
 
 
 @dataclass(frozen=True)
 class Screenshot:
     """What `capture` wrote: the PNG files top to bottom (one unless the page is taller than
-    `MAX_PNG_HEIGHT_PX`), the page's size in CSS pixels and the images' heights."""
+    `MAX_PNG_HEIGHT_PX`), the page's size in CSS pixels and the images' heights (together
+    less than the page's where it is taller than `MAX_PAGE_HEIGHT_PX`: `truncated`)."""
 
     paths: tuple[Path, ...]
     page_width_px: int
     page_height_px: int
     heights_px: tuple[int, ...]
+
+    @property
+    def truncated(self) -> bool:
+        """The page is taller than what the images show (`MAX_PAGE_HEIGHT_PX`)."""
+        return self.page_height_px > sum(self.heights_px)
 
 
 def _page_size(cdp: _Cdp, session: str) -> tuple[int, int]:
@@ -473,12 +515,14 @@ def capture(html_path: str | os.PathLike[str], png_path: str | os.PathLike[str],
             width: int = 1280, chromium: str | None = None, timeout_s: float = 120,
             max_height_px: int | None = None) -> Screenshot:
     """Full-page PNG of `html_path` as headless Chromium lays it out `width` CSS pixels
-    wide: the whole page height, in one image, or for a page taller than `max_height_px`
+    wide: the whole page height (its top `MAX_PAGE_HEIGHT_PX` where it is taller:
+    `Screenshot.truncated`), in one image, or for a page taller than `max_height_px`
     (default `MAX_PNG_HEIGHT_PX`) one image per page-height slice: `png_path`, then
-    `<stem>-2.png`, `<stem>-3.png`, ... Older slices of that name are removed.
+    `<stem>-2.png`, `<stem>-3.png`, ... Older slices of that name are removed, and so are
+    this call's own where it fails.
 
     Raises:
-        ReportError: no Chromium found, or it failed, timed out or wrote no image.
+        ReportError: no Chromium found, or it failed, timed out or wrote no image (one line).
     """
     exe = chromium or find_chromium()
     if exe is None:
@@ -490,6 +534,7 @@ def capture(html_path: str | os.PathLike[str], png_path: str | os.PathLike[str],
     png.parent.mkdir(parents=True, exist_ok=True)
     for old in [png, *png.parent.glob(f"{glob.escape(png.stem)}-[0-9]*.png")]:
         old.unlink(missing_ok=True)
+    paths: list[Path] = []
     with tempfile.TemporaryDirectory(prefix="residency-chromium-") as profile:
         cdp = _Cdp(exe, profile, timeout_s=timeout_s)
         cdp.page = html.read_bytes()
@@ -510,22 +555,28 @@ def capture(html_path: str | os.PathLike[str], png_path: str | os.PathLike[str],
             cdp.call("Emulation.setDeviceMetricsOverride", {**metrics, "height": view},
                      session=session)
             page_w, height = _page_size(cdp, session)  # again: a taller view may reflow
-            paths, heights = [], []
-            for i, top in enumerate(range(0, max(height, 1), limit)):
-                h = min(limit, height - top) if height else view
+            shown = min(height, MAX_PAGE_HEIGHT_PX)
+            heights = []
+            for i, top in enumerate(range(0, max(shown, 1), limit)):
+                h = min(limit, shown - top) if shown else view
                 clip = {"x": 0, "y": top, "width": width, "height": max(h, 1), "scale": 1}
                 shot = cdp.call("Page.captureScreenshot",
                                 {"format": "png", "clip": clip, "captureBeyondViewport": True,
                                  "fromSurface": True}, session=session)
                 out = png if i == 0 else png.with_name(f"{png.stem}-{i + 1}.png")
                 tmp = out.with_name(f".{out.name}.tmp")
+                paths.append(tmp)
                 tmp.write_bytes(base64.b64decode(shot["data"]))
                 os.replace(tmp, out)
-                paths.append(out)
+                paths[-1] = out
                 heights.append(png_size(out)[1])
-        except ReportError as exc:
+        except BaseException as exc:  # (Ctrl-C too): no partial screenshot stays behind
             cdp.close()
-            tail = f": {cdp.stderr_tail}" if cdp.stderr_tail else ""
+            for written in paths:
+                written.unlink(missing_ok=True)
+            if not isinstance(exc, ReportError):
+                raise
+            tail = f" (Chromium's last log line: {cdp.stderr_tail})" if cdp.stderr_tail else ""
             raise ReportError(f"{exc}{tail}") from None
         cdp.close()
     return Screenshot(tuple(paths), page_w, height, tuple(heights))

@@ -206,6 +206,7 @@ def load_traces(path: str | os.PathLike[str], *, cache: bool = True,
             byte position in the decompressed stream where known), a rank that cannot be told
             or appears twice, several sessions or groups and no choice among them, relative
             torch-npu times on several ranks, or ranks whose time ranges do not overlap.
+            A `session` for Kineto traces (they have no sessions to choose).
 
     Warns:
         UserWarning: a rank without device tasks (its busy time is zero); a recorded rank
@@ -268,6 +269,10 @@ def plan_traces(path: str | os.PathLike[str], *, session: str | None = None,
         known = [c.rank for c in chosen]
         sessions = [c.session for c in chosen]
     else:
+        if session is not None:  # (was ignored: a typo went unnoticed)
+            raise TraceError(root, "holds Kineto traces, which have no profiling sessions: "
+                             "--session (session= in the API) chooses among torch-npu ones; "
+                             "drop it")
         items = _choose_kineto_group(root, items, group)
         sources = list(items)
         known, sessions = [None] * len(items), [None] * len(items)
