@@ -217,6 +217,8 @@ def test_cuda_without_cuda_exits_2_with_one_line(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("args", "message"), [
     (("--ranks", "0"), "argument --ranks: must be an integer from 1 to 64"),
     (("--out", "taken"), "--out taken: exists and is not an empty folder"),
+    (("--inject-failure", "generic-telemetry"),
+     "--inject-failure applies to cuda only: the emulated NPU's generic"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path: Path, args: tuple[str, ...],
                                          message: str) -> None:
@@ -226,6 +228,19 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, args: tuple[str, ...],
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith(f"residency selftest: error: {message}")
     assert proc.stderr.count("\n") == 1
+
+
+def test_an_injected_failure_reaches_the_services_the_selftest_starts(tmp_path: Path) -> None:
+    """`selftest --device cuda --inject-failure generic-telemetry`: the paired step's
+    services (both arms' `serve`, which injects into the baseline only) carry it."""
+    from residency.selftest.core import Context
+
+    ctx = Context(kind="cuda", ranks=1, out=tmp_path, device_count=1,
+                  inject_failure="generic-telemetry")
+    command = ctx.service_spec().command
+    assert command[command.index("--inject-failure") + 1] == "generic-telemetry"
+    plain = Context(kind="cuda", ranks=1, out=tmp_path, device_count=1).service_spec()
+    assert "--inject-failure" not in plain.command
 
 
 # --- the profiler step's checks, in-process on written trace folders -------------------------

@@ -297,6 +297,7 @@ def _selftest(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="DIR", help="keep everything the steps write here "
                    "(a new or empty folder; default: a temporary folder, removed)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    _inject_argument(p)
 
 
 # ----------------------------------------------------------------------------- handlers
@@ -812,6 +813,9 @@ def cmd_selftest(args: argparse.Namespace) -> int:
     from residency.selftest.core import write_json
 
     kind, ranks, count = resolve(args.device, args.ranks)  # BadInput: exit 2
+    from residency import devices
+
+    devices.check_injection(kind, args.inject_failure)  # ValueError saying why not: exit 2
     out, keep = out_dir(args.out)
 
     def progress(result: StepResult) -> None:
@@ -824,7 +828,7 @@ def cmd_selftest(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, on_term)
     try:
         report = run_selftest(kind, ranks=ranks, out=out, device_count=count, keep=keep,
-                              on_step=progress)
+                              on_step=progress, inject_failure=args.inject_failure)
         if keep:
             write_json(out / "selftest.json", report.to_dict())
     finally:

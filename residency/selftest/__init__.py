@@ -84,11 +84,13 @@ def _one_line(text: str, limit: int = 200) -> str:
 
 
 def run_selftest(kind: str, *, ranks: int, out: Path, device_count: int, keep: bool = True,
-                 on_step: Callable[[StepResult], None] | None = None) -> Report:
+                 on_step: Callable[[StepResult], None] | None = None,
+                 inject_failure: str = "none") -> Report:
     """Every step in order on an already resolved device kind; `out` must exist (`keep`:
     the report names it). An interrupt (KeyboardInterrupt, SIGTERM in the CLI) fails the
     running step, skips the rest and returns the report marked `interrupted`."""
-    ctx = Context(kind=kind, ranks=ranks, out=out, device_count=device_count)
+    ctx = Context(kind=kind, ranks=ranks, out=out, device_count=device_count,
+                  inject_failure=inject_failure)
     results: list[StepResult] = []
     interrupted = False
     for name in STEP_NAMES:

@@ -136,6 +136,9 @@ class Context:
     device_count: int
     environment: dict[str, Any] = field(default_factory=dict)
     service_run: Path | None = None
+    inject_failure: str = "none"
+    """`--inject-failure`: the NPU's telemetry failure injected into the paired step's
+    baseline service (cuda only: `residency.devices.check_injection`)."""
     _device: Any = None
     _module: Any = None
 
@@ -169,7 +172,8 @@ class Context:
         from residency.experiments.orchestrate import builtin_service
 
         spec = builtin_service(device_kind=self.kind, ranks=self.ranks,
-                               health_timeout_s=SERVICE_TIMEOUT_S, **WORKLOAD[self.kind])
+                               health_timeout_s=SERVICE_TIMEOUT_S,
+                               inject_failure=self.inject_failure, **WORKLOAD[self.kind])
         return dataclasses.replace(spec, request_timeout_s=SERVICE_TIMEOUT_S,
                                    profile_stop_timeout_s=SERVICE_TIMEOUT_S)
 

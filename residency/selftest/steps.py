@@ -404,17 +404,33 @@ def step_paired(ctx: Context) -> StepOutput:
     from residency.rundir.run import load_run, verify_run
 
     out = ctx.out / "pair"
+    injected = ctx.inject_failure != "none"
+    extra = {"inject_failure": {"kind": ctx.inject_failure, "arms": list(devices.INJECTED_ARMS)}
+             } if injected else {}
     run_design("profiled-pair", out, spec=ctx.service_spec(), steps=REQUEST_STEPS, seed=SEED,
-               params={**WORKLOAD[ctx.kind], "capacity_bytes": None, "selftest": True},
-               progress=False)
+               params={**WORKLOAD[ctx.kind], "capacity_bytes": None, "selftest": True,
+                       **extra}, progress=False)
     result = verify_run(out)
     if not result.ok:
         raise CheckFailed("residency verify: " + "; ".join(result.lines()),
                           hint=HINTS["paired"])
     run = load_run(out)
     arms = [r.arm for r in run.runs]
-    return (f"profiled-pair run directory ({', '.join(arms)}), {result.summary()} by "
-            f"residency verify", {"run_dir": str(out)})
+    detail = (f"profiled-pair run directory ({', '.join(arms)}), {result.summary()} by "
+              f"residency verify")
+    if injected:  # the injection took: the baseline's normal calls met the failure
+        errors = {}
+        for r in run.runs:
+            calls = run.decisions(r)
+            errors[r.arm] = int(((calls["kind"] == "normal")
+                                 & (calls["reason"] == "telemetry-unavailable")).sum())
+        if not errors.get("baseline") or errors.get("candidate"):
+            raise CheckFailed(f"--inject-failure {ctx.inject_failure}: normal calls with a "
+                              f"telemetry error per arm {errors}; expected some in the "
+                              f"baseline and none in the candidate", hint=HINTS["paired"])
+        detail += (f"; {ctx.inject_failure} injected into the baseline: {errors['baseline']} "
+                   f"normal calls met it, the candidate's none")
+    return detail, {"run_dir": str(out)}
 
 
 STEPS: dict[str, Callable[[Context], StepOutput]] = {
