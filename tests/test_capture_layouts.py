@@ -167,6 +167,27 @@ def test_a_sidecar_is_judged_by_its_content_not_its_name(tmp_path):
         assert list(load_traces(side, cache=False).ranks) == [0, 1]
 
 
+def test_a_trace_whose_first_event_lacks_ph_is_still_a_trace(tmp_path):
+    """Records without "ph" anywhere are a sidecar; a trace whose first record lacks it (one
+    event the loader rejects and counts) is a trace (the fuzz suite's counterexample)."""
+    event = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 0, "ts": 0, "dur": 5}
+    first = {k: v for k, v in event.items() if k != "ph"}
+    (tmp_path / "rank0.json").write_text(json.dumps([first, event, {**event, "ts": 10}]))
+    traces = load_traces(tmp_path, cache=False)
+    assert list(traces.ranks) == [0]
+
+
+def test_json_nested_past_the_parsers_stack_is_refused_as_input(tmp_path):
+    """A JSON object without traceEvents nested 3,000 deep: a TraceError naming the file,
+    never a RecursionError (the description of what it holds parsed the head with json)."""
+    from residency.traces.files import TraceError
+
+    (tmp_path / "rank0.json").write_text(
+        '{"schemaVersion":1,"deviceProperties":' + "[" * 3000 + "]" * 3000 + "}")
+    with pytest.raises(TraceError, match="rank0.json"):
+        load_traces(tmp_path, cache=False)
+
+
 # -- F13 of issue 41: format from structure ----------------------------------------------------
 
 @pytest.mark.parametrize("shape", ["object", "array"])

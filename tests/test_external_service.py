@@ -128,8 +128,8 @@ def test_paired_profile_external_run_has_traces_idle_and_counts(tmp_path: Path) 
                     strict=True))
     assert rows["normal calls that released cache"][0].startswith("2/2 ")  # generic: raises
     assert rows["normal calls that released cache"][1].startswith("0/2 ")
-    assert rows["forced releases that released"] == ("4/4 released (100.0 %)",
-                                                     "4/4 released (100.0 %)")
+    assert rows["forced releases that released"] == ("4/4 released (100 %)",
+                                                     "4/4 released (100 %)")
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -248,8 +248,10 @@ def test_paired_profile_notebook_with_an_external_service(notebooks: dict[str, P
     assert "**Service** `standin-vllm-omni-2r`" in shown
     # issue 25: said once for all runs, the start-up warm-ups counted as warm-ups
     assert "lay outside every request" not in shown
-    # once in the notes under the first screen, once in the evidence table's footer
+    # once on the page (issue 40: no sentence twice; the evidence footer no longer repeats it)
     assert shown.count("2 service runs, each after its own warm-up; decisions attributed to "
-                       "requests by time") == 2
-    assert "service start-up 12 (8 forced, 4 normal)" in shown
+                       "requests by time") == 1
+    from residency.humanize import md_text
+
+    assert md_text("service start-up 12 (8 forced, 4 normal)") in shown  # Markdown-escaped
     assert "no decision outside every request" in shown

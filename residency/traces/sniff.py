@@ -55,6 +55,7 @@ _TRACE_EVENTS_KEY = re.compile(rb'"traceEvents"[ \t\r\n]*:[ \t\r\n]*\[')
 _WINDOW = 4096  # bytes either side of an "Ascend Hardware" read to find the event holding it
 _OUTWARD = 64  # enclosing objects tried per occurrence
 _BLANK = b" \t\r\n\xef\xbb\xbf"  # white space and a UTF-8 byte-order mark
+_PH_KEY = re.compile(rb'"ph"\s*:')  # a trace event's phase key, anywhere in the head
 _MEMORY_TIMELINE = re.compile(rb"\[\s*\[")
 
 
@@ -92,7 +93,9 @@ def sniff(path: Path, *, root: Path | None = None,
                 return Sniffed("skip", "a memory timeline export (torch.profiler "
                                        "export_memory_timeline), not a trace")
             raw, first = _first_element(stream, raw)
-            if isinstance(first, dict) and "ph" not in first:
+            # records without "ph" anywhere read so far: a sidecar; a trace whose first event
+            # lacks it (rejected as an event, counted) is still a trace
+            if isinstance(first, dict) and "ph" not in first and not _PH_KEY.search(raw):
                 keys = ", ".join(repr(k)[:40] for k in list(first)[:6]) or "none"
                 return Sniffed("skip", f"a JSON array of records without \"ph\" (keys: {keys})"
                                        ": no trace events (a capture's sidecar?)")
@@ -214,7 +217,7 @@ def _scan(stream: TraceStream, seen: bytes, needle: bytes) -> bool:
 def _describe_json(head: bytes) -> str:
     try:
         doc = json.loads(head.decode("utf-8", "replace"))
-    except ValueError:
+    except (ValueError, RecursionError):  # nested deeper than the parser's stack: not ours
         return "not a trace: JSON without traceEvents"
     keys = ", ".join(repr(k)[:40] for k in list(doc)[:6]) if isinstance(doc, dict) else ""
     return f"JSON without traceEvents (keys: {keys or 'none'}): not a trace"
