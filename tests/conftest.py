@@ -1,4 +1,6 @@
-"""Shared helpers: run Python snippets in a fresh interpreter (for process-global torch state)."""
+"""Fixtures every test module can ask for: Python snippets in a fresh interpreter (for
+process-global torch state), a per-test trace cache, copies of the recorded paired run and its
+evidence. Plain helpers live in `tests/helpers.py`."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import PAIRED, ROOT, copy_run
 
 
 def run_python(code: str, *, timeout: float = 180, env: dict | None = None) -> dict:
@@ -37,3 +39,18 @@ def _trace_cache_in_tmp(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("RESIDENCY_CACHE_DIR", str(tmp_path_factory.mktemp("residency-cache")))
     monkeypatch.delenv("RESIDENCY_NO_CACHE", raising=False)
     monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
+
+
+@pytest.fixture
+def paired(tmp_path: Path) -> Path:
+    """A writable copy of the recorded paired-profile run (`helpers.PAIRED`), still sealed."""
+    return copy_run(PAIRED, tmp_path / "run")
+
+
+@pytest.fixture(scope="module")
+def paired_evidence():
+    """The evidence of the recorded paired-profile run, built once per test module."""
+    from residency import evidence
+    from residency.rundir.run import load_run
+
+    return evidence.build(load_run(PAIRED))

@@ -1,15 +1,18 @@
 """Checks over text people read (shared by tests, never a test module itself): one figure
-shown with two roundings, a sentence said twice on one page."""
+shown with two roundings, a sentence said twice on one page, the text a reader sees in HTML,
+numbers shown with too many digits."""
 
 from __future__ import annotations
 
 import re
+from html.parser import HTMLParser
 
 from residency import humanize
 
-__all__ = ["repeated_sentences", "two_roundings"]
+__all__ = ["LABEL", "NUMBER", "repeated_sentences", "too_precise", "two_roundings",
+           "visible_text"]
 
-_NUMBER = re.compile(r"(?<![\w.#^/:-])([+-]?\d+(?:\.\d+)?)(?:e([+-]\d+))?(?![\w.]*\d)")
+NUMBER = re.compile(r"(?<![\w.#^/:-])([+-]?\d+(?:\.\d+)?)(?:e([+-]\d+))?(?![\w.]*\d)")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z*])")
 
 
@@ -31,7 +34,7 @@ def two_roundings(texts: list[str], exempt: set[str] = frozenset()) -> list[tupl
     trailing zeros, so a shorter text is either exact or a second rounding.)"""
     found = set()
     for text in texts:
-        for m in _NUMBER.finditer(text):
+        for m in NUMBER.finditer(text):
             token = m.group(1).lstrip("+")
             if "." in token and token.lstrip("-") not in exempt:
                 found.add(token)
@@ -62,3 +65,48 @@ def repeated_sentences(text: str, *, min_words: int = 6) -> list[str]:
             if len(s.split()) >= min_words:
                 seen[s] = seen.get(s, 0) + 1
     return [s for s, n in seen.items() if n > 1]
+
+
+LABEL = "emulated NPU — not an NPU measurement"  # the emulated NPU's label in every view
+_PLAIN_NUMBER = re.compile(r"(?<![\w.])-?(\d+(?:\.\d+)?)(?![\w.]*\d)")
+
+
+class VisibleText(HTMLParser):
+    """The text a reader sees, in order (no head, script, style or template)."""
+
+    HIDDEN = {"head", "script", "style", "template", "title"}
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.hidden = 0
+        self.texts: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        self.hidden += tag in self.HIDDEN
+
+    def handle_endtag(self, tag: str) -> None:
+        self.hidden -= tag in self.HIDDEN and self.hidden > 0
+
+    def handle_data(self, data: str) -> None:
+        if not self.hidden and data.strip():
+            self.texts.append(data.strip())
+
+
+def visible_text(html: str) -> list[str]:
+    parser = VisibleText()
+    parser.feed(html)
+    return parser.texts
+
+
+def significant_digits(token: str) -> int:
+    digits = token.lstrip("-").replace(".", "").lstrip("0")
+    if "." not in token:
+        digits = digits.rstrip("0")
+    return len(digits)
+
+
+def too_precise(text: str, limit: int = 6) -> list[str]:
+    """Numbers in `text` with more than `limit` significant digits (identifiers such as
+    hashes, timestamps glued to letters, and dates are not numbers here)."""
+    return [m.group(1) for m in _PLAIN_NUMBER.finditer(text)
+            if significant_digits(m.group(1)) > limit]

@@ -3,10 +3,8 @@ attribution and as what the unprofiled A/B E2E delta is read against (issue 16, 
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import numpy as np
@@ -15,10 +13,10 @@ import pytest
 from residency import evidence
 from residency import notebook as nb
 from residency.analysis import stats
-from residency.cli import main as cli
 from residency.notebook.params import ParameterError
 from residency.reports import tables
 from residency.rundir.run import load_run
+from tests.helpers import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 AA = ROOT / "data" / "runs" / "emulated-aa-2r50s"
@@ -74,20 +72,16 @@ def test_evidence_table_has_the_aa_row_and_says_its_test(with_aa) -> None:
 
 
 def test_cli_tables_aa_adds_the_row() -> None:
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        rc = cli.main(["tables", str(PAIRED), "--aa", str(AA), "--format", "json"])
-    assert rc == 0, err.getvalue()
-    assert "client E2E noise, A/A" in out.getvalue()
+    rc, out, err = run_cli("tables", str(PAIRED), "--aa", str(AA), "--format", "json")
+    assert rc == 0, err
+    assert "client E2E noise, A/A" in out
 
 
 def test_an_ab_run_given_as_aa_is_refused_naming_it() -> None:
     with pytest.raises(ValueError, match="not an A/A run"):
         evidence.build(load_run(PAIRED), aa=load_run(PAIRED), traces=False)
-    err = io.StringIO()
-    with redirect_stderr(err), redirect_stdout(io.StringIO()):
-        rc = cli.main(["tables", str(PAIRED), "--aa", str(PAIRED)])
-    assert rc == 2 and "not an A/A run" in err.getvalue()
+    rc, _, err = run_cli("tables", str(PAIRED), "--aa", str(PAIRED))
+    assert rc == 2 and "not an A/A run" in err
 
 
 def test_aa_of_another_device_kind_is_refused(tmp_path) -> None:
@@ -130,17 +124,15 @@ def test_first_screen_states_the_verdict_and_the_aa_spread_without_project_targe
 @pytest.mark.slow
 def test_pair_design_aa_prints_its_noise(tmp_path) -> None:
     out_dir = tmp_path / "aa"
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        rc = cli.main(["pair", "--design", "aa", "--pairs", "1", "--requests", "2",
-                       "--device", "emulated-npu", "--ranks", "2", "--steps", "2",
-                       "--scale", "0.02", "--resident-mib", "256", "--out", str(out_dir),
-                       "--no-progress"])
-    assert rc == 0, err.getvalue()
+    rc, out, err = run_cli("pair", "--design", "aa", "--pairs", "1", "--requests", "2",
+                           "--device", "emulated-npu", "--ranks", "2", "--steps", "2",
+                           "--scale", "0.02", "--resident-mib", "256", "--out", str(out_dir),
+                           "--no-progress")
+    assert rc == 0, err
     a, b = _slots(out_dir)
     spread = abs(b[0] - a[0])
-    assert "A/A: the same arm in both slots, 1 pair(s)" in out.getvalue()
-    assert f"`residency tables RUN_DIR --aa {out_dir}`" in out.getvalue()
+    assert "A/A: the same arm in both slots, 1 pair(s)" in out
+    assert f"`residency tables RUN_DIR --aa {out_dir}`" in out
     assert evidence.build(load_run(out_dir), traces=False)["e2e_aa"].detail[
         "spread_s"] == pytest.approx(spread)
 

@@ -19,6 +19,7 @@ from residency.analysis.idle import busy_intervals, idle_summary, idle_summary_a
 from residency.traces import cache as tracecache
 from residency.traces.busy import classify, resolve
 from residency.traces.load import CACHE_DIR, TraceError, TraceNote, load_traces
+from tests.helpers import copy_fixture as copy
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "traces"
@@ -42,11 +43,6 @@ def counts_busy(definition: str, lane: str, task_type: str | None) -> bool:
     if definition == "msprof":
         return task_type in COMPUTE
     return task_type in COMPUTE | COPIES  # ascend
-
-
-def copy(name: str, dest: Path) -> Path:
-    return Path(shutil.copytree(DATA / name, dest / name,
-                                ignore=shutil.ignore_patterns(CACHE_DIR)))
 
 
 def grid_rank(path: Path, definition: str) -> dict[str, object]:

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from residency.analysis.idle import idle_summary
 from residency.traces.load import TraceNote, load_traces
+from tests.helpers import ENV, figures, ns
+from tests.helpers import idle_cli as cli
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPTURES = ROOT / "tests" / "data" / "captures"
-ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 DEVICE = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
 HOST = {"user_annotation", "cpu_op", "python_function"}
 FRAMEWORKS = {  # folder: (trace files in rank order, a window marker)
@@ -47,10 +47,6 @@ def read_json(path: Path) -> dict:
     raw = path.read_bytes()
     return json.loads(gzip.decompress(raw) if path.name.endswith(".gz") else raw,
                       parse_float=Decimal)
-
-
-def ns(us: object) -> int:
-    return int((Decimal(str(us)) * 1000).to_integral_value())
 
 
 def union(rows: list[tuple[int, int]]) -> list[list[int]]:
@@ -98,20 +94,6 @@ def oracle(files: list[Path], window_marker: str | None = None) -> dict[str, obj
             "idle_ns": [measure - covered(dev, window) for dev, _ in ranks],
             "span_idle_ns": [max(e for _, e in dev) - min(s for s, _ in dev)
                              - sum(e - s for s, e in union(dev)) for dev, _ in ranks]}
-
-
-def figures(path: Path, **kw: object) -> dict[str, object]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        s = idle_summary(load_traces(path, cache=False), **kw)
-    return {"window_measure_ns": s.window_measure_ns, "all_rank_idle_ns": s.all_rank_idle_ns,
-            "idle_ns": [r.idle_ns for r in s.per_rank],
-            "span_idle_ns": [r.span_idle_ns for r in s.per_rank]}
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "residency", "idle", *args, "--no-cache"],
-                          capture_output=True, text=True, env=ENV, timeout=300)
 
 
 # -- item 2: capture folders ---------------------------------------------------------------------

@@ -3,27 +3,19 @@
 
 from __future__ import annotations
 
-import io
 import json
 import subprocess
 import sys
-from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from residency.cli import main as cli
+from tests.helpers import run_cli as run
 
 ROOT = Path(__file__).resolve().parent.parent
 PAIRED = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
-
-
-def run(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        rc = cli.main(list(argv))
-    return rc, out.getvalue(), err.getvalue()
 
 
 @dataclass(frozen=True)

@@ -3,18 +3,16 @@ plus the published NPU figures, its numbers computed independently here from the
 
 from __future__ import annotations
 
-import io
 import json
 import statistics
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 
-from residency.cli import main as cli
 from residency.evidence.crossdevice import cross_device, injected
 from residency.reports import cross_device as view
 from residency.rundir.run import load_run
+from tests.helpers import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 EMULATED = ROOT / "data/runs/emulated-paired-profile-2r50s"
@@ -122,11 +120,9 @@ def test_injected_reads_the_manifest_field_else_no() -> None:
 
 @pytest.mark.parametrize("fmt", ["md", "csv", "json"])
 def test_cli_tables_several_runs_in_every_format(fmt) -> None:
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        rc = cli.main(["tables", str(EMULATED), str(CUDA), "--published", "--format", fmt])
-    assert rc == 0 and err.getvalue() == ""
-    text = out.getvalue()
+    rc, out, err = run_cli("tables", str(EMULATED), str(CUDA), "--published", "--format", fmt)
+    assert rc == 0 and err == ""
+    text = out
     assert "emulated NPU — not an NPU measurement" in text and "Ascend NPU" in text
     if fmt == "json":
         doc = json.loads(text)
@@ -138,10 +134,8 @@ def test_cli_tables_several_runs_in_every_format(fmt) -> None:
 
 def test_cli_refuses_pr_and_aa_for_several_runs() -> None:
     for extra in (["--format", "pr"], ["--aa", str(EMULATED)]):
-        err = io.StringIO()
-        with redirect_stdout(io.StringIO()), redirect_stderr(err):
-            rc = cli.main(["tables", str(EMULATED), str(CUDA), *extra])
-        assert rc == 2 and len(err.getvalue().splitlines()) == 1
+        rc, _, err = run_cli("tables", str(EMULATED), str(CUDA), *extra)
+        assert rc == 2 and len(err.splitlines()) == 1
 
 
 def test_normal_call_figure_is_log_scale(columns) -> None:

@@ -4,16 +4,14 @@ and its evidence holds what the device showed (the bug absent: both arms retain 
 
 from __future__ import annotations
 
-import io
 import json
-from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
 
 from residency import evidence
-from residency.cli import main as cli
 from residency.rundir.run import load_run
+from tests.helpers import run_cli
 
 RUNS = Path(__file__).resolve().parent.parent / "data" / "runs"
 CUDA_RUNS = sorted(RUNS.glob("cuda-*"))
@@ -31,10 +29,9 @@ def test_each_verifies_and_says_cuda(run_dir: Path) -> None:
     assert manifest["device_kind"] == "cuda"
     ev = evidence.build(load_run(run_dir))
     assert ev.device_kind == "cuda"
-    out = io.StringIO()
-    with redirect_stdout(out):
-        assert cli.main(["tables", str(run_dir)]) == 0
-    text = out.getvalue()
+    rc, out, err = run_cli("tables", str(run_dir))
+    assert rc == 0, err
+    text = out
     injected = "NPU telemetry failure injected into the baseline"
     if manifest["params"].get("inject_failure"):
         assert f"(device kind cuda: CUDA GPU, {injected})" in text
@@ -88,12 +85,11 @@ def test_the_injected_failure_on_cuda_releases_the_baselines_normal_calls() -> N
 
 
 def test_the_cross_device_table_names_the_injection_in_the_runs_column() -> None:
-    out = io.StringIO()
-    with redirect_stdout(out):
-        assert cli.main(["tables", str(RUNS / "cuda-paired-profile-1r50s"),
-                         str(RUNS / "cuda-injected-paired-profile-auto-1r50s"),
-                         "--published"]) == 0
-    title = out.getvalue().splitlines()[0]
+    rc, out, err = run_cli("tables", str(RUNS / "cuda-paired-profile-1r50s"),
+                           str(RUNS / "cuda-injected-paired-profile-auto-1r50s"),
+                           "--published")
+    assert rc == 0, err
+    title = out.splitlines()[0]
     assert ("cuda-injected-paired-profile-auto-1r50s (CUDA GPU, NPU telemetry failure injected "
             "into the baseline)") in title
     assert "cuda-paired-profile-1r50s (CUDA GPU)," in title

@@ -3,9 +3,7 @@ scope rule, and immutability."""
 
 from __future__ import annotations
 
-import io
 import json
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import numpy as np
@@ -14,23 +12,18 @@ import pytest
 from residency import evidence
 from residency import notebook as nb
 from residency.analysis import whatif
-from residency.cli import main as cli
 from residency.reports import whatif as whatif_report
 from residency.rundir.run import load_run
+from tests.helpers import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 PAIRED = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
 CONSECUTIVE = ROOT / "data" / "runs" / "emulated-consecutive-2r2s"
 
 
-@pytest.fixture(scope="module")
-def paired() -> evidence.Evidence:
-    return evidence.build(load_run(PAIRED))
-
-
 # ----------------------------------------------------------------------------- known answers
-def test_per_run_normal_calls_are_judged_on_the_run(paired: evidence.Evidence) -> None:
-    a = paired["normal_call_per_run"]
+def test_per_run_normal_calls_are_judged_on_the_run(paired_evidence: evidence.Evidence) -> None:
+    a = paired_evidence["normal_call_per_run"]
     # issue 25: profiled and unprofiled runs are never pooled; the value is per call
     assert a.n == {"baseline": 3, "candidate": 3} and a.judged_on.startswith("run")
     # 3 baseline runs vs 3 candidate runs, completely separated: exact p = 2/C(6,3) = 2/20
@@ -44,8 +37,8 @@ def test_per_run_normal_calls_are_judged_on_the_run(paired: evidence.Evidence) -
             assert lo <= v <= hi
 
 
-def test_per_rank_view_is_a_description_without_p(paired: evidence.Evidence) -> None:
-    a = paired["normal_call_per_rank"]
+def test_per_rank_view_is_a_description_without_p(paired_evidence: evidence.Evidence) -> None:
+    a = paired_evidence["normal_call_per_rank"]
     assert a.kind == "description" and a.p_value is None and a.result is None
     assert a.scope.runs == ("00-baseline", "01-candidate") and "every rank" in a.judged_on
     assert "p=" not in a.note and "p = " not in a.note
@@ -57,22 +50,22 @@ def test_learned_budget_on_measured_requests_releases_0_of_8() -> None:
     assert int(grid["warmup_released"].sum()) > 0  # warm-up calls replayed, never counted
 
 
-def test_scope_rule_warm_up_excluded_except_where_said(paired: evidence.Evidence) -> None:
-    for a in paired:
+def test_scope_rule_warm_up_excluded_except_where_said(paired_evidence: evidence.Evidence) -> None:
+    for a in paired_evidence:
         assert a.scope.warmup is (a.key == "replay_gate"), a.key
         assert ("warm-up included" in a.scope.describe()) is a.scope.warmup
     # 4 runs x 2 ranks x one measured request, of 3 requests per rank recorded
-    assert paired["normal_released"].n == {"baseline": 8, "candidate": 8}
-    assert paired["replay_gate"].n["all"] == 24
+    assert paired_evidence["normal_released"].n == {"baseline": 8, "candidate": 8}
+    assert paired_evidence["replay_gate"].n["all"] == 24
 
 
-def test_counts_say_what_a_clopper_pearson_interval_supports(paired) -> None:
-    note = paired["normal_released"].note
+def test_counts_say_what_a_clopper_pearson_interval_supports(paired_evidence) -> None:
+    note = paired_evidence["normal_released"].note
     assert "deterministic rule" in note and "clustered" in note and "4 runs x 2 ranks" in note
 
 
-def test_e2e_labels_median_of_deltas_and_uses_a_robust_spread(paired) -> None:
-    a = paired["e2e_unprofiled"]
+def test_e2e_labels_median_of_deltas_and_uses_a_robust_spread(paired_evidence) -> None:
+    a = paired_evidence["e2e_unprofiled"]
     assert "Median of the paired deltas" in a.note and "not the delta of the medians" in a.note
     assert "1.4826 x MAD" in a.note and "SD of the deltas" not in a.note
     d = np.array(a.detail["deltas_s"])
@@ -81,11 +74,9 @@ def test_e2e_labels_median_of_deltas_and_uses_a_robust_spread(paired) -> None:
 
 # ----------------------------------------------------------------------------- all views agree
 def _tables_json(run_dir: Path) -> dict:
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        rc = cli.main(["tables", str(run_dir), "--format", "json"])
-    assert (rc, err.getvalue()) == (0, "")
-    return json.loads(out.getvalue())
+    rc, out, err = run_cli("tables", str(run_dir), "--format", "json")
+    assert (rc, err) == (0, "")
+    return json.loads(out)
 
 
 def test_paired_report_tables_json_and_whatif_effect_give_identical_numbers(
@@ -148,8 +139,8 @@ def test_consecutive_views_render_the_evidence() -> None:
 
 
 # ----------------------------------------------------------------------------- the model
-def test_evidence_is_immutable(paired: evidence.Evidence) -> None:
-    a = paired["normal_released"]
+def test_evidence_is_immutable(paired_evidence: evidence.Evidence) -> None:
+    a = paired_evidence["normal_released"]
     with pytest.raises(TypeError):
         a.values["baseline"] = (0,)  # type: ignore[index]
     with pytest.raises(AttributeError):

@@ -22,14 +22,11 @@ from residency.experiments.orchestrate import (
     run_pair,
     start_service,
 )
+from tests.helpers import read_manifest
 from tests.servicekit import alive
 
 pytestmark = pytest.mark.slow
 SMALL = {"scale": 0.02, "resident_mib": 256}
-
-
-def manifest(out: Path) -> dict:
-    return json.loads((out / "manifest.json").read_text())
 
 
 def test_plan_orders() -> None:
@@ -59,7 +56,7 @@ def test_aa_design_with_requests_per_run_records_every_request(tmp_path) -> None
 
     out = run_pair("aa", out=tmp_path / "aa", device="emulated-npu", ranks=2, steps=2,
                    pairs=2, requests=3, progress=False, **SMALL)
-    m = manifest(out)
+    m = read_manifest(out)
     assert m["status"] == "complete" and m["design"] == "aa"
     assert [(r["arm"], r["slot"]) for r in m["runs"]] == [
         ("candidate", "A"), ("candidate", "B"), ("candidate", "B"), ("candidate", "A")]
@@ -86,7 +83,7 @@ def test_aa_design_with_requests_per_run_records_every_request(tmp_path) -> None
 def test_consecutive_requests_on_one_candidate_service(tmp_path) -> None:
     out = run_pair("consecutive", out=tmp_path / "c", device="emulated-npu", ranks=2, steps=2,
                    requests=3, progress=False, **SMALL)
-    m = manifest(out)
+    m = read_manifest(out)
     assert m["status"] == "complete" and m["params"]["requests"] == 3
     (entry,) = m["runs"]
     assert entry["arm"] == "candidate" and len(entry["request_ids"]) == 3
@@ -102,7 +99,7 @@ def test_consecutive_requests_on_one_candidate_service(tmp_path) -> None:
 def test_profiled_pair_and_alternating_complete(tmp_path) -> None:
     out = run_pair("profiled-pair", out=tmp_path / "pp", device="emulated-npu", ranks=2,
                    steps=2, progress=False, **SMALL)
-    m = manifest(out)
+    m = read_manifest(out)
     assert m["status"] == "complete" and m["device_kind"] == "emulated-npu"
     assert [(r["arm"], r["profiled"]) for r in m["runs"]] == [("baseline", True),
                                                               ("candidate", True)]
@@ -118,7 +115,7 @@ def test_profiled_pair_and_alternating_complete(tmp_path) -> None:
     assert set(m["artifacts"]) >= {"runs/00-baseline/client.json"}
     alt = run_pair("alternating", out=tmp_path / "alt", device="emulated-npu", ranks=2,
                    steps=2, pairs=2, progress=False, **SMALL)
-    m = manifest(alt)
+    m = read_manifest(alt)
     assert m["status"] == "complete" and m["order"] == ["baseline", "candidate", "candidate",
                                                         "baseline"]
     assert len(m["runs"]) == 4 and not any(r["profiled"] for r in m["runs"])
@@ -141,7 +138,7 @@ def test_pair_under_the_vllm_ascend_patch_records_the_second_querys_error(tmp_pa
          "--accelerator-patch", "vllm-ascend"], capture_output=True, text=True, check=False,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
     assert proc.returncode == 0, proc.stderr
-    m = manifest(out)
+    m = read_manifest(out)
     assert m["params"]["emulated_npu"]["accelerator_patch"] == "vllm-ascend"
     normal = {}
     for entry in m["runs"]:
@@ -206,7 +203,7 @@ timeout_s = 300
 """)
     out = run_pair("alternating", out=tmp_path / "ext", service_file=service_file, steps=2,
                    pairs=1, progress=False)
-    m = manifest(out)
+    m = read_manifest(out)
     assert m["status"] == "complete" and m["service"] == "external"
     assert [r["arm"] for r in m["runs"]] == ["baseline", "candidate"]
     for r in m["runs"]:
@@ -232,7 +229,7 @@ json = {{ steps = 1 }}
     with pytest.raises(ExperimentError, match="(?s)not healthy.*booting forever"):
         run_pair("profiled-pair", out=tmp_path / "stuck", service_file=service_file,
                  progress=False)
-    m = manifest(tmp_path / "stuck")
+    m = read_manifest(tmp_path / "stuck")
     assert m["status"] == "incomplete" and "not healthy" in m["error"]
 
 
@@ -257,7 +254,7 @@ def test_killing_the_service_mid_run_marks_incomplete(tmp_path) -> None:
     with pytest.raises(ExperimentError):
         run_design("profiled-pair", out, spec=spec, steps=300, progress=False)
     thread.join()
-    m = manifest(out)
+    m = read_manifest(out)
     assert m["status"] == "incomplete" and m["error"]
     assert killed and not alive(killed[0])
     # a SIGKILLed service removes nothing: `residency pair` removed its scratch folders

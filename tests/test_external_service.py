@@ -176,7 +176,7 @@ def test_decisions_directory_that_stays_empty_names_the_likely_cause(tmp_path: P
 @pytest.fixture(scope="module")
 def notebooks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Both notebooks run with `-p service <the stand-in's file>`, started at once."""
-    from tests.test_notebooks import Papermill
+    from tests.helpers import Papermill
 
     folders = {name: tmp_path_factory.mktemp(name) for name in ("consecutive", "paired")}
     runs = {

@@ -16,6 +16,7 @@ import pytest
 
 from residency.experiments.orchestrate import ExperimentError, run_pair
 from residency.protocol import MAX_STEPS
+from tests.helpers import read_manifest
 from tests.servicekit import SMALL, alive, http, service, wait_for
 
 pytestmark = pytest.mark.slow
@@ -31,10 +32,6 @@ class H(http.server.BaseHTTPRequestHandler):
         pass
 http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 """
-
-
-def _manifest(out: Path) -> dict:
-    return json.loads((out / "manifest.json").read_text())
 
 
 def _pids_with(text: str) -> list[int]:
@@ -110,7 +107,7 @@ def test_full_output_directory(tmp_path) -> None:
         with pytest.raises(ExperimentError, match="No space left on device"):
             run_pair("profiled-pair", out=mnt / "run", device="emulated-npu", ranks=1,
                      steps=2, progress=False, **{"scale": 0.02, "resident_mib": 256})
-        assert _manifest(mnt / "run")["status"] == "incomplete"
+        assert read_manifest(mnt / "run")["status"] == "incomplete"
         assert not _pids_with(str(mnt / "run"))
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
@@ -135,7 +132,7 @@ timeout_s = 2
 """)
     with pytest.raises(ExperimentError, match="timed out"):
         run_pair("profiled-pair", out=tmp_path / "run", service_file=spec, progress=False)
-    assert _manifest(tmp_path / "run")["status"] == "incomplete"
+    assert read_manifest(tmp_path / "run")["status"] == "incomplete"
     assert not _pids_with(str(server))
 
 
@@ -158,7 +155,7 @@ def test_sigterm_during_profiling(tmp_path) -> None:
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "interrupted" in err
-    m = _manifest(out)
+    m = read_manifest(out)
     # recorded as the signal it was (before: "KeyboardInterrupt: ")
     assert m["status"] == "incomplete" and m["error"] == "SIGTERM received", m["error"]
     assert not list(out.glob("runs/*/tmp")) and not list(out.glob("runs/*/trace-raw"))

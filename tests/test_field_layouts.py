@@ -12,8 +12,6 @@ import gzip
 import json
 import os
 import shutil
-import subprocess
-import sys
 import warnings
 from decimal import Decimal
 from pathlib import Path
@@ -22,12 +20,13 @@ import pytest
 
 from residency.analysis.idle import idle_summary
 from residency.traces.load import CACHE_DIR, TraceError, TraceNote, load_traces
+from tests.helpers import figures, ns
+from tests.helpers import idle_cli as cli
 
 ROOT = Path(__file__).resolve().parent.parent
 FIELD = ROOT / "tests" / "data" / "traces" / "field"
 DATA = ROOT / "tests" / "data" / "traces"
 SESSION = "localhost.localdomain_2119016_20240124150101123_ascend_pt"
-ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 # the brief's device tasks, re-read here: Kineto categories (HTA's list, which adds MTIA's),
 # torch-npu Ascend Hardware tasks except waits/records
@@ -42,10 +41,6 @@ def read_json(path: Path) -> object:
     if path.name.endswith(".gz"):
         raw = gzip.decompress(raw)
     return json.loads(raw, parse_float=Decimal)
-
-
-def ns(us: object) -> int:
-    return int((Decimal(str(us)) * 1000).to_integral_value())
 
 
 def union(rows: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -117,21 +112,6 @@ def oracle(files: list[Path], window_marker: str | None = None) -> dict[str, obj
             "idle_ns": [measure - length(clip(dev, window)) for dev, _ in ranks],
             "span_idle_ns": [(max(e for _, e in dev) - min(s for s, _ in dev)) - length(dev)
                              if dev else 0 for dev, _ in ranks]}
-
-
-def figures(path: Path, **kw: object) -> dict[str, object]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        s = idle_summary(load_traces(path, cache=False), **kw)
-    return {"window_measure_ns": s.window_measure_ns, "all_rank_idle_ns": s.all_rank_idle_ns,
-            "idle_ns": [r.idle_ns for r in s.per_rank],
-            "span_idle_ns": [r.span_idle_ns for r in s.per_rank]}
-
-
-def cli(*args: str, stdout: int | None = subprocess.PIPE) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "residency", "idle", *args, "--no-cache"],
-                          stdout=stdout, stderr=subprocess.PIPE, text=True, env=ENV,
-                          timeout=300)
 
 
 TRACE_VIEW = FIELD / "npu_loose" / "rank0" / "trace_view.json"

@@ -32,8 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from residency.cli.main import main
-from residency.rundir.run import artifact_hashes
-from residency.rundir.seal import seal
+from tests.helpers import reseal, sealed_copy
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "data" / "rundir" / "fixture-run"
@@ -85,16 +84,6 @@ def check_all(run: Path) -> None:
 
 
 # -- inputs -------------------------------------------------------------------------------------
-
-def sealed_copy(dst: Path) -> Path:
-    shutil.copytree(FIXTURE, dst)
-    path = dst / "manifest.json"
-    m = json.loads(path.read_text())
-    m["artifacts"] = artifact_hashes(dst)
-    m["seal"] = seal(m)
-    path.write_text(json.dumps(m, indent=2))
-    return dst
-
 
 ODD_NUMBERS = ["1e400", "-1e400", "NaN", "Infinity", "-Infinity", "5e-324", "-0.0",
                str(2**63), str(2**64), str(-(2**63) - 1), "1" * 5000, "0", "-1", "1.5"]
@@ -180,7 +169,7 @@ def mutated_json(draw: Callable[..., Any], text: str) -> str:
 
 def _case(mutate: Callable[[Path], None]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        run = sealed_copy(Path(tmp) / "run")
+        run = sealed_copy(FIXTURE, Path(tmp) / "run")
         mutate(run)
         check_all(run)
 
@@ -211,7 +200,7 @@ def test_fuzzed_decisions(data: st.DataObject, run_name: str, rank: int) -> None
         else:
             lines[i] = data.draw(mutated_json(lines[i])).replace("\n", " ")
         path.write_text("\n".join(lines) + "\n")
-        _reseal(run)
+        reseal(run)
 
     _case(mutate)
 
@@ -223,19 +212,9 @@ def test_fuzzed_client(data: st.DataObject, run_name: str) -> None:
     def mutate(run: Path) -> None:
         path = run / "runs" / run_name / "client.json"
         path.write_text(data.draw(mutated_json(path.read_text())))
-        _reseal(run)
+        reseal(run)
 
     _case(mutate)
-
-
-def _reseal(run: Path) -> None:
-    """Re-record hashes and seal so that the mutated file reaches the analysis (a sealed run
-    with bad content is exactly what a buggy recorder would produce)."""
-    path = run / "manifest.json"
-    m = json.loads(path.read_text())
-    m["artifacts"] = artifact_hashes(run)
-    m["seal"] = seal(m)
-    path.write_text(json.dumps(m, indent=2))
 
 
 TOML_BASE = """\
@@ -312,7 +291,7 @@ def _corpus() -> list[Path]:
 def test_corpus_case(case: Path, tmp_path: Path) -> None:
     """Each saved case: files under it replace the fixture's (then re-sealed unless the case
     holds its own manifest.json)."""
-    run = sealed_copy(tmp_path / "run")
+    run = sealed_copy(FIXTURE, tmp_path / "run")
     own_manifest = (case / "manifest.json").exists()
     for src in case.rglob("*"):
         if src.is_file() and src.name != "README.md":
@@ -320,5 +299,5 @@ def test_corpus_case(case: Path, tmp_path: Path) -> None:
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, dst)
     if not own_manifest:
-        _reseal(run)
+        reseal(run)
     check_all(run)

@@ -5,37 +5,16 @@ the finding stands between the change and the analysis."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from residency.evidence.runs import idle_from_traces, load_run_traces, reference_pair
-from residency.rundir.run import artifact_hashes, load_run, verify_run
-from residency.rundir.seal import seal
+from residency.rundir.run import load_run, verify_run
 from residency.traces.files import TraceError
 from residency.traces.load import load_traces
-
-ROOT = Path(__file__).resolve().parent.parent
-PAIRED = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
-
-
-def reseal(run: Path) -> None:
-    """Re-record every artifact's sha256 and the seal, as `residency pair` does at the end."""
-    path = run / "manifest.json"
-    m = json.loads(path.read_text())
-    m["artifacts"] = artifact_hashes(run)
-    m.pop("seal", None)
-    m["seal"] = seal(m)
-    path.write_text(json.dumps(m, indent=2))
-
-
-@pytest.fixture
-def paired(tmp_path: Path) -> Path:
-    out = tmp_path / "run"
-    shutil.copytree(PAIRED, out)
-    return out
+from tests.helpers import PAIRED, reseal
 
 
 def _third_rank(trace_dir: Path, name: str) -> Path:

@@ -14,7 +14,7 @@ import pytest
 from residency import evidence
 from residency.notebook import paired
 from residency.rundir.run import load_run
-from tests.test_hostile_runs import PAIRED, reseal
+from tests.helpers import PAIRED, reseal
 
 TAG = '<img src=x onerror="alert(1)">[j](javascript:alert(1))'
 

@@ -8,7 +8,6 @@ import json
 import random
 import shutil
 import subprocess
-import sys
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 
 from residency.analysis.idle import idle_summary, per_rank_idle
 from residency.traces.load import load_traces
+from tests.helpers import residency
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "traces"
@@ -178,8 +178,7 @@ def test_cross_check_span_idle_against_independent_implementation(tmp_path, kine
 # -- the CLI contract ---------------------------------------------------------------------------
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "residency", "idle", *args],
-                          capture_output=True, text=True, cwd=ROOT, timeout=180)
+    return residency("idle", *args, cwd=ROOT, timeout=180)
 
 
 def test_cli_json_golden():

@@ -12,20 +12,16 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-RUN = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
+from tests.helpers import ENV, ROOT, copy_run
+from tests.helpers import PAIRED as RUN
+from tests.helpers import idle_cli as idle
+
 ENTRY = "runs/01-candidate"
-ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
-
-
-def idle(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "residency", "idle", *args, "--no-cache"],
-                          capture_output=True, text=True, env=ENV, timeout=300)
 
 
 @pytest.fixture
 def run(tmp_path) -> Path:
-    return Path(shutil.copytree(RUN, tmp_path / "run"))  # a sealed run (read-only original)
+    return copy_run(RUN, tmp_path / "run")  # a sealed run (read-only original)
 
 
 def test_idle_in_a_verified_run_reads_it_under_its_seal(run):

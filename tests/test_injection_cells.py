@@ -17,7 +17,7 @@ import pytest
 from residency import humanize
 from residency.notebook.outputs import write_tables
 from residency.reports import tables, views
-from tests.test_hostile_runs import PAIRED, reseal
+from tests.helpers import PAIRED, reseal
 
 FORMULA = '=HYPERLINK("http://evil.example/c","x")'
 HOSTILE_CELLS = [FORMULA, "+1+cmd|' /C calc'!A0", "-2+3+cmd|' /C calc'!A0", "@SUM(1+1)*cmd|x",

@@ -4,22 +4,20 @@ started)."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
 import sys
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 
 from residency import evidence
-from residency.cli import main as cli
 from residency.experiments.orchestrate import ExperimentError, builtin_service, run_design
 from residency.reports import summary
 from residency.rundir import neighbours
 from residency.rundir.run import load_run
+from tests.helpers import run_cli
 
 SMALL = ["--scale", "0.02", "--resident-mib", "256"]
 
@@ -108,11 +106,9 @@ def test_require_exclusive_refuses_before_anything_runs(tmp_path, neighbour,
                   "--require-exclusive"],
                  ["serve", "--arm", "candidate", "--device", "emulated-npu", "--ranks", "1",
                   "--decisions-dir", str(tmp_path / "d"), "--require-exclusive"]):
-        err = io.StringIO()
-        with redirect_stdout(io.StringIO()), redirect_stderr(err):
-            rc = cli.main(argv)
-        assert rc == 2, err.getvalue()
-        (line,) = err.getvalue().splitlines()
+        rc, _, err = run_cli(*argv)
+        assert rc == 2, err
+        (line,) = err.splitlines()
         assert f"pid {neighbour.pid} (intruder, 2,048 MiB, device 0)" in line
         assert "--require-exclusive refuses to measure" in line
     assert not out_dir.exists() and not (tmp_path / "d").exists()
@@ -120,11 +116,9 @@ def test_require_exclusive_refuses_before_anything_runs(tmp_path, neighbour,
 
 def test_require_exclusive_with_an_unreadable_listing_refuses(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv(neighbours.STANDIN_ENV, str(tmp_path / "missing.csv"))
-    err = io.StringIO()
-    with redirect_stdout(io.StringIO()), redirect_stderr(err):
-        rc = cli.main(["serve", "--arm", "candidate", "--device", "emulated-npu",
-                       "--decisions-dir", str(tmp_path / "d"), "--require-exclusive"])
-    assert rc == 2 and "cannot be checked" in err.getvalue()
+    rc, _, err = run_cli("serve", "--arm", "candidate", "--device", "emulated-npu",
+                         "--decisions-dir", str(tmp_path / "d"), "--require-exclusive")
+    assert rc == 2 and "cannot be checked" in err
 
 
 @pytest.mark.slow
@@ -133,12 +127,10 @@ def test_a_foreign_process_is_recorded_and_the_reports_warn(tmp_path, neighbour,
     monkeypatch.setenv(neighbours.STANDIN_ENV,
                        str(standin(tmp_path, f"{neighbour.pid}, intruder, 2048, 0")))
     out_dir = tmp_path / "run"
-    err = io.StringIO()
-    with redirect_stdout(io.StringIO()), redirect_stderr(err):
-        rc = cli.main(["pair", "--design", "profiled-pair", "--device", "emulated-npu",
-                       "--ranks", "1", "--steps", "2", *SMALL, "--out", str(out_dir),
-                       "--no-progress"])
-    assert rc == 0, err.getvalue()
+    rc, _, err = run_cli("pair", "--design", "profiled-pair", "--device", "emulated-npu",
+                         "--ranks", "1", "--steps", "2", *SMALL, "--out", str(out_dir),
+                         "--no-progress")
+    assert rc == 0, err
     manifest = json.loads((out_dir / "manifest.json").read_text())
     for entry in manifest["runs"]:
         for when in ("start", "end"):

@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from residency.reports import html as reports
 from residency.reports import views as rv
 from residency.reports.plots import e2e_slopegraph
 from residency.rundir.run import load_run
+from tests.helpers import Papermill
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "notebooks"
@@ -554,47 +554,6 @@ def test_report_cli_exits_1_when_a_usable_notebook_fails(tmp_path: Path,
 
 
 # ----------------------------------------------------------------------------- slow: papermill
-class Papermill:
-    """`papermill notebooks/<notebook>.ipynb [OUT] -k python3 ARGS` started as a user would
-    (stdout and stderr to files, not a terminal; no pytest variables in the environment)."""
-
-    def __init__(self, notebook: str, out: Path | None, *args: str, cwd: Path) -> None:
-        cmd = [sys.executable, "-m", "papermill", str(NOTEBOOKS / f"{notebook}.ipynb")]
-        cmd += [str(out)] if out is not None else []
-        # several kernels start at once on 2 cores: papermill's 60 s kernel start limit is
-        # a guard against hangs here, not a speed check
-        cmd += ["-k", "python3", "--start-timeout", "600", *args]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-        self.out, self.cwd = out, cwd
-        self._stdout, self._stderr = cwd / ".papermill.stdout", cwd / ".papermill.stderr"
-        with open(self._stdout, "w") as o, open(self._stderr, "w") as e:
-            self.proc = subprocess.Popen(cmd, stdout=o, stderr=e, stdin=subprocess.DEVNULL,
-                                         cwd=cwd, env=env)
-
-    def kernel_up(self, timeout: float = 600) -> None:
-        """Return once papermill says its kernel started (or the process ended): kernels
-        launched at the same instant can pick the same free TCP port, and one then dies
-        before replying to kernel_info. A hang guard, not a speed check."""
-        deadline = time.monotonic() + timeout
-        while (self.proc.poll() is None and time.monotonic() < deadline
-               and "Executing notebook with kernel" not in self._stderr.read_text()):
-            time.sleep(0.1)
-
-    def wait(self, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        try:
-            code = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise
-        return subprocess.CompletedProcess(self.proc.args, code, self._stdout.read_text(),
-                                           self._stderr.read_text())
-
-    def ok(self) -> subprocess.CompletedProcess[str]:
-        done = self.wait()
-        assert done.returncode == 0, done.stderr[-4000:]
-        return done
-
-
 SMALL = ("-p", "ranks", "2", "-p", "steps", "2", "-p", "scale", "0.02")
 
 

@@ -4,20 +4,20 @@
 from __future__ import annotations
 
 import json
-import shutil
 import warnings
 from pathlib import Path
 
 import pytest
 
 from residency.analysis.tracediff import NO_PHASE, name_group, task_groups, trace_diff
-from residency.traces.load import CACHE_DIR, TraceError, load_traces
+from residency.traces.load import TraceError, load_traces
 from residency.traces.memory import (
     allocator_memory,
     memory_timeline,
     release_drops,
     release_markers,
 )
+from tests.helpers import copy_fixture as copy
 
 DATA = Path(__file__).resolve().parent / "data" / "traces"
 EPOCH_NS = 1_764_500_000_000_000_000
@@ -28,11 +28,6 @@ def load(path: Path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return load_traces(path, cache=False)
-
-
-def copy(name: str, dest: Path) -> Path:
-    return Path(shutil.copytree(DATA / name, dest / name,
-                                ignore=shutil.ignore_patterns(CACHE_DIR)))
 
 
 def test_memory_record_csv_of_torch_npu():

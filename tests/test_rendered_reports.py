@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 
 from residency.reports import html as reports
-from tests.reading import repeated_sentences, two_roundings
-from tests.test_reports import LABEL, too_precise, visible_text
+from tests.reading import LABEL, repeated_sentences, too_precise, two_roundings, visible_text
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "data" / "runs"

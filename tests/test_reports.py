@@ -22,54 +22,10 @@ from residency.humanize import duration_text
 from residency.notebook.progress import RunProgress, pair_labels
 from residency.reports import banner
 from residency.reports import html as reports
+from tests.reading import LABEL, too_precise, visible_text
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
-LABEL = "emulated NPU — not an NPU measurement"
-NUMBER = re.compile(r"(?<![\w.])-?(\d+(?:\.\d+)?)(?![\w.]*\d)")
-
-
-# ----------------------------------------------------------------------------- checkers
-class VisibleText(HTMLParser):
-    """The text a reader sees, in order (no head, script, style or template)."""
-
-    HIDDEN = {"head", "script", "style", "template", "title"}
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.hidden = 0
-        self.texts: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list) -> None:
-        self.hidden += tag in self.HIDDEN
-
-    def handle_endtag(self, tag: str) -> None:
-        self.hidden -= tag in self.HIDDEN and self.hidden > 0
-
-    def handle_data(self, data: str) -> None:
-        if not self.hidden and data.strip():
-            self.texts.append(data.strip())
-
-
-def visible_text(html: str) -> list[str]:
-    parser = VisibleText()
-    parser.feed(html)
-    return parser.texts
-
-
-def significant_digits(token: str) -> int:
-    digits = token.lstrip("-").replace(".", "").lstrip("0")
-    if "." not in token:
-        digits = digits.rstrip("0")
-    return len(digits)
-
-
-def too_precise(text: str, limit: int = 6) -> list[str]:
-    """Numbers in `text` with more than `limit` significant digits (identifiers such as
-    hashes, timestamps glued to letters, and dates are not numbers here)."""
-    return [m.group(1) for m in NUMBER.finditer(text) if significant_digits(m.group(1)) > limit]
-
-
 def test_checkers_find_what_they_should() -> None:
     assert too_precise("61.428477-163.008423 ms and 1.734383532999999") == [
         "61.428477", "163.008423", "1.734383532999999"]

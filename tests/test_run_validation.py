@@ -7,9 +7,6 @@ that only the check stands between the change and the analysis."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,17 +21,11 @@ from residency.rundir.run import (
     load_run,
     verify_run,
 )
-from tests.test_hostile_runs import PAIRED, reseal
+from tests.helpers import edit_manifest, reseal
+from tests.helpers import residency as cli
 
 BASELINE = Path("runs") / "00-baseline"
 RANK0 = BASELINE / "decisions-rank0.jsonl"
-
-
-def edit_manifest(run: Path, change: Callable[[dict[str, Any]], None]) -> None:
-    path = run / "manifest.json"
-    m = json.loads(path.read_text())
-    change(m)
-    path.write_text(json.dumps(m, indent=2))
 
 
 def edit_line(path: Path, lineno: int, change: Callable[[dict[str, Any]], None]) -> None:
@@ -50,18 +41,6 @@ def baseline(run_dir: Path) -> Any:
     run = load_run(run_dir)
     (entry,) = [e for e in run.runs if e.name == BASELINE.name]
     return run, entry
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "residency", *args], capture_output=True,
-                          text=True, timeout=120)
-
-
-@pytest.fixture
-def paired(tmp_path: Path) -> Path:
-    out = tmp_path / "run"
-    shutil.copytree(PAIRED, out)
-    return out
 
 
 # ------------------------------------------------------------------ 1. decision records

@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import pytest
 
 from residency.rundir.run import RunDirError, load_run, verify_run
 from residency.rundir.seal import parse_digest, run_digest, seal, seal_findings
+from tests.helpers import edit_manifest, residency
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
@@ -34,15 +34,7 @@ def run(tmp_path: Path) -> Path:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "residency", *args], capture_output=True,
-                          text=True, timeout=HANG_S)
-
-
-def edit_manifest(run: Path, change: Callable[[dict[str, Any]], None]) -> None:
-    path = run / "manifest.json"
-    m = json.loads(path.read_text())
-    change(m)
-    path.write_text(json.dumps(m, indent=2))
+    return residency(*args, timeout=HANG_S)
 
 
 def one_line_error(proc: subprocess.CompletedProcess, code: int = 2) -> str:

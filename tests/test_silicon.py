@@ -4,12 +4,10 @@ capacity, and the release-cost benchmark and the emulated NPU's cost curve."""
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
 import subprocess
 import sys
-from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,7 @@ from residency.policy.cache import (
     policy_for,
 )
 from residency.policy.telemetry import GenericTelemetry, TelemetryUnavailable
+from tests.helpers import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 CUDA_RUN = ROOT / "data" / "runs" / "cuda-profiled-pair-1r5s"
@@ -189,10 +188,9 @@ def test_every_view_of_an_injected_run_says_it(faked_injected_cuda_run: Path) ->
     assert INJECTED in banner.banner_markdown(run.manifest)
     assert INJECTED in banner.banner_html(run.manifest)
     for fmt in ("md", "pr"):
-        out = io.StringIO()
-        with redirect_stdout(out):
-            assert cli.main(["tables", str(faked_injected_cuda_run), "--format", fmt]) == 0
-        assert INJECTED in out.getvalue(), fmt
+        rc, out, err = run_cli("tables", str(faked_injected_cuda_run), "--format", fmt)
+        assert rc == 0, err
+        assert INJECTED in out, fmt
 
 
 def test_an_uninjected_cuda_run_says_nothing_of_an_injection() -> None:

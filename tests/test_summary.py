@@ -17,11 +17,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PAIRED = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
 
 
-@pytest.fixture(scope="module")
-def paired() -> evidence.Evidence:
-    return evidence.build(load_run(PAIRED))
-
-
 def _sample(t_s: float, busy_s: float | None, own_s: float, load: float = 0.5,
             cpus: int = 2) -> hostload.Sample:
     return hostload.Sample(loadavg=(load, load, load), cpu_count=cpus, host_busy_s=busy_s,
@@ -60,8 +55,8 @@ def test_a_sample_of_this_host_reads_load_and_cpus() -> None:
     assert s.cpu_count and s.own_cpu_s > 0 and s.monotonic_ns > 0
 
 
-def test_first_screen_of_the_recorded_run(paired: evidence.Evidence) -> None:
-    s = summary.summarize(paired, manifest=load_run(PAIRED).manifest)
+def test_first_screen_of_the_recorded_run(paired_evidence: evidence.Evidence) -> None:
+    s = summary.summarize(paired_evidence, manifest=load_run(PAIRED).manifest)
     assert [r.key for r in s.rows] == ["normal_call", "normal_released", "forced_released",
                                        "telemetry_errors", "idle_intersection", "e2e"]
     assert all(r.n and r.verdict and r.change for r in s.rows)
@@ -78,12 +73,13 @@ def test_first_screen_of_the_recorded_run(paired: evidence.Evidence) -> None:
         "| attribution |")
 
 
-def test_a_loaded_host_is_warned_about_on_the_first_screen(paired: evidence.Evidence) -> None:
+def test_a_loaded_host_is_warned_about_on_the_first_screen(
+        paired_evidence: evidence.Evidence) -> None:
     manifest = json.loads((PAIRED / "manifest.json").read_text())
     manifest["host_load"] = {"start": {"loadavg": [2.1, 1.8, 1.0], "cpu_count": 2},
                              "end": {"loadavg": [3.4, 2.0, 1.2], "cpu_count": 2},
                              "other_cpu_share": 0.35, "other_cpu_share_max": 0.49, "runs": 8}
-    s = summary.summarize(paired, manifest=manifest)
+    s = summary.summarize(paired_evidence, manifest=manifest)
     (loaded,) = [w for w in s.warnings if w.startswith("**Loaded host**")]
     assert "load average 2.10 at the start and 3.40 at the end on 2 CPUs" in loaded
     assert "other processes used 35.0 % of the CPUs (at most 49.0 % in one service run)" in loaded

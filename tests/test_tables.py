@@ -6,7 +6,6 @@ import io
 import json
 import shutil
 import types
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +13,9 @@ import pandas as pd
 import pytest
 
 from residency import evidence
-from residency.cli import main as cli
 from residency.reports import tables
 from residency.rundir.run import RunDirError, load_run
+from tests.helpers import run_cli
 
 DATA = Path(__file__).parent / "data" / "rundir"
 FIXTURE = DATA / "fixture-run"
@@ -30,10 +29,7 @@ IDLE = {
 
 
 def _cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        rc = cli.main(["tables", *argv])
-    return rc, out.getvalue(), err.getvalue()
+    return run_cli("tables", *argv)
 
 
 @pytest.fixture

@@ -4,16 +4,12 @@ the figures of the whole-timeline path to the nanosecond, here and on a Dask Loc
 
 from __future__ import annotations
 
-import gzip
-import io
 import json
 import os
 import re
 import shutil
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from residency.analysis import idle
@@ -22,13 +18,9 @@ from residency.cli import main as cli
 from residency.traces import cache as tracecache
 from residency.traces import load as traces
 from residency.traces.load import CACHE_DIR, TraceError, load_traces
-from tests.test_traces import same_traces
+from tests.helpers import MARKER, PAIRED, ROOT, copy_fixture, many_ranks, run_cli, same_traces
 
-ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).parent / "data" / "traces"
-PAIRED = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
-BASE = 1_764_500_000_000_000_000
-MARKER = r"residency\.release\[normal\]"
 
 
 def tree(d: Path) -> dict[str, tuple[int, int, bytes]]:
@@ -41,52 +33,9 @@ def tree(d: Path) -> dict[str, tuple[int, int, bytes]]:
     return out
 
 
-def copy_fixture(name: str, dest: Path) -> Path:
-    return Path(shutil.copytree(DATA / name, dest / name))
-
-
 def entries() -> list[Path]:
     d = tracecache.cache_dir()
     return sorted(d.glob("*.entry")) if d.is_dir() else []
-
-
-def many_ranks(d: Path, ranks: int = 3, *, seed: int = 7) -> Path:
-    """Kineto traces of `ranks` ranks with fractional string/number times, host ranges,
-    flows and markers (some ranks named by path only)."""
-    rng = np.random.default_rng(seed)
-    for r in range(ranks):
-        events, t = [], 0.0
-        for i in range(400):
-            t += float(rng.uniform(0.1, 3.0))
-            ts = f"{t:.3f}" if i % 5 == 0 else round(t, 3)
-            events.append({"ph": "X", "cat": "kernel", "name": f"k{i % 4}", "pid": 0, "tid": 7,
-                           "ts": ts, "dur": round(float(rng.uniform(0.5, 2.0)), 3),
-                           "args": {"correlation": i, "grid": [1, 1, 1]}})
-            events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1,
-                           "tid": 1, "ts": round(t - 1, 3), "dur": 0.75})
-            events.append({"ph": "s", "id": i, "pid": 1, "tid": 1, "ts": round(t - 1, 3),
-                           "cat": "ac2g", "name": "ac2g"})
-            if i % 50 == 0:
-                events.append({"ph": "X", "cat": "user_annotation",
-                               "name": "residency.release[normal]", "pid": 1, "tid": 1,
-                               "ts": round(t + 0.5, 3), "dur": 20.125})
-            if i % 100 == 0:
-                t += 30  # a stall on every rank
-        doc = {"traceEvents": events, "baseTimeNanoseconds": BASE}
-        if r % 2 == 0:
-            doc["distributedInfo"] = {"rank": r, "world_size": ranks}
-        (d / f"rank{r}").mkdir(parents=True, exist_ok=True)
-        raw = json.dumps(doc).encode()
-        name = d / f"rank{r}" / ("trace.json.gz" if r == 1 else "trace.json")
-        name.write_bytes(gzip.compress(raw) if r == 1 else raw)
-    return d
-
-
-def run_cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        rc = cli.main(list(argv))
-    return rc, out.getvalue(), err.getvalue()
 
 
 OPTIONS = [dict(marker=MARKER), dict(marker="release", window_marker="residency.release"),

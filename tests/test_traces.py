@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from residency.traces import formats
-from residency.traces.load import CACHE_DIR, TraceError, load_traces
+from residency.traces.load import TraceError, load_traces
+from tests.helpers import copy_fixture, same_traces
 
 DATA = Path(__file__).parent / "data" / "traces"
 BASE = 1_764_500_000_000_000_000
@@ -39,12 +40,6 @@ def write_kineto(path: Path, events: list, *, rank: int | None = None, base: int
 
 def kernel(ts, dur, cat="kernel", name="k", ph="X") -> dict:
     return {"ph": ph, "cat": cat, "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": dur}
-
-
-def copy_fixture(name: str, dest: Path) -> Path:
-    """A copy of a fixture without any Parquet cache an earlier in-place load left there."""
-    return Path(shutil.copytree(DATA / name, dest / name,
-                                ignore=shutil.ignore_patterns(CACHE_DIR)))
 
 
 def test_kineto_fixture_device_tasks_and_ranges():
@@ -351,18 +346,6 @@ def test_trace_error_survives_pickling():
     err = pickle.loads(pickle.dumps(TraceError("/x/rank0.json", "truncated", 12)))
     assert (err.path, err.message, err.position) == (Path("/x/rank0.json"), "truncated", 12)
     assert isinstance(err, ValueError) and str(err) == "/x/rank0.json (at byte 12): truncated"
-
-
-def same_traces(a, b) -> None:
-    """Two TraceSets hold the same ranks, columns and names (also used by test_tracecache)."""
-    assert list(a.ranks) == list(b.ranks)
-    for r in a.ranks:
-        x, y = a.ranks[r], b.ranks[r]
-        assert np.array_equal(x.device, y.device) and x.rejected_events == y.rejected_events
-        assert x.range_names.tolist() == y.range_names.tolist()
-        assert x.device_names.tolist() == y.device_names.tolist()
-        assert np.array_equal(x.ranges, y.ranges) and np.array_equal(x.overlap, y.overlap)
-        assert x.device_types.tolist() == y.device_types.tolist()
 
 
 def _three_ranks(d: Path) -> Path:

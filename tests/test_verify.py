@@ -2,35 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from residency.rundir.run import RunDirError, artifact_hashes, load_run, verify_run
-from residency.rundir.seal import seal
-
-FIXTURE = Path(__file__).parent / "data" / "rundir" / "fixture-run"
+from residency.rundir.run import RunDirError, load_run, verify_run
+from tests.helpers import FIXTURE_RUN as FIXTURE
+from tests.helpers import residency as cli
+from tests.helpers import sealed_copy
 
 
 @pytest.fixture
 def sealed(tmp_path) -> Path:
     """A copy of the fixture run with its sha256 list recorded."""
-    run = tmp_path / "run"
-    shutil.copytree(FIXTURE, run)
-    manifest = json.loads((run / "manifest.json").read_text())
-    manifest["artifacts"] = artifact_hashes(run)
-    manifest["seal"] = seal(manifest)
-    (run / "manifest.json").write_text(json.dumps(manifest))
-    return run
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "residency", *args], capture_output=True,
-                          text=True, timeout=120)
+    return sealed_copy(FIXTURE, tmp_path / "run")
 
 
 def test_intact_run_verifies(sealed) -> None:

@@ -24,7 +24,7 @@ from residency.notebook import paired
 from residency.reports import figures, summary, tables, views
 from residency.reports.side_by_side import side_by_side
 from residency.rundir.run import load_run, upgrade_client
-from tests.reading import _NUMBER, repeated_sentences, two_roundings
+from tests.reading import NUMBER, repeated_sentences, two_roundings
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "data" / "runs"
@@ -39,7 +39,7 @@ PAIRED_RUNS = sorted(p for p in RUNS.iterdir() if (p / "manifest.json").is_file(
 def _published_tokens() -> set[str]:
     rows = summary.published_figures()["rows"].values()
     text = json.dumps(list(rows))
-    return {m.group(1).lstrip("+-") for m in _NUMBER.finditer(text)}
+    return {m.group(1).lstrip("+-") for m in NUMBER.finditer(text)}
 
 
 @pytest.fixture(scope="module")

@@ -11,13 +11,11 @@ allocated (cached 0). All retained but the two rank-0 releases.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable
-from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +29,7 @@ from residency.policy.telemetry import MemorySnapshot
 from residency.reports import whatif as whatif_report
 from residency.rundir.run import RunDirError, load_run
 from residency.rundir.seal import seal
+from tests.helpers import residency, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = Path(__file__).parent / "data" / "rundir" / "whatif-run"
@@ -99,8 +98,7 @@ def _write_run(root: Path, arms: dict[str, dict[int, list[dict]]], *,
 
 
 def _cli(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "residency", "whatif", *argv],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    return residency("whatif", *argv, cwd=ROOT)
 
 
 @pytest.fixture
@@ -428,12 +426,7 @@ def test_cli_exit_1_when_the_gate_fails(run_copy: Path) -> None:
 
 
 def _cli_in_process(*argv: str) -> tuple[int, str, str]:
-    from residency.cli import main as cli
-
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        rc = cli.main(["whatif", *argv])
-    return rc, out.getvalue(), err.getvalue()
+    return run_cli("whatif", *argv)
 
 
 @pytest.mark.parametrize("argv", [
