@@ -39,6 +39,12 @@ class DeviceKind:
     backend: str  # torch.distributed backend of its ranks
     measurement: bool  # False: its figures are never presented as device measurements
     device_package: str | None = None  # importing it registers torch's device module
+    banner_colour: str = "#4b5563"  # the report banner's border (the emulated NPU stands out)
+    trace_format: str | None = None  # what its profiler writes (`residency.traces` formats)
+    profiler_text: str | None = None  # how the selftest names that profiler
+    selftest_scale: float = 0.25  # the selftest service's component sizes (x S)
+    selftest_resident_mib: float = 256.0  # ... and its resident tensor
+    selftest_block_bytes: int = 256 << 20  # the selftest's policy step allocates this block
 
 
 REGISTRY: dict[str, DeviceKind] = {}
@@ -50,9 +56,16 @@ def register(kind: DeviceKind) -> DeviceKind:
     return kind
 
 
-register(DeviceKind("npu", "Ascend NPU", "npu", "hccl", True, device_package="torch_npu"))
-register(DeviceKind("cuda", "CUDA GPU", "cuda", "nccl", True))
-register(DeviceKind("emulated-npu", EMULATED_LABEL, "npu", "gloo", False))
+register(DeviceKind("npu", "Ascend NPU", "npu", "hccl", True, device_package="torch_npu",
+                    banner_colour="#1d4ed8", trace_format="ascend",
+                    profiler_text="torch_npu.profiler with tensorboard_trace_handler"))
+register(DeviceKind("cuda", "CUDA GPU", "cuda", "nccl", True, banner_colour="#15803d",
+                    trace_format="kineto",
+                    profiler_text="torch.profiler (CPU + CUDA activities, export_chrome_trace)"))
+register(DeviceKind("emulated-npu", EMULATED_LABEL, "npu", "gloo", False,
+                    banner_colour="#b45309", trace_format="kineto",
+                    profiler_text="the emulated NPU's Kineto export", selftest_scale=0.02,
+                    selftest_block_bytes=64 << 20))
 register(DeviceKind("cpu", "CPU", "cpu", "gloo", True))
 
 KINDS: tuple[str, ...] = ("npu", "cuda", "emulated-npu")  # what a run can record

@@ -40,7 +40,8 @@ _WORDS = {  # whole-word replacements in headers
 
 __all__ = ["DASH", "DIGITS", "MISSING", "bytes_text", "cell", "change_percent", "count_text",
            "csv_cell", "csv_comment", "csv_text", "duration_text", "for_people",
-           "header", "html_table", "markdown_table", "md_code", "md_line", "md_text",
+           "header", "html_table", "markdown_table", "markdown_table_in_full", "md_code",
+           "md_line", "md_text",
            "ms_from_ns", "p_text", "pair_names", "percent", "percent_span", "quantity",
            "ratio_text", "round_numbers", "sig", "signed", "span_text", "write_csv",
            "write_markdown_table"]
@@ -355,6 +356,14 @@ def markdown_table(df: pd.DataFrame, **kwargs: Any) -> str:
     """`df` for people (`for_people`) as a Markdown table."""
     t = for_people(df, **kwargs)
     return write_markdown_table(list(t.columns), list(t.itertuples(index=False)))
+
+
+def markdown_table_in_full(df: pd.DataFrame) -> str:
+    """`df` as a Markdown table with every cell in full, as `str` gives it (no rounding, no
+    header words; a named index becomes columns)."""
+    if any(n is not None for n in df.index.names):
+        df = df.reset_index()
+    return write_markdown_table([str(c) for c in df.columns], list(df.itertuples(index=False)))
 
 
 _NUMBER_CELL = re.compile(r"[-+−]?[\d.,]+(?:e[+-]\d+)?(?:\s?[%\w/µ]{0,5})?")

@@ -304,3 +304,179 @@ def test_the_private_name_check_can_fail(tmp_path: Path) -> None:
         assert len(_private_uses(probe)) == 3
     finally:
         probe.unlink()
+
+
+# -------------------------------------------------------------------------- one owner per concept
+ARM_OWNER = "residency/policy/cache.py"
+ARM_NAMES = frozenset({"baseline", "candidate", "always-release"})
+ARM_LITERALS_ALLOWED = {  # module: why it spells an arm itself
+    "residency/devices.py": "shared layer, below policy: cannot import the arm constants",
+}
+
+
+def _prose_ids(tree: ast.AST) -> set[int]:
+    """ids of the string constants that are prose: docstrings and the text parts of
+    f-strings (an arm named inside a sentence is a word, not an identifier)."""
+    ids: set[int] = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)):
+            ids.add(id(body[0].value))
+        if isinstance(node, ast.JoinedStr):
+            ids.update(id(v) for v in node.values if isinstance(v, ast.Constant))
+    return ids
+
+
+def arm_literals(path: Path) -> list[str]:
+    """Every string constant of `path` that is a whole arm name, prose aside."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    prose = _prose_ids(tree)
+    return [f"line {n.lineno}: {n.value!r}" for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and n.value in ARM_NAMES and id(n) not in prose]
+
+
+def test_arm_names_are_spelled_only_by_their_owner() -> None:
+    """`residency.policy.cache` owns the arm names (`CANDIDATE`, `BASELINE`, `ALWAYS_RELEASE`,
+    `ARMS`, `PAIRED_ARMS`); any other module uses its constants."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel != ARM_OWNER and rel not in ARM_LITERALS_ALLOWED:
+            found[rel] = arm_literals(path)
+    assert {k: v for k, v in found.items() if v} == {}
+
+
+def test_the_arm_literal_check_can_fail(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text('"""The baseline arm."""\nARM = "baseline"\nx = {"candidate": 1}\n'
+                     'y = f"the candidate {ARM}"\nz = "always-release arm"\n')
+    assert arm_literals(probe) == ["line 2: 'baseline'", "line 3: 'candidate'"]
+
+
+# The decisions files (`decisions-rank<r>.jsonl`): `residency.policy.cache` names and writes
+# them (`decisions_file`, `DECISIONS_GLOB`, `JsonlRecorder`, `read_records`) and
+# `residency.rundir.run` reads a run's files against the schema. A module that locates them
+# must be listed here with what it does, and only the two readers parse them.
+DECISIONS_NAMES = frozenset({"DECISIONS_GLOB", "decisions_file"})
+DECISIONS_USERS = {
+    "residency/policy/cache.py": "the owner: names, writes and reads the records",
+    "residency/rundir/run.py": "the run reader: validates a run's files against the schema",
+    "residency/rundir/attribution.py": "notes a rank whose file exists but holds no decision",
+    "residency/workload/service.py": "the service: creates each rank's file, refuses stale ones",
+    "residency/adapters/vllm_omni.py": "a patched process opens its file with `JsonlRecorder`",
+    "residency/notebook/progress.py": "names the run's live file; `last_request_id` reads it",
+    "residency/experiments/orchestrate.py": "checks that a service run left its files",
+    "residency/selftest/steps.py": "finds the files its steps wrote; reads them via the owner",
+}
+DECISIONS_READERS = {"residency/policy/cache.py", "residency/rundir/run.py"}
+
+
+def _bound(node: ast.AST) -> list[tuple[ast.AST, ast.AST]]:
+    """(target, source) pairs that bind names: assignments, loops, comprehensions, `with`."""
+    if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.value is not None:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return [(t, node.value) for t in targets]
+    if isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+        return [(node.target, node.iter)]
+    if isinstance(node, (ast.With, ast.AsyncWith)):
+        return [(i.optional_vars, i.context_expr) for i in node.items if i.optional_vars]
+    return []
+
+
+def decisions_uses(path: Path) -> tuple[list[str], list[str]]:
+    """(where `path` locates decisions files, where JSON is parsed from what a function
+    located): the owner's names, and any string constant that starts with the file name; a
+    name bound from a located path (or from a name bound so) carries it on."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                    ast.AsyncFunctionDef))
+                  and n.body and isinstance(n.body[0], ast.Expr)}
+
+    def locates(node: ast.AST) -> bool:
+        return ((isinstance(node, ast.Name) and node.id in DECISIONS_NAMES)
+                or (isinstance(node, ast.Attribute) and node.attr in DECISIONS_NAMES)
+                or (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    and node.value.startswith("decisions-rank") and id(node) not in docstrings))
+
+    where = [f"line {n}" for n in sorted({n.lineno for n in ast.walk(tree) if locates(n)})]
+    parses = []
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        located: set[str] = set()
+
+        def from_file(node: ast.AST, located: set[str] = located) -> bool:
+            return any(locates(n) or (isinstance(n, ast.Name) and n.id in located)
+                       for n in ast.walk(node))
+
+        grew = True
+        while grew:  # names bound from a located file, to a fixed point
+            before = len(located)
+            for node in ast.walk(fn):
+                for target, source in _bound(node):
+                    if from_file(source):
+                        located |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+            grew = len(located) > before
+        parses += [f"{fn.name}, line {n.lineno}" for n in ast.walk(fn)
+                   if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                   and n.func.attr in ("loads", "load") and isinstance(n.func.value, ast.Name)
+                   and n.func.value.id == "json" and any(from_file(a) for a in n.args)]
+    return where, parses
+
+
+def test_decisions_files_have_one_owner_and_one_run_reader() -> None:
+    users, parsers = {}, {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        where, parses = decisions_uses(path)
+        if where and rel not in DECISIONS_USERS:
+            users[rel] = where
+        if parses and rel not in DECISIONS_READERS:
+            parsers[rel] = parses
+    assert users == {}, "a new module locates decisions files: go through the owner"
+    assert parsers == {}, "decisions files parsed outside their readers"
+    unused = {rel for rel in DECISIONS_USERS
+              if not decisions_uses(ROOT / rel)[0] and rel != "residency/policy/cache.py"}
+    assert unused == set(), "an allow-listed module no longer locates decisions files"
+
+
+def test_the_decisions_check_can_fail(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("import json\nfrom residency.policy.cache import DECISIONS_GLOB\n"
+                     "def rows(d):\n    return [json.loads(x) for f in d.glob(DECISIONS_GLOB)"
+                     " for x in f.read_text().splitlines()]\n"
+                     "def name(r):\n    return f'decisions-rank{r}.jsonl'\n"
+                     "STALE = 'decisions-rank'\n"
+                     "def tail(d, r, decisions_file):\n    path = d / decisions_file(r)\n"
+                     "    with open(path) as f:\n        lines = f.read().splitlines()\n"
+                     "    return [json.loads(x) for x in lines], json.loads(d.read_text())\n")
+    where, parses = decisions_uses(probe)
+    assert where == ["line 4", "line 6", "line 7", "line 9"]
+    assert parses == ["rows, line 4", "tail, line 12"]  # not the other file's JSON
+
+
+def test_no_test_module_imports_another_test_module() -> None:
+    """Shared test code lives in helper modules (`tests/helpers.py`, `tests/reading.py`,
+    `tests/servicekit.py`, `tests/memorytraces.py`) and fixtures in `tests/conftest.py`."""
+    bad = []
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            bad += [f"{path.name}:{node.lineno}: {n}" for n in names
+                    if re.match(r"(tests\.)?test_", n)]
+    assert bad == []
+
+
+def test_the_clis_copied_choices_agree_with_their_owners() -> None:
+    """Two choice lists the CLI keeps (their owners load numpy and pandas): they must name
+    what the owners define."""
+    from residency.analysis.whatif import POLICIES
+    from residency.cli import main as cli
+    from residency.traces.busy import DEFINITIONS
+
+    assert ("default", *DEFINITIONS) == cli.BUSY_CHOICES
+    assert cli.WHATIF_POLICIES == POLICIES

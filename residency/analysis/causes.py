@@ -25,6 +25,7 @@ import numpy as np
 
 from residency import markers
 from residency.analysis.idle import all_rank_idle_intervals
+from residency.policy.cache import BASELINE, CANDIDATE
 from residency.traces import intervals as iv
 from residency.traces.load import ASCEND_COMM_PROCESSES
 
@@ -188,7 +189,7 @@ def cause_diff(baseline: pd.DataFrame, candidate: pd.DataFrame) -> pd.DataFrame:
                           "baseline_idle_ns": [int(b.get(x, 0)) for x in causes],
                           "candidate_idle_ns": [int(c.get(x, 0)) for x in causes]})
     frame["delta_idle_ns"] = frame["candidate_idle_ns"] - frame["baseline_idle_ns"]
-    for arm in ("baseline", "candidate", "delta"):
+    for arm in (BASELINE, CANDIDATE, "delta"):
         frame[f"{arm}_idle_ms"] = frame[f"{arm}_idle_ns"] / 1e6
     return frame.sort_values(["delta_idle_ns", "cause"], kind="stable").reset_index(drop=True)
 

@@ -30,6 +30,7 @@ import numpy as np
 
 from residency.analysis import stats
 from residency.analysis.sequential import signed_rank_tables
+from residency.policy.cache import BASELINE, CANDIDATE
 
 __all__ = ["PUBLISHED_START_S", "Costs", "DesignRow", "Noise", "Plan", "PlanError",
            "claims_for", "costs_from_run", "design_statement", "make_plan", "min_pairs_for",
@@ -226,7 +227,7 @@ def published_costs(*, start_s: float = PUBLISHED_START_S) -> Costs:
     Ascend 910B1, a warm-up request (the same request) per service start, the start itself
     `start_s` (minutes: 5 assumed)."""
     row = _published_row()
-    request = float(row["baseline"])
+    request = float(row[BASELINE])
     return Costs(request_s=request, start_s=start_s, warmup_s=request,
                  source=f"published NPU figures ({row['metric']}); service start "
                         f"{_dur(start_s)} assumed")
@@ -236,7 +237,7 @@ def published_effect(baseline_s: float) -> tuple[float, str]:
     """The published E2E change (candidate - baseline of the isolated pair, -0.19 %) as a
     fraction of `baseline_s`, and where it comes from."""
     row = _published_row()
-    rel = (float(row["candidate"]) - float(row["baseline"])) / float(row["baseline"])
+    rel = (float(row[CANDIDATE]) - float(row[BASELINE])) / float(row[BASELINE])
     return rel * baseline_s, (f"the published {rel:+.2%} E2E change ({row['metric']}) of "
                               "this request time").replace("%", " %")
 

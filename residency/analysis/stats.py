@@ -34,6 +34,7 @@ import numpy as np
 from scipy import stats as _sps
 
 from residency import humanize
+from residency.policy.cache import BASELINE, CANDIDATE
 
 ALPHA = 0.05
 MIN_REPETITIONS = 9  # Google Benchmark compare.py warns below this
@@ -225,7 +226,7 @@ def compare_groups(
     if replicate not in _REPLICATES:
         raise ValueError(f"The value for `replicate` must be one of {list(_REPLICATES)}, but "
                          f"{replicate!r} was passed.")
-    b, c = _values("baseline", baseline), _values("candidate", candidate)
+    b, c = _values(BASELINE, baseline), _values(CANDIDATE, candidate)
     p, method = _mann_whitney_exact(b, c)
     test = f"Mann-Whitney U test ({method}, two-sided)"
     bm, cm = float(np.median(b)), float(np.median(c))
@@ -437,7 +438,7 @@ def compare_pairs(
     Raises:
         ValueError: empty, NaN, infinite or negative inputs; unequal lengths; bad `noise`.
     """
-    b, c = _values("baseline", baseline), _values("candidate", candidate)
+    b, c = _values(BASELINE, baseline), _values(CANDIDATE, candidate)
     if b.size != c.size:
         raise ValueError(f"The value for `candidate` must have as many values as `baseline` "
                          f"({b.size}), but a sequence of length {c.size} was passed.")
@@ -573,7 +574,7 @@ def equivalence_pairs(
     Raises:
         ValueError: empty, NaN, infinite or negative inputs; unequal lengths; margin <= 0.
     """
-    b, c = _values("baseline", baseline), _values("candidate", candidate)
+    b, c = _values(BASELINE, baseline), _values(CANDIDATE, candidate)
     if b.size != c.size:
         raise ValueError(f"The value for `candidate` must have as many values as `baseline` "
                          f"({b.size}), but a sequence of length {c.size} was passed.")
@@ -783,7 +784,7 @@ def single(baseline: float, candidate: float, *, unit: str = "ms") -> Single:
     Raises:
         ValueError: a value is NaN, infinite, negative or not a number.
     """
-    b, c = _scalar("baseline", baseline), _scalar("candidate", candidate)
+    b, c = _scalar(BASELINE, baseline), _scalar(CANDIDATE, candidate)
     return Single(baseline=b, candidate=c, delta=c - b,
                   relative=(c - b) / b if b > 0 else None, ratio=_ratio(c, b), unit=unit, n=1,
                   p_value=None, ci=None,

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from residency.policy.cache import BASELINE, CANDIDATE
 from residency.traces.load import ASCEND_COMM_PROCESSES
 
 if TYPE_CHECKING:
@@ -110,7 +111,7 @@ def trace_diff(baseline: TraceSet, candidate: TraceSet, *,
     import pandas as pd
 
     sides = []
-    for label, traces in (("baseline", baseline), ("candidate", candidate)):
+    for label, traces in ((BASELINE, baseline), (CANDIDATE, candidate)):
         g = task_groups(traces, phase_pattern=phase_pattern)
         agg = (g.groupby(["phase", "group"], sort=True)
                .agg(count=("count", "sum"), total_ns=("total_ns", "sum"),

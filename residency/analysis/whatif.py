@@ -54,7 +54,7 @@ import numpy as np
 import pandas as pd
 
 from residency.errors import BadInput
-from residency.policy.cache import crossed_bounds, limit_bytes
+from residency.policy.cache import ALWAYS_RELEASE, CANDIDATE, crossed_bounds, limit_bytes
 from residency.rundir.run import Run, RunDirError, load_decisions, load_run
 
 Policy = Literal["bounded", "learned-budget"]
@@ -154,7 +154,7 @@ def _nothing(run: Run, arm: str | None, why: str) -> WhatIfError:
                       f"{run.device_kind}): {why}")
 
 
-def replayable(run: Run | str | os.PathLike[str], *, arm: str | None = "candidate",
+def replayable(run: Run | str | os.PathLike[str], *, arm: str | None = CANDIDATE,
                warmup: bool = True) -> pd.DataFrame:
     """The normal decisions of `arm` (None: every arm) that carry a snapshot, in replay order.
 
@@ -185,7 +185,7 @@ def replayable(run: Run | str | os.PathLike[str], *, arm: str | None = "candidat
         normal = df[df["kind"] == "normal"].drop(columns=["run_arm", "profiled", "run_index",
                                                           "request"])
         normal_total += len(normal)
-        has = normal[list(SNAPSHOT)].notna().all(axis=1) & (normal["reason"] != "always-release")
+        has = normal[list(SNAPSHOT)].notna().all(axis=1) & (normal["reason"] != ALWAYS_RELEASE)
         for reason, n in normal.loc[~has, "reason"].fillna("unknown").value_counts().items():
             skipped[str(reason)] = skipped.get(str(reason), 0) + int(n)
         if has.any():
@@ -201,7 +201,7 @@ def replayable(run: Run | str | os.PathLike[str], *, arm: str | None = "candidat
                 why += (" A call whose telemetry could not be read saw no memory state (the bug"
                         " this suite reproduces: torch.accelerator on an NPU), so there is "
                         "nothing to re-evaluate.")
-            if "always-release" in skipped:
+            if ALWAYS_RELEASE in skipped:
                 why += " An always-release arm reads no telemetry at all."
             why += " Replay a candidate run whose telemetry worked."
         raise _nothing(run, arm, why)
@@ -317,7 +317,7 @@ def consistency(run: Run | str | os.PathLike[str], *, arm: str | None = None) ->
 def replay_run(run: Run | str | os.PathLike[str], *,
                cached: str | float | Sequence[float] = DEFAULT_CACHED,
                free: str | float | Sequence[float] = DEFAULT_FREE, policy: Policy = "bounded",
-               arm: str = "candidate", warmup: bool = True) -> pd.DataFrame:
+               arm: str = CANDIDATE, warmup: bool = True) -> pd.DataFrame:
     """Retained/released counts of the replayed decisions, one row per (setting, rank).
 
     A setting is (`max_cached_fraction` from `cached`, `min_free_fraction` from `free`); both

@@ -77,12 +77,26 @@ _CAPACITY = _count("capacity", MAX_CAPACITY_BYTES,
                    "1 PiB, about 5,000x the largest device memory today")
 _RANKS_HELP = f"at most {MAX_RANKS}: each rank is a process of about 230 MB"
 
+# Copies of two owners' names, kept here because importing the owners loads numpy and pandas
+# (the parser is built with argparse only); tests/test_architecture.py checks they agree.
+BUSY_CHOICES = ("default", "ascend", "msprof", "kineto", "all")  # traces.busy.DEFINITIONS
+WHATIF_POLICIES = ("bounded", "learned-budget")  # analysis.whatif.POLICIES, default first
+
+
+def _device_help(*extra: str) -> str:
+    """`--device`'s help: the device specs the registry (`residency.devices`) accepts."""
+    from residency.devices import SPECS
+
+    return "|".join((*SPECS, *extra))
+
 
 def _probe(p: argparse.ArgumentParser) -> None:
+    from residency.devicemodel import ACCELERATOR_PATCHES
+
     p.add_argument("--device", default="auto",
-                   help="auto|cpu|cuda|npu|emulated-npu (default: auto)")
+                   help=f"{_device_help('cpu')} (default: auto)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--accelerator-patch", choices=("none", "vllm-ascend"), default="none",
+    p.add_argument("--accelerator-patch", choices=ACCELERATOR_PATCHES, default="none",
                    help="vllm-ascend: first apply vllm-ascend's torch.accelerator redirection "
                    "(the emulated one on emulated-npu, the installed vllm_ascend's on npu, "
                    "with --inject-failure over the injected failure on cuda)")
@@ -119,8 +133,10 @@ def _scale(text: str) -> float | str:
 
 
 def _serve(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--arm", required=True, choices=["candidate", "baseline", "always-release"])
-    p.add_argument("--device", default="auto", help="auto|npu|cuda|emulated-npu")
+    from residency.policy.cache import ARMS
+
+    p.add_argument("--arm", required=True, choices=ARMS)
+    p.add_argument("--device", default="auto", help=_device_help())
     p.add_argument("--ranks", type=_RANKS, default=2, help=f"(default 2; {_RANKS_HELP})")
     p.add_argument("--port", type=_count("port", 65535, "a TCP port", low=0), default=0,
                    help="0 picks a free port")
@@ -149,6 +165,7 @@ def _serve(p: argparse.ArgumentParser) -> None:
 
 
 def _pair(p: argparse.ArgumentParser) -> None:
+    from residency.policy.cache import CANDIDATE, PAIRED_ARMS
     from residency.rundir.layout import DESIGNS
 
     p.add_argument("--design", choices=DESIGNS, default="profiled-pair",
@@ -170,9 +187,9 @@ def _pair(p: argparse.ArgumentParser) -> None:
                    help="paired-profile: add pairs until E2E is decided (difference or "
                    "equivalence) under a sequential rule fixed before the first pair "
                    "(README: Stop when decided), or --max-pairs is reached")
-    p.add_argument("--aa-arm", choices=("baseline", "candidate"), default="candidate",
+    p.add_argument("--aa-arm", choices=PAIRED_ARMS, default=CANDIDATE,
                    help="the arm of both slots of --design aa")
-    p.add_argument("--device", default="auto", help="auto|npu|cuda|emulated-npu")
+    p.add_argument("--device", default="auto", help=_device_help())
     p.add_argument("--ranks", type=_RANKS, default=2, help=f"(default 2; {_RANKS_HELP})")
     p.add_argument("--steps", type=_STEPS, default=50,
                    help=f"(default 50; at most {MAX_STEPS:,}, what the service accepts)")
@@ -202,7 +219,7 @@ def _idle(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window-marker", metavar="REGEX",
                    help="window = union of matching host ranges (default: busy-task span)")
     p.add_argument("--busy", metavar="DEF", default="default",
-                   choices=["default", "ascend", "msprof", "kineto", "all"],
+                   choices=BUSY_CHOICES,
                    help="which device tasks count as work: default (ascend for torch-npu: "
                    "compute, memory copies, communication; kineto: kernels, memcpy, memset), "
                    "msprof (compute + communication, as msprof-analyze), all")
@@ -278,20 +295,21 @@ def _verify(p: argparse.ArgumentParser) -> None:
 
 
 def _whatif(p: argparse.ArgumentParser) -> None:
+    from residency.policy.cache import CANDIDATE
+
     p.add_argument("run_dir", metavar="RUN_DIR", help="run directory")
     p.add_argument("--cached", default="0.05:0.5:0.05", metavar="START:STOP:STEP",
                    help="max_cached_fraction grid, inclusive (default: 0.05:0.5:0.05)")
     p.add_argument("--free", default="0.01:0.2:0.01", metavar="START:STOP:STEP",
                    help="min_free_fraction grid, inclusive (default: 0.01:0.2:0.01)")
-    p.add_argument("--policy", choices=("bounded", "learned-budget"), default="bounded")
-    p.add_argument("--arm", default="candidate", help="arm whose decisions are replayed")
+    p.add_argument("--policy", choices=WHATIF_POLICIES, default=WHATIF_POLICIES[0])
+    p.add_argument("--arm", default=CANDIDATE, help="arm whose decisions are replayed")
     p.add_argument("--format", choices=("md", "csv", "json"), default="md")
     _run_reading(p)
 
 
 def _selftest(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="auto", help="auto|npu|cuda|emulated-npu "
-                   "(default: auto)")
+    p.add_argument("--device", default="auto", help=f"{_device_help()} (default: auto)")
     p.add_argument("--ranks", type=_RANKS, default=None, metavar="N",
                    help=f"service ranks (default: all devices, at most 2; {_RANKS_HELP})")
     p.add_argument("--out", metavar="DIR", help="keep everything the steps write here "

@@ -15,6 +15,7 @@ from residency.analysis import stats
 from residency.evidence.model import PAIRED_ARMS, Attribution, Evidence, Scope
 from residency.evidence.runs import RunData, measured_requests, service_of
 from residency.jsonio import plain
+from residency.policy.cache import BASELINE, CANDIDATE
 from residency.rundir.run import Run, RunEntry
 
 TRACE_SOURCE = f"trace window marker {markers.PHASE_PREPARE}"
@@ -130,7 +131,7 @@ def _normal_call_per_rank(data: RunData) -> Attribution | None:
     if not all(by_rank.values()):
         return None
     vals = {a: [by_rank[a][r] for r in sorted(by_rank[a])] for a in PAIRED_ARMS}
-    b, c = vals["baseline"], vals["candidate"]
+    b, c = vals[BASELINE], vals[CANDIDATE]
     bm, cm = float(np.median(b)), float(np.median(c))
     if max(c) < min(b):
         order = "every candidate rank below every baseline rank"
@@ -154,7 +155,7 @@ def _normal_call_per_rank(data: RunData) -> Attribution | None:
                   "test)",
         scope=Scope(runs=(data.pair[0].name, data.pair[1].name), what=what), note=note,
         detail={"ranks": {a: sorted(by_rank[a]) for a in PAIRED_ARMS}, "medians": {
-            "baseline": bm, "candidate": cm}})
+            BASELINE: bm, CANDIDATE: cm}})
 
 
 @attributor("normal_call_per_run")
@@ -179,7 +180,7 @@ def _normal_call_per_run(data: RunData) -> Attribution | None:
         return None
     runs_of = per_run[profiled]
     vals = {a: [v for _, v, _, _ in runs_of[a]] for a in PAIRED_ARMS}
-    result = stats.compare_groups(vals["baseline"], vals["candidate"], unit="ms",
+    result = stats.compare_groups(vals[BASELINE], vals[CANDIDATE], unit="ms",
                                   replicate="run")
     word = "profiled" if profiled else "unprofiled"
     other = sum(len(per_run[not profiled][a]) for a in PAIRED_ARMS)
@@ -324,7 +325,7 @@ def _single(key: str, metric: str, unit: str, scale: float, b: float, c: float,
     runs = (pair[0].name, pair[1].name) if pair else ()
     return Attribution(
         key=key, metric=metric, kind="single", unit=unit,
-        values={"baseline": [result.baseline], "candidate": [result.candidate]},
+        values={BASELINE: [result.baseline], CANDIDATE: [result.candidate]},
         n={a: 1 for a in PAIRED_ARMS}, judged_on="single observation per arm", result=result,
         scope=Scope(runs=runs, what="profiled pair" if pair and pair[0].profiled else
                     "reference pair"),
@@ -337,8 +338,8 @@ def _idle_intersection(data: RunData) -> Attribution | None:
     if not all("marker_idle_intersection_ns" in (idle.get(a) or {}) for a in PAIRED_ARMS):
         return None
     return _single("idle_intersection", "normal-release markers ∩ all-rank no-device-task time",
-                   "ms", 1e6, idle["baseline"]["marker_idle_intersection_ns"],
-                   idle["candidate"]["marker_idle_intersection_ns"], data,
+                   "ms", 1e6, idle[BASELINE]["marker_idle_intersection_ns"],
+                   idle[CANDIDATE]["marker_idle_intersection_ns"], data,
                    "trace analysis of the profiled pair")
 
 
@@ -348,7 +349,7 @@ def _all_rank_idle(data: RunData) -> Attribution | None:
     if not all("all_rank_idle_ns" in (idle.get(a) or {}) for a in PAIRED_ARMS):
         return None
     return _single("all_rank_idle", "all-rank no-device-task time", "s", 1e9,
-                   idle["baseline"]["all_rank_idle_ns"], idle["candidate"]["all_rank_idle_ns"],
+                   idle[BASELINE]["all_rank_idle_ns"], idle[CANDIDATE]["all_rank_idle_ns"],
                    data, "trace analysis of the profiled pair")
 
 
@@ -366,8 +367,8 @@ def _preparation_window(data: RunData) -> Attribution | None:
                           default=None)
     if None in prep.values() or len(prep) < 2:
         return None
-    return _single("preparation_window", "preparation window", "s", 1e9, prep["baseline"],
-                   prep["candidate"], data, source)
+    return _single("preparation_window", "preparation window", "s", 1e9, prep[BASELINE],
+                   prep[CANDIDATE], data, source)
 
 
 def _e2e(data: RunData, entry: RunEntry) -> float | None:
@@ -449,7 +450,7 @@ def _e2e_aa(data: RunData) -> Attribution | None:
         note += (" Set up differently from this run (" + ", ".join(
             f"{k} {setup[0].get(k)} vs {setup[1].get(k)}" for k in differs)
             + "): read the comparison with care.")
-    ab = data.run.design != "aa" and data.entries("baseline", profiled=False)
+    ab = data.run.design != "aa" and data.entries(BASELINE, profiled=False)
     if ab:
         note += (" The unprofiled A/B E2E note compares its median delta with this spread.")
     return Attribution(
@@ -516,7 +517,7 @@ def _e2e_pairs(data: RunData, profiled: bool) -> Attribution | None:
     labels = [f"{p[0].name} / {p[1].name}" for p in pairs]
     return Attribution(
         key=key, metric=metric, kind="pairs", unit="s",
-        values={"baseline": [p[2] for p in pairs], "candidate": [p[3] for p in pairs]},
+        values={BASELINE: [p[2] for p in pairs], CANDIDATE: [p[3] for p in pairs]},
         n={a: len(pairs) for a in PAIRED_ARMS},
         labels={a: [f"{p[0].name} / {p[1].name}" for p in pairs] for a in PAIRED_ARMS},
         judged_on="pair (pair i: the i-th run of each arm; ABBA order)", result=result,
@@ -580,7 +581,7 @@ def _requests(data: RunData) -> Attribution | None:
     rows = []
     d = data.measured
     ranks = set(range(int((data.run.manifest.get("params") or {}).get("ranks") or 0)))
-    for entry in data.entries("candidate"):
+    for entry in data.entries(CANDIDATE):
         for number, req in enumerate(measured_requests(data.run, entry), 1):
             mine = d[(d["run"] == entry.name) & (d["request"] == number)]
             oom = {int(pr["rank"]): int(pr["oom"]) for pr in req["response"].get("per_rank")
@@ -607,8 +608,8 @@ def _requests(data: RunData) -> Attribution | None:
     total["oom"] = None if any(o is None for o in ooms) else sum(ooms)
     return Attribution(
         key="requests", metric="candidate calls per rank and measured request", kind="tally",
-        unit="calls", values={"candidate": [total[k] for k in total]},
-        labels={"candidate": list(total)}, n={"candidate": len(rows)},
+        unit="calls", values={CANDIDATE: [total[k] for k in total]},
+        labels={CANDIDATE: list(total)}, n={CANDIDATE: len(rows)},
         judged_on="rank x measured request (plain counts)",
         scope=Scope(runs=tuple(sorted({r["run"] for r in rows})), what="candidate runs"),
         note="Counts from the per-rank decision logs, each decision attributed to its "
@@ -627,14 +628,14 @@ def _request_gates(data: RunData) -> Attribution | None:
     (`residency.rundir.attribution.consecutive_gates`)."""
     from residency.rundir.attribution import consecutive_gates, expected_calls
 
-    entries = data.entries("candidate")
+    entries = data.entries(CANDIDATE)
     if not entries:
         return None
-    failures = consecutive_gates(data.run, arm="candidate")
+    failures = consecutive_gates(data.run, arm=CANDIDATE)
     return Attribution(
         key="request_gates", metric="consecutive-request gates of the candidate",
-        kind="gate", unit="gates", values={"candidate": [len(failures)]},
-        labels={"candidate": ["failed"]}, n={"candidate": len(entries)},
+        kind="gate", unit="gates", values={CANDIDATE: [len(failures)]},
+        labels={CANDIDATE: ["failed"]}, n={CANDIDATE: len(entries)},
         judged_on="rank x measured request (every one checked)",
         scope=Scope(runs=tuple(e.name for e in entries), what="candidate runs"),
         note=("Every rank wrote decisions; per rank and measured request the calls the "

@@ -26,6 +26,7 @@ from residency import devices
 from residency.evidence.attributions import build
 from residency.evidence.model import PAIRED_ARMS
 from residency.evidence.runs import load_decisions
+from residency.policy.cache import BASELINE, CANDIDATE
 from residency.rundir.run import Run
 
 GIB = 2**30
@@ -232,8 +233,8 @@ def published_column() -> DeviceColumn:
         normal_ms_per_gib={a: None for a in PAIRED_ARMS},
         forced_ms={a: None for a in PAIRED_ARMS},
         idle_intersection_ms={a: float(idle[a]) for a in PAIRED_ARMS},
-        e2e_baseline_s=float(e2e["baseline"]),
-        e2e_delta_s=float(e2e["candidate"]) - float(e2e["baseline"]),
+        e2e_baseline_s=float(e2e[BASELINE]),
+        e2e_delta_s=float(e2e[CANDIDATE]) - float(e2e[BASELINE]),
         e2e_scope="1 isolated (profiled) pair", published=True,
         decimals={"normal_ms": int(normal["decimals"]), "idle_intersection_ms":
                   int(idle["decimals"]), "e2e_delta_s": int(e2e["decimals"])},

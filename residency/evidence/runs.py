@@ -13,6 +13,7 @@ import pandas as pd
 
 from residency import markers
 from residency.evidence.model import PAIRED_ARMS
+from residency.policy.cache import BASELINE, CANDIDATE
 from residency.rundir.run import Run, RunEntry, load_decisions
 
 NORMAL_MARKER = re.escape(markers.RELEASE_NORMAL)  # regular expressions for the trace loader
@@ -46,7 +47,7 @@ def reference_pair(run: Run) -> tuple[RunEntry, RunEntry] | None:
         if not runs:
             return None
         first[arm] = next((r for r in runs if r.profiled), runs[0])
-    return first["baseline"], first["candidate"]
+    return first[BASELINE], first[CANDIDATE]
 
 
 def load_run_traces(run: Run, entry: RunEntry) -> Any:

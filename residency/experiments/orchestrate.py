@@ -33,7 +33,7 @@ else:  # Python 3.10: the backport the standard module came from (same API)
 from residency.devices import KINDS
 from residency.errors import BadInput, RunFailed
 from residency.jsonio import write_json_atomic
-from residency.policy.cache import PAIRED_ARMS
+from residency.policy.cache import BASELINE, CANDIDATE, PAIRED_ARMS
 from residency.processes import (
     PARENT_PID_ENV,
     SCRATCH_ENV,
@@ -647,7 +647,7 @@ def _collect_builtin_traces(run_dir: Path, request_id: str | None) -> None:
 
 # --- designs and the run directory ------------------------------------------------------------
 
-def plan(design: str, pairs: int = 1, *, aa_arm: str = "candidate"
+def plan(design: str, pairs: int = 1, *, aa_arm: str = CANDIDATE
          ) -> list[tuple[str, bool]]:
     """(arm, profiled) in run order.
 
@@ -657,7 +657,7 @@ def plan(design: str, pairs: int = 1, *, aa_arm: str = "candidate"
     `pairs` unprofiled pairs of `aa_arm` in both slots, slots in ABBA order (`aa_slots`).
     """
     if design == "consecutive":
-        return [("candidate", False)]
+        return [(CANDIDATE, False)]
     if design == "aa":
         if aa_arm not in PAIRED_ARMS:
             raise ValueError(f"The value for `aa_arm` must be one of {list(PAIRED_ARMS)}, but "
@@ -672,7 +672,7 @@ def plan(design: str, pairs: int = 1, *, aa_arm: str = "candidate"
                          f"{pairs!r} was passed.")
     order: list[tuple[str, bool]] = []
     if design in ("profiled-pair", "paired-profile"):
-        order += [("baseline", True), ("candidate", True)]
+        order += [(BASELINE, True), (CANDIDATE, True)]
     if design in ("alternating", "paired-profile"):
         for i in range(pairs):
             arms = PAIRED_ARMS if i % 2 == 0 else PAIRED_ARMS[::-1]
@@ -696,7 +696,7 @@ def _builtin_versions() -> dict[str, Any]:
 
 def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, steps: int = 50,
                seed: int = 2101, pairs: int = 1, requests: int = 1,
-               params: dict[str, Any] | None = None, aa_arm: str = "candidate",
+               params: dict[str, Any] | None = None, aa_arm: str = CANDIDATE,
                progress: bool | Callable[[Iterator[Any]], Iterator[Any]] = True,
                sequential: Any = None, on_start: Callable[[], None] | None = None,
                require_exclusive: bool = False,
@@ -860,7 +860,7 @@ def run_pair(design: str = "profiled-pair", *, out: str | os.PathLike[str], devi
              scale: float | str = 1.0, capacity_bytes: int | None = None,
              resident_mib: float = 1024,
              service_file: str | os.PathLike[str] | None = None, progress: bool = True,
-             emulator: Any = None, aa_arm: str = "candidate", fill: float | None = None,
+             emulator: Any = None, aa_arm: str = CANDIDATE, fill: float | None = None,
              inject_failure: str = "none", sequential: Any = None,
              on_start: Callable[[], None] | None = None,
              require_exclusive: bool = False) -> Path:

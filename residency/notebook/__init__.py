@@ -13,6 +13,7 @@ fresh runs start their services as subprocesses.
 from __future__ import annotations
 
 from residency.evidence import PAIRED_ARMS
+from residency.humanize import markdown_table_in_full
 from residency.notebook.api import (
     api_from_run,
     api_reproduction,
@@ -37,7 +38,6 @@ from residency.notebook.outputs import (
     describe_run,
     describe_service,
     finish,
-    markdown_table,
     prepare_output_dir,
     save_figure,
     statistical_note,
@@ -90,7 +90,7 @@ __all__ = [
     "e2e_frame",
     "evidence_tables", "finish", "first_screen", "first_screen_notes", "fractions",
     "gate_failures", "headline", "idle_frame",
-    "markdown_table", "normal_call_frame", "note", "notes", "open_source", "paired_profile",
+    "markdown_table_in_full", "normal_call_frame", "note", "notes", "open_source", "paired_profile",
     "paired_results", "per_run_frame", "plan_markdown", "plan_to_terminal", "plot_fractions",
     "plot_idle",
     "plot_normal_calls", "policy_whatif", "prepare_output_dir", "probe", "probe_table",

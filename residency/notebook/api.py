@@ -17,6 +17,7 @@ from residency import devices
 from residency.evidence import load_decisions
 from residency.humanize import md_code, md_text
 from residency.notebook.params import check_accelerator_patch, check_device
+from residency.policy.cache import BASELINE, CANDIDATE
 from residency.rundir.run import Run, load_run
 
 __all__ = ["api_from_run", "api_reproduction", "api_results",
@@ -174,17 +175,17 @@ def api_from_run(run: Run) -> dict[str, Any]:
     `bug_present`, `verdict`, ...)."""
     d = load_decisions(run)
     d = d[~d["warmup"].astype(bool)]
-    dec = {a: d[d["run_arm"] == a] for a in ("baseline", "candidate")}
-    generic = _recorded_outcomes(dec["baseline"])
+    dec = {a: d[d["run_arm"] == a] for a in (BASELINE, CANDIDATE)}
+    generic = _recorded_outcomes(dec[BASELINE])
     kind = devices.REGISTRY.get(run.device_kind)
     if kind is not None and kind.torch_type == "npu":  # the candidate reads the module
-        registered = _recorded_outcomes(dec["candidate"])
+        registered = _recorded_outcomes(dec[CANDIDATE])
     else:
         registered = {q: {"ok": None, "error_type": None,
                           "error": f"not observed: on {run.device_kind} both arms read the "
                           "generic telemetry"} for q in ("allocated", "reserved")}
     bug, verdict = _recorded_verdict(generic, registered)
-    arms = {a: _recorded_arm(dec[a], "registered" if a == "candidate" and kind is not None and
+    arms = {a: _recorded_arm(dec[a], "registered" if a == CANDIDATE and kind is not None and
                              kind.torch_type == "npu" else "generic") for a in dec
             if len(dec[a])}
     v = run.manifest.get("versions") or {}

@@ -12,6 +12,7 @@ import pandas as pd
 from residency import evidence
 from residency.analysis import stats
 from residency.evidence import REQUEST_COLUMNS, Evidence
+from residency.policy.cache import CANDIDATE
 from residency.rundir.run import Run
 
 __all__ = ["check_gates", "consecutive_notes", "consecutive_summary", "consecutive_table",
@@ -35,7 +36,7 @@ def consecutive_table(run: Run | Evidence) -> pd.DataFrame:
     rows = [] if a is None else [dict(r) for r in a.detail["rows"]]
     df = pd.DataFrame(rows, columns=REQUEST_COLUMNS)
     df["oom"] = df["oom"].astype(object).where(df["oom"].notna(), None)
-    df.attrs.update(device_kind=ev.device_kind, arm="candidate")
+    df.attrs.update(device_kind=ev.device_kind, arm=CANDIDATE)
     return df
 
 
@@ -83,7 +84,7 @@ def consecutive_notes(summary: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def gate_failures(run: Run | Evidence, *, arm: str = "candidate") -> list[str]:
+def gate_failures(run: Run | Evidence, *, arm: str = CANDIDATE) -> list[str]:
     """One sentence per failed gate (empty when all pass): `arm` has no normal decision;
     the consecutive-request gates from the attribution of decisions to requests (by time,
     for any service: a rank without decisions and its likely cause, the normal and forced
@@ -98,7 +99,7 @@ def gate_failures(run: Run | Evidence, *, arm: str = "candidate") -> list[str]:
         failures.append(f"The {arm} arm recorded no normal policy decision, so nothing was "
                         "checked.")
     requests = ev.get("request_gates")
-    if arm == "candidate" and requests is not None:
+    if arm == CANDIDATE and requests is not None:
         failures += list(requests.detail["failures"])
     gate = ev.get("replay_gate")
     mismatches = list(gate.detail["mismatches"]) if gate is not None else []
@@ -128,7 +129,7 @@ FRACTION_COLUMNS = ["run", "rank", "request", "request_id", "cached_fraction", "
                     "outcome", "reason", "max_cached_fraction", "min_free_fraction"]
 
 
-def fractions(run: Run, *, arm: str = "candidate") -> pd.DataFrame:
+def fractions(run: Run, *, arm: str = CANDIDATE) -> pd.DataFrame:
     """Per normal decision of `arm`'s measured requests with a snapshot: cached fraction
     (max(0, reserved - allocated) / total), free fraction (free / total), outcome, reason,
     its bounds, rank and measured request number."""

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 RESULTS_FILE = "results.json"
 
 __all__ = ["RESULTS_FILE", "describe_run", "finish",
-           "markdown_table", "prepare_output_dir", "save_figure", "statistical_note",
+           "prepare_output_dir", "save_figure", "statistical_note",
            "write_results", "write_tables"]
 
 
@@ -104,15 +104,6 @@ def write_tables(output_dir: str | os.PathLike[str], tables: Mapping[str, pd.Dat
             humanize.write_csv(table, csv)
         paths += [md, csv]
     return paths
-
-
-def markdown_table(df: pd.DataFrame) -> str:
-    """`df` as a Markdown table with every cell in full (a named index becomes columns)."""
-    from residency.humanize import write_markdown_table as md
-
-    if any(n is not None for n in df.index.names):
-        df = df.reset_index()
-    return md([str(c) for c in df.columns], list(df.itertuples(index=False)))
 
 
 def save_figure(fig: Figure, output_dir: str | os.PathLike[str], name: str) -> Path:

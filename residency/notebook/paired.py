@@ -13,6 +13,7 @@ from residency import evidence
 from residency.evidence import PAIRED_ARMS, Evidence
 from residency.humanize import md_text, sig
 from residency.notebook.outputs import statistical_note
+from residency.policy.cache import BASELINE, CANDIDATE
 from residency.rundir.run import Run
 
 ATTRIBUTIONS = {  # evidence key -> words (also the consecutive notebook's count notes)
@@ -141,11 +142,11 @@ def release_reason(ev: Evidence) -> str:
     bug), some did, or none did (the generic query answers on this device, so both arms
     decide by the bounds)."""
     errors, released = ev.get("telemetry_errors"), ev.get("normal_released")
-    if errors is None or released is None or not released.n.get("baseline"):
+    if errors is None or released is None or not released.n.get(BASELINE):
         return "This run recorded no baseline normal calls to explain."
-    k_err, k_rel = int(errors.values["baseline"][0]), int(released.values["baseline"][0])
-    n = int(released.n["baseline"])
-    c_err = int(errors.values["candidate"][0]) if errors.n.get("candidate") else 0
+    k_err, k_rel = int(errors.values[BASELINE][0]), int(released.values[BASELINE][0])
+    n = int(released.n[BASELINE])
+    c_err = int(errors.values[CANDIDATE][0]) if errors.n.get(CANDIDATE) else 0
     if k_err == 0:
         return (f"Here the baseline's generic telemetry answered on every normal call (0 of {n} "
                 f"failed reads; {k_rel} of {n} released by the bounds): on {ev.device_kind} "
@@ -163,7 +164,7 @@ def normal_call_frame(ev: Evidence) -> pd.DataFrame:
     values = {arm: dict(zip(ranks[arm], a.values[arm], strict=True)) if a else {}
               for arm in PAIRED_ARMS}
     rows = [{"rank": r, **{f"{arm} (ms)": values[arm].get(r) for arm in PAIRED_ARMS}}
-            for r in sorted(set(ranks["baseline"]) | set(ranks["candidate"]))]
+            for r in sorted(set(ranks[BASELINE]) | set(ranks[CANDIDATE]))]
     df = pd.DataFrame(rows, columns=["rank", "baseline (ms)", "candidate (ms)"])
     with np.errstate(divide="ignore", invalid="ignore"):
         df["baseline / candidate"] = (df["baseline (ms)"].astype(float)
@@ -219,7 +220,7 @@ def e2e_frame(ev: Evidence) -> pd.DataFrame:
         a = ev.get(key)
         if a is None:
             continue
-        values = list(zip(a.values["baseline"], a.values["candidate"], strict=True))
+        values = list(zip(a.values[BASELINE], a.values[CANDIDATE], strict=True))
         names = pair_names(len(values), 0)[0] if key == "e2e_profiled" else \
             pair_names(0, len(values))[1]
         for name, (b, c) in zip(names, values, strict=True):
@@ -254,7 +255,7 @@ def paired_results(ev: Evidence, *, manifest: Any = None, **extra: Any) -> dict[
     rank = ev.get("normal_call_per_rank")
     per_run = ev.get("normal_call_per_run")
     unprofiled = _e2e_lists(ev, "e2e_unprofiled")
-    source = "unprofiled" if unprofiled["baseline"] else "profiled"
+    source = "unprofiled" if unprofiled[BASELINE] else "profiled"
     prep = ev.get("preparation_window")
     return {
         "device_kind": ev.device_kind, "device_label": ev.label,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import sys
 import threading
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from residency.humanize import duration_text
+from residency.policy.cache import last_request_id
 from residency.rundir import layout
 
 INTERVAL_S = 20.0  # at most this long between two terminal lines
@@ -75,20 +75,7 @@ def _last_request(run_dir: Path | None, index: int, arm: str) -> str | None:
     file (None before its first policy call)."""
     if run_dir is None:
         return None
-    path = run_dir / layout.run_dir(index, arm) / layout.decisions_file(0)
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 4096))
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    for raw in reversed(lines):
-        with contextlib.suppress(ValueError):
-            rid = json.loads(raw).get("request_id")
-            if rid:
-                return str(rid)
-    return None
+    return last_request_id(run_dir / layout.run_dir(index, arm) / layout.decisions_file(0))
 
 
 class RunProgress:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -27,8 +28,12 @@ Reason = Literal[
     "within-bounds", "cached-bound", "free-bound", "telemetry-unavailable", "forced",
     "always-release",
 ]
-ARMS = ("candidate", "baseline", "always-release")  # every arm of the policy
-PAIRED_ARMS = ("baseline", "candidate")  # the two arms a paired run compares, in run order
+# The arms: this module owns their names; every other module uses these constants.
+CANDIDATE = "candidate"  # the fix: the device's own telemetry bounds what stays cached
+BASELINE = "baseline"  # pre-fix: generic telemetry on every device
+ALWAYS_RELEASE = "always-release"  # pre-retention: release on every call (also its reason)
+ARMS = (CANDIDATE, BASELINE, ALWAYS_RELEASE)  # every arm of the policy
+PAIRED_ARMS = (BASELINE, CANDIDATE)  # the two arms a paired run compares, in run order
 DEFAULT_MAX_CACHED_FRACTION = 0.25  # cached-but-unallocated at most this share of capacity
 DEFAULT_MIN_FREE_FRACTION = 0.05  # physically free at least this share of capacity
 
@@ -102,6 +107,32 @@ DECISIONS_GLOB = "decisions-rank*.jsonl"  # every rank's decisions file in a fol
 def decisions_file(rank: int) -> str:
     """The name of rank `rank`'s decisions JSONL file: `decisions-rank<rank>.jsonl`."""
     return f"decisions-rank{rank}.jsonl"
+
+
+def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The records of one decisions file as `JsonlRecorder` wrote them, in order (blank lines
+    skipped; no validation: `residency.rundir.run` checks a run's files against the schema)."""
+    text = Path(path).read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def last_request_id(path: str | os.PathLike[str], *, tail_bytes: int = 4096) -> str | None:
+    """The request of the last record that names one, read from the last `tail_bytes` of a
+    decisions file still being written (None when there is none yet or it cannot be read;
+    a partly written last line is skipped)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - tail_bytes))
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for raw in reversed(lines):
+        with contextlib.suppress(ValueError):
+            rid = json.loads(raw).get("request_id")
+            if rid:
+                return str(rid)
+    return None
 
 
 class JsonlRecorder:
@@ -249,7 +280,7 @@ class BoundedAllocatorCache:
             if force:
                 reason: Reason = "forced"
             elif self.always_release:
-                reason = "always-release"
+                reason = ALWAYS_RELEASE
             else:
                 try:
                     snapshot = self.telemetry.snapshot(self.device)
@@ -281,18 +312,20 @@ class BoundedAllocatorCache:
 def policy_for(arm: str, device: Any, **kw: Any) -> BoundedAllocatorCache:
     """The policy of an arm: `candidate` (the fix), `baseline` (pre-fix generic telemetry on
     every device) or `always-release` (pre-retention: release on every call)."""
-    if arm == "candidate":
+    if arm == CANDIDATE:
         return BoundedAllocatorCache(device, arm=arm, **kw)
-    if arm == "baseline":
+    if arm == BASELINE:
         kw.setdefault("telemetry", GenericTelemetry())
         return BoundedAllocatorCache(device, arm=arm, **kw)
-    if arm == "always-release":
+    if arm == ALWAYS_RELEASE:
         return BoundedAllocatorCache(device, arm=arm, always_release=True, **kw)
     raise ValueError(f"The value for `arm` must be one of {list(ARMS)}, but {arm!r} was passed.")
 
 
 __all__ = [
-    "ARMS", "DECISIONS_GLOB", "DEFAULT_MAX_CACHED_FRACTION", "DEFAULT_MIN_FREE_FRACTION",
-    "PAIRED_ARMS", "BoundedAllocatorCache", "Decision", "JsonlRecorder", "ListRecorder",
-    "crossed_bounds", "decisions_file", "limit_bytes", "policy_for", "retains",
+    "ALWAYS_RELEASE", "ARMS", "BASELINE", "CANDIDATE", "DECISIONS_GLOB",
+    "DEFAULT_MAX_CACHED_FRACTION", "DEFAULT_MIN_FREE_FRACTION", "PAIRED_ARMS",
+    "BoundedAllocatorCache", "Decision", "JsonlRecorder", "ListRecorder",
+    "crossed_bounds", "decisions_file", "last_request_id", "limit_bytes", "policy_for",
+    "read_records", "retains",
 ]

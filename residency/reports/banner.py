@@ -18,8 +18,6 @@ from residency.humanize import duration_text
 
 BANNER_CLASS = "residency-banner"
 BANNER_METADATA = "residency-banner"  # key in a display output's metadata
-_STYLE = {  # border colour per device kind: the emulated NPU is never mistaken for an NPU
-    "emulated-npu": "#b45309", "npu": "#1d4ed8", "cuda": "#15803d"}
 
 __all__ = ["BANNER_CLASS", "BANNER_METADATA", "banner_html", "banner_line", "banner_markdown",
            "device_heading", "display_banner", "elapsed_s", "live_manifest",
@@ -116,8 +114,11 @@ def banner_markdown(manifest: Mapping[str, Any], *, title: str | None = None) ->
 def banner_html(manifest: Mapping[str, Any], *, title: str | None = None) -> str:
     """The banner as an HTML block: the device heading first (bold, coloured border per
     kind), then the provenance block in small type."""
+    from residency import devices
+
     kind = str(manifest.get("device_kind") or "")
-    colour = _STYLE.get(kind, "#4b5563")
+    colour = (devices.REGISTRY[kind].banner_colour if kind in devices.REGISTRY
+              else devices.DeviceKind.banner_colour)  # an unknown kind: the default grey
     head = html.escape(_heading(manifest))
     if title:
         head += f" — {html.escape(title)}"

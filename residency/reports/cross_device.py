@@ -21,7 +21,7 @@ from residency.analysis import stats
 from residency.evidence.crossdevice import GIB, DeviceColumn, Spread
 from residency.humanize import MISSING
 from residency.jsonio import plain
-from residency.policy.cache import PAIRED_ARMS
+from residency.policy.cache import BASELINE, CANDIDATE, PAIRED_ARMS
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -59,7 +59,7 @@ def _spread(col: DeviceColumn, key: str, s: Spread | None) -> str:
 
 
 def _arms(col: DeviceColumn, key: str, cells: Mapping[str, str]) -> str:
-    b, c = cells["baseline"], cells["candidate"]
+    b, c = cells[BASELINE], cells[CANDIDATE]
     if b == c == _why(col, key):
         return b
     return f"{b} → {c}"
@@ -106,8 +106,8 @@ def _cells(col: DeviceColumn) -> list[str]:
         _arms(col, "forced_ms", {a: _spread(col, "forced_ms", col.forced_ms[a])
                                  for a in PAIRED_ARMS}),
         (_why(col, "idle_intersection_ms") if idle is None else
-         f"{_num(col, 'idle_intersection_ms', idle['baseline'])} ms → "
-         f"{_num(col, 'idle_intersection_ms', idle['candidate'])} ms"),
+         f"{_num(col, 'idle_intersection_ms', idle[BASELINE])} ms → "
+         f"{_num(col, 'idle_intersection_ms', idle[CANDIDATE])} ms"),
         _e2e(col)]
 
 

@@ -13,7 +13,12 @@ import pandas as pd
 from residency import devices
 from residency.evidence import PAIRED_ARMS, Evidence
 from residency.humanize import count_text, sig
-from residency.policy.cache import DEFAULT_MAX_CACHED_FRACTION, DEFAULT_MIN_FREE_FRACTION
+from residency.policy.cache import (
+    BASELINE,
+    CANDIDATE,
+    DEFAULT_MAX_CACHED_FRACTION,
+    DEFAULT_MIN_FREE_FRACTION,
+)
 from residency.reports.figure_text import plain_text
 
 if TYPE_CHECKING:
@@ -89,7 +94,7 @@ def plot_normal_calls(ev: Evidence) -> Figure:
     att = ev.get("normal_call_per_rank")
     by_rank = {a: dict(zip(att.detail["ranks"][a], att.values[a], strict=True)) if att else {}
                for a in PAIRED_ARMS}
-    ranks = sorted(set(by_rank["baseline"]) | set(by_rank["candidate"]))
+    ranks = sorted(set(by_rank[BASELINE]) | set(by_rank[CANDIDATE]))
     x = np.arange(len(ranks))
     for i, a in enumerate(PAIRED_ARMS):
         vals = [by_rank[a].get(r, np.nan) for r in ranks]

@@ -36,6 +36,8 @@ from residency.humanize import (
     sig,
 )
 from residency.policy.cache import (
+    BASELINE,
+    CANDIDATE,
     DEFAULT_MAX_CACHED_FRACTION,
     DEFAULT_MIN_FREE_FRACTION,
     PAIRED_ARMS,
@@ -49,7 +51,7 @@ if TYPE_CHECKING:
 
     from residency.analysis.timeline import ArmTimeline
 
-ARM_COLOURS = {"baseline": "tab:blue", "candidate": "tab:orange"}
+ARM_COLOURS = {BASELINE: "tab:blue", CANDIDATE: "tab:orange"}
 BUSY = "#4c72b0"
 IDLE = "#f4a259"
 RELEASE = {"normal": "#c0392b", "forced": "#7d3c98"}
@@ -409,7 +411,7 @@ def memory_timeline_figure(memory: Mapping[str, pd.DataFrame],
 
 # ----------------------------------------------------------------------------- E2E
 def _pairs(lists: Mapping[str, Sequence[float]]) -> list[tuple[float, float]]:
-    b, c = list(lists.get("baseline") or []), list(lists.get("candidate") or [])
+    b, c = list(lists.get(BASELINE) or []), list(lists.get(CANDIDATE) or [])
     return [(float(x), float(y)) for x, y in zip(b, c, strict=False)]
 
 

@@ -29,6 +29,7 @@ from residency.humanize import (
     signed,
     span_text,
 )
+from residency.policy.cache import BASELINE, CANDIDATE
 from residency.reports.tables import published_percent
 
 __all__ = ["FULL_STACK", "QUANTITIES", "Quantity", "side_by_side"]
@@ -98,12 +99,12 @@ def _run_cells(ev: Evidence, key: str) -> tuple[str, str, str] | None:
         return None
     e2e_prof = _run_e2e(ev, True) or _run_e2e(ev, False)
     if key == "normal_call_per_rank":
-        b, c = a.values["baseline"], a.values["candidate"]
+        b, c = a.values[BASELINE], a.values[CANDIDATE]
         med = a.detail["medians"]
         rel = (f"baseline per call {sig(100 * min(b) / 1e3 / e2e_prof)}–"
                f"{sig(100 * max(b) / 1e3 / e2e_prof)} % of E2E" if e2e_prof else MISSING)
         return (f"{span_text(min(b), max(b), 'ms')} → {span_text(min(c), max(c), 'ms')}",
-                f"{_ratio(med['baseline'], med['candidate'])} (medians over ranks)", rel)
+                f"{_ratio(med[BASELINE], med[CANDIDATE])} (medians over ranks)", rel)
     if key == "normal_call_per_run":
         r = a.result
         e2e = _run_e2e(ev, False) or e2e_prof
@@ -113,13 +114,13 @@ def _run_cells(ev: Evidence, key: str) -> tuple[str, str, str] | None:
                 f"({r.n[0]} vs {r.n[1]} runs)", _ratio(r.baseline_median, r.candidate_median),
                 rel)
     if a.kind == "counts":
-        k = {arm: int(a.values[arm][0]) for arm in ("baseline", "candidate")}
+        k = {arm: int(a.values[arm][0]) for arm in (BASELINE, CANDIDATE)}
         n = dict(a.n)
         if not all(n.values()):
-            return f"{k['baseline']}/{n['baseline']} → {k['candidate']}/{n['candidate']}", \
+            return f"{k[BASELINE]}/{n[BASELINE]} → {k[CANDIDATE]}/{n[CANDIDATE]}", \
                 MISSING, MISSING
-        pp = 100 * (k["candidate"] / n["candidate"] - k["baseline"] / n["baseline"])
-        return (f"{k['baseline']}/{n['baseline']} → {k['candidate']}/{n['candidate']}",
+        pp = 100 * (k[CANDIDATE] / n[CANDIDATE] - k[BASELINE] / n[BASELINE])
+        return (f"{k[BASELINE]}/{n[BASELINE]} → {k[CANDIDATE]}/{n[CANDIDATE]}",
                 "unchanged" if pp == 0 else f"{'+' if pp > 0 else ''}{sig(pp)} pp", MISSING)
     if a.kind == "single":
         r = a.result
@@ -143,7 +144,7 @@ def _fixed(x: float, decimals: int) -> str:
 
 
 def _published_cells(row: Mapping[str, Any], e2e_s: float | None) -> tuple[str, str, str]:
-    b, c, unit, d = row["baseline"], row["candidate"], row.get("unit", ""), row["decimals"]
+    b, c, unit, d = row[BASELINE], row[CANDIDATE], row.get("unit", ""), row["decimals"]
     kind = row["kind"]
     if kind == "range":
         rel = (f"baseline per call {sig(100 * b[0] / 1e3 / e2e_s)}–"
@@ -221,7 +222,7 @@ def side_by_side(run: Evidence | pd.DataFrame, published: Any = None, *,
             continue
         e2e = (full_e2e if q.full_stack else iso_e2e) or {}
         if theirs is not None:
-            pcells = _published_cells(theirs, e2e.get("baseline"))
+            pcells = _published_cells(theirs, e2e.get(BASELINE))
         elif q.run in ("e2e_unprofiled", "all_rank_idle", "preparation_window"):
             pcells = (f"{MISSING} (published for the full stack only: marked below)",
                       MISSING, MISSING)

@@ -26,13 +26,14 @@ from residency import devices, humanize
 from residency.analysis import stats
 from residency.evidence import PAIRED_ARMS, Attribution, Evidence
 from residency.humanize import md_code, md_text
+from residency.policy.cache import BASELINE, CANDIDATE
 from residency.rundir import hostload, neighbours
 
 TRANSFER_FACTOR = 10.0
 """Emulated and published shares of E2E further apart than this factor: the emulated E2E
 effect does not transfer to the NPU, and the first screen says so."""
 PUBLISHED_NAME = "h3_ref2va_910b1.json"
-COLUMNS = ("attribution", "baseline", "candidate", "change", "n (unit of analysis)", "verdict")
+COLUMNS = ("attribution", BASELINE, CANDIDATE, "change", "n (unit of analysis)", "verdict")
 
 __all__ = ["COLUMNS", "TRANSFER_FACTOR", "Row", "Share", "Summary", "first_screen_markdown",
            "notes_markdown", "pr_markdown", "published_figures", "summarize"]
@@ -130,7 +131,7 @@ def _normal_call_row(ev: Evidence) -> Row | None:
         r = runs.result
         word = runs.detail.get("runs_kind", "")
         b, c = r.baseline_median, r.candidate_median
-        vb, vc = runs.values["baseline"], runs.values["candidate"]
+        vb, vc = runs.values[BASELINE], runs.values[CANDIDATE]
         direction = "faster" if c < b else "slower"
         sep = max(vc) < min(vb) or max(vb) < min(vc)
         floor = 2 / math.comb(sum(r.n), r.n[0])
@@ -146,10 +147,10 @@ def _normal_call_row(ev: Evidence) -> Row | None:
                 f"{r.test}, p = {_p(r.p_value)}. The {other} runs are not pooled with these; "
                 "the profiled pair is described per rank in its own section.")
         return Row("normal_call", "normal-call duration, per call",
-                   f"{_q(b, 'ms')} (runs {_q(min(runs.values['baseline']))}–"
-                   f"{_q(max(runs.values['baseline']), 'ms')})",
-                   f"{_q(c, 'ms')} (runs {_q(min(runs.values['candidate']))}–"
-                   f"{_q(max(runs.values['candidate']), 'ms')})",
+                   f"{_q(b, 'ms')} (runs {_q(min(runs.values[BASELINE]))}–"
+                   f"{_q(max(runs.values[BASELINE]), 'ms')})",
+                   f"{_q(c, 'ms')} (runs {_q(min(runs.values[CANDIDATE]))}–"
+                   f"{_q(max(runs.values[CANDIDATE]), 'ms')})",
                    f"{_q(c - b, 'ms', sign=True)} ({_ratio_words(b, c)})",
                    f"{r.n[0]} vs {r.n[1]} {word} runs (a run's median per call)",
                    verdict, note)
@@ -157,14 +158,14 @@ def _normal_call_row(ev: Evidence) -> Row | None:
     if ranks is None:
         return None
     med = ranks.detail["medians"]
-    b, c = med["baseline"], med["candidate"]
-    vb, vc = ranks.values["baseline"], ranks.values["candidate"]
+    b, c = med[BASELINE], med[CANDIDATE]
+    vb, vc = ranks.values[BASELINE], ranks.values[CANDIDATE]
     every = max(vc) < min(vb)
     return Row("normal_call", "normal-call duration, per call",
                f"{_q(b, 'ms')} (ranks {_q(min(vb))}–{_q(max(vb), 'ms')})",
                f"{_q(c, 'ms')} (ranks {_q(min(vc))}–{_q(max(vc), 'ms')})",
                f"{_q(c - b, 'ms', sign=True)} ({_ratio_words(b, c)})",
-               f"{ranks.n['baseline']} vs {ranks.n['candidate']} ranks of one run pair",
+               f"{ranks.n[BASELINE]} vs {ranks.n[CANDIDATE]} ranks of one run pair",
                ("every candidate rank faster" if every else
                 "ranks overlap" if not max(vb) < min(vc) else "every candidate rank slower")
                + "; a description, no test",
@@ -177,22 +178,22 @@ def _count_row(a: Attribution | None, key: str, name: str) -> Row | None:
         return None
     k = {arm: int(a.values[arm][0]) for arm in PAIRED_ARMS}
     n = {arm: int(a.n[arm]) for arm in PAIRED_ARMS}
-    pp = 100 * (k["candidate"] / n["candidate"] - k["baseline"] / n["baseline"])
-    if k["baseline"] == n["baseline"] and k["candidate"] == 0:
+    pp = 100 * (k[CANDIDATE] / n[CANDIDATE] - k[BASELINE] / n[BASELINE])
+    if k[BASELINE] == n[BASELINE] and k[CANDIDATE] == 0:
         verdict = "baseline released every call, candidate none"
-    elif k["baseline"] == n["baseline"] and k["candidate"] == n["candidate"]:
+    elif k[BASELINE] == n[BASELINE] and k[CANDIDATE] == n[CANDIDATE]:
         verdict = "every call released in both arms"
     else:
-        verdict = f"{k['baseline']} of {n['baseline']} vs {k['candidate']} of {n['candidate']}"
+        verdict = f"{k[BASELINE]} of {n[BASELINE]} vs {k[CANDIDATE]} of {n[CANDIDATE]}"
     ci = ", ".join(f"{arm} {humanize.percent_span(*p.ci)}"
                    for arm, p in (a.result or {}).items())
     note = (f"Calls of all measured requests (warm-ups excluded), clustered in runs and ranks, "
             f"with Clopper-Pearson 95 % intervals {ci}. A deterministic rule on each call's "
             "memory state: this many of these calls, not a rate for other runs.")
-    change = "unchanged" if pp == 0 and k["baseline"] * n["candidate"] == \
-        k["candidate"] * n["baseline"] else f"{humanize.signed(pp)} pp"
-    return Row(key, name, f"{k['baseline']}/{n['baseline']}", f"{k['candidate']}/{n['candidate']}",
-               change, f"{n['baseline']} vs {n['candidate']} calls", verdict, note)
+    change = "unchanged" if pp == 0 and k[BASELINE] * n[CANDIDATE] == \
+        k[CANDIDATE] * n[BASELINE] else f"{humanize.signed(pp)} pp"
+    return Row(key, name, f"{k[BASELINE]}/{n[BASELINE]}", f"{k[CANDIDATE]}/{n[CANDIDATE]}",
+               change, f"{n[BASELINE]} vs {n[CANDIDATE]} calls", verdict, note)
 
 
 def _telemetry_row(ev: Evidence) -> Row | None:
@@ -206,20 +207,20 @@ def _telemetry_row(ev: Evidence) -> Row | None:
     n = ({arm: int(normal.n[arm]) for arm in PAIRED_ARMS} if normal is not None
          else {arm: int(a.n[arm]) for arm in PAIRED_ARMS})
     what = "normal calls" if normal is not None else "calls"
-    if k["baseline"] and not k["candidate"]:
+    if k[BASELINE] and not k[CANDIDATE]:
         verdict = "the baseline's telemetry read failed, the candidate's never"
-    elif not k["baseline"] and not k["candidate"]:
+    elif not k[BASELINE] and not k[CANDIDATE]:
         verdict = "no telemetry error in either arm"
     else:
-        verdict = f"{k['baseline']} vs {k['candidate']} failed reads"
+        verdict = f"{k[BASELINE]} vs {k[CANDIDATE]} failed reads"
     first = {arm: e for arm, e in (a.detail.get("first_error") or {}).items() if e}
     note = ("Policy calls whose telemetry read raised, over all measured requests (warm-ups "
             "excluded); each such normal call releases (the conservative path)."
             + "".join(f" First {arm} error: {e}." for arm, e in first.items()))
     return Row("telemetry_errors", "telemetry errors (a failed read releases)",
-               f"{k['baseline']}/{n['baseline']} {what}", f"{k['candidate']}/{n['candidate']} "
-               f"{what}", f"{humanize.signed(k['candidate'] - k['baseline'])} errors",
-               f"{n['baseline']} vs {n['candidate']} {what}", verdict, note)
+               f"{k[BASELINE]}/{n[BASELINE]} {what}", f"{k[CANDIDATE]}/{n[CANDIDATE]} "
+               f"{what}", f"{humanize.signed(k[CANDIDATE] - k[BASELINE])} errors",
+               f"{n[BASELINE]} vs {n[CANDIDATE]} {what}", verdict, note)
 
 
 def _single_row(a: Attribution | None, key: str, name: str) -> Row | None:
@@ -307,7 +308,7 @@ def _e2e_note(a: Attribution) -> str:
                      f"baseline median {_q(d['baseline_median_s'], 's')}): "
                      f"{d['equivalence']}.")
     rev, out = d.get("reversed_pairs") or (), d.get("outlier_pairs") or ()
-    deltas = dict(zip(a.labels.get("baseline", ()), d.get("deltas_s") or (), strict=False))
+    deltas = dict(zip(a.labels.get(BASELINE, ()), d.get("deltas_s") or (), strict=False))
     if r.n > 1:
         parts.append("Reversed pairs: " + (", ".join(f"{p} ({_q(deltas.get(p), 's', sign=True)})"
                                                     for p in rev) or "none") + "; outliers: "
@@ -335,14 +336,14 @@ def _shares(ev: Evidence) -> tuple[Share, ...]:
     if idle is not None and pub and pub_e2e:
         out.append(Share("normal releases' idle cost (markers ∩ all-rank idle)",
                          idle.result.baseline / 1e3 / base_e2e,
-                         float(pub["baseline"]) / 1e3 / float(pub_e2e["baseline"]),
+                         float(pub[BASELINE]) / 1e3 / float(pub_e2e[BASELINE]),
                          "isolated pair"))
     whole = ev.get("all_rank_idle")
     pub = _published("full stack, profiled pair, all-rank")
     pub_e2e = _published("full stack, 3 alternating")
     if whole is not None and pub and pub_e2e:
         out.append(Share("all-rank no-device-task time", whole.result.baseline / base_e2e,
-                         float(pub["baseline"]) / float(pub_e2e["baseline"]),
+                         float(pub[BASELINE]) / float(pub_e2e[BASELINE]),
                          "full stack, not this change alone"))
     return tuple(out)
 

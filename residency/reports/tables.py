@@ -24,9 +24,10 @@ from residency.evidence import PAIRED_ARMS, Attribution, Evidence
 from residency.evidence import build as build_evidence
 from residency.humanize import csv_text, md_line, write_markdown_table
 from residency.jsonio import plain
+from residency.policy.cache import BASELINE, CANDIDATE
 from residency.rundir.run import Run
 
-COLUMNS = ("metric", "baseline", "candidate", "delta", "n", "note")
+COLUMNS = ("metric", BASELINE, CANDIDATE, "delta", "n", "note")
 PUBLISHED_NAME = "h3_ref2va_910b1.json"
 _TESTS = {
     "description": "per-rank rows describe every rank of one run pair (no test)",
@@ -89,11 +90,11 @@ def _description_row(a: Attribution, f: _Numbers = _PEOPLE) -> dict[str, str]:
         v = a.values[arm]
         return f"{f.span(min(v), max(v), a.unit)} (median over ranks {f.num(med[arm], a.unit)})"
 
-    ratio = med["candidate"] / med["baseline"] if med["baseline"] else None
-    delta = (f"{f.signed(med['candidate'] - med['baseline'], a.unit)} delta of the medians "
+    ratio = med[CANDIDATE] / med[BASELINE] if med[BASELINE] else None
+    delta = (f"{f.signed(med[CANDIDATE] - med[BASELINE], a.unit)} delta of the medians "
              f"({stats.fmt_speed(ratio)})")
-    return _row(a.metric, cell("baseline"), cell("candidate"), delta,
-                f"{a.n['baseline']} vs {a.n['candidate']} ranks (no test)", a.note)
+    return _row(a.metric, cell(BASELINE), cell(CANDIDATE), delta,
+                f"{a.n[BASELINE]} vs {a.n[CANDIDATE]} ranks (no test)", a.note)
 
 
 def _groups_row(a: Attribution, f: _Numbers = _PEOPLE) -> dict[str, str]:
@@ -112,12 +113,12 @@ def _counts_row(a: Attribution, f: _Numbers = _PEOPLE) -> dict[str, str]:
     k = {arm: a.values[arm][0] for arm in PAIRED_ARMS}
     n = a.n
     if not all(n[arm] for arm in PAIRED_ARMS):
-        return _row(a.metric, f"{k['baseline']}/{n['baseline']}",
-                    f"{k['candidate']}/{n['candidate']}", "n/a", "no calls in an arm", a.note)
+        return _row(a.metric, f"{k[BASELINE]}/{n[BASELINE]}",
+                    f"{k[CANDIDATE]}/{n[CANDIDATE]}", "n/a", "no calls in an arm", a.note)
     cells = [f"{k[arm]}/{n[arm]} released ({f.share(k[arm], n[arm])})" for arm in PAIRED_ARMS]
-    pp = 100 * (k["candidate"] / n["candidate"] - k["baseline"] / n["baseline"])
+    pp = 100 * (k[CANDIDATE] / n[CANDIDATE] - k[BASELINE] / n[BASELINE])
     return _row(a.metric, cells[0], cells[1], f.pp(pp),
-                f"{n['baseline']} vs {n['candidate']} calls", a.note)
+                f"{n[BASELINE]} vs {n[CANDIDATE]} calls", a.note)
 
 
 def _single_row(a: Attribution, f: _Numbers = _PEOPLE) -> dict[str, str]:
@@ -167,7 +168,7 @@ def _errors_row(errors: Attribution, oom: Attribution | None,
         cells.append(f"{errors.values[arm][0]} telemetry errors, "
                      f"{'n/a' if o is None else o} OOM")
     return _row("telemetry errors, OOM", cells[0], cells[1], "—",
-                f"{errors.n['baseline']} vs {errors.n['candidate']} calls", errors.note)
+                f"{errors.n[BASELINE]} vs {errors.n[CANDIDATE]} calls", errors.note)
 
 
 _RENDER = {"description": _description_row, "groups": _groups_row, "counts": _counts_row,
@@ -238,7 +239,7 @@ def evidence_table(run: Run | Evidence, *, idle: Mapping[str, Mapping[str, float
         else:
             rows.append(_RENDER[a.kind](a))
             full.append(_RENDER[a.kind](a, _FULL))
-            used.add(_USED[a.kind] if a.kind != "pairs" or a.n["baseline"] > 1 else "single")
+            used.add(_USED[a.kind] if a.kind != "pairs" or a.n[BASELINE] > 1 else "single")
         docs.append(a.to_dict())
     aa = ev.get("e2e_aa")
     design = (f" A/A run: the {aa.detail['arm']} arm in both slots, so only the noise row "
@@ -277,7 +278,7 @@ def published_percent(x: float) -> str:
 
 
 def _published_delta(row: Mapping[str, Any]) -> str:
-    b, c, unit, d = row["baseline"], row["candidate"], row.get("unit", ""), row["decimals"]
+    b, c, unit, d = row[BASELINE], row[CANDIDATE], row.get("unit", ""), row["decimals"]
     if isinstance(b, (int, float)) and isinstance(c, (int, float)):
         which = " delta of the medians" if row.get("pairs", 1) > 1 else ""
         pct = f" ({published_percent(100 * (c - b) / b)})" if b else ""
@@ -290,14 +291,14 @@ def _published_delta(row: Mapping[str, Any]) -> str:
 
 
 def _published_note(row: Mapping[str, Any]) -> str:
-    b, c = row["baseline"], row["candidate"]
+    b, c = row[BASELINE], row[CANDIDATE]
     kind, note = row["kind"], row.get("note", "")
     if kind == "range" and (c[1] < b[0] or b[1] < c[0]):
         stat = (f"Ranges do not overlap: every rank, in this run pair ({row['n_baseline']} vs "
                 f"{row['n_candidate']} ranks of one run each): a description, not a test; "
                 f"ranks of one run are not independent replicates.")
     elif kind == "count":
-        ps = {a: stats.proportion(v["k"], v["n"]) for a, v in (("baseline", b), ("candidate", c))}
+        ps = {a: stats.proportion(v["k"], v["n"]) for a, v in ((BASELINE, b), (CANDIDATE, c))}
         stat = "Clopper-Pearson 95 %: " + ", ".join(
             f"{a} {humanize.percent_span(*p.ci)}" for a, p in ps.items()) + "."
     elif kind == "value" and row.get("pairs", 1) > 1:
@@ -326,9 +327,9 @@ def published_table(path: str | Path | None = None) -> pd.DataFrame:
         else:
             p = Path(path)
             data = json.loads(p.read_text(encoding="utf-8"))
-        rows = [_row(r["metric"], _published_cell(r["baseline"], r.get("unit", ""),
+        rows = [_row(r["metric"], _published_cell(r[BASELINE], r.get("unit", ""),
                                                   r["decimals"]),
-                     _published_cell(r["candidate"], r.get("unit", ""), r["decimals"]),
+                     _published_cell(r[CANDIDATE], r.get("unit", ""), r["decimals"]),
                      _published_delta(r), r["n"], _published_note(r)) for r in data["rows"]]
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
         raise ValueError(f"{p}: cannot read published figures ({type(exc).__name__}: {exc})"

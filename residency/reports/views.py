@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from residency import devices, humanize
+from residency.policy.cache import BASELINE, CANDIDATE
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -305,7 +306,7 @@ def e2e_pairs(ev: Any) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """(profiled, unprofiled) client E2E lists per arm of an `Evidence` (empty without)."""
     def lists(key: str) -> dict[str, list[float]]:
         a = ev.get(key)
-        return {arm: list(a.values[arm]) if a else [] for arm in ("baseline", "candidate")}
+        return {arm: list(a.values[arm]) if a else [] for arm in (BASELINE, CANDIDATE)}
 
     return lists("e2e_profiled"), lists("e2e_unprofiled")
 

@@ -25,6 +25,7 @@ from residency.analysis.whatif import (
     totals,
 )
 from residency.humanize import csv_comment, csv_text
+from residency.policy.cache import BASELINE, CANDIDATE
 from residency.rundir.run import Run
 
 __all__ = ["EffectEstimate", "effect_lines", "estimated_effect", "gate_lines", "report",
@@ -111,14 +112,14 @@ def estimated_effect(run: Run | str | os.PathLike[str], grid: pd.DataFrame) -> E
     run = as_run(run)
     ev = evidence.build(run, traces=False, keys=("normal_call_durations",))
     tot = totals(grid)
-    arm = grid.attrs.get("arm") or "candidate"
-    release, release_runs = _cost_samples(ev, "baseline", "released")
+    arm = grid.attrs.get("arm") or CANDIDATE
+    release, release_runs = _cost_samples(ev, BASELINE, "released")
     release_source = "baseline-arm normal calls that released"
-    own_releases, own_release_runs = _cost_samples(ev, "candidate", "released")
+    own_releases, own_release_runs = _cost_samples(ev, CANDIDATE, "released")
     if not release:
         release, release_runs = own_releases, own_release_runs
         release_source = "candidate-arm normal calls that released (the baseline released none)"
-    retain, retain_runs = _cost_samples(ev, "candidate", "retained")
+    retain, retain_runs = _cost_samples(ev, CANDIDATE, "retained")
     retain_source = "candidate-arm normal calls that retained"
     rel_ms = float(np.median(release)) if release else None
     ret_ms = float(np.median(retain)) if retain else None
@@ -161,7 +162,7 @@ def estimated_effect(run: Run | str | os.PathLike[str], grid: pd.DataFrame) -> E
         costs = (f"No estimate: this run's measured requests hold no {' and no '.join(missing)}"
                  f" (a release: {release_source}; a retained check: {retain_source}); rerun a "
                  "profiled pair whose baseline arm releases and whose candidate arm retains.")
-    if own_releases and release_source.startswith("baseline"):
+    if own_releases and release_source.startswith(BASELINE):
         costs += (f" The candidate arm's own {len(own_releases)} releases took "
                   f"{_ms(float(np.median(own_releases)))} median (not used by the model).")
     calib = ""
@@ -304,7 +305,7 @@ def effect_lines(effect: EffectEstimate) -> list[str]:
 
 # ----------------------------------------------------------------------------- report
 def report(run: Run, *, cached: str = "0.05:0.5:0.05", free: str = "0.01:0.2:0.01",
-           policy: Policy = "bounded", arm: str = "candidate", fmt: str = "md"
+           policy: Policy = "bounded", arm: str = CANDIDATE, fmt: str = "md"
            ) -> tuple[str, bool]:
     """What `residency whatif` prints: the gate, then (only when it passes) the totals and
     the effect, as `fmt` (md, csv or json); returns (text, gate passed).

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from residency.errors import BadInput
-from residency.policy.cache import decisions_file
+from residency.policy.cache import CANDIDATE, decisions_file
 
 __all__ = ["ATTRIBUTED_COLUMNS", "COUNT_COLUMNS", "RequestAttribution", "AttributionError",
            "RequestWindow", "attribute", "attribute_by_id", "attribute_by_time",
@@ -511,7 +511,7 @@ def _oom_by_rank(response: Any) -> dict[int, int]:
             if isinstance(pr, Mapping) and "rank" in pr and pr.get("oom") is not None}
 
 
-def consecutive_gates(run: Any, *, arm: str = "candidate") -> list[str]:
+def consecutive_gates(run: Any, *, arm: str = CANDIDATE) -> list[str]:
     """One sentence per failed consecutive-request gate of `arm` (empty when all pass), from
     the attribution of every decision to its request (by time for any service):
 

@@ -8,12 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from residency import devices
+
 SCHEMA = "residency.selftest/1"
 SERVICE_TIMEOUT_S = 300.0
 # workload sizes per device kind: small, so that a service starts and answers in seconds
-WORKLOAD = {"emulated-npu": {"scale": 0.02, "resident_mib": 256.0},
-            "cuda": {"scale": 0.25, "resident_mib": 256.0},
-            "npu": {"scale": 0.25, "resident_mib": 256.0}}
+WORKLOAD = {k: {"scale": devices.REGISTRY[k].selftest_scale,
+                "resident_mib": devices.REGISTRY[k].selftest_resident_mib}
+            for k in devices.KINDS}  # the selftest service's sizes, per kind (`DeviceKind`)
 Status = Literal["passed", "failed", "skipped"]
 TEXT_TAIL_LINES = 12  # lines of a failed step's message beyond its first, in the text report
 

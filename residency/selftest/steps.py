@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from residency import devices, markers
+from residency.policy.cache import ALWAYS_RELEASE, BASELINE, CANDIDATE, read_records
 from residency.rundir.layout import CLIENT, DECISIONS_GLOB, decisions_file
 from residency.rundir.run import upgrade_client
 from residency.selftest import environment
@@ -25,11 +26,10 @@ from residency.selftest.core import (
 
 REQUEST_STEPS = 2
 SEED = 2101
-POLICY_BLOCK_BYTES = {"emulated-npu": 64 << 20, "cuda": 256 << 20, "npu": 256 << 20}
-PROFILERS = {"emulated-npu": "the emulated NPU's Kineto export",
-             "cuda": "torch.profiler (CPU + CUDA activities, export_chrome_trace)",
-             "npu": "torch_npu.profiler with tensorboard_trace_handler"}
-TRACE_FORMATS = {"emulated-npu": "kineto", "cuda": "kineto", "npu": "ascend"}
+# per device kind, from its registered `DeviceKind` (`residency.devices`)
+POLICY_BLOCK_BYTES = {k: devices.REGISTRY[k].selftest_block_bytes for k in devices.KINDS}
+PROFILERS = {k: devices.REGISTRY[k].profiler_text for k in devices.KINDS}
+TRACE_FORMATS = {k: devices.REGISTRY[k].trace_format for k in devices.KINDS}
 REQUIRED_MARKERS = (markers.REQUEST, markers.RELEASE_NORMAL, markers.RELEASE_FORCED)
 
 
@@ -84,7 +84,7 @@ def step_probe(ctx: Context) -> StepOutput:
     arms = result["arms"]
     answers = {arm: ("answers" if info["error"] is None else "unavailable")
                for arm, info in arms.items() if info["telemetry"] is not None}
-    candidate = arms["candidate"]
+    candidate = arms[CANDIDATE]
     if candidate["error"] is not None:
         raise CheckFailed(f"the candidate's {candidate['telemetry']} telemetry does not answer "
                           f"on {device}: {candidate['error']}", hint="The fix cannot read "
@@ -94,7 +94,7 @@ def step_probe(ctx: Context) -> StepOutput:
         raise CheckFailed(f"the emulated NPU must reproduce the bug (generic query failing, "
                           f"registered module answering), but: {result['verdict']}",
                           hint=HINTS["probe"])
-    baseline = arms["baseline"]
+    baseline = arms[BASELINE]
     base = ("answers" if baseline["error"] is None
             else f"fails ({_short_error(baseline['error'])}) -> releases on every normal call")
     detail = (f"{result['verdict']}; candidate reads {candidate['telemetry']} telemetry: "
@@ -199,12 +199,12 @@ def _check_decision(ctx: Context, arm: str, kind: str, decision: Any, before: di
             raise CheckFailed(f"{where}: expected released/forced without reading telemetry, "
                               f"got {decision.outcome}/{decision.reason}", hint=HINTS["policy"])
         return
-    if arm == "always-release":
+    if arm == ALWAYS_RELEASE:
         if decision.outcome != "released":
             raise CheckFailed(f"{where}: always-release retained", hint=HINTS["policy"])
         return
     if decision.snapshot is None:
-        if arm == "candidate":
+        if arm == CANDIDATE:
             raise CheckFailed(f"{where}: the candidate could not read telemetry: "
                               f"{decision.error}", hint=HINTS["probe"])
         if decision.reason != "telemetry-unavailable" or decision.outcome != "released":
@@ -217,7 +217,7 @@ def _check_decision(ctx: Context, arm: str, kind: str, decision: Any, before: di
     if decision.reason != expected:
         raise CheckFailed(f"{where}: decided {decision.reason} on a snapshot whose bounds say "
                           f"{expected}: {snap}", hint=HINTS["policy"])
-    if arm != "candidate":
+    if arm != CANDIDATE:
         return
     # the snapshot against the device's own counters, read just before and just after
     tolerance = 0 if devices.emulated(ctx.kind) else max(64 << 20, before["total"] // 100)
@@ -258,14 +258,14 @@ def step_adapter(ctx: Context) -> StepOutput:
         how = "its file loaded with vllm stubbed, as vllm is not installed"
     cls = adapter.check_upstream(module)
     device, _ = ctx.device()
-    adapter.install(cls, module, arm="candidate", decisions_dir=ctx.out / "adapter")
+    adapter.install(cls, module, arm=CANDIDATE, decisions_dir=ctx.out / "adapter")
     instance = cls(device)
     outcomes = [instance.release_if_needed(), instance.release_if_needed(force=True)]
     session = cls.__dict__[adapter.SESSION_ATTR]
     if session.recorder is not None:
         session.recorder.close()
-    lines = [json.loads(x) for f in sorted((ctx.out / "adapter").glob(DECISIONS_GLOB))
-             for x in f.read_text().splitlines() if x.strip()]
+    lines = [x for f in sorted((ctx.out / "adapter").glob(DECISIONS_GLOB))
+             for x in read_records(f)]
     if [x["kind"] for x in lines] != ["normal", "forced"]:
         raise CheckFailed(f"expected one normal and one forced decision through the patched "
                           f"class, got {[x['kind'] for x in lines]}", hint=HINTS["adapter"])
@@ -285,7 +285,7 @@ def step_service(ctx: Context) -> StepOutput:
 
     root = ctx.out / "service"
     root.mkdir(parents=True, exist_ok=True)
-    entry = run_arm(ctx.service_spec(), "candidate", 0, root, steps=REQUEST_STEPS, seed=SEED,
+    entry = run_arm(ctx.service_spec(), CANDIDATE, 0, root, steps=REQUEST_STEPS, seed=SEED,
                     profiled=True)
     run_dir = root / entry["dir"]
     client = upgrade_client(json.loads((run_dir / CLIENT).read_text(encoding="utf-8")))
@@ -307,7 +307,7 @@ def step_service(ctx: Context) -> StepOutput:
         path = run_dir / decisions_file(rank)
         if not path.is_file():
             raise CheckFailed(f"{path.name} was not written", hint=HINTS["service"])
-        lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        lines = read_records(path)
         mine = [x for x in lines if x.get("request_id") == request_id]
         kinds = sorted(x["kind"] for x in mine)
         if kinds != ["forced", "forced", "normal"] or any(

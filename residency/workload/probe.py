@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from residency import devices
+from residency.policy.cache import ALWAYS_RELEASE, BASELINE, CANDIDATE
 from residency.policy.telemetry import (
     EXTRA_GENERIC_QUERIES,
     GENERIC_QUERIES,
@@ -179,14 +180,14 @@ def probe_queries(device: Any) -> dict[str, Any]:
         "reserved": _outcome(registered("memory_reserved")),
     }
     arms = {}
-    for arm, source in (("baseline", GenericTelemetry()), ("candidate", telemetry_for(device))):
+    for arm, source in ((BASELINE, GenericTelemetry()), (CANDIDATE, telemetry_for(device))):
         try:
             snapshot: dict[str, Any] | None = source.snapshot(device).to_dict()
             error = None
         except TelemetryUnavailable as exc:
             snapshot, error = None, str(exc)
         arms[arm] = {"telemetry": source.name, "snapshot": snapshot, "error": error}
-    arms["always-release"] = {"telemetry": None, "snapshot": None, "error": None}
+    arms[ALWAYS_RELEASE] = {"telemetry": None, "snapshot": None, "error": None}
     generic_ok = all(generic[q]["ok"] for q in POLICY_QUERIES)
     module_ok = all(v["ok"] for v in module.values())
     paths = query_paths()
