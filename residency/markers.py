@@ -6,6 +6,7 @@ the emulated NPU registers one to export host ranges beside its device tasks.
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ PHASE_PREPARE = "residency.phase[prepare]"
 PHASE_DENOISE = "residency.phase[denoise]"
 PHASE_DECODE = "residency.phase[decode]"
 PHASE_PREFIX = "residency.phase["  # every phase range starts so
+PHASE_PATTERN = rf"^{re.escape(PHASE_PREFIX)}(?P<phase>[^\]]+)\]$"  # its `phase` group: the name
 RELEASES = {"normal": RELEASE_NORMAL, "forced": RELEASE_FORCED}  # by policy-call kind
 PHASES = {"prepare": PHASE_PREPARE, "denoise": PHASE_DENOISE, "decode": PHASE_DECODE}
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from residency.markers import PHASE_PATTERN
 from residency.policy.cache import BASELINE, CANDIDATE
 from residency.traces.load import ASCEND_COMM_PROCESSES
 
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
 __all__ = ["NO_PHASE", "PHASE_PATTERN", "name_group", "task_groups", "trace_diff"]
 
 NO_PHASE = "(no phase)"
-PHASE_PATTERN = r"^residency\.phase\[(?P<phase>[^\]]+)\]$"
 _COUNTER = re.compile(r"(?:_\d+)+$")
 
 
