@@ -4,26 +4,11 @@ evidence. Plain helpers live in `tests/helpers.py`."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import PAIRED, ROOT, copy_run
-
-
-def run_python(code: str, *, timeout: float = 180, env: dict | None = None) -> dict:
-    """Run `code` in a new interpreter; its last stdout line must be a JSON object."""
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-        timeout=timeout, cwd=ROOT, env=env,
-    )
-    if proc.returncode != 0:
-        raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+from tests.helpers import PAIRED, copy_run, run_python
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 import time
 import warnings
 from collections.abc import Callable
@@ -34,6 +35,18 @@ NOTEBOOKS = ROOT / "notebooks"
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}          # a subprocess imports this tree
 MARKER = r"residency\.release\[normal\]"               # the normal release marker, as a regex
 BASE_NS = 1_764_500_000_000_000_000                    # `many_ranks` traces' baseTimeNanoseconds
+
+
+# -------------------------------------------------------------------------------- processes
+def run_python(code: str, *, timeout: float = 180, env: dict | None = None) -> dict:
+    """Run `code` in a new interpreter; its last stdout line must be a JSON object."""
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+        timeout=timeout, cwd=ROOT, env=env,
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 # -------------------------------------------------------------------------------- the CLI

@@ -16,11 +16,9 @@ from residency.analysis import stats
 from residency.notebook.params import ParameterError
 from residency.reports import tables
 from residency.rundir.run import load_run
-from tests.helpers import run_cli
+from tests.helpers import PAIRED, ROOT, run_cli
 
-ROOT = Path(__file__).resolve().parent.parent
 AA = ROOT / "data" / "runs" / "emulated-aa-2r50s"
-PAIRED = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
 
 
 def _slots(run_dir: Path) -> tuple[list[float], list[float]]:

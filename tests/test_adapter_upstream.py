@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
+
 UPSTREAM_VERSION = "0.30.0"  # the version .ci/run installs; keep both in step
 
 

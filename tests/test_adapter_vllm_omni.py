@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from residency.adapters import vllm_omni as adapter
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 STANDIN_VERSION = "0.0.0+standin"
 
 # Written from the fixed-bounds class at vllm-project/vllm-omni 08dd3091 (same shape, own code).

@@ -19,9 +19,9 @@ from residency.analysis.idle import busy_intervals, idle_summary, idle_summary_a
 from residency.traces import cache as tracecache
 from residency.traces.busy import classify, resolve
 from residency.traces.load import CACHE_DIR, TraceError, TraceNote, load_traces
+from tests.helpers import ROOT
 from tests.helpers import copy_fixture as copy
 
-ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "traces"
 EPOCH_US = 1_764_500_000_000_000
 NORMAL = r"residency\.release\[normal\]"

@@ -12,8 +12,8 @@ import pytest
 
 from residency.rundir import attribution as at
 from residency.rundir.run import RunDirError, load_run
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 RECORDED = sorted((ROOT / "data" / "runs").iterdir())
 
 

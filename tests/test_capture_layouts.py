@@ -22,10 +22,9 @@ from pathlib import Path
 import pytest
 
 from residency.traces.load import TraceNote, load_traces
-from tests.helpers import ENV, figures, ns
+from tests.helpers import ENV, ROOT, figures, ns
 from tests.helpers import idle_cli as cli
 
-ROOT = Path(__file__).resolve().parent.parent
 CAPTURES = ROOT / "tests" / "data" / "captures"
 DEVICE = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
 HOST = {"user_annotation", "cpu_op", "python_function"}

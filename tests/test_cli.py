@@ -12,10 +12,8 @@ from pathlib import Path
 import pytest
 
 from residency.cli import main as cli
+from tests.helpers import PAIRED, ROOT
 from tests.helpers import run_cli as run
-
-ROOT = Path(__file__).resolve().parent.parent
-PAIRED = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,8 @@ import pytest
 from residency.evidence.crossdevice import cross_device, injected
 from residency.reports import cross_device as view
 from residency.rundir.run import load_run
-from tests.helpers import run_cli
+from tests.helpers import ROOT, run_cli
 
-ROOT = Path(__file__).resolve().parent.parent
 EMULATED = ROOT / "data/runs/emulated-paired-profile-2r50s"
 CUDA = ROOT / "data/runs/cuda-paired-profile-1r50s"
 PUBLISHED = ROOT / "residency/data/h3_ref2va_910b1.json"

@@ -14,10 +14,8 @@ from residency import notebook as nb
 from residency.analysis import whatif
 from residency.reports import whatif as whatif_report
 from residency.rundir.run import load_run
-from tests.helpers import run_cli
+from tests.helpers import PAIRED, ROOT, run_cli
 
-ROOT = Path(__file__).resolve().parent.parent
-PAIRED = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
 CONSECUTIVE = ROOT / "data" / "runs" / "emulated-consecutive-2r2s"
 
 

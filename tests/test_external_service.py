@@ -16,9 +16,9 @@ from residency.experiments.orchestrate import ExperimentError, ServiceFileError,
 from residency.reports.tables import evidence_table
 from residency.rundir import attribution as at
 from residency.rundir.run import load_run
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parent.parent
 STANDIN = ROOT / "tests" / "data" / "services" / "standin_2r.toml"
 RANKS = 2
 

@@ -20,10 +20,9 @@ import pytest
 
 from residency.analysis.idle import idle_summary
 from residency.traces.load import CACHE_DIR, TraceError, TraceNote, load_traces
-from tests.helpers import figures, ns
+from tests.helpers import ROOT, figures, ns
 from tests.helpers import idle_cli as cli
 
-ROOT = Path(__file__).resolve().parent.parent
 FIELD = ROOT / "tests" / "data" / "traces" / "field"
 DATA = ROOT / "tests" / "data" / "traces"
 SESSION = "localhost.localdomain_2119016_20240124150101123_ascend_pt"

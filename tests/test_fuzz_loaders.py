@@ -60,8 +60,8 @@ from residency.traces.load import (
     TraceSet,
     load_traces,
 )
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT / "tests" / "data" / "traces"
 CORPUS = ROOT / "tests" / "data" / "fuzz"
 HANG_S = 30.0  # only detects a hang; a healthy example takes milliseconds

@@ -32,9 +32,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from residency.cli.main import main
-from tests.helpers import reseal, sealed_copy
+from tests.helpers import ROOT, reseal, sealed_copy
 
-ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "data" / "rundir" / "fixture-run"
 CORPUS = ROOT / "tests" / "data" / "rundir-fuzz"
 HANG_S = 60.0

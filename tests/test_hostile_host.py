@@ -21,10 +21,7 @@ from residency.analysis.idle import idle_summary_at
 from residency.traces import cache as tracecache
 from residency.traces import load as traces
 from residency.traces.load import load_traces
-from tests.helpers import MARKER, copy_fixture, many_ranks, run_cli, same_traces
-
-ROOT = Path(__file__).resolve().parent.parent
-
+from tests.helpers import MARKER, ROOT, copy_fixture, many_ranks, run_cli, same_traces
 
 # -- F1, F10-F12: the Dask cluster -----------------------------------------------------------
 

@@ -15,9 +15,8 @@ import pytest
 
 from residency.analysis.idle import idle_summary, per_rank_idle
 from residency.traces.load import load_traces
-from tests.helpers import residency
+from tests.helpers import ROOT, residency
 
-ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "traces"
 BASE = 1_764_500_000_000_000_000
 EPOCH_NS = 1_764_500_000_000_000_000

@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 
 from residency.traces import formats, kineto_scan
 from residency.traces.files import TraceError
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 FUZZ = settings(derandomize=True, database=None, deadline=None,
                 max_examples=int(os.environ.get("RESIDENCY_FUZZ_EXAMPLES", "300")),
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -22,9 +22,8 @@ from residency.reports import html as reports
 from residency.reports import views as rv
 from residency.reports.plots import e2e_slopegraph
 from residency.rundir.run import load_run
-from tests.helpers import Papermill
+from tests.helpers import ROOT, Papermill
 
-ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "notebooks"
 PAIRED = DATA / "paired-profile"  # paired-profile, 2 ranks, 2 steps, scale 0.02, pairs=1
 CONSECUTIVE = DATA / "consecutive"  # consecutive, 2 ranks, 3 requests of 2 steps, scale 0.02

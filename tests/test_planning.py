@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from residency.analysis import planning as pl
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "data" / "runs"
 
 

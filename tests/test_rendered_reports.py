@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from residency.reports import html as reports
+from tests.helpers import ROOT
 from tests.reading import LABEL, repeated_sentences, too_precise, two_roundings, visible_text
 
-ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "data" / "runs"
 SOURCES = {
     "api_reproduction": RUNS / "emulated-paired-profile-2r50s",

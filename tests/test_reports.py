@@ -22,9 +22,9 @@ from residency.humanize import duration_text
 from residency.notebook.progress import RunProgress, pair_labels
 from residency.reports import banner
 from residency.reports import html as reports
+from tests.helpers import ROOT
 from tests.reading import LABEL, too_precise, visible_text
 
-ROOT = Path(__file__).resolve().parent.parent
 RECORDED = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
 def test_checkers_find_what_they_should() -> None:
     assert too_precise("61.428477-163.008423 ms and 1.734383532999999") == [

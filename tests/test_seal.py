@@ -19,9 +19,8 @@ import pytest
 
 from residency.rundir.run import RunDirError, load_run, verify_run
 from residency.rundir.seal import parse_digest, run_digest, seal, seal_findings
-from tests.helpers import edit_manifest, residency
+from tests.helpers import ROOT, edit_manifest, residency
 
-ROOT = Path(__file__).resolve().parent.parent
 RECORDED = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
 HANG_S = 60  # a hang detector for FIFOs, not a timing assertion
 

@@ -22,9 +22,9 @@ from residency.selftest import (
     check_trace_dir,
     run_step,
 )
+from tests.helpers import ROOT
 from tests.servicekit import alive, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
 FAULTSITE = Path(__file__).resolve().parent / "faultsite"
 
 

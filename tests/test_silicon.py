@@ -24,9 +24,8 @@ from residency.policy.cache import (
     policy_for,
 )
 from residency.policy.telemetry import GenericTelemetry, TelemetryUnavailable
-from tests.helpers import run_cli
+from tests.helpers import ROOT, run_cli
 
-ROOT = Path(__file__).resolve().parent.parent
 CUDA_RUN = ROOT / "data" / "runs" / "cuda-profiled-pair-1r5s"
 INJECTED = "NPU telemetry failure injected into the baseline"
 

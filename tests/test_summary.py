@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -12,9 +11,7 @@ from residency import evidence
 from residency.reports import summary
 from residency.rundir import hostload
 from residency.rundir.run import load_run
-
-ROOT = Path(__file__).resolve().parent.parent
-PAIRED = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
+from tests.helpers import PAIRED
 
 
 def _sample(t_s: float, busy_s: float | None, own_s: float, load: float = 0.5,

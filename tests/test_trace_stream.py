@@ -37,8 +37,8 @@ from residency.traces.formats import (
     part_bounds,
 )
 from residency.traces.load import CACHE_DIR, load_traces
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
 # RESIDENCY_FUZZ_EXAMPLES=1500 for a deeper run
 FUZZ = settings(derandomize=True, database=None, deadline=None,

@@ -24,9 +24,9 @@ from residency.notebook import paired
 from residency.reports import figures, summary, tables, views
 from residency.reports.side_by_side import side_by_side
 from residency.rundir.run import load_run, upgrade_client
+from tests.helpers import ROOT
 from tests.reading import NUMBER, repeated_sentences, two_roundings
 
-ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "data" / "runs"
 EMULATED = RUNS / "emulated-paired-profile-2r50s"
 CUDA = RUNS / "cuda-paired-profile-1r50s"

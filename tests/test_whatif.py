@@ -29,9 +29,8 @@ from residency.policy.telemetry import MemorySnapshot
 from residency.reports import whatif as whatif_report
 from residency.rundir.run import RunDirError, load_run
 from residency.rundir.seal import seal
-from tests.helpers import residency, run_cli
+from tests.helpers import ROOT, residency, run_cli
 
-ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = Path(__file__).parent / "data" / "rundir" / "whatif-run"
 OLD_FIXTURE = Path(__file__).parent / "data" / "rundir" / "fixture-run"
 GIB = 1 << 30
