@@ -1,6 +1,6 @@
 """Fixtures every test module can ask for: Python snippets in a fresh interpreter (for
 process-global torch state), a per-test trace cache, copies of the recorded paired run and its
-evidence. Plain helpers live in `tests/helpers.py`."""
+evidence, a sealed copy of the small fixture run. Plain helpers live in `tests/helpers.py`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import PAIRED, copy_run, run_python
+from tests.helpers import FIXTURE_RUN, PAIRED, copy_run, run_python, sealed_copy
 
 
 @pytest.fixture
@@ -30,6 +30,13 @@ def _trace_cache_in_tmp(tmp_path_factory, monkeypatch):
 def paired(tmp_path: Path) -> Path:
     """A writable copy of the recorded paired-profile run (`helpers.PAIRED`), still sealed."""
     return copy_run(PAIRED, tmp_path / "run")
+
+
+@pytest.fixture
+def sealed(tmp_path: Path) -> Path:
+    """A copy of the small fixture run (`helpers.FIXTURE_RUN`) with its sha256 list and seal
+    recorded."""
+    return sealed_copy(FIXTURE_RUN, tmp_path / "run")
 
 
 @pytest.fixture(scope="module")

@@ -3,41 +3,15 @@ seal checked on the bytes parsed; the manifest the figures come from is the mani
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import shutil
 from collections import Counter
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 
-from residency.cli import main as cli
 from residency.rundir import run as rundir
-from residency.rundir.run import artifact_hashes
-from residency.rundir.seal import seal
-
-FIXTURE = Path(__file__).parent / "data" / "rundir" / "fixture-run"
-
-
-@pytest.fixture
-def sealed(tmp_path) -> Path:
-    """A copy of the fixture run with its sha256 list and seal recorded."""
-    run = tmp_path / "run"
-    shutil.copytree(FIXTURE, run)
-    manifest = json.loads((run / "manifest.json").read_text())
-    manifest["artifacts"] = artifact_hashes(run)
-    manifest["seal"] = seal(manifest)
-    (run / "manifest.json").write_text(json.dumps(manifest))
-    return run
-
-
-def run_cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        rc = cli.main(list(argv))
-    return rc, out.getvalue(), err.getvalue()
+from tests.helpers import run_cli
 
 
 @pytest.mark.parametrize("argv", [("tables",), ("tables", "--format", "pr"), ("verify",),

@@ -3,20 +3,12 @@
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import pytest
 
 from residency.rundir.run import RunDirError, load_run, verify_run
 from tests.helpers import FIXTURE_RUN as FIXTURE
 from tests.helpers import residency as cli
-from tests.helpers import sealed_copy
-
-
-@pytest.fixture
-def sealed(tmp_path) -> Path:
-    """A copy of the fixture run with its sha256 list recorded."""
-    return sealed_copy(FIXTURE, tmp_path / "run")
 
 
 def test_intact_run_verifies(sealed) -> None:
