@@ -424,11 +424,11 @@ def step_paired(ctx: Context) -> StepOutput:
             calls = run.decisions(r)
             errors[r.arm] = int(((calls["kind"] == "normal")
                                  & (calls["reason"] == "telemetry-unavailable")).sum())
-        if not errors.get("baseline") or errors.get("candidate"):
+        if not errors.get(BASELINE) or errors.get(CANDIDATE):
             raise CheckFailed(f"--inject-failure {ctx.inject_failure}: normal calls with a "
                               f"telemetry error per arm {errors}; expected some in the "
                               f"baseline and none in the candidate", hint=HINTS["paired"])
-        detail += (f"; {ctx.inject_failure} injected into the baseline: {errors['baseline']} "
+        detail += (f"; {ctx.inject_failure} injected into the baseline: {errors[BASELINE]} "
                    f"normal calls met it, the candidate's none")
     return detail, {"run_dir": str(out)}
 
