@@ -141,7 +141,7 @@ def test_the_orchestrator_records_every_look_and_stops(tmp_path: Path,
     from residency.rundir.run import Manifest
 
     def fake_arm(spec, arm, index, out, *, steps, seed, profiled, requests=1,  # noqa: ANN001
-                 lister=None):  # noqa: ANN001
+                 lister=None, require_exclusive=False):  # noqa: ANN001
         (out / f"runs/{index:02d}-{arm}").mkdir(parents=True)
         e2e = (1.0 if arm == "baseline" else 0.9) + 0.001 * index
         return {"arm": arm, "index": index, "dir": f"runs/{index:02d}-{arm}", "e2e_s": e2e,
