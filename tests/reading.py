@@ -13,6 +13,7 @@ __all__ = ["LABEL", "NUMBER", "repeated_sentences", "too_precise", "two_rounding
            "visible_text"]
 
 NUMBER = re.compile(r"(?<![\w.#^/:-])([+-]?\d+(?:\.\d+)?)(?:e([+-]\d+))?(?![\w.]*\d)")
+_UNIT = re.compile(r"\s?(ms|us|ns|s|%|pp|x|GiB|MiB|KiB|GB|MB|B)(?![\w])")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z*])")
 
 
@@ -30,17 +31,21 @@ def _exact_fraction(token: str) -> bool:
 def two_roundings(texts: list[str], exempt: set[str] = frozenset()) -> list[tuple[str, str]]:
     """Pairs of number texts that are one figure at two roundings: a shorter text (3 or more
     significant digits, not an integer, not an exact k / 2^n) that the longer one rounds to,
-    e.g. "4.98" and "4.979", "0.1313" and "0.13125". (`humanize.sig` keeps a measured value's
-    trailing zeros, so a shorter text is either exact or a second rounding.)"""
-    found = set()
+    e.g. "4.98" and "4.979", "0.1313" and "0.13125", with the same unit after them (a load
+    average of 3.16 is not the published 3.164550 ms). (`humanize.sig` keeps a measured
+    value's trailing zeros, so a shorter text is either exact or a second rounding.)"""
+    found: set[tuple[str, str]] = set()
     for text in texts:
         for m in NUMBER.finditer(text):
             token = m.group(1).lstrip("+")
+            unit = _UNIT.match(text, m.end())
             if "." in token and token.lstrip("-") not in exempt:
-                found.add(token)
+                found.add((token, unit.group(1) if unit else ""))
     out = []
-    for short in found:
-        for long in found:
+    for short, short_unit in found:
+        for long, long_unit in found:
+            if short_unit != long_unit:
+                continue
             if short == long or _digits(short) < 3 or _digits(long) <= _digits(short):
                 continue
             if short.startswith("-") != long.startswith("-"):
