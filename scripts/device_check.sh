@@ -36,7 +36,7 @@ ROOT=$PWD
 WHEELS=${WHEELS:-$ROOT/.whl}
 TORCH_INDEX=https://download.pytorch.org/whl/cu128   # the README's CUDA install command
 # what the GPU machine's image lacks of the project's dependencies (torch, numpy, pandas,
-# scipy, tqdm and xxhash are there), plus a setuptools new enough for pyproject's license
+# scipy and tqdm are there), plus a setuptools new enough for pyproject's license
 OFFLINE_WHEELS=(msgspec platformdirs setuptools wheel)
 # optional: the release-cost figure (the benchmark writes its CSV without it): matplotlib
 # and its dependencies but numpy (the image has it)
@@ -149,7 +149,7 @@ offline_venv() {
         -e "$ROOT" || return 1
     # every runtime dependency must import (the project was installed without resolving them)
     # (pyproject's [project] dependencies, by import name)
-    run "$VENV/bin/python" -c 'import numpy, pandas, scipy, msgspec, tqdm, platformdirs, xxhash, torch'
+    run "$VENV/bin/python" -c 'import numpy, pandas, scipy, msgspec, tqdm, platformdirs, torch'
 }
 
 if [ "$DEVICE" = cuda ] && online_venv && has_torch "$VENV/bin/python"; then

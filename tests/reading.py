@@ -13,6 +13,9 @@ __all__ = ["LABEL", "NUMBER", "repeated_sentences", "too_precise", "two_rounding
            "visible_text"]
 
 NUMBER = re.compile(r"(?<![\w.#^/:-])([+-]?\d+(?:\.\d+)?)(?:e([+-]\d+))?(?![\w.]*\d)")
+# the host's load readings (shown once, in the loaded-host sentence): environment, not a figure
+# of the evidence; their digits can meet any figure's by chance (1.78 and a run's 1.778 s)
+_HOST_LOAD = re.compile(r"load average .*?\.(?=\s|$)", re.S)
 _UNIT = re.compile(r"\s?(ms|us|ns|s|%|pp|x|GiB|MiB|KiB|GB|MB|B)(?![\w])")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z*])")
 
@@ -36,6 +39,7 @@ def two_roundings(texts: list[str], exempt: set[str] = frozenset()) -> list[tupl
     value's trailing zeros, so a shorter text is either exact or a second rounding.)"""
     found: set[tuple[str, str]] = set()
     for text in texts:
+        text = _HOST_LOAD.sub(" ", text)
         for m in NUMBER.finditer(text):
             token = m.group(1).lstrip("+")
             unit = _UNIT.match(text, m.end())

@@ -97,6 +97,11 @@ def test_the_checkers_find_what_the_issue_found() -> None:
     # 3.164550 ms (the fresh report's check failed on such a coincidence, by load)
     assert two_roundings(["load average 3.16 at the start", "3.164550 ms"]) == []
     assert two_roundings(["3.16 ms", "3.164550 ms"]) == [("3.16", "3.164550")]
+    # the host's load readings are not figures of the run (a run's 1.778 beside load 1.78)
+    assert two_roundings(["Loaded host: load average 1.78 at the start and 2.02 at the end "
+                          "on 2 CPUs; other processes used 1.4 % of the CPUs. Next.",
+                          "| 1.716, 1.778 |"]) == []
+    assert two_roundings(["median 1.78 s. Then", "| 1.778 s |"]) == [("1.78", "1.778")]
     assert repeated_sentences("A b c d e f g. X.\nA b c d e f g.") == ["A b c d e f g."]
 
 
