@@ -9,7 +9,7 @@ from html.parser import HTMLParser
 
 from residency import humanize
 
-__all__ = ["LABEL", "NUMBER", "repeated_sentences", "too_precise", "two_roundings",
+__all__ = ["LABEL", "NUMBER", "BodyTags", "repeated_sentences", "too_precise", "two_roundings",
            "visible_text"]
 
 NUMBER = re.compile(r"(?<![\w.#^/:-])([+-]?\d+(?:\.\d+)?)(?:e([+-]\d+))?(?![\w.]*\d)")
@@ -78,6 +78,20 @@ def repeated_sentences(text: str, *, min_words: int = 6) -> list[str]:
 
 LABEL = "emulated NPU — not an NPU measurement"  # the emulated NPU's label in every view
 _PLAIN_NUMBER = re.compile(r"(?<![\w.])-?(\d+(?:\.\d+)?)(?![\w.]*\d)")
+
+
+class BodyTags(HTMLParser):
+    """Every start tag of a page's body, with its attributes."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.in_body = False
+        self.tags: list[tuple[str, dict[str, str]]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.in_body = self.in_body or tag == "body"
+        if self.in_body:
+            self.tags.append((tag, {k: v or "" for k, v in attrs}))
 
 
 class VisibleText(HTMLParser):

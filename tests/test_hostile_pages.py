@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-from html.parser import HTMLParser
 from pathlib import Path
 
 import nbformat
@@ -16,6 +15,7 @@ from residency.cli.main import main
 from residency.reports import banner
 from residency.reports import html as reports
 from residency.reports.sanitize import clean_html
+from tests.reading import BodyTags
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
@@ -30,20 +30,6 @@ HOSTILE = (f'<div class="jp-ModalCommandPalette lm-Widget">{FAKE}</div>'
            '<span style="background:image-set(\'https://evil.example/x.png\' 1x)">s</span>'
            '<span style="background:URL(https://evil.example/y.png)">t</span>'
            '<span style="background:\\75 rl(https://evil.example/z.png)">u</span>')
-
-
-class _Tags(HTMLParser):
-    """Every start tag of a page's body, with its attributes."""
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.in_body = False
-        self.tags: list[tuple[str, dict[str, str]]] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.in_body = self.in_body or tag == "body"
-        if self.in_body:
-            self.tags.append((tag, {k: v or "" for k, v in attrs}))
 
 
 def _received(path: Path, html: str) -> Path:
@@ -73,7 +59,7 @@ def test_a_received_outputs_classes_take_no_style_of_the_page(tmp_path: Path) ->
     """The palette and dialog classes are dropped (the elements and their text stay, in
     their place); the package's own classes and the headings' anchors are kept (F6)."""
     page = reports.render_html(_received(tmp_path / "r.ipynb", HOSTILE), tmp_path / "out")
-    parser = _Tags()
+    parser = BodyTags()
     parser.feed(page.read_text())
     classes = {c for _, a in parser.tags for c in a.get("class", "").split()}
     for name in ("jp-ModalCommandPalette", "jp-Dialog", "jp-Dialog-content", "lm-Widget",
@@ -89,7 +75,7 @@ def test_kept_styles_load_nothing() -> None:
     """``url()`` in any spelling and image functions are dropped with their declaration; the
     colours beside them stay (F18)."""
     out = clean_html(HOSTILE)
-    parser = _Tags()
+    parser = BodyTags()
     parser.feed(f"<body>{out}")
     styles = " ".join(a["style"] for _, a in parser.tags if "style" in a).lower()
     for needle in ("url", "image-set", "evil", "base64", "\\75"):

@@ -9,7 +9,6 @@ import re
 import threading
 from dataclasses import dataclass
 from datetime import datetime
-from html.parser import HTMLParser
 from pathlib import Path
 
 import nbformat
@@ -23,7 +22,7 @@ from residency.notebook.progress import RunProgress, pair_labels
 from residency.reports import banner
 from residency.reports import html as reports
 from tests.helpers import ROOT
-from tests.reading import LABEL, too_precise, visible_text
+from tests.reading import LABEL, BodyTags, too_precise, visible_text
 
 RECORDED = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
 def test_checkers_find_what_they_should() -> None:
@@ -742,20 +741,6 @@ def test_screenshot_runs_no_script_and_reads_no_local_file(tmp_path: Path) -> No
     assert shot.page_height_px > 100  # the page's own inline image did
 
 
-class _BodyTags(HTMLParser):
-    """Every start tag of a page's body, with its attributes."""
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.in_body = False
-        self.tags: list[tuple[str, dict[str, str]]] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.in_body = self.in_body or tag == "body"
-        if self.in_body:
-            self.tags.append((tag, {k: v or "" for k, v in attrs}))
-
-
 HOSTILE_HTML = (
     '<meta http-equiv="refresh" content="0;url=https://evil.example/">'
     '<base href="https://evil.example/"><link rel="stylesheet" href="https://evil.example/s">'
@@ -784,7 +769,7 @@ def test_a_received_notebook_draws_nothing_the_views_would_not(tmp_path: Path) -
             "text/html": humanize.html_table(pd.DataFrame({"a": [1.5]}))})]))
     nbformat.write(book, src)
     html = reports.render_html(src, tmp_path / "out").read_text()
-    parser = _BodyTags()
+    parser = BodyTags()
     parser.feed(html)
     names = [t for t, _ in parser.tags]
     for tag in ("meta", "base", "link", "style", "form", "input", "svg", "script"):
