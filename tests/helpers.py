@@ -230,3 +230,28 @@ class Papermill:
         done = self.wait()
         assert done.returncode == 0, done.stderr[-4000:]
         return done
+
+
+# -- an independent oracle for trace figures (json + Decimal, no residency code) -------------
+
+def oracle_json(path: Path) -> Any:
+    """A trace file (gzip or not) parsed by the standard library, floats as Decimal."""
+    raw = path.read_bytes()
+    if path.name.endswith(".gz"):
+        raw = gzip.decompress(raw)
+    from decimal import Decimal
+
+    return json.loads(raw, parse_float=Decimal)
+
+
+def oracle_union(rows: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The union of half-open [s, e) rows as sorted disjoint intervals (empty rows dropped)."""
+    out: list[list[int]] = []
+    for s, e in sorted(rows):
+        if e <= s:
+            continue
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]

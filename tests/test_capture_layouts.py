@@ -16,13 +16,12 @@ import shutil
 import subprocess
 import sys
 import warnings
-from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
 from residency.traces.load import TraceNote, load_traces
-from tests.helpers import ENV, ROOT, figures, ns
+from tests.helpers import ENV, ROOT, figures, ns, oracle_json, oracle_union
 from tests.helpers import idle_cli as cli
 
 CAPTURES = ROOT / "tests" / "data" / "captures"
@@ -42,22 +41,10 @@ HTA_RANK = re.compile(r'"rank":\s+(\d+)')  # hta/common/trace_file.py, line by l
 
 # -- the oracle ----------------------------------------------------------------------------------
 
-def read_json(path: Path) -> dict:
-    raw = path.read_bytes()
-    return json.loads(gzip.decompress(raw) if path.name.endswith(".gz") else raw,
-                      parse_float=Decimal)
+read_json = oracle_json
 
 
-def union(rows: list[tuple[int, int]]) -> list[list[int]]:
-    out: list[list[int]] = []
-    for s, e in sorted(rows):
-        if e <= s:
-            continue
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return out
+union = oracle_union
 
 
 def covered(rows: list[tuple[int, int]], window: list[list[int]]) -> int:

@@ -8,19 +8,17 @@ residency's interval code.
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import shutil
 import warnings
-from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
 from residency.analysis.idle import idle_summary
 from residency.traces.load import CACHE_DIR, TraceError, TraceNote, load_traces
-from tests.helpers import ROOT, figures, ns
+from tests.helpers import ROOT, figures, ns, oracle_json, oracle_union
 from tests.helpers import idle_cli as cli
 
 FIELD = ROOT / "tests" / "data" / "traces" / "field"
@@ -35,23 +33,10 @@ NPU_NOT_WORK = {"EVENT_WAIT_SQE", "EVENT_RECORD_SQE", "NOTIFY_WAIT_SQE", "NOTIFY
 
 # -- the oracle --------------------------------------------------------------------------------
 
-def read_json(path: Path) -> object:
-    raw = path.read_bytes()
-    if path.name.endswith(".gz"):
-        raw = gzip.decompress(raw)
-    return json.loads(raw, parse_float=Decimal)
+read_json = oracle_json
 
 
-def union(rows: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[list[int]] = []
-    for s, e in sorted(rows):
-        if e <= s:
-            continue
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return [(s, e) for s, e in out]
+union = oracle_union
 
 
 def length(rows: list[tuple[int, int]]) -> int:
