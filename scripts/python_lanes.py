@@ -13,6 +13,10 @@ editable), then
    tabulated (`verify`, `tables --format md`);
 3. every notebook's parameters cell and the cell that checks them, run in that Python.
 
+The lanes install at once (downloads and unpacking wait on the network and the disk) and run
+their checks one after another (a built-in pair takes the machine's cores); each lane's lines
+print together when its checks end.
+
 A declared version that is not on the machine is named on standard output ("not tested
 here"); `--require-all` makes that a failure. Exit status: 0 when every present lane passed,
 1 when one failed, 2 on bad usage or an unreadable pyproject.
@@ -33,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,64 +105,103 @@ def _notebook_check_script(notebooks: list[Path], source: Path, out: Path) -> st
     return "\n".join(parts)
 
 
-def run_lane(minor: int, python: str, keep: Path | None) -> bool:
-    """Install and smoke-test the project on one interpreter; True when every step passed."""
-    work = Path(keep) / f"py3{minor}" if keep else Path(tempfile.mkdtemp(prefix=f"lane3{minor}-"))
-    work.mkdir(parents=True, exist_ok=True)
-    venv = work / "venv"
-    py = venv / "bin" / "python"
-    cli = venv / "bin" / "residency"
-    cwd = work / "cwd"  # outside the checkout: the installed package is what runs
-    cwd.mkdir(exist_ok=True)
-    run_dir = work / "pair"
-    shutil.rmtree(run_dir, ignore_errors=True)
-    notebooks = sorted((ROOT / "notebooks").glob("*.ipynb"))
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    steps: list[tuple[str, list[str]]] = [
-        ("venv", [python, "-m", "venv", str(venv)]),
-        ("install torch", [str(py), "-m", "pip", "install", "-q", TORCH]),
-        ("install residency", [str(py), "-m", "pip", "install", "-q", f"{ROOT}[notebooks]"]),
-        ("cli help", [str(cli), "--help"]),
-    ]
-    steps.append(("subcommand help", [str(py), "-c", (
-        "import subprocess, sys\n"
-        "from residency.cli.main import COMMANDS\n"
-        "names = list(COMMANDS)\n"
-        f"for n in names: subprocess.run([{str(cli)!r}, n, '--help'], check=True, "
-        "stdout=subprocess.DEVNULL)\n"
-        "print(len(names), 'subcommands:', ' '.join(names))")]))
-    steps += [
-        ("built-in pair", [str(cli), "pair", "--design", "profiled-pair", "--device",
-                           "emulated-npu", "--ranks", "1", "--steps", "2", "--out",
-                           str(run_dir)]),
-        ("verify", [str(cli), "verify", str(run_dir)]),
-        ("tables", [str(cli), "tables", str(run_dir), "--format", "md"]),
-        ("notebook parameters", [str(py), "-c", _notebook_check_script(
-            notebooks, run_dir, work / "notebooks")]),
-    ]
-    print(f"== python 3.{minor} ({python}) in {work}", flush=True)
-    started = time.monotonic()
-    ok = True
-    for name, argv in steps:
-        t0 = time.monotonic()
-        try:
-            proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
-                                  timeout=LANE_TIMEOUT_S)
-            failed = proc.returncode != 0
-            tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
-        except subprocess.TimeoutExpired:
-            failed, tail = True, [f"timed out after {LANE_TIMEOUT_S} s"]
-        print(f"   {'FAILED' if failed else 'ok    '} {name} ({time.monotonic() - t0:.0f} s)",
-              flush=True)
-        if failed:
-            print("\n".join("      " + line for line in tail), flush=True)
-            ok = False
-            break
-    print(f"== python 3.{minor}: {'passed' if ok else 'FAILED'} in "
-          f"{time.monotonic() - started:.0f} s", flush=True)
-    if keep is None:
-        shutil.rmtree(work, ignore_errors=True)
-    return ok
+class Lane:
+    """One declared Python's smoke lane: its folder, its steps and what they printed."""
+
+    def __init__(self, minor: int, python: str, keep: Path | None) -> None:
+        self.minor, self.python, self.keep = minor, python, keep
+        self.work = (Path(keep) / f"py3{minor}" if keep
+                     else Path(tempfile.mkdtemp(prefix=f"lane3{minor}-")))
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.cwd = self.work / "cwd"  # outside the checkout: the installed package is what runs
+        self.cwd.mkdir(exist_ok=True)
+        self.env = {k: v for k, v in os.environ.items()
+                    if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        self.lines: list[str] = [f"== python 3.{minor} ({python}) in {self.work}"]
+        self.ok = True
+        self.started = time.monotonic()
+
+    def install_steps(self) -> list[tuple[str, list[str]]]:
+        """A fresh venv with torch and the project from its own files (not editable)."""
+        venv = self.work / "venv"
+        py = venv / "bin" / "python"
+        return [
+            ("venv", [self.python, "-m", "venv", str(venv)]),
+            ("install torch", [str(py), "-m", "pip", "install", "-q", TORCH]),
+            ("install residency", [str(py), "-m", "pip", "install", "-q",
+                                   f"{ROOT}[notebooks]"]),
+        ]
+
+    def check_steps(self) -> list[tuple[str, list[str]]]:
+        """The command line, one built-in pair verified and tabulated, the notebooks' cells."""
+        py = self.work / "venv" / "bin" / "python"
+        cli = self.work / "venv" / "bin" / "residency"
+        run_dir = self.work / "pair"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        notebooks = sorted((ROOT / "notebooks").glob("*.ipynb"))
+        return [
+            ("cli help", [str(cli), "--help"]),
+            ("subcommand help", [str(py), "-c", (
+                "import subprocess, sys\n"
+                "from residency.cli.main import COMMANDS\n"
+                "names = list(COMMANDS)\n"
+                f"for n in names: subprocess.run([{str(cli)!r}, n, '--help'], check=True, "
+                "stdout=subprocess.DEVNULL)\n"
+                "print(len(names), 'subcommands:', ' '.join(names))")]),
+            ("built-in pair", [str(cli), "pair", "--design", "profiled-pair", "--device",
+                               "emulated-npu", "--ranks", "1", "--steps", "2", "--out",
+                               str(run_dir)]),
+            ("verify", [str(cli), "verify", str(run_dir)]),
+            ("tables", [str(cli), "tables", str(run_dir), "--format", "md"]),
+            ("notebook parameters", [str(py), "-c", _notebook_check_script(
+                notebooks, run_dir, self.work / "notebooks")]),
+        ]
+
+    def run(self, steps: list[tuple[str, list[str]]]) -> bool:
+        """Run steps in order until one fails; True when all passed (or none ran)."""
+        for name, argv in steps:
+            if not self.ok:
+                return False
+            t0 = time.monotonic()
+            try:
+                proc = subprocess.run(argv, cwd=self.cwd, env=self.env, capture_output=True,
+                                      text=True, timeout=LANE_TIMEOUT_S)
+                failed = proc.returncode != 0
+                tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
+            except subprocess.TimeoutExpired:
+                failed, tail = True, [f"timed out after {LANE_TIMEOUT_S} s"]
+            self.lines.append(f"   {'FAILED' if failed else 'ok    '} {name} "
+                              f"({time.monotonic() - t0:.0f} s)")
+            if failed:
+                self.lines += ["      " + line for line in tail]
+                self.ok = False
+        return self.ok
+
+    def finish(self) -> bool:
+        """Print the lane's lines and its result, remove its folder unless kept."""
+        self.lines.append(f"== python 3.{self.minor}: {'passed' if self.ok else 'FAILED'} in "
+                          f"{time.monotonic() - self.started:.0f} s")
+        print("\n".join(self.lines), flush=True)
+        if self.keep is None:
+            shutil.rmtree(self.work, ignore_errors=True)
+        return self.ok
+
+
+def run_lanes(found: dict[int, str], keep: Path | None) -> dict[int, bool]:
+    """Install every lane at once (downloads and unpacking wait on the network and the disk),
+    then run their checks one lane at a time (a built-in pair takes the machine's cores)."""
+    lanes = [Lane(minor, python, keep) for minor, python in found.items()]
+    if not lanes:
+        return {}
+    print(f"installing {len(lanes)} lane(s) at once: "
+          + ", ".join(f"3.{lane.minor}" for lane in lanes), flush=True)
+    with ThreadPoolExecutor(max_workers=len(lanes)) as pool:
+        list(pool.map(lambda lane: lane.run(lane.install_steps()), lanes))
+    results = {}
+    for lane in lanes:
+        lane.run(lane.check_steps())
+        results[lane.minor] = lane.finish()
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"declared: Python 3.{', 3.'.join(map(str, minors))}; the suite ran on 3.{current}",
           flush=True)
     results: dict[int, str] = {}
+    found: dict[int, str] = {}
     for minor in wanted:
         if minor == current and not args.only:
             continue
@@ -190,8 +235,10 @@ def main(argv: list[str] | None = None) -> int:
         if python is None:
             results[minor] = "not on this machine: not tested here"
             print(f"== python 3.{minor}: {results[minor]}", flush=True)
-            continue
-        results[minor] = "passed" if run_lane(minor, python, args.keep) else "FAILED"
+        else:
+            found[minor] = python
+    for minor, ok in run_lanes(found, args.keep).items():
+        results[minor] = "passed" if ok else "FAILED"
     print("lanes: " + "; ".join(f"3.{m} {r}" for m, r in results.items()), flush=True)
     if any(r == "FAILED" for r in results.values()):
         return 1
