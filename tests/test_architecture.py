@@ -366,6 +366,7 @@ DECISIONS_USERS = {
     "residency/rundir/run.py": "the run reader: validates a run's files against the schema",
     "residency/rundir/attribution.py": "notes a rank whose file exists but holds no decision",
     "residency/workload/service.py": "the service: creates each rank's file, refuses stale ones",
+    "residency/workload/ranks.py": "a rank opens its file with `JsonlRecorder`",
     "residency/adapters/vllm_omni.py": "a patched process opens its file with `JsonlRecorder`",
     "residency/notebook/progress.py": "names the run's live file; `last_request_id` reads it",
     "residency/experiments/orchestrate.py": "checks that a service run left its files",

@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from residency.workload import service as svc
+from residency.workload import http as service_http
+from residency.workload.admission import (
+    MAX_HANDLERS,
+    MAX_PER_CLIENT,
+    BoundedHTTPServer,
+    client_key,
+)
+from residency.workload.service import prepare_decisions_dir
 from tests.servicekit import wait_for
 
 
@@ -33,7 +40,7 @@ class _Stub:
 @contextmanager
 def _server(**kwargs) -> Iterator[tuple[tuple[str, int], _Stub]]:
     stub = _Stub()
-    httpd = svc._BoundedHTTPServer(("127.0.0.1", 0), svc._handler(stub), **kwargs)
+    httpd = BoundedHTTPServer(("127.0.0.1", 0), service_http.request_handler(stub), **kwargs)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:
@@ -93,7 +100,7 @@ def test_headers_have_one_deadline_for_the_whole_request(monkeypatch) -> None:
     only each read was bounded, so it held its handler for as long as it trickled). The
     deadline is set to 1 s here; the test waits on the condition (a hang guard, no
     threshold)."""
-    monkeypatch.setattr(svc, "HEADER_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(service_http, "HEADER_TIMEOUT_S", 1.0)
     closed = threading.Event()
     with _server() as (address, _):
         s = socket.create_connection(address, timeout=60)
@@ -131,7 +138,7 @@ def test_health_answers_while_one_client_holds_its_whole_share() -> None:
     with _server(key=by_address) as (address, _):
         slow = []
         try:
-            for _ in range(svc.MAX_HANDLERS):
+            for _ in range(MAX_HANDLERS):
                 s = socket.socket()
                 s.bind(("127.0.0.2", 0))
                 s.settimeout(60)
@@ -145,7 +152,7 @@ def test_health_answers_while_one_client_holds_its_whole_share() -> None:
                     refused.append(s.recv(65536).startswith(b"HTTP/1.1 503"))
                 except TimeoutError:
                     refused.append(False)
-            assert sum(refused) == svc.MAX_HANDLERS - svc.MAX_PER_CLIENT
+            assert sum(refused) == MAX_HANDLERS - MAX_PER_CLIENT
             assert _health(address).startswith(b"HTTP/1.1 200")
         finally:
             for s in slow:
@@ -159,7 +166,7 @@ def test_the_client_key_is_the_local_user_on_linux() -> None:
         client = socket.create_connection(server.getsockname(), timeout=60)
         conn, peer = server.accept()
         with client, conn:
-            assert svc.client_key(conn, peer) == f"uid {os.getuid()}"
+            assert client_key(conn, peer) == f"uid {os.getuid()}"
 
 
 # ------------------------------------------------------------------ the decisions folder
@@ -171,7 +178,7 @@ def test_a_planted_link_in_the_decisions_folder_is_never_followed(tmp_path: Path
     folder.mkdir()
     (folder / "decisions-rank0.jsonl").symlink_to(target)
     with pytest.raises(ValueError, match="already holds decisions-rank0.jsonl"):
-        svc.prepare_decisions_dir(folder, 1)
+        prepare_decisions_dir(folder, 1)
     assert target.read_text() == "keep me\n"
 
 
@@ -179,15 +186,15 @@ def test_stale_decisions_are_refused_and_a_fresh_folder_is_made(tmp_path: Path) 
     folder = tmp_path / "decisions"
     folder.mkdir()
     (folder / "service.log").write_text("the run's own log may be there\n")
-    svc.prepare_decisions_dir(folder, 2)
+    prepare_decisions_dir(folder, 2)
     assert sorted(p.name for p in folder.iterdir()) == [
         "decisions-rank0.jsonl", "decisions-rank1.jsonl", "service.log"]
     with pytest.raises(ValueError, match="decisions are never appended to"):
-        svc.prepare_decisions_dir(folder, 2)  # a second service into the same folder
+        prepare_decisions_dir(folder, 2)  # a second service into the same folder
     fresh = tmp_path / "new" / "d"
-    svc.prepare_decisions_dir(fresh, 1)
+    prepare_decisions_dir(fresh, 1)
     assert [p.name for p in fresh.iterdir()] == ["decisions-rank0.jsonl"]
     link = tmp_path / "link"
     link.symlink_to(fresh)
     with pytest.raises(ValueError, match="is a symbolic link"):
-        svc.prepare_decisions_dir(link, 1)
+        prepare_decisions_dir(link, 1)

@@ -22,7 +22,9 @@ import pytest
 
 from residency.experiments.orchestrate import ServiceFileError, load_service_file
 from residency.protocol import MAX_SEED, MAX_STEPS
-from residency.workload.service import MAX_HANDLERS, ServeConfig, Service
+from residency.workload.admission import MAX_HANDLERS
+from residency.workload.config import ServeConfig
+from residency.workload.front import Service
 from tests.servicekit import SMALL, alive, http, post_when_free, service
 
 SERVE = [sys.executable, "-m", "residency", "serve"]

@@ -434,7 +434,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             neighbours.exclusive(neighbours.lister_for(kind), {os.getpid()})
         except neighbours.NotExclusive as exc:
             raise ValueError(f"device {kind}: {exc}") from None
-    from residency.workload.service import ServeConfig, serve
+    from residency.workload.config import ServeConfig
+    from residency.workload.service import serve
 
     scale, resident_mib, on_device = args.scale, args.resident_mib, args.resident_on_device
     if args.fill is not None and scale != "auto":
