@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from residency.analysis import stats
-from residency.experiments.orchestrate import run_pair
+from residency.experiments.designs import run_pair
 from residency.rundir.run import Run, RunEntry, load_run
 
 ROOT = Path(__file__).resolve().parent.parent

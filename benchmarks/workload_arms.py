@@ -16,7 +16,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from residency.experiments.orchestrate import run_pair
+from residency.experiments.designs import run_pair
 from residency.rundir.run import load_run
 
 

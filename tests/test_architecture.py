@@ -369,7 +369,7 @@ DECISIONS_USERS = {
     "residency/workload/ranks.py": "a rank opens its file with `JsonlRecorder`",
     "residency/adapters/vllm_omni.py": "a patched process opens its file with `JsonlRecorder`",
     "residency/notebook/progress.py": "names the run's live file; `last_request_id` reads it",
-    "residency/experiments/orchestrate.py": "checks that a service run left its files",
+    "residency/experiments/arms.py": "checks that a service run left its files",
     "residency/selftest/steps.py": "finds the files its steps wrote; reads them via the owner",
 }
 DECISIONS_READERS = {"residency/policy/cache.py", "residency/rundir/run.py"}

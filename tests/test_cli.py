@@ -85,7 +85,10 @@ def test_building_the_parser_imports_no_concern() -> None:
     code = ("import sys, residency.cli.main as c; c.create_parser(); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'pandas', "
             "'numpy', 'scipy') or m in ('residency.reports.tables', 'residency.workload.service', "
-            "'residency.experiments.orchestrate', 'residency.analysis.whatif', "
+            "'residency.workload.front', 'residency.workload.ranks', "
+            "'residency.experiments.designs', 'residency.experiments.arms', "
+            "'residency.experiments.lifecycle', 'residency.experiments.servicefile', "
+            "'residency.analysis.whatif', "
             "'residency.traces.load')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, timeout=60)
@@ -132,7 +135,7 @@ def test_the_process_ends_without_the_collector_tracing_the_heap(entry: str) -> 
     """Both ways in (`python -m residency`, the `residency` console script) end with the
     objects left frozen (`gc.freeze`), so that the interpreter's exit does not trace them
     (~0.25 s with Dask's modules loaded); the atexit handlers and flushes still run."""
-    from residency.experiments.orchestrate import tomllib  # tomli on Python 3.10
+    from residency.experiments.servicefile import tomllib  # tomli on Python 3.10
 
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["residency"] == "residency.cli.main:console_main"

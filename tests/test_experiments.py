@@ -12,16 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from residency.experiments.orchestrate import (
-    ExperimentError,
-    aa_slots,
-    builtin_service,
-    load_service_file,
-    plan,
-    run_design,
-    run_pair,
-    start_service,
-)
+from residency.experiments.designs import aa_slots, plan, run_design, run_pair
+from residency.experiments.errors import ExperimentError
+from residency.experiments.lifecycle import start_service
+from residency.experiments.servicefile import builtin_service, load_service_file
 from tests.helpers import read_manifest
 from tests.servicekit import alive
 

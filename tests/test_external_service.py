@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from residency.evidence import build as build_evidence
-from residency.experiments.orchestrate import ExperimentError, ServiceFileError, run_pair
+from residency.experiments.designs import run_pair
+from residency.experiments.errors import ExperimentError, ServiceFileError
 from residency.reports.tables import evidence_table
 from residency.rundir import attribution as at
 from residency.rundir.run import load_run

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from residency.experiments.orchestrate import ExperimentError, run_pair
+from residency.experiments.designs import run_pair
+from residency.experiments.errors import ExperimentError
 from residency.protocol import MAX_STEPS
 from tests.helpers import read_manifest
 from tests.servicekit import SMALL, alive, http, service, wait_for

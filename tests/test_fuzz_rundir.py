@@ -246,7 +246,8 @@ TOML_VALUES = ['"X"', "nan", "inf", "-inf", "-1", "0", "1e400", str(2**63), "[1,
 @given(st.sampled_from(TOML_KEYS), st.sampled_from(TOML_VALUES), st.booleans())
 @pytest.mark.slow
 def test_fuzzed_service_toml(key: str, value: str, drop: bool) -> None:
-    from residency.experiments.orchestrate import ExperimentError, load_service_file
+    from residency.experiments.errors import ExperimentError
+    from residency.experiments.servicefile import load_service_file
 
     table, _, leaf = key.rpartition(".")
     lines, current, out, done = TOML_BASE.splitlines(), "", [], False

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from residency import evidence
-from residency.experiments.orchestrate import ExperimentError, builtin_service, run_design
+from residency.experiments.designs import run_design
+from residency.experiments.errors import ExperimentError
+from residency.experiments.servicefile import builtin_service
 from residency.reports import summary
 from residency.rundir import neighbours
 from residency.rundir.run import load_run

@@ -337,7 +337,7 @@ class FakeClock:
 
 
 def test_progress_lines_say_what_runs_and_the_time_left(tmp_path: Path) -> None:
-    from residency.experiments.orchestrate import plan
+    from residency.experiments.designs import plan
 
     clock, lines = FakeClock(), []
     order = plan("paired-profile", 2)
@@ -386,7 +386,7 @@ def test_progress_ticks_between_runs() -> None:
 
 
 def test_pair_labels_and_duration_text() -> None:
-    from residency.experiments.orchestrate import plan
+    from residency.experiments.designs import plan
 
     assert pair_labels(plan("paired-profile", 2), "paired-profile") == [
         "profiled pair", "profiled pair", "unprofiled pair 1 of 2", "unprofiled pair 1 of 2",

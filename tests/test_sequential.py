@@ -137,7 +137,8 @@ def test_every_view_reports_a_run_stopped_early(tmp_path: Path) -> None:
 
 def test_the_orchestrator_records_every_look_and_stops(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from residency.experiments import orchestrate as orch
+    from residency.experiments import arms, designs
+    from residency.experiments.servicefile import builtin_service
     from residency.rundir.run import Manifest
 
     def fake_arm(spec, arm, index, out, *, steps, seed, profiled, requests=1,  # noqa: ANN001
@@ -146,14 +147,14 @@ def test_the_orchestrator_records_every_look_and_stops(tmp_path: Path,
         e2e = (1.0 if arm == "baseline" else 0.9) + 0.001 * index
         return {"arm": arm, "index": index, "dir": f"runs/{index:02d}-{arm}", "e2e_s": e2e,
                 "profiled": profiled, "request_id": f"r{index}",
-                "cost": orch.run_cost(start_ns=2_000_000_000, warmup_ns=1_000_000_000,
-                                      measured_ns=requests * 10**9, total_ns=5 * 10**9)}
+                "cost": arms.run_cost(start_ns=2_000_000_000, warmup_ns=1_000_000_000,
+                                     measured_ns=requests * 10**9, total_ns=5 * 10**9)}
 
-    monkeypatch.setattr(orch, "run_arm", fake_arm)
-    spec = orch.builtin_service(device_kind="emulated-npu", ranks=1)
+    monkeypatch.setattr(arms, "run_arm", fake_arm)
+    spec = builtin_service(device_kind="emulated-npu", ranks=1)
     rule = sq.SequentialRule(max_pairs=12, first_look=6, look_every=2, rho=0.5)
-    out = orch.run_design("paired-profile", tmp_path / "run", spec=spec, pairs=12,
-                          requests=2, progress=False, sequential=rule)
+    out = designs.run_design("paired-profile", tmp_path / "run", spec=spec, pairs=12,
+                             requests=2, progress=False, sequential=rule)
     m = Manifest.read(out).to_dict()
     seq = m["sequential"]
     assert seq["rule"]["max_pairs"] == 12 and seq["rule"]["looks"] == [6, 8, 10, 12]

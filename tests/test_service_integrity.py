@@ -20,7 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from residency.experiments.orchestrate import ServiceFileError, load_service_file
+from residency.experiments.errors import ServiceFileError
+from residency.experiments.servicefile import load_service_file
 from residency.protocol import MAX_SEED, MAX_STEPS
 from residency.workload.admission import MAX_HANDLERS
 from residency.workload.config import ServeConfig
@@ -132,7 +133,7 @@ def test_socket_limits_and_disconnect_cancels(tmp_path) -> None:
 
 KERNEL = """
 import sys
-from residency.experiments.orchestrate import run_pair
+from residency.experiments.designs import run_pair
 run_pair("profiled-pair", out=sys.argv[1], device="emulated-npu", ranks=2, steps=3000,
          scale=0.02, resident_mib=256, progress=False)
 """
@@ -285,7 +286,7 @@ def test_service_file_fields_are_checked(tmp_path, where, line, field) -> None:
     ({"scale": float("nan")}, "scale"), ({"resident_mib": float("inf")}, "resident_mib"),
 ])
 def test_pair_checks_builtin_bounds_before_starting(tmp_path, kwargs, name) -> None:
-    from residency.experiments.orchestrate import run_pair
+    from residency.experiments.designs import run_pair
 
     with pytest.raises(ValueError, match=f"`{name}`"):
         run_pair(out=tmp_path / "run", device="emulated-npu", progress=False, **kwargs)

@@ -315,7 +315,7 @@ def test_the_release_curve_option_reaches_the_model(tmp_path: Path) -> None:
 def test_pair_records_scale_auto_on_the_emulated_npu_manifest(tmp_path: Path) -> None:
     """The sizing rule and its numbers in the manifest (no service run: the check stops at
     the first service start, which a bad arm makes fail fast)."""
-    from residency.experiments.orchestrate import builtin_service
+    from residency.experiments.servicefile import builtin_service
 
     spec = builtin_service(device_kind="cuda", ranks=1, scale=2.0, resident_on_device=True,
                            inject_failure="generic-telemetry", accelerator_patch="vllm-ascend")

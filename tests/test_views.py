@@ -237,7 +237,7 @@ def test_client_fields_describe_one_thing_each() -> None:
 
 
 def test_the_writer_writes_layout_2() -> None:
-    source = (ROOT / "residency" / "experiments" / "orchestrate.py").read_text()
+    source = (ROOT / "residency" / "experiments" / "arms.py").read_text()
     assert '"layout": CLIENT_LAYOUT' in source and '"median_e2e_s": median_s' in source
     assert '"request_id": first["request_id"], "e2e_ns"' not in source
 

@@ -466,7 +466,8 @@ def cmd_pair(args: argparse.Namespace) -> int:
     import signal
 
     from residency.devicemodel import model_from_args
-    from residency.experiments.orchestrate import ExperimentError, run_pair
+    from residency.experiments.designs import run_pair
+    from residency.experiments.errors import ExperimentError
     from residency.processes import raise_terminated
 
     emulator = model_from_args(args)  # ValueError naming the option: bad input

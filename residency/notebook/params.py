@@ -154,7 +154,8 @@ def _check_service(value: Any) -> str | None:
     if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
         raise ParameterError(f"The value for `service` must be None or a service file (TOML), "
                              f"but {value!r} was passed.")
-    from residency.experiments.orchestrate import ExperimentError, load_service_file
+    from residency.experiments.errors import ExperimentError
+    from residency.experiments.servicefile import load_service_file
 
     try:
         load_service_file(value)
@@ -169,7 +170,7 @@ def _check_service_use(service: str, source: str | None, device: str) -> None:
         raise ParameterError(f"The value for `service` must be None when `source` is a "
                              f"recorded run directory (its manifest names the service that "
                              f"ran), but {service!r} was passed.")
-    from residency.experiments.orchestrate import load_service_file
+    from residency.experiments.servicefile import load_service_file
 
     kind = load_service_file(service).device_kind
     if device not in ("auto", kind):
@@ -283,17 +284,17 @@ def open_source(source: str | os.PathLike[str], *, output_dir: str | os.PathLike
                 inject_failure: str = "none", stop_when_decided: bool = False,
                 require_exclusive: bool = False) -> Run:
     """The run to analyse: the recorded run directory `source`, or with `source="run"` a new
-    run of `design` recorded into `output_dir/run` by `residency.experiments.orchestrate.run_pair`
+    run of `design` recorded into `output_dir/run` by `residency.experiments.designs.run_pair`
     (services start as subprocesses): the built-in service, or the external one the service
     file `service` describes (then `device`, `ranks` and `scale` come from that file).
     `scale="auto"` sizes the workload from the device; `inject_failure` (cuda only) injects
     the NPU's telemetry failure into the baseline (`residency pair --inject-failure`).
     `stop_when_decided` (paired-profile): `pairs` is the maximum, the suite's sequential rule
     (`residency.analysis.sequential.SequentialRule.default`) stops once E2E is decided.
-    `require_exclusive`: see `residency.experiments.orchestrate.run_design`."""
+    `require_exclusive`: see `residency.experiments.designs.run_design`."""
     if str(source) != "run":
         return load_run(source)
-    from residency.experiments.orchestrate import plan, run_pair
+    from residency.experiments.designs import plan, run_pair
     from residency.notebook.progress import RunProgress
 
     out = Path(output_dir) / "run"

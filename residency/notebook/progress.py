@@ -4,7 +4,7 @@ papermill shows only its cell counter while a cell runs (stuck at one cell for m
 the pairs run); the kernel's own standard error, however, is the terminal papermill was
 started from. `to_terminal` writes a line there (inside an ipykernel: the original fd 2 that
 ipykernel keeps behind its capture; elsewhere: `sys.stderr`), and `RunProgress` is the
-progress object `residency.experiments.orchestrate.run_design(progress=...)` accepts: it says what
+progress object `residency.experiments.designs.run_design(progress=...)` accepts: it says what
 runs
 now (arm, pair, request), runs done of the total and an estimate of the time left, at every
 run start and end and every `interval_s` seconds in between (a daemon thread), and forwards

@@ -171,7 +171,7 @@ class Context:
         """The built-in service of this kind and rank count, with the selftest's timeouts."""
         import dataclasses
 
-        from residency.experiments.orchestrate import builtin_service
+        from residency.experiments.servicefile import builtin_service
 
         spec = builtin_service(device_kind=self.kind, ranks=self.ranks,
                                health_timeout_s=SERVICE_TIMEOUT_S,

@@ -281,7 +281,7 @@ def step_adapter(ctx: Context) -> StepOutput:
 
 def step_service(ctx: Context) -> StepOutput:
     """One profiled few-step request on the built-in service with the requested ranks."""
-    from residency.experiments.orchestrate import run_arm
+    from residency.experiments.arms import run_arm
 
     root = ctx.out / "service"
     root.mkdir(parents=True, exist_ok=True)
@@ -400,7 +400,7 @@ def step_profiler(ctx: Context) -> StepOutput:
 
 def step_paired(ctx: Context) -> StepOutput:
     """A tiny profiled-pair run directory, then `residency verify` on it."""
-    from residency.experiments.orchestrate import run_design
+    from residency.experiments.designs import run_design
     from residency.rundir.run import load_run, verify_run
 
     out = ctx.out / "pair"

@@ -90,7 +90,7 @@ def _workload(module):
 
 PATCHES = {"residency.selftest.environment": _selftest, "residency.emulated.device": _device,
            "residency.adapters.vllm_omni": _adapter,
-           "residency.experiments.orchestrate": _experiments,
+           "residency.experiments.designs": _experiments,
            "residency.workload.profiling": _profiling, "residency.workload.pipeline": _workload}
 
 
