@@ -449,7 +449,7 @@ def test_ranks_missing_from_the_job_are_said(tmp_path, how, monkeypatch):
 
         joined = []
         join = traces_load.join_parts
-        monkeypatch.setattr(traces_load, "_PART_MIN_BYTES", 256)
+        monkeypatch.setattr(traces_load, "PART_MIN_BYTES", 256)
         monkeypatch.setattr(traces_load, "join_parts", lambda *a: joined.append(1) or join(*a))
         said = _warned(load_traces, d, cache=False, workers=2, chunk_bytes=256)
         assert joined == [1]

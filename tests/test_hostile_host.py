@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from residency.analysis import idle
 from residency.analysis.idle import idle_summary_at
 from residency.traces import cache as tracecache
 from residency.traces import load as traces
+from residency.traces import parallel
 from residency.traces.load import load_traces
 from tests.helpers import MARKER, ROOT, copy_fixture, many_ranks, run_cli, same_traces
 
@@ -98,7 +98,7 @@ def test_a_scheduler_that_accepts_and_says_nothing_is_a_bounded_wait(tmp_path, m
                 held.append(listener.accept()[0])
 
     threading.Thread(target=accept, daemon=True).start()
-    monkeypatch.setattr(idle, "SCHEDULER_CONNECT_S", 1.0)
+    monkeypatch.setattr(parallel, "SCHEDULER_CONNECT_S", 1.0)
     address = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
     try:
         rc, out, err = run_cli("idle", str(many_ranks(tmp_path / "t", 2)), "--no-cache",
@@ -170,7 +170,7 @@ def test_a_trace_swapped_after_its_parts_were_parsed_is_not_recorded_as_parsed(t
     d = many_ranks(tmp_path / "t", 1)
     source = d / "rank0" / "trace.json"
     swapped = _same_size_other_figures(source)
-    monkeypatch.setattr(traces, "_PART_MIN_BYTES", 1 << 10)
+    monkeypatch.setattr(traces, "PART_MIN_BYTES", 1 << 10)
     join = traces.join_parts
 
     def join_then_swap(path, parts):

@@ -518,7 +518,7 @@ def test_load_traces_splits_a_large_file_across_workers(tmp_path, monkeypatch, n
                "ts": i * 3.5, "dur": 2.25} for i in range(20_000)]
     path = tmp_path / "rank0.json"
     path.write_text(json.dumps({"traceEvents": events, "baseTimeNanoseconds": 7}))
-    monkeypatch.setattr(traces, "_PART_MIN_BYTES", 100_000)
+    monkeypatch.setattr(traces, "PART_MIN_BYTES", 100_000)
     joined = []  # parts that were joined (not refused as misaligned)
     real = traces.join_parts
     monkeypatch.setattr(traces, "join_parts", lambda *a: (real(*a), joined.append(1))[0])

@@ -17,6 +17,7 @@ from residency.analysis.idle import idle_summary, idle_summary_at
 from residency.cli import main as cli
 from residency.traces import cache as tracecache
 from residency.traces import load as traces
+from residency.traces import parallel
 from residency.traces.load import CACHE_DIR, TraceError, load_traces
 from tests.helpers import MARKER, PAIRED, ROOT, copy_fixture, many_ranks, run_cli, same_traces
 
@@ -103,7 +104,7 @@ MB = 1 << 20
     ([26 * MB] * 4, 0, [1] * 4),  # no worker joined yet: one rank a task, not one task
 ])
 def test_dask_tasks_shrink_to_one_rank(sizes, threads, grouped):
-    groups = idle.task_groups(sizes, threads)
+    groups = parallel.task_groups(sizes, threads)
     assert [len(g) for g in groups] == grouped
     assert sorted(i for g in groups for i in g) == list(range(len(sizes)))
     order = [i for g in groups for i in g]
@@ -112,7 +113,7 @@ def test_dask_tasks_shrink_to_one_rank(sizes, threads, grouped):
 
 def test_dask_tasks_take_the_largest_ranks_first():
     sizes = [5 * MB, 90 * MB, 30 * MB, 40 * MB, 1 * MB, 70 * MB]
-    groups = idle.task_groups(sizes, 1)
+    groups = parallel.task_groups(sizes, 1)
     assert [i for g in groups for i in g] == sorted(range(6), key=lambda i: -sizes[i])
     # each task holds at least half of what was not yet given out (1 thread, 2 shares)
     left = sum(sizes)
@@ -145,24 +146,26 @@ def test_the_cluster_here_starts_with_a_prompt_worker_poll(tmp_path, monkeypatch
     job = {"busy": "kineto", "marker": MARKER, "window_marker": None, "cache": False,
            "chunk_bytes": traces.CHUNK_BYTES, "max_trace_bytes": traces.MAX_TRACE_BYTES}
     with pytest.raises(Stop):
-        idle._on_dask(plan, job, "local", 2)
-    assert seen == [idle._WORKER_START_POLL_S] and shipped > idle._WORKER_START_POLL_S
+        idle.reductions_at(plan, job, scheduler="local", workers=2)
+    assert seen == [parallel.WORKER_START_POLL_S] and shipped > parallel.WORKER_START_POLL_S
     assert WorkerProcess._init_msg_interval == shipped
     monkeypatch.delattr(WorkerProcess, "_init_msg_interval")
-    with idle._prompt_worker_start():
+    with parallel.prompt_worker_start():
         assert not hasattr(WorkerProcess, "_init_msg_interval")
 
 
 @pytest.mark.parametrize("ours", [True, False])
 def test_a_dask_task_keeps_the_heap_only_on_the_cluster_started_here(ours, monkeypatch):
-    from residency.traces import workers
-
     kept, reduced = [], []
-    monkeypatch.setattr(workers, "keep_heap", lambda: kept.append(1) or True)
-    monkeypatch.setattr(idle, "rank_reduction", lambda plan, i, **job: reduced.append(
-        (plan, i, job)) or "reduction")
+    monkeypatch.setattr(parallel, "keep_heap", lambda: kept.append(1) or True)
+
+    def task(plan, i, **job):
+        reduced.append((plan, i, job))
+        return "reduction"
+
     job = {"busy": None, "cache": False}
-    assert idle._reductions_on_worker("plan", (3, 1), ours=ours, job=job) == ["reduction"] * 2
+    assert parallel.run_group("plan", (3, 1), task=task, ours=ours,
+                              kwargs=job) == ["reduction"] * 2
     assert reduced == [("plan", 3, job), ("plan", 1, job)] and kept == ([1] if ours else [])
 
 
@@ -171,17 +174,18 @@ class KilledWorker(Exception):
 
 
 @pytest.mark.parametrize(("exc", "scheduler", "kind", "words"), [
-    (ModuleNotFoundError("No module named 'residency'"), "tcp://h:8786", idle.DaskTaskError,
+    (ModuleNotFoundError("No module named 'residency'"), "tcp://h:8786", parallel.DaskTaskError,
      "every worker must import residency"),
-    (KilledWorker("('task-1', <WorkerState 'tcp://h:1'>)"), "local", idle.DaskTaskError,
+    (KilledWorker("('task-1', <WorkerState 'tcp://h:1'>)"), "local", parallel.DaskTaskError,
      "a worker or the scheduler was lost"),
     (FileNotFoundError(2, "No such file or directory", "/nfs/rank3.json"), "tcp://h:8786",
      TraceError, "/nfs/rank3.json: cannot be read on a worker of the cluster at tcp://h:8786"),
-    (RuntimeError("boom\nsecond line"), "local", idle.DaskTaskError, "(RuntimeError: boom "),
+    (RuntimeError("boom\nsecond line"), "local", parallel.DaskTaskError,
+     "(RuntimeError: boom "),
 ])
 def test_a_failed_dask_task_says_what_the_workers_need(exc, scheduler, kind, words):
     plan = traces.plan_traces(DATA / "kineto_basic")
-    got = idle._task_error(exc, plan, scheduler)
+    got = parallel.task_error(exc, plan.root, scheduler)
     assert type(got) is kind and words in str(got) and "\n" not in str(got), str(got)
 
 
@@ -189,25 +193,29 @@ def test_a_failed_dask_task_says_what_the_workers_need(exc, scheduler, kind, wor
                                  FileNotFoundError(2, "No such file or directory", "/t/x")])
 def test_a_trace_error_on_this_machines_cluster_is_the_local_paths_error(exc):
     plan = traces.plan_traces(DATA / "kineto_basic")
-    assert idle._task_error(exc, plan, "local") is exc
+    assert parallel.task_error(exc, plan.root, "local") is exc
 
 
-def test_a_worker_of_another_residency_version_refuses_its_task(monkeypatch):
+def test_a_worker_of_another_residency_version_refuses_its_task():
     reduced = []
-    monkeypatch.setattr(idle, "rank_reduction", lambda plan, i, **job: reduced.append(i))
-    here = re.escape(idle.analysis_version())
-    with pytest.raises(idle.DaskTaskError, match=rf"runs residency {here}, this process "
+
+    def task(plan, i, **job):
+        reduced.append(i)
+
+    here = re.escape(parallel.analysis_version())
+    with pytest.raises(parallel.DaskTaskError, match=rf"runs residency {here}, this process "
                        r"9\.9\.9, parser 1: install the same residency"):
-        idle._reductions_on_worker("plan", (0,), ours=False, job={}, version="9.9.9, parser 1")
+        parallel.run_group("plan", (0,), task=task, ours=False, kwargs={},
+                           version="9.9.9, parser 1")
     assert reduced == []  # nothing computed
-    got = idle._reductions_on_worker("plan", (0,), ours=False, job={},
-                                     version=idle.analysis_version())
+    got = parallel.run_group("plan", (0,), task=task, ours=False, kwargs={},
+                             version=parallel.analysis_version())
     assert reduced == [0] and got == [None]
-    err = idle.DaskTaskError("x")
-    assert idle._task_error(err, None, "tcp://h:8786") is err  # one line as it is
+    err = parallel.DaskTaskError("x")
+    assert parallel.task_error(err, None, "tcp://h:8786") is err  # one line as it is
 
 
-def _no_residency_on_the_worker(plan, items, *, ours, job, version=None):
+def _no_residency_on_the_worker(shared, items, *, task, ours, kwargs, version=None):
     raise ModuleNotFoundError("No module named 'residency'")
 
 
@@ -215,7 +223,7 @@ def _no_residency_on_the_worker(plan, items, *, ours, job, version=None):
 def test_a_cluster_without_residency_is_one_line_exit_1(tmp_path, monkeypatch, capsys):
     pytest.importorskip("distributed", reason="dask[distributed] is not installed "
                         "(pip install 'residency[cluster]')")
-    monkeypatch.setattr(idle, "_reductions_on_worker", _no_residency_on_the_worker)
+    monkeypatch.setattr(parallel, "run_group", _no_residency_on_the_worker)
     code = cli.main(["idle", str(many_ranks(tmp_path / "t", 2)), "--no-cache",
                      "--scheduler", "local", "--workers", "1"])
     err = capsys.readouterr().err
@@ -228,14 +236,12 @@ def test_a_cluster_without_residency_is_one_line_exit_1(tmp_path, monkeypatch, c
 @pytest.mark.parametrize("mask, count, usable", [({3}, 8, 1), ({0, 1, 2}, 8, 3),
                                                   (None, 6, 6), (None, None, 1)])
 def test_usable_cpus_follows_the_affinity_mask(mask, count, usable, monkeypatch):
-    from residency.traces import workers
-
     if mask is None:
         monkeypatch.delattr(os, "sched_getaffinity", raising=False)
     else:
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid: mask)
     monkeypatch.setattr(os, "cpu_count", lambda: count)
-    assert workers.usable_cpus() == usable
+    assert parallel.usable_cpus() == usable
 
 
 @pytest.mark.slow
@@ -255,7 +261,7 @@ def test_the_cluster_hands_back_the_ranks_in_plan_order_as_they_finish(tmp_path)
     mapped = spy_on_map(distributed)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(distributed.Client, "map", mapped)
-        got = idle._on_dask(plan, job, "local", 2)
+        got, _ = idle.reductions_at(plan, job, scheduler="local", workers=2)
     (groups,) = mapped.groups  # the largest rank first, then one small rank a task
     assert groups[0] == (0,) and max(map(len, groups)) == 1
     assert sorted(i for g in groups for i in g) == [0, 1, 2, 3]

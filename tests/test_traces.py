@@ -377,7 +377,7 @@ def test_parallel_parse_with_threads_alive_uses_fresh_processes(tmp_path):
 
 @pytest.mark.parametrize("threads", [False, True], ids=["forked", "spawned"])
 def test_parse_workers_keep_their_heap_and_the_caller_keeps_its_own(threads):
-    from residency.traces import workers
+    from residency.traces import parallel
 
     try:
         glibc = bool(os.confstr("CS_GNU_LIBC_VERSION"))
@@ -388,14 +388,14 @@ def test_parse_workers_keep_their_heap_and_the_caller_keeps_its_own(threads):
     if threads:  # a process with threads spawns its workers: the setting is not inherited
         other.start()
     try:
-        with workers.process_pool(2) as pool:
-            kept = {pool.submit(workers.heap_kept).result() for _ in range(4)}
+        with parallel.process_pool(2) as pool:
+            kept = {pool.submit(parallel.heap_kept).result() for _ in range(4)}
     finally:
         release.set()
         if threads:
             other.join()
     assert kept == {glibc}
-    assert not workers.heap_kept()  # this process's allocator is left as it was
+    assert not parallel.heap_kept()  # this process's allocator is left as it was
 
 
 @pytest.mark.parametrize("exact", [False, True], ids=["fast path", "exact path"])

@@ -23,20 +23,17 @@ Analyses return values and never print; `residency.cli.main` is the ``residency 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
 import os
 import re
 import warnings
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from residency.errors import BadInput, RunFailed
 from residency.traces import busy as busydef
 from residency.traces import intervals as iv
 
@@ -45,9 +42,9 @@ if TYPE_CHECKING:
 
     from residency.traces.load import RankTimeline, TraceSet
 
-__all__ = ["DaskTaskError", "IdleSummary", "RankIdle", "RankReduction", "all_rank_idle_intervals",
+__all__ = ["IdleSummary", "RankIdle", "RankReduction", "all_rank_idle_intervals", "busy_union",
            "busy_intervals", "format_summary", "idle_summary", "idle_summary_at",
-           "per_rank_idle", "rank_reduction", "reduce_rank", "summarize"]
+           "per_rank_idle", "rank_reduction", "reduce_rank", "reductions_at", "summarize"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -339,8 +336,11 @@ def reduce_rank(t: RankTimeline, definition: busydef.BusyDefinition, fmt: str,
 def summarize(fmt: str, reductions: Sequence[RankReduction],
               definition: busydef.BusyDefinition, *, marker: str | None = None,
               window_marker: str | None = None, warn: bool = True,
-              allow_no_device_tasks: bool = False) -> IdleSummary:
-    """The `IdleSummary` of ranks' reductions (in rank order), as `idle_summary` computes it.
+              allow_no_device_tasks: bool = False,
+              busy_union: iv.Intervals | None = None) -> IdleSummary:
+    """The `IdleSummary` of ranks' reductions (in rank order), as `idle_summary` computes it;
+    `busy_union`: the union of every rank's busy intervals where it was reduced already (on
+    the workers, `reductions_at`), else it is measured here from the ranks'.
 
     Raises:
         ValueError: as `idle_summary`.
@@ -382,7 +382,7 @@ def summarize(fmt: str, reductions: Sequence[RankReduction],
                              r.excluded, free, r.unknown, steps))
     # all-rank idle = window - union of busy; markers (inside the window) & idle = markers -
     # (markers & union of busy): measured in a sweep, the union of every rank never built
-    busy = [r.busy for r in reductions]
+    busy = [r.busy for r in reductions] if busy_union is None else [busy_union]
     markers = iv.intersection(iv.union(*(r.markers for r in reductions)), window)
     marker_ns = iv.measure(markers)
     return IdleSummary(
@@ -486,10 +486,7 @@ def idle_summary_at(path: str | os.PathLike[str], *, marker: str | None = None,
            "cache": cache, "chunk_bytes": chunk_bytes or tr.CHUNK_BYTES,
            "max_trace_bytes": max_trace_bytes or tr.MAX_TRACE_BYTES}
     n = len(plan.sources)
-    if scheduler is not None:
-        reductions = _on_dask(plan, job, scheduler, workers)
-    else:
-        reductions = _here(plan, job, workers)
+    reductions, union = reductions_at(plan, job, scheduler=scheduler, workers=workers)
     if plan.format == "ascend":
         from residency.traces import ascend
 
@@ -507,7 +504,7 @@ def idle_summary_at(path: str | os.PathLike[str], *, marker: str | None = None,
     assert len(reductions) == n
     return summarize(plan.format, sorted(reductions, key=lambda r: r.rank), definition,
                      marker=marker, window_marker=window_marker,
-                     allow_no_device_tasks=allow_no_device_tasks)
+                     allow_no_device_tasks=allow_no_device_tasks, busy_union=union)
 
 
 class _Ends:
@@ -654,7 +651,8 @@ def _from_entry(plan: Any, i: int, got: tuple[dict[str, Any], dict[str, np.ndarr
         return None
 
 
-def _here(plan: Any, job: dict[str, Any], workers: int | None) -> list[RankReduction]:
+def _here(plan: Any, job: dict[str, Any], workers: int | None
+          ) -> tuple[list[RankReduction], iv.Intervals | None]:
     """Every rank's reduction on this machine. With at least as many files as workers, not
     all of them recorded in the cache, each file is one job of a worker process: its cache
     entry looked up there, else parsed and reduced there (`rank_reduction`). Else cache
@@ -668,10 +666,10 @@ def _here(plan: Any, job: dict[str, Any], workers: int | None) -> list[RankReduc
     n_items = len(plan.sources)
     stats = {i: tr.open_stat(plan.sources[i], plan.parse_root, job["max_trace_bytes"])
              for i in range(n_items)}
-    from residency.traces.workers import usable_cpus
+    from residency.traces.parallel import PARALLEL_MIN_BYTES, usable_cpus
 
     n = workers if workers is not None else usable_cpus()
-    small = sum(st.st_size for st in stats.values()) < tr.PARALLEL_MIN_BYTES
+    small = sum(st.st_size for st in stats.values()) < PARALLEL_MIN_BYTES
     if n > 1 and n_items >= n and not (workers is None and small) and not (
             job["cache"] and all(_recorded(plan, i, job, stats[i]) for i in range(n_items))):
         return _pool(plan, job, n, stats)  # (lookups in the workers: no start-up cost here)
@@ -685,7 +683,8 @@ def _here(plan: Any, job: dict[str, Any], workers: int | None) -> list[RankReduc
     if n <= 1 or (workers is None and small):
         done = {i: _computed(plan, i, job, None) for i in todo}
     elif len(todo) >= n:  # (recorded, but entries refused: stale or damaged)
-        done = dict(zip(todo, _pool(plan, job, n, {i: stats[i] for i in todo}), strict=True))
+        done = dict(zip(todo, _pool(plan, job, n, {i: stats[i] for i in todo})[0],
+                        strict=True))
     else:  # fewer files than workers: each file's parts in the workers
         for i in todo:
             (p,) = tr.parse_files(plan.format, [plan.sources[i]], workers=workers,
@@ -694,7 +693,7 @@ def _here(plan: Any, job: dict[str, Any], workers: int | None) -> list[RankReduc
                                   device_names=False)
             done[i] = _computed(plan, i, job, p)
             del p
-    return [found[i] if found[i] is not None else done[i] for i in range(n_items)]
+    return [found[i] if found[i] is not None else done[i] for i in range(n_items)], None
 
 
 def _recorded(plan: Any, i: int, job: dict[str, Any], stat: os.stat_result) -> bool:
@@ -706,323 +705,41 @@ def _recorded(plan: Any, i: int, job: dict[str, Any], stat: os.stat_result) -> b
                                 root=plan.parse_root)
 
 
-def _reduction_here(plan: Any, i: int, job: dict[str, Any]) -> RankReduction:
-    """`rank_reduction` of item `i` under `job` (a worker process's job)."""
-    return rank_reduction(plan, i, **job)
+def busy_union(reductions: Sequence[RankReduction]) -> iv.Intervals:
+    """The union of the ranks' busy intervals (a leaf of the all-rank reduction tree)."""
+    return iv.union(*(r.busy for r in reductions))
+
+
+def reductions_at(plan: Any, job: dict[str, Any], *, scheduler: str | None = None,
+                  workers: int | None = None
+                  ) -> tuple[list[RankReduction], iv.Intervals | None]:
+    """Every rank's reduction of `plan` (a `residency.traces.load.TracePlan`) under `job`
+    (`rank_reduction`'s keywords), in plan order, here (`workers` processes) or on a Dask
+    cluster (`scheduler`, `residency.traces.parallel.map_dask`), and the union of every rank's
+    busy intervals where the workers reduced it (a tree: each task's ranks, then the partial
+    unions pairwise, on the workers); None where the ranks were reduced here."""
+    from residency.traces import parallel
+
+    if scheduler is None:
+        return _here(plan, job, workers)
+    return parallel.map_dask(rank_reduction, plan, [_size(s) for s in plan.sources],
+                             scheduler=scheduler, workers=workers, kwargs=job,
+                             root=plan.root, leaf=busy_union, combine=iv.union)
 
 
 def _pool(plan: Any, job: dict[str, Any], n: int, stats: dict[int, os.stat_result]
-          ) -> list[RankReduction]:
-    """The reductions of the items of `stats`, in their order, by `n` worker processes."""
-    from residency.traces.workers import process_pool
+          ) -> tuple[list[RankReduction], iv.Intervals | None]:
+    """The reductions of the items of `stats`, in their order, by `n` worker processes in jobs
+    of a few ranks (`residency.traces.parallel.task_groups`, largest first), and the union of
+    their busy intervals, reduced on the workers."""
+    from residency.traces import parallel
 
-    order = sorted(stats, key=lambda i: -stats[i].st_size)  # largest first
-    with process_pool(n) as pool:
-        futures = {i: pool.submit(_reduction_here, plan, i, job) for i in order}
-        return [futures[i].result() for i in stats]
-
-
-# The cluster `--scheduler local` starts does one map of CPU-bound tasks: Dask's background
-# work (the statistical profiler sampling the task thread every 10 ms, event-loop ticks every
-# 20 ms, system and memory monitors, work stealing between identical tasks) only competes
-# with them for the cores. Quieter (key: distributed's shipped value, ours), each only where
-# the user kept the shipped value: 64 ranks x 110k events on 2 cores, the gather took 3.19-3.89
-# s against 3.64-4.37 s in 4 interleaved pairs (every pair faster). No HTTP routes (the
-# dashboard is off; these are Prometheus, health and JSON endpoints nobody reads from a
-# cluster that lives one command): the scheduler starts in 9 ms against 23 ms, the cluster
-# is up and closed 9-15 ms sooner (6 interleaved pairs, every pair).
-_QUIET_LOCAL_CLUSTER = {
-    "distributed.worker.profile.enabled": (True, False),
-    "distributed.admin.tick.interval": ("20ms", "500ms"),
-    "distributed.admin.system-monitor.interval": ("500ms", "5s"),
-    "distributed.worker.memory.monitor-interval": ("100ms", "1s"),
-    "distributed.scheduler.work-stealing": (True, False),
-    "distributed.scheduler.http.routes": ([
-        "distributed.http.scheduler.prometheus", "distributed.http.scheduler.info",
-        "distributed.http.scheduler.json", "distributed.http.health", "distributed.http.proxy",
-        "distributed.http.statics"], []),
-    "distributed.worker.http.routes": ([
-        "distributed.http.worker.prometheus", "distributed.http.health",
-        "distributed.http.statics"], []),
-}
-
-
-# A nanny polls its worker process's start message every `WorkerProcess._init_msg_interval`
-# (50 ms in distributed 2024.1-2026.8, a class attribute with no setting): ~25 ms of waiting on
-# average per start. Polled every 2 ms while the cluster here starts: up in 0.050-0.056 s
-# against 0.077-0.081 s (4 interleaved starts of 2 workers each).
-_WORKER_START_POLL_S = 0.002
-
-
-@contextlib.contextmanager
-def _prompt_worker_start() -> Iterator[None]:
-    """Nannies started inside poll their worker's start message every
-    `_WORKER_START_POLL_S`; as before afterwards (and unchanged where this distributed has no
-    such attribute)."""
-    try:
-        from distributed.nanny import WorkerProcess
-    except ImportError:
-        yield
-        return
-    shipped = getattr(WorkerProcess, "_init_msg_interval", None)
-    if not isinstance(shipped, (int, float)) or shipped <= _WORKER_START_POLL_S:
-        yield
-        return
-    WorkerProcess._init_msg_interval = _WORKER_START_POLL_S
-    try:
-        yield
-    finally:
-        WorkerProcess._init_msg_interval = shipped
-
-
-# How long a scheduler address given by the user may take to connect and answer Dask's
-# handshake (distributed's own `connect` waits for the handshake without a bound: a listener
-# that accepts and then says nothing held `idle` silent for 480 s).
-SCHEDULER_CONNECT_S = 30.0
-
-
-@contextlib.contextmanager
-def _quiet_dask() -> Iterator[None]:
-    """Dask's own log lines and warnings (a task's "Compute Failed" block, the HTTP port
-    moved, sockets closed late, tornado's tracebacks when interrupted) kept from the user:
-    each failure reaches the user once, as our one line. Levels as before afterwards."""
-    import logging
-
-    names = ("distributed", "tornado", "asyncio")
-    levels = {n: logging.getLogger(n).level for n in names}
-    for n in names:
-        logging.getLogger(n).setLevel(logging.CRITICAL + 1)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", module=r"(distributed|tornado|dask)(\.|$)")
-            warnings.simplefilter("ignore", ResourceWarning)
-            yield
-    finally:
-        for n, level in levels.items():
-            logging.getLogger(n).setLevel(level)
-
-
-def _scheduler_security(scheduler: str) -> Any:
-    """The credentials for the user's scheduler address, used as given: Dask's configuration
-    (``distributed.comm.tls.*``); refused in one line where its scheme is unknown or needs
-    what is not configured or installed.
-
-    Raises:
-        BadInput: as said.
-    """
-    from distributed.comm import registry
-    from distributed.comm.addressing import parse_address
-    from distributed.security import Security
-
-    try:
-        scheme, _ = parse_address(scheduler)
-    except (ValueError, TypeError) as exc:
-        raise BadInput(f"--scheduler {scheduler!r} is not a Dask address ({exc})") from None
-    if scheme not in registry.backends:
-        raise BadInput(f"--scheduler {scheduler!r}: unknown address scheme {scheme!r} (Dask "
-                       f"knows {', '.join(sorted(registry.backends))})")
-    security = Security()
-    if scheme in ("tls", "wss") and security.get_connection_args("client").get(
-            "ssl_context") is None:
-        raise BadInput(f"--scheduler {scheduler!r} needs TLS credentials: set Dask's "
-                       "distributed.comm.tls.ca-file, distributed.comm.tls.client.cert and "
-                       "distributed.comm.tls.client.key (configuration file or "
-                       "DASK_DISTRIBUTED__COMM__TLS__... variables)")
-    return security
-
-
-def _probe_scheduler(scheduler: str, security: Any, timeout_s: float) -> None:
-    """Connect to `scheduler` and complete Dask's handshake within `timeout_s`, then hang up.
-
-    Raises:
-        ValueError: unreachable, or no handshake in time (one line each).
-        BadInput: the scheme's transport cannot be used here (not installed).
-    """
-    import asyncio
-
-    from distributed.comm import connect
-
-    async def probe() -> None:
-        comm = await asyncio.wait_for(connect(
-            scheduler, timeout=timeout_s, **security.get_connection_args("client")),
-            timeout_s)
-        await comm.close()
-
-    try:
-        asyncio.run(probe())
-    except (asyncio.TimeoutError, TimeoutError):
-        raise ValueError(f"the Dask scheduler {scheduler!r} did not complete Dask's handshake "
-                         f"within {timeout_s:g} s (is a Dask scheduler listening there, with "
-                         "the credentials given?)") from None
-    except (OSError, ValueError) as exc:
-        text = " ".join(str(exc).split())[:300]
-        raise ValueError(f"cannot reach the Dask scheduler {scheduler!r}: {text}") from None
-    except (ImportError, TypeError, RuntimeError, AttributeError) as exc:
-        text = " ".join(str(exc).split())[:300]
-        raise BadInput(f"--scheduler {scheduler!r} cannot be used here "
-                       f"({type(exc).__name__}: {text})") from None
-
-
-def _on_dask(plan: Any, job: dict[str, Any], scheduler: str,
-             workers: int | None) -> list[RankReduction]:
-    """Every rank's reduction, computed on a Dask cluster in tasks of a few ranks each
-    (`task_groups`) and taken here as each task ends; in plan order.
-
-    The cluster of ``"local"`` accepts only this process: its scheduler and workers speak TLS
-    with credentials made for it in memory (`distributed.security.Security.temporary`, mutual
-    authentication), so another process of any user on the host cannot connect, submit work
-    or read results."""
-    try:
-        from distributed import Client, LocalCluster, as_completed
-        from distributed.security import Security
-    except ImportError:
-        raise ValueError("--scheduler needs Dask: pip install 'residency[cluster]' "
-                         "(dask[distributed])") from None
-
-    import logging
-
-    from residency.traces.workers import start_method, usable_cpus
-
-    ours = False
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(_quiet_dask())
-        if scheduler == "local":
-            import dask
-
-            try:
-                security = Security.temporary()
-            except ImportError:
-                raise ValueError("--scheduler local needs the package cryptography (for the "
-                                 "cluster's temporary TLS credentials): pip install "
-                                 "'residency[cluster]'") from None
-            key = "distributed.worker.multiprocessing-method"
-            # fork starts a worker in 0.3 s, spawn in 3 s (measured here); where the local
-            # pool would fork, and never over a choice the user made
-            if dask.config.get(key, "spawn") == "spawn" and start_method() == "fork":
-                stack.enter_context(dask.config.set({key: "fork"}))
-            stack.enter_context(dask.config.set({
-                k: quiet for k, (shipped, quiet) in _QUIET_LOCAL_CLUSTER.items()
-                if dask.config.get(k, shipped) == shipped}))
-            # the package versions every worker reports when it registers (and the client
-            # checks), read once here (a cached lookup) for the workers forked from here to
-            # inherit: the cluster up in 0.15 s against 0.22 s (6 interleaved starts)
-            from distributed.versions import get_versions
-
-            get_versions()
-            threads = workers or min(usable_cpus(), max(1, len(plan.sources)))
-            with _prompt_worker_start():
-                cluster = stack.enter_context(LocalCluster(
-                    n_workers=threads, threads_per_worker=1, processes=True,
-                    host="127.0.0.1", protocol="tls://", security=security,
-                    silence_logs=logging.CRITICAL + 1, dashboard_address=None,
-                    # (the scheduler's bare HTTP server, no routes: on loopback, any free port)
-                    scheduler_kwargs={"dashboard_address": "127.0.0.1:0"}))
-            client = stack.enter_context(Client(cluster, security=security))
-            ours = True
-        else:
-            security = _scheduler_security(scheduler)
-            _probe_scheduler(scheduler, security, SCHEDULER_CONNECT_S)
-            try:
-                client = stack.enter_context(Client(scheduler, security=security,
-                                                    timeout=SCHEDULER_CONNECT_S))
-            except (OSError, TimeoutError, ValueError) as exc:
-                raise ValueError(f"cannot reach the Dask scheduler {scheduler!r}: "
-                                 f"{exc}") from None
-            threads = sum(client.nthreads().values())  # (workers that join later: more)
-        groups = task_groups([_size(s) for s in plan.sources], threads)
-        # the plan (every rank's path) goes to each worker once, not once per task: pickled
-        # into every task it grew with the square of the ranks
-        shared = client.scatter(plan, broadcast=True, hash=False)
-        futures = client.map(_reductions_on_worker, [shared] * len(groups), groups,
-                             pure=False, ours=ours, job=job,
-                             # (workers forked from here run this code: ~65 ms not spent)
-                             version=None if ours else analysis_version())
-        # each task's results fetched as it ends, while the others run (a gather at the end
-        # fetched all 64 of 64 x 110k after the last task: ~0.06 s)
-        at = {f.key: g for f, g in zip(futures, groups, strict=True)}
-        got: dict[int, RankReduction] = {}
-        try:
-            for future, reductions in as_completed(futures, with_results=True):
-                got.update(zip(at[future.key], reductions, strict=True))
-        except Exception as exc:  # sorted by kind in _task_error
-            raise _task_error(exc, plan, scheduler) from exc
-        return [got[i] for i in range(len(plan.sources))]
-
-
-class DaskTaskError(RunFailed):
-    """A Dask task that could not compute its ranks for a reason of the cluster, not of a
-    trace (a worker without residency, a worker lost): exit 1, with what to fix."""
-
-
-def _task_error(exc: Exception, plan: Any, scheduler: str) -> Exception:
-    """What a failed Dask task reports: a trace's own error as the local path gives it; a
-    trace path a remote worker cannot read, or any other failure, as one line saying what
-    every worker needs."""
-    from residency.traces.files import TraceError
-
-    where = ("this machine's LocalCluster" if scheduler == "local" else
-             f"the cluster at {scheduler}")
-    if isinstance(exc, OSError) and scheduler != "local":
-        path = exc.filename or plan.root
-        return TraceError(path, f"cannot be read on a worker of {where} ({exc.strerror or exc}"
-                          "): every worker must read the traces at the paths given here (a "
-                          "shared file system mounted at the same path on every worker)")
-    if isinstance(exc, (BadInput, OSError, DaskTaskError)):
-        return exc  # (the same error as without --scheduler, or already one line)
-    kind = type(exc).__name__
-    text = " ".join(str(exc).split())[:300]
-    if isinstance(exc, ImportError) or kind == "AttributeError":
-        need = ("every worker must import residency, the version installed here (install "
-                "it into each worker's environment, then restart the workers)")
-    elif kind in ("KilledWorker", "CommClosedError", "CancelledError", "TimeoutError"):
-        need = ("a worker or the scheduler was lost during the task (out of memory? see the "
-                "workers' logs); rerun, or give the workers more memory")
-    else:
-        need = "see the workers' logs"
-    return DaskTaskError(f"a Dask task on {where} failed ({kind}: {text}): {need}")
-
-
-# A Dask task costs the scheduler and client ~3-6 ms of CPU, which `--scheduler local` takes
-# from the cores its workers parse on: 64 ranks x 110k events (26 MB each) on 2 workers, one
-# task per rank took 0.35-0.48 s of this process's CPU during the map, against 0.19-0.22 s in
-# tasks of 3 ranks. Equal tasks of 3 ranks (22 tasks) still left that CPU and a last task that
-# one worker waits on; guided self-scheduling (Polychronopoulos & Kuck 1987: each task takes a
-# fixed share of the work not yet handed out) gives 13 tasks, the first of 16 ranks and the
-# last four of one: `residency idle --scheduler local` 1.48 s (1.46-1.54) against 1.50 s
-# (1.48-1.55), n=9 each, the local path 1.15-1.16 s in both runs (benchmarks/trace_analysis.py).
-GUIDED_SHARES = 2  # a task takes 1/(GUIDED_SHARES x threads) of the bytes not yet in a task
-
-
-def task_groups(sizes: Sequence[int], threads: int) -> list[tuple[int, ...]]:
-    """The items of `sizes` (trace bytes per item; 0 where the size cannot be read here)
-    grouped into Dask tasks, largest items first: each task takes items until it holds
-    1/(`GUIDED_SHARES` x `threads`) of the bytes not yet in a task, so the first tasks are
-    large (few tasks) and the last hold one item each (no worker waits long on another's last
-    task); an item of unknown size (0) is a task of its own, and so is every item where no
-    worker thread is known yet (`threads` 0: a cluster whose workers have not joined)."""
-    order = sorted(range(len(sizes)), key=lambda i: -sizes[i])
-    if threads < 1:
-        return [(i,) for i in order]
-    left = sum(sizes)
-    groups: list[tuple[int, ...]] = []
-    group: list[int] = []
-    held = 0
-    for i in order:
-        if sizes[i] <= 0:  # (after every known size: the largest first)
-            if group:
-                groups.append(tuple(group))
-                group, held = [], 0
-            groups.append((i,))
-            continue
-        group.append(i)
-        held += sizes[i]
-        if held >= left // max(1, threads * GUIDED_SHARES):
-            groups.append(tuple(group))
-            left -= held
-            group, held = [], 0
-    if group:
-        groups.append(tuple(group))
-    return groups
+    items = list(stats)
+    groups = [tuple(items[k] for k in g) for g in
+              parallel.task_groups([stats[i].st_size for i in items], n)]
+    got, union = parallel.map_local(rank_reduction, groups, workers=n, args=(plan,),
+                                    kwargs=job, leaf=busy_union, combine=iv.union)
+    return [got[i] for i in items], union
 
 
 def _size(source: Path) -> int:
@@ -1032,45 +749,6 @@ def _size(source: Path) -> int:
         return os.stat(source).st_size
     except OSError:
         return 0
-
-
-@functools.cache
-def analysis_version() -> str:
-    """This residency's installed version and trace parser version ("0.1.0, parser 7"; the
-    version "not installed" for a source tree on the path): what a Dask worker must run for
-    its reductions to be this process's."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from residency.traces.cache import PARSER_VERSION
-
-    try:
-        installed = version("residency")
-    except PackageNotFoundError:
-        installed = "not installed"
-    return f"{installed}, parser {PARSER_VERSION}"
-
-
-def _reductions_on_worker(plan: Any, items: Sequence[int], *, ours: bool,
-                          job: dict[str, Any], version: str | None = None
-                          ) -> list[RankReduction]:
-    """`rank_reduction` of each of `items`, in order, as one Dask task; `ours`: on a worker of
-    the cluster started here, which keeps its heap as the local pool's do (64 x 110k, 5
-    interleaved rounds: 1.24x the local path against 1.31x without).
-
-    Raises:
-        DaskTaskError: `version` (the client's `analysis_version`) is not this worker's.
-    """
-    if version is not None and version != analysis_version():
-        import socket
-
-        raise DaskTaskError(f"the Dask worker on {socket.gethostname()} runs residency "
-                            f"{analysis_version()}, this process {version}: install the same "
-                            "residency on every worker (its figures could differ)")
-    if ours:
-        from residency.traces.workers import keep_heap
-
-        keep_heap()
-    return [rank_reduction(plan, i, **job) for i in items]
 
 
 def per_rank_idle(traces: TraceSet, *, marker: str | None = None,

@@ -78,9 +78,7 @@ ASCEND_COMM_PROCESSES = frozenset({"Communication", "HCCL"})  # "HCCL" before to
 COMMUNICATION_LANE = "[Communication]"  # the task type `residency.traces.busy` gives their ranges
 
 CACHE_DIR = "residency.parquet.cache"  # where versions before 0.2 cached: never read, skipped
-_PARALLEL_MIN_BYTES = 16 << 20  # below this, starting worker processes costs more than it saves
-PARALLEL_MIN_BYTES = _PARALLEL_MIN_BYTES
-_PART_MIN_BYTES = 32 << 20  # a file is split into parts of at least this much
+PART_MIN_BYTES = 32 << 20  # a file is split into parts of at least this much
 _EMPTY_CODES = np.empty(0, np.int16)
 
 
@@ -599,10 +597,10 @@ def _parse_all(fmt: str, sources: list[Path], *, cache: bool, workers: int | Non
     todo = [i for i, f in enumerate(found) if f is None]
     job = dict(root=root, chunk_bytes=chunk_bytes, max_bytes=max_bytes, digest=cache or digest,
                device_names=device_names)
-    from residency.traces.workers import usable_cpus
+    from residency.traces.parallel import PARALLEL_MIN_BYTES, usable_cpus
 
     n = workers if workers is not None else usable_cpus()
-    small = sum(stats[i].st_size for i in todo) < _PARALLEL_MIN_BYTES
+    small = sum(stats[i].st_size for i in todo) < PARALLEL_MIN_BYTES
     parts = {} if n <= 1 or (workers is None and small) else _plan_parts(
         sources, [stats[i].st_size for i in range(len(sources))], todo, n)
     jobs = len(todo) + sum(len(b) - 1 for b in parts.values())
@@ -626,7 +624,7 @@ def _plan_parts(sources: list[Path], sizes: list[int], todo: list[int],
         return {}
     out = {}
     for i in todo:
-        k = min(n // len(todo), sizes[i] // _PART_MIN_BYTES)
+        k = min(n // len(todo), sizes[i] // PART_MIN_BYTES)
         if k > 1 and not sources[i].name.endswith((".gz", ".db")) and not _is_sqlite(sources[i]):
             bounds = part_bounds(sources[i], sizes[i], k)
             if len(bounds) > 1:
@@ -639,7 +637,7 @@ def _parse_pool(fmt: str, sources: list[Path], stats: list[os.stat_result], todo
     """Parse files (and parts of files) in `n` worker processes."""
     import tempfile
 
-    from residency.traces.workers import process_pool  # (here: small traces start faster)
+    from residency.traces.parallel import process_pool  # (here: small traces start faster)
 
     part_job = dict(job)
     # largest first: the last job to finish is a small one
