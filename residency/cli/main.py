@@ -614,7 +614,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_idle(args: argparse.Namespace) -> int:
     """`idle`: all-rank no-device-task time and marker attribution of a trace directory."""
-    from residency.analysis.idle import format_summary, idle_summary, idle_summary_at
+    from residency.analysis.idle import idle_summary, idle_summary_at
+    from residency.reports.idletext import format_summary
     from residency.traces.load import TraceNote, load_traces
 
     causes = None

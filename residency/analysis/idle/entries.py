@@ -1,0 +1,128 @@
+"""The ``idle`` entries of the trace cache (`residency.traces.cache`): a `RankReduction` and
+the options it was computed under, written and read back (`record`, `cached`); an entry that
+is not well formed reads as no entry."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from residency.analysis.idle.model import RankReduction
+from residency.traces import busy as busydef
+
+__all__ = ["cached", "entry_meta", "from_entry", "options", "record", "recorded"]
+
+
+def options(plan: Any, job: dict[str, Any]) -> dict[str, Any]:
+    """What an ``idle`` cache entry was computed under (besides the trace and parser)."""
+    return {"format": plan.format, "busy": busydef.resolve(job["busy"], plan.format).name,
+            "marker": job["marker"], "window_marker": job["window_marker"],
+            "reduction": 2}  # 2: unknown types confirmed, host ranges, step intervals
+
+
+def cached(plan: Any, i: int, job: dict[str, Any], stat: os.stat_result | None = None
+            ) -> RankReduction | None:
+    """Item `i`'s reduction from its cache entry, if one matches (`stat`: the trace's status
+    from `residency.traces.load.open_stat`, taken now when not given)."""
+    from residency.traces import cache as tracecache
+    from residency.traces import load as tr
+
+    source = plan.sources[i]
+    if not (job["cache"] and tracecache.enabled(plan.parse_root, source)):
+        return None
+    if stat is None:
+        stat = tr.open_stat(source, plan.parse_root, job["max_trace_bytes"])
+    got = tracecache.get("idle", source, stat, options(plan, job), root=plan.parse_root,
+                         max_trace_bytes=job["max_trace_bytes"])
+    return from_entry(plan, i, got) if got is not None else None
+
+
+def record(plan: Any, i: int, job: dict[str, Any], stat: os.stat_result, digest: Any,
+           r: RankReduction) -> None:
+    """Record item `i`'s reduction `r` (computed under `job` from the bytes whose content
+    digest is `digest`) in the user's cache."""
+    from residency.traces import cache as tracecache
+
+    arrays = {"busy": r.busy, "markers": r.markers, "window_ranges": r.window_ranges}
+    if r.free is not None:
+        arrays["free"] = r.free
+    if r.computing is not None and r.work is not None:
+        arrays["computing"], arrays["work"] = r.computing, r.work
+    tracecache.put("idle", plan.sources[i], stat, options(plan, job), digest, entry_meta(r),
+                   arrays, root=plan.parse_root)
+
+
+def recorded(plan: Any, i: int, job: dict[str, Any], stat: os.stat_result) -> bool:
+    """Whether item `i` has a cache entry (not yet checked): with every rank recorded, the
+    lookups run here in threads, with no worker processes to start."""
+    from residency.traces import cache as tracecache
+
+    return tracecache.has_entry("idle", plan.sources[i], stat, options(plan, job),
+                                root=plan.parse_root)
+
+
+def entry_meta(r: RankReduction) -> dict[str, Any]:
+    return {"content_rank": r.content_rank, "device_tasks": r.device_tasks,
+            "rejected_events": r.rejected_events, "busy_bounds": r.busy_bounds,
+            "excluded": r.excluded, "unknown": r.unknown, "overlap_span": r.overlap_span,
+            "span": r.span, "end_abs": r.end_abs, "free": r.free is not None,
+            "confirmed": sorted(r.confirmed), "host_ranges": r.host_ranges,
+            "steps": r.computing is not None, "world_size": r.world_size}
+
+
+def _pair(v: Any) -> tuple[int, int] | None:
+    if v is None:
+        return None
+    a, b = v
+    if type(a) is not int or type(b) is not int:
+        raise TypeError("not a pair of ints")
+    return a, b
+
+
+def _counts(v: Any) -> dict[str, int]:
+    if not isinstance(v, dict) or not all(type(k) is str and type(n) is int
+                                          for k, n in v.items()):
+        raise TypeError("not a dict of counts")
+    return dict(v)
+
+
+def from_entry(plan: Any, i: int, got: tuple[dict[str, Any], dict[str, np.ndarray]]
+                ) -> RankReduction | None:
+    """A reduction from a cache entry; None when the entry is not well formed."""
+    from residency.traces import load as tr
+
+    meta, arrays = got
+    try:
+        content = meta["content_rank"]
+        if content is not None and type(content) is not int:
+            return None
+        rows = {}
+        steps = ("computing", "work") if meta["steps"] else ()
+        for k in ("busy", "markers", "window_ranges", *steps) + (
+                ("free",) if meta["free"] else ()):
+            a = arrays[k]
+            if a.dtype != np.int64 or a.ndim != 2 or a.shape[1] != 2:
+                return None
+            rows[k] = a
+        end_abs = meta["end_abs"]
+        if end_abs is not None and type(end_abs) is not int:
+            return None
+        n, rejected, hosts = meta["device_tasks"], meta["rejected_events"], meta["host_ranges"]
+        if type(n) is not int or type(rejected) is not int or type(hosts) is not int:
+            return None
+        confirmed, world = meta["confirmed"], meta["world_size"]
+        if not isinstance(confirmed, list) or not all(type(c) is str for c in confirmed):
+            return None
+        if world is not None and type(world) is not int:
+            return None
+        rank = tr.rank_of(plan, i, content, warn=False)
+        return RankReduction(rank, plan.sources[i], n, rejected, rows["busy"],
+                             _pair(meta["busy_bounds"]), _counts(meta["excluded"]),
+                             _counts(meta["unknown"]), rows["markers"], rows["window_ranges"],
+                             rows.get("free"), _pair(meta["overlap_span"]),
+                             _pair(meta["span"]), end_abs, content, frozenset(confirmed),
+                             hosts, rows.get("computing"), rows.get("work"), world)
+    except (KeyError, TypeError, ValueError):
+        return None

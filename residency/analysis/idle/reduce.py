@@ -1,0 +1,217 @@
+"""One rank's reduction (`RankReduction`: its busy union and marker ranges, never its columns),
+computed where the rank is read, and every rank's, here or on a Dask cluster
+(`residency.traces.parallel`), with the union of every rank's busy intervals reduced on the
+workers in a tree (`reductions_at`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from residency.analysis.idle import entries
+from residency.analysis.idle.model import RankReduction
+from residency.traces import busy as busydef
+from residency.traces import intervals as iv
+
+if TYPE_CHECKING:
+    from residency.traces.load import RankTimeline
+
+__all__ = ["busy_union", "compile_pattern", "matching", "rank_reduction", "reduce_rank",
+           "reductions_at"]
+
+
+def compile_pattern(pattern: str, option: str) -> re.Pattern[str]:
+    try:
+        return re.compile(pattern)
+    except (re.error, OverflowError, RecursionError, MemoryError, ValueError) as exc:
+        # (a repeat count past the C limit, 'x{4294967296}', is an OverflowError)
+        raise busydef.OptionError(option, "The value for {option} must be a regular "
+                                  "expression, but {0!r} was passed ({1}).", pattern,
+                                  exc) from None
+
+
+def matching(t: RankTimeline, rx: re.Pattern[str]) -> iv.Intervals:
+    """The host ranges of `t` whose name matches `rx`, as an interval array (not merged)."""
+    names = t.range_names.tolist()
+    hit = {n: rx.search(n) is not None for n in set(names)}  # each distinct name once
+    return t.ranges[np.fromiter(map(hit.__getitem__, names), bool, len(names))]
+
+
+_NONE = np.empty((0, 2), np.int64)
+
+
+
+
+def reduce_rank(t: RankTimeline, definition: busydef.BusyDefinition, fmt: str,
+                marker: re.Pattern[str] | None, window_marker: re.Pattern[str] | None,
+                *, content_rank: int | None = None, consume: bool = False) -> RankReduction:
+    """One rank's `RankReduction` under `definition` and the compiled patterns. With
+    `consume`, the caller gives `t` up: its busy union may be written over its device rows
+    (no second copy of a device-dense rank)."""
+    from residency.traces.load import timeline_span
+
+    chosen = busydef.busy_tasks(t, definition, fmt)
+    rows = chosen.rows
+    bounds = (int(rows[:, 0].min()), int(rows[:, 1].max())) if len(rows) else None
+    span = timeline_span(t)
+    free = None
+    overlap_span = None
+    if len(t.overlap):
+        free = iv.merge(t.overlap[t.overlap_names == "Free"])
+        overlap_span = (int(t.overlap[:, 0].min()), int(t.overlap[:, 1].max()))
+    ends = [max(-int(a[:, 1].min()), int(a[:, 1].max()))  # largest |end|, no copy
+            for a in (t.device, t.ranges, t.overlap) if len(a)]
+    computing = work = None
+    if fmt == "ascend":
+        computing = iv.merge(busydef.class_rows(t, frozenset({"compute", "unknown"})))
+        work = iv.merge(busydef.class_rows(t, frozenset({"compute", "unknown",
+                                                         "communication"})))
+    if consume and rows is t.device and rows.base is None:  # (ours alone: parsed for this)
+        rows.setflags(write=True)
+        busy = iv.merge_in_place(rows)
+    else:
+        busy = iv.merge(rows)
+    return RankReduction(
+        t.rank, t.source, t.device_tasks, t.rejected_events, busy, bounds,
+        dict(chosen.excluded), dict(chosen.unknown),
+        np.ascontiguousarray(matching(t, marker)) if marker is not None else _NONE,
+        np.ascontiguousarray(matching(t, window_marker)) if window_marker is not None
+        else _NONE, free, overlap_span, span,
+        int(max(ends)) if ends else None, content_rank, frozenset(chosen.confirmed),
+        len(t.ranges), computing, work)
+
+
+def rank_reduction(plan: Any, i: int, *, busy: str, marker: str | None,
+                   window_marker: str | None, cache: bool, chunk_bytes: int,
+                   max_trace_bytes: int, parsed: Any = None) -> RankReduction:
+    """The reduction of `plan`'s item `i` (a `residency.traces.load.TracePlan`): from the user's
+    cache when an entry matches, else parsed (or from `parsed`, its parse) and recorded."""
+    job = {"busy": busy, "marker": marker, "window_marker": window_marker, "cache": cache,
+           "chunk_bytes": chunk_bytes, "max_trace_bytes": max_trace_bytes}
+    hit = entries.cached(plan, i, job) if parsed is None else None
+    return hit if hit is not None else _computed(plan, i, job, parsed)
+
+
+def _computed(plan: Any, i: int, job: dict[str, Any], parsed: Any) -> RankReduction:
+    from residency.traces import cache as tracecache
+    from residency.traces import load as tr
+
+    source, root, limit = plan.sources[i], plan.parse_root, job["max_trace_bytes"]
+    stat = tr.open_stat(source, root, limit)
+    cache = job["cache"] and tracecache.enabled(root, source)
+    own = parsed is None  # parsed here for this reduction alone: its arrays can be reused
+    if parsed is None:
+        parsed = tr.parse_source(plan.format, source, root=root,
+                                 chunk_bytes=job["chunk_bytes"], max_bytes=limit,
+                                 digest=cache, device_names=False)
+    content_rank, digest, parsed_world = parsed.rank, parsed.digest, parsed.world_size
+    rank = tr.rank_of(plan, i, content_rank, warn=False)  # warned once, where gathered
+    t = tr.timeline_of(parsed, -1 if rank is None else rank, source, plan.sessions[i])
+    del parsed
+    wrx = None if job["window_marker"] is None else compile_pattern(job["window_marker"],
+                                                             "window_marker")
+    rx = None if job["marker"] is None else compile_pattern(job["marker"], "marker")
+    definition = busydef.resolve(job["busy"], plan.format)
+    r = dataclasses.replace(reduce_rank(t, definition, plan.format, rx, wrx, consume=own),
+                            rank=rank, content_rank=content_rank, world_size=parsed_world)
+    del t
+    if cache:  # (digest: of exactly the bytes parsed; none, nothing is recorded)
+        entries.record(plan, i, job, stat, digest, r)
+    return r
+
+
+def _here(plan: Any, job: dict[str, Any], workers: int | None
+          ) -> tuple[list[RankReduction], iv.Intervals | None]:
+    """Every rank's reduction on this machine. With at least as many files as workers, not
+    all of them recorded in the cache, each file is one job of a worker process: its cache
+    entry looked up there, else parsed and reduced there (`rank_reduction`). Else cache
+    entries are looked up here first (in threads), then the rest parsed here, one file per
+    worker process while there are enough of them, or each large file in parts in the workers
+    (`residency.traces.load.parse_files`) and reduced here, one rank at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from residency.traces import load as tr
+
+    n_items = len(plan.sources)
+    stats = {i: tr.open_stat(plan.sources[i], plan.parse_root, job["max_trace_bytes"])
+             for i in range(n_items)}
+    from residency.traces.parallel import PARALLEL_MIN_BYTES, usable_cpus
+
+    n = workers if workers is not None else usable_cpus()
+    small = sum(st.st_size for st in stats.values()) < PARALLEL_MIN_BYTES
+    if n > 1 and n_items >= n and not (workers is None and small) and not (
+            job["cache"] and all(entries.recorded(plan, i, job, stats[i]) for i in range(n_items))):
+        return _pool(plan, job, n, stats)  # (lookups in the workers: no start-up cost here)
+    found: list[RankReduction | None] = [None] * n_items
+    if job["cache"] and n_items:
+        with ThreadPoolExecutor(min(8, n_items)) as threads:
+            found = list(threads.map(lambda i: entries.cached(plan, i, job, stats[i]),
+                                     range(n_items)))
+    todo = [i for i, r in enumerate(found) if r is None]
+    done: dict[int, RankReduction] = {}
+    if n <= 1 or (workers is None and small):
+        done = {i: _computed(plan, i, job, None) for i in todo}
+    elif len(todo) >= n:  # (recorded, but entries refused: stale or damaged)
+        done = dict(zip(todo, _pool(plan, job, n, {i: stats[i] for i in todo})[0],
+                        strict=True))
+    else:  # fewer files than workers: each file's parts in the workers
+        for i in todo:
+            (p,) = tr.parse_files(plan.format, [plan.sources[i]], workers=workers,
+                                  root=plan.parse_root, chunk_bytes=job["chunk_bytes"],
+                                  max_bytes=job["max_trace_bytes"], digest=job["cache"],
+                                  device_names=False)
+            done[i] = _computed(plan, i, job, p)
+            del p
+    return [found[i] if found[i] is not None else done[i] for i in range(n_items)], None
+
+
+def busy_union(reductions: Sequence[RankReduction]) -> iv.Intervals:
+    """The union of the ranks' busy intervals (a leaf of the all-rank reduction tree)."""
+    return iv.union(*(r.busy for r in reductions))
+
+
+def reductions_at(plan: Any, job: dict[str, Any], *, scheduler: str | None = None,
+                  workers: int | None = None
+                  ) -> tuple[list[RankReduction], iv.Intervals | None]:
+    """Every rank's reduction of `plan` (a `residency.traces.load.TracePlan`) under `job`
+    (`rank_reduction`'s keywords), in plan order, here (`workers` processes) or on a Dask
+    cluster (`scheduler`, `residency.traces.parallel.map_dask`), and the union of every rank's
+    busy intervals where the workers reduced it (a tree: each task's ranks, then the partial
+    unions pairwise, on the workers); None where the ranks were reduced here."""
+    from residency.traces import parallel
+
+    if scheduler is None:
+        return _here(plan, job, workers)
+    return parallel.map_dask(rank_reduction, plan, [_size(s) for s in plan.sources],
+                             scheduler=scheduler, workers=workers, kwargs=job,
+                             root=plan.root, leaf=busy_union, combine=iv.union)
+
+
+def _pool(plan: Any, job: dict[str, Any], n: int, stats: dict[int, os.stat_result]
+          ) -> tuple[list[RankReduction], iv.Intervals | None]:
+    """The reductions of the items of `stats`, in their order, by `n` worker processes in jobs
+    of a few ranks (`residency.traces.parallel.task_groups`, largest first), and the union of
+    their busy intervals, reduced on the workers."""
+    from residency.traces import parallel
+
+    items = list(stats)
+    groups = [tuple(items[k] for k in g) for g in
+              parallel.task_groups([stats[i].st_size for i in items], n)]
+    got, union = parallel.map_local(rank_reduction, groups, workers=n, args=(plan,),
+                                    kwargs=job, leaf=busy_union, combine=iv.union)
+    return [got[i] for i in items], union
+
+
+def _size(source: Path) -> int:
+    """`source`'s size here in bytes (0 where it cannot be read here: it is checked where it
+    is read)."""
+    try:
+        return os.stat(source).st_size
+    except OSError:
+        return 0
