@@ -19,6 +19,11 @@ Definitions (``shared/BRIEF.md``), all inside one *window*, intervals half-open,
   ``marker_idle_intersection_ns`` is its measure intersected with all-rank idle.
 
 Analyses return values and never print; `residency.cli.main` is the ``residency idle`` front end.
+
+The package: `model` (the value objects), `reduce` (one rank's reduction where it is read, every
+rank's here or on Dask through `residency.traces.parallel`, the all-rank busy union reduced on
+the workers), `entries` (their cache entries), `checks` (the cross-checks against torch-npu's
+own figures); this module is the front. Text for people: `residency.reports.idletext`.
 """
 
 from __future__ import annotations
