@@ -188,3 +188,58 @@ def test_merge_in_place_writes_over_the_rows_it_was_given():
     frozen = arr([[0, 4], [2, 6]])
     frozen.flags.writeable = False
     assert iv.merge_in_place(frozen).tolist() == [[0, 6]] and frozen.tolist() == [[0, 4], [2, 6]]
+
+
+# packed sets (cache entries, a worker's reduction on its way to the client): exact, any width
+wide_sets = st.lists(st.tuples(st.integers(1, 2**40), st.integers(1, 2**40)), max_size=40).map(
+    lambda steps: np.cumsum([d for pair in steps for d in pair], dtype=np.int64).reshape(-1, 2)
+    - 2**41)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(interval_sets.map(lambda rows: iv.merge(arr(rows))), wide_sets),
+       st.integers(1, 5))
+def test_pack_and_unpack_give_the_set_back_exactly(x, block_rows):
+    import pickle
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(iv, "BLOCK_ROWS", block_rows)
+        head, lengths, gaps = iv.pack(x)
+        back = iv.unpack(head, lengths, gaps)
+        sent = pickle.loads(pickle.dumps(iv.Packed(x)))
+    assert back.dtype == np.int64 and np.array_equal(back, x.reshape(-1, 2))
+    assert type(sent) is np.ndarray and np.array_equal(sent, back)
+    widest = max([1, *(np.diff(x.reshape(-1)).tolist())])
+    assert len(x) < 2 or lengths.itemsize + gaps.itemsize <= 2 * (
+        1 if widest < 2**8 else 2 if widest < 2**16 else 4 if widest < 2**32 else 8)
+
+
+def test_a_device_dense_union_packs_into_6_bytes_a_row():
+    rng = np.random.default_rng(7)
+    flat = np.cumsum(np.stack([rng.integers(1, 150_000, 10_000),  # gaps up to 150 us
+                               rng.integers(1_000, 14_000, 10_000)], 1).reshape(-1))
+    x = (flat + 1_700_000_000_000_000_000).reshape(-1, 2)
+    head, lengths, gaps = iv.pack(x)
+    assert (lengths.dtype, gaps.dtype) == (np.uint16, np.uint32)
+    assert np.array_equal(iv.unpack(head, lengths, gaps), x)
+
+
+@pytest.mark.parametrize("damage", ["zero length", "zero gap", "beyond 2**62", "lengths short",
+                                    "float", "head of two rows"])
+def test_unpack_refuses_what_pack_cannot_give(damage):
+    head, lengths, gaps = iv.pack(arr([[0, 5], [10, 12], [20, 30]]))
+    lengths, gaps = lengths.copy(), gaps.copy()
+    if damage == "zero length":
+        lengths[0] = 0
+    elif damage == "zero gap":
+        gaps[1] = 0
+    elif damage == "beyond 2**62":
+        gaps = np.array([5, 2**62], np.int64)
+    elif damage == "lengths short":
+        lengths = lengths[:1]
+    elif damage == "float":
+        gaps = gaps.astype(np.float64)
+    else:
+        head = arr([[0, 5], [10, 12]])
+    with pytest.raises(ValueError):
+        iv.unpack(head, lengths, gaps)

@@ -687,3 +687,20 @@ def test_idle_module_keeps_dask_off_the_default_path():
                           cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert idle.__name__ == "residency.analysis.idle"
+
+
+def test_an_idle_entry_holds_the_busy_union_packed(tmp_path):
+    """The busy union is recorded as its first row plus narrow columns of lengths and gaps
+    (`intervals.pack`); the warm figures are the cold ones to the nanosecond."""
+    import numpy as np
+
+    d = many_ranks(tmp_path / "t", 2)
+    cold = idle_summary_at(d, marker="release")
+    for p in entries():
+        data = p.read_bytes()
+        magic = data.index(b"\n") + 1
+        (n,) = np.frombuffer(data[magic:magic + 8], "<u8")
+        specs = {a[0]: a for a in json.loads(data[magic + 8:magic + 8 + int(n)])["arrays"]}
+        assert specs["busy"][2] == [1, 2]
+        assert specs["busy_lengths"][1] in ("|u1", "<u2", "<u4")
+    assert idle_summary_at(d, marker="release") == cold

@@ -61,7 +61,7 @@ __all__ = ["PARSER_VERSION", "cache_dir", "enabled", "get", "get_parsed", "max_b
 # kept; 6: the payload digest covers the trace digest and status; 5: user cache
 PARSER_VERSION = 8
 _MAGIC = b"RESIDENCY-TRACE-CACHE/1\n"
-_DTYPES = frozenset({"<i8", "<i4", "<i2", "|i1", "|b1", "|u1"})
+_DTYPES = frozenset({"<i8", "<i4", "<i2", "|i1", "|b1", "|u1", "<u2", "<u4"})
 _DEFAULT_MAX = 4 << 30
 _ENTRY_SUFFIX = ".entry"
 _DIGESTS = frozenset({"sha256", PARTS_DIGEST})  # the trace digests an entry may record

@@ -609,7 +609,7 @@ class _Rows:
         if self.n + k > len(self.rows):
             if not self.rows.flags.owndata:  # unpickled: a view of the pickle's buffer
                 self.rows = self.rows.copy()
-            self.rows.resize((max(self.n + k, len(self.rows) * 3 // 2 + 4096), 2),
+            self.rows.resize((max(self.n + k, len(self.rows) * 9 // 8 + 65536), 2),
                              refcheck=False)
         self.rows[self.n:self.n + k, 0] = start
         self.rows[self.n:self.n + k, 1] = end

@@ -11,6 +11,7 @@ import numpy as np
 
 from residency.analysis.idle.model import RankReduction
 from residency.traces import busy as busydef
+from residency.traces import intervals as iv
 
 __all__ = ["cached", "entry_meta", "from_entry", "options", "record", "recorded"]
 
@@ -19,7 +20,8 @@ def options(plan: Any, job: dict[str, Any]) -> dict[str, Any]:
     """What an ``idle`` cache entry was computed under (besides the trace and parser)."""
     return {"format": plan.format, "busy": busydef.resolve(job["busy"], plan.format).name,
             "marker": job["marker"], "window_marker": job["window_marker"],
-            "reduction": 2}  # 2: unknown types confirmed, host ranges, step intervals
+            "reduction": 3}  # 3: busy packed (iv.pack); 2: unknown types confirmed, host
+    # ranges, step intervals
 
 
 def cached(plan: Any, i: int, job: dict[str, Any], stat: os.stat_result | None = None
@@ -45,7 +47,9 @@ def record(plan: Any, i: int, job: dict[str, Any], stat: os.stat_result, digest:
     digest is `digest`) in the user's cache."""
     from residency.traces import cache as tracecache
 
-    arrays = {"busy": r.busy, "markers": r.markers, "window_ranges": r.window_ranges}
+    head, lengths, gaps = iv.pack(r.busy)  # ("busy": its first row; the rest packed)
+    arrays = {"busy": head, "busy_lengths": lengths, "busy_gaps": gaps,
+              "markers": r.markers, "window_ranges": r.window_ranges}
     if r.free is not None:
         arrays["free"] = r.free
     if r.computing is not None and r.work is not None:
@@ -105,7 +109,8 @@ def from_entry(plan: Any, i: int, got: tuple[dict[str, Any], dict[str, np.ndarra
             a = arrays[k]
             if a.dtype != np.int64 or a.ndim != 2 or a.shape[1] != 2:
                 return None
-            rows[k] = a
+            rows[k] = np.array(a)  # (not a view: the entry's bytes are freed)
+        rows["busy"] = iv.unpack(rows["busy"], arrays["busy_lengths"], arrays["busy_gaps"])
         end_abs = meta["end_abs"]
         if end_abs is not None and type(end_abs) is not int:
             return None
