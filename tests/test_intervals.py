@@ -208,7 +208,7 @@ def test_pack_and_unpack_give_the_set_back_exactly(x, block_rows):
         back = iv.unpack(head, lengths, gaps)
         sent = pickle.loads(pickle.dumps(iv.Packed(x)))
     assert back.dtype == np.int64 and np.array_equal(back, x.reshape(-1, 2))
-    assert type(sent) is np.ndarray and np.array_equal(sent, back)
+    assert isinstance(sent, iv.Packed) and np.array_equal(iv.unpacked(sent), back)
     widest = max([1, *(np.diff(x.reshape(-1)).tolist())])
     assert len(x) < 2 or lengths.itemsize + gaps.itemsize <= 2 * (
         1 if widest < 2**8 else 2 if widest < 2**16 else 4 if widest < 2**32 else 8)

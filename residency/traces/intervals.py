@@ -23,7 +23,7 @@ SWEEP_ROWS = 1 << 16  # rows of the largest set per block of `measure_union` (ea
 
 __all__ = ["Intervals", "Packed", "as_intervals", "complement", "intersection",
            "is_normalised", "measure", "measure_union", "merge", "merge_in_place", "pack",
-           "union", "unpack"]
+           "union", "unpack", "unpacked"]
 
 
 def as_intervals(x: npt.ArrayLike) -> Intervals:
@@ -413,12 +413,29 @@ def unpack(head: np.ndarray, lengths: np.ndarray, gaps: np.ndarray) -> Intervals
 class Packed:
     """A normalised set as `pack` gives it, for a trip to another process (a worker's
     reduction to the client): pickled as those three arrays (a device-dense rank's union in 6
-    bytes a row instead of 16) and unpickled as the plain ``(n, 2)`` array (`unpack`)."""
+    bytes a row instead of 16) and unpickled as they are; `unpacked` gives the set (raising
+    ValueError on arrays `pack` cannot give)."""
 
     __slots__ = ("parts",)
 
     def __init__(self, x: Intervals) -> None:
         self.parts = pack(x)
 
+    @classmethod
+    def of_parts(cls, head: np.ndarray, lengths: np.ndarray, gaps: np.ndarray) -> Packed:
+        """The `Packed` of arrays `pack` gave (checked when unpacked)."""
+        self = cls.__new__(cls)
+        self.parts = (head, lengths, gaps)
+        return self
+
     def __reduce__(self) -> tuple[Any, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        return unpack, self.parts
+        return Packed.of_parts, self.parts
+
+    def unpack(self) -> Intervals:
+        """The set, a new ``(n, 2)`` int64 array (`unpack`)."""
+        return unpack(*self.parts)
+
+
+def unpacked(x: Intervals | Packed) -> Intervals:
+    """`x` itself, or the set a `Packed` stands for."""
+    return x.unpack() if isinstance(x, Packed) else x
