@@ -141,7 +141,7 @@ def _normal_call_per_rank(data: RunData) -> Attribution | None:
         order = "the two arms' ranks overlap"
     names = f"{data.pair[0].name} / {data.pair[1].name}"
     what = "profiled pair" if data.pair[0].profiled else "reference pair"
-    speed = stats.fmt_speed(cm / bm if bm else None)
+    speed = humanize.speed_text(cm / bm if bm else None)
     note = (f"Every rank, in this run pair ({what} {names}): baseline {_fmt_range(b, 'ms')}, "
             f"candidate {_fmt_range(c, 'ms')} per call, {order}; median over ranks "
             f"{humanize.sig(bm)} -> {humanize.quantity(cm, 'ms')} ({speed}). A description of the "

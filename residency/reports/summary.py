@@ -178,7 +178,7 @@ def _count_row(a: Attribution | None, key: str, name: str) -> Row | None:
         return None
     k = {arm: int(a.values[arm][0]) for arm in PAIRED_ARMS}
     n = {arm: int(a.n[arm]) for arm in PAIRED_ARMS}
-    pp = 100 * (k[CANDIDATE] / n[CANDIDATE] - k[BASELINE] / n[BASELINE])
+    pp = a.share_change_pp()
     if k[BASELINE] == n[BASELINE] and k[CANDIDATE] == 0:
         verdict = "baseline released every call, candidate none"
     elif k[BASELINE] == n[BASELINE] and k[CANDIDATE] == n[CANDIDATE]:

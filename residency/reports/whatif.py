@@ -70,8 +70,9 @@ class EffectEstimate:
         }
 
     def __repr__(self) -> str:
-        rel = "n/a" if self.release_cost_ms is None else f"{stats.fmt_num(self.release_cost_ms)}"
-        ret = "n/a" if self.retain_cost_ms is None else f"{stats.fmt_num(self.retain_cost_ms)}"
+        rel = ("n/a" if self.release_cost_ms is None else
+               humanize.full_number(self.release_cost_ms))
+        ret = "n/a" if self.retain_cost_ms is None else humanize.full_number(self.retain_cost_ms)
         return (f"<EffectEstimate {self.policy}, {len(self.table)} settings: release {rel} ms, "
                 f"retained check {ret} ms per call>\n  {self.note}")
 
@@ -154,7 +155,7 @@ def estimated_effect(run: Run | str | os.PathLike[str], grid: pd.DataFrame) -> E
                  f"median ({len(retain)} {retain_source}, {_ms(min(retain))}-"
                  f"{_ms(max(retain))}). Judged on the run as the unit (each run's median call, "
                  f"{len(b_runs)} vs {len(c_runs)} runs; calls of one run are not independent "
-                 f"replicates): {cmp.test}, p={stats.fmt_p(cmp.p_value)} "
+                 f"replicates): {cmp.test}, p={humanize.p_text(cmp.p_value)} "
                  f"({'significant' if cmp.p_value < stats.ALPHA else 'Not significant'} at "
                  f"the 5 % level).")
     else:
