@@ -687,3 +687,24 @@ def test_idle_module_keeps_dask_off_the_default_path():
                           cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert idle.__name__ == "residency.analysis.idle"
+
+
+def test_the_one_atomic_write_keeps_the_caches_temporary_file_rules(tmp_path):
+    """`jsonio.write_bytes_atomic`, which the cache's entries and the screenshots go through:
+    chunks written in order, the temporary file created with the mode asked for and never
+    through a link planted at its name, nothing left behind when the write fails."""
+    import stat
+
+    from residency.jsonio import write_bytes_atomic
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    out = tmp_path / "entry"
+    tmp = tmp_path / ".entry.123.tmp"
+    tmp.symlink_to(victim)
+    write_bytes_atomic(out, [b"ab", memoryview(b"cd")], tmp=tmp, mode=0o600, fsync=False)
+    assert out.read_bytes() == b"abcd" and victim.read_bytes() == b"precious"
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600 and not tmp.exists()
+    with pytest.raises(TypeError):
+        write_bytes_atomic(out, [b"new", object()])
+    assert out.read_bytes() == b"abcd" and not list(tmp_path.glob(".*.tmp"))
