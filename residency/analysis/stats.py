@@ -10,7 +10,6 @@ Entry points, one per shape of evidence:
 * `sign_flip_test`, `wilcoxon_signed_rank`: the two exact paired tests on deltas, alone;
 * `median_interval`: a distribution-free interval for a median with its exact coverage;
 * `aa_noise`: the spread of A/A (same-arm) pairs, the noise an A/B delta is read against;
-* `e2e_verdict`: the E2E attribution's verdict from a difference and an equivalence test;
 * `proportion`: k of n with a Clopper-Pearson 95 % interval;
 * `single`: one value per arm, no test possible.
 
@@ -47,7 +46,7 @@ _MAX_ENUMERATION = 200_000  # exact permutation enumeration limit for tied group
 __all__ = [
     "E2E_MARGIN_FRACTION", "AANoise", "Equivalence", "GroupComparison", "PairComparison",
     "Proportion", "Single",
-    "aa_noise", "compare_groups", "compare_pairs", "e2e_verdict", "equivalence_pairs",
+    "aa_noise", "compare_groups", "compare_pairs", "equivalence_pairs",
     "proportion", "single", "pairs_floor_note", "median_interval", "sign_flip_test",
     "wilcoxon_signed_rank", "EQUIVALENCE_OUTCOMES", "OUTLIER_SPREADS", "PAIRED_TEST",
     "robust_spread",
@@ -645,44 +644,6 @@ def aa_noise(slot_a: Sequence[float], slot_b: Sequence[float], *, unit: str = "s
             + ". An A/B delta within this spread is not distinguishable from noise.")
     return AANoise(n=int(a.size), deltas=tuple(float(x) for x in d), spread=spread,
                    max_abs=mx, cv=cv, unit=unit, p_value=None, ci=None, note=note)
-
-
-def e2e_verdict(difference: PairComparison, equivalence: Equivalence, *,
-                expected: str = "faster") -> str:
-    """One sentence beginning "Verdict:" (or "No verdict:"): a significant delta in the
-    `expected` direction ("faster": candidate below baseline) or against it, with its size
-    relative to the baseline median; equivalence within the margin; or "no verdict" with
-    what would give one. The equivalence outcome is added so the two never disagree."""
-    if expected not in ("faster", "slower"):
-        raise ValueError(f"The value for `expected` must be one of ['faster', 'slower'], but "
-                         f"{expected!r} was passed.")
-    u = difference.unit
-    p = difference.p_value
-    rel = ("" if difference.relative is None else
-           f" ({humanize.change_percent(difference.relative)} of the baseline median)")
-    if p is not None and p < ALPHA and difference.delta != 0:
-        direction = "faster" if difference.delta < 0 else "slower"
-        where = ("in the expected direction" if direction == expected
-                 else "AGAINST the expected direction")
-        eq = {"equivalent": f"; yet equivalent within {equivalence.margin_label}",
-              "not equivalent": f"; not equivalent within {equivalence.margin_label}",
-              }.get(equivalence.outcome, "")
-        return (f"Verdict: the candidate is {direction} in E2E, {where}: median paired delta "
-                f"{quantity(difference.delta, u, sign=True)}{rel} over {difference.n} pairs, "
-                f"{difference.test} p = {p_text(p)}{eq}.")
-    if equivalence.equivalent:
-        return (f"Verdict: E2E equivalent within {equivalence.margin_label}: median paired "
-                f"delta {quantity(equivalence.delta, u, sign=True)}{rel} over "
-                f"{equivalence.n} pairs, TOST p = {p_text(equivalence.p_value or 1.0)}.")
-    needs = [f"about {x} pairs for the difference" for x in [difference.pairs_needed] if x]
-    needs += [f"about {x} for equivalence" for x in [equivalence.pairs_needed] if x]
-    beyond = (f" (the deltas lie beyond the {equivalence.margin_label} margin, yet the "
-              "two-sided difference is not significant)"
-              if equivalence.outcome == "not equivalent" else "")
-    return ("No verdict: neither a significant E2E delta nor equivalence within "
-            f"{equivalence.margin_label} with {difference.n} pairs{beyond}: median paired delta "
-            f"{quantity(difference.delta, u, sign=True)}{rel}"
-            + (f" ({'; '.join(needs)})." if needs else "."))
 
 
 # ----------------------------------------------------------------------------- counts

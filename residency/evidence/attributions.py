@@ -14,6 +14,7 @@ from residency import humanize, markers
 from residency.analysis import stats
 from residency.evidence.model import PAIRED_ARMS, Attribution, Evidence, Scope
 from residency.evidence.runs import RunData, measured_requests, service_of
+from residency.evidence.verdicts import e2e_verdict
 from residency.jsonio import plain
 from residency.policy.cache import BASELINE, CANDIDATE
 from residency.rundir.run import Run, RunEntry
@@ -494,7 +495,7 @@ def _e2e_pairs(data: RunData, profiled: bool) -> Attribution | None:
                 base, [p[3] for p in pairs], margin=margin, unit="s",
                 margin_label=f"{stats.E2E_MARGIN_FRACTION:.0%} of the baseline median E2E".replace(
                     "%", " %"))
-            sentence = stats.e2e_verdict(result, eq)
+            sentence = e2e_verdict(result, eq)
             # (the verdict sentence itself is `detail["verdict"]`: the first screen's E2E line
             # says it, the note does not repeat it on the same page)
             verdict = " " + eq.note
