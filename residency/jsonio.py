@@ -14,7 +14,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["plain", "write_bytes_atomic", "write_json_atomic", "write_text_atomic"]
+__all__ = ["frame_records", "plain", "write_bytes_atomic", "write_json_atomic",
+           "write_text_atomic"]
 
 
 def plain(value: Any, *, finite: bool = False) -> Any:
@@ -71,6 +72,12 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes | Iterable[Any]
             os.unlink(tmp)
         raise
     return path
+
+
+def frame_records(frame: Any) -> list[dict[str, Any]]:
+    """A pandas DataFrame's rows as JSON objects (floats to 15 significant digits, NaN as
+    null), as `DataFrame.to_json(orient="records")` writes them."""
+    return json.loads(frame.to_json(orient="records", double_precision=15))
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
