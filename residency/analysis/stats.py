@@ -144,6 +144,12 @@ class GroupComparison(_Result):
     ci: None
     note: str
 
+    @property
+    def min_p(self) -> float:
+        """The smallest two-sided p reachable with these group sizes: 2 / C(n0 + n1, n0)
+        (complete separation)."""
+        return 2 / math.comb(sum(self.n), self.n[0])
+
     def _summary(self) -> str:
         b, c, u = self.baseline_range, self.candidate_range, self.unit
         bm, cm = full_number(self.baseline_median), full_number(self.candidate_median)
