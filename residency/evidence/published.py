@@ -11,8 +11,8 @@ from typing import Any
 from residency.analysis import stats
 from residency.policy.cache import BASELINE, CANDIDATE
 
-__all__ = ["change", "change_percent", "proportions", "ranges_apart", "share_change_pp",
-           "speedup_range"]
+__all__ = ["change", "change_percent", "change_percent_of_e2e", "proportions", "ranges_apart",
+           "share_change_pp", "speedup_range"]
 
 
 def change(row: Mapping[str, Any]) -> float:
@@ -24,6 +24,12 @@ def change_percent(row: Mapping[str, Any]) -> float | None:
     """A value row: the change in % of the baseline (None when the baseline is 0)."""
     b = row[BASELINE]
     return 100 * change(row) / b if b else None
+
+
+def change_percent_of_e2e(row: Mapping[str, Any], e2e_s: float) -> float:
+    """A value row in ms or s: the change in % of an E2E of `e2e_s` seconds."""
+    scale = 1e3 if row.get("unit", "") == "ms" else 1.0
+    return 100 * change(row) / scale / e2e_s
 
 
 def speedup_range(row: Mapping[str, Any]) -> tuple[float, float]:

@@ -19,7 +19,8 @@ from typing import Any
 
 import pandas as pd
 
-from residency.evidence import Evidence, published
+from residency.evidence import Evidence
+from residency.evidence import published as published_row
 from residency.humanize import (
     MISSING,
     change_percent,
@@ -147,7 +148,7 @@ def _published_cells(row: Mapping[str, Any], e2e_s: float | None) -> tuple[str, 
     b, c, unit, d = row[BASELINE], row[CANDIDATE], row.get("unit", ""), row["decimals"]
     kind = row["kind"]
     if kind == "range":
-        speedup = published.speedup_range(row)
+        speedup = published_row.speedup_range(row)
         rel = (f"baseline per call {sig(100 * b[0] / 1e3 / e2e_s)}–"
                f"{sig(100 * b[1] / 1e3 / e2e_s)} % of E2E" if e2e_s and unit == "ms"
                else MISSING)
@@ -155,18 +156,17 @@ def _published_cells(row: Mapping[str, Any], e2e_s: float | None) -> tuple[str, 
                 f"{_fixed(c[1], d)} {unit}", f"{sig(speedup[0])}x–{sig(speedup[1])}x faster "
                 "(any rank vs any rank)", rel)
     if kind == "count":
-        pp = published.share_change_pp(row)
+        pp = published_row.share_change_pp(row)
         return (f"{b['k']}/{b['n']} → {c['k']}/{c['n']}",
                 "unchanged" if pp == 0 else f"{'+' if pp > 0 else ''}{sig(pp)} pp", MISSING)
     if kind == "tally":
         parts = [f"{v['k']}/{v['n']} {k}" if isinstance(v, Mapping) else f"{v} {k}"
                  for k, v in c.items()]
         return f"candidate: {', '.join(parts)}", MISSING, MISSING
-    delta = published.change(row)
-    change = published.change_percent(row)
+    delta = published_row.change(row)
+    change = published_row.change_percent(row)
     pct = published_percent(change) if change is not None else MISSING
-    scale = 1e3 if unit == "ms" else 1.0
-    rel = (f"{published_percent(100 * delta / scale / e2e_s)} of E2E"
+    rel = (f"{published_percent(published_row.change_percent_of_e2e(row, e2e_s))} of E2E"
            if e2e_s and unit in ("ms", "s") else MISSING)
     if row["metric"].startswith(("client E2E", "full stack, 3 alternating")):
         rel = f"{pct} of E2E"
