@@ -25,7 +25,19 @@ run's resolved path name the same path whichever tree or OUT made them. Left out
 listing: the executed notebooks themselves (``*.ipynb``: papermill's start/end times and
 durations) and papermill's logs (``.papermill.log``).
 
-Usage: python scripts/render_all_reports.py OUT [--jobs N] [--only SUBSTRING]
+Two fields differ from one rendering to the next whatever the code, and the listing hashes
+each file with them masked (the files themselves are kept as written):
+
+* ``"written_at"`` in each notebook's ``results.json`` (`residency.notebook.outputs.finish`:
+  the clock when the document was written), masked as ``"written_at": "<clock>"``;
+* ``id="cell-id=XXXXXXXX"`` in the HTML reports: two cells of each executed notebook get a
+  random id when they are made (papermill's injected-parameters cell, and the banner cell
+  `residency.notebook.outputs` moves the banner into), masked as ``cell-id=<random>``.
+
+`--relist OUT` writes the listing of an existing OUT again (e.g. one made by an older version
+of this script).
+
+Usage: python scripts/render_all_reports.py OUT [--jobs N] [--only SUBSTRING] [--relist]
 then: diff OUT_BEFORE/SHA256SUMS OUT_AFTER/SHA256SUMS  (exit 0: byte-identical)
 """
 
@@ -35,6 +47,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -161,15 +174,31 @@ def run_notebook(out: Path, name: str, book: str, params: list[str]) -> None:
         (out / rel / "outputs.json").write_text(json.dumps(cells, indent=1, sort_keys=True))
 
 
+_CLOCK = re.compile(rb'"written_at": "[^"]*"')
+_CELL_ID = re.compile(rb'id="cell-id=[^"]*"')
+
+
+def masked(path: Path) -> bytes:
+    """The file's bytes with the fields that differ from one rendering to the next masked
+    (the module docstring)."""
+    data = path.read_bytes()
+    if path.name == "results.json":
+        return _CLOCK.sub(b'"written_at": "<clock>"', data)
+    if path.suffix == ".html":
+        return _CELL_ID.sub(b'id="cell-id=<random>"', data)
+    return data
+
+
 def listing(out: Path) -> list[str]:
     lines = []
     for p in sorted(out.rglob("*")):
-        if p.is_dir() or p.suffix in EXCLUDED_SUFFIXES or p.name in EXCLUDED_NAMES:
+        if (p.is_dir() or p.suffix in EXCLUDED_SUFFIXES or p.name in EXCLUDED_NAMES
+                or p.name.startswith(LISTING)):
             continue
         rel = p.relative_to(out)
         if rel.parts[0] == "runs":
             continue
-        lines.append(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {rel.as_posix()}")
+        lines.append(f"{hashlib.sha256(masked(p)).hexdigest()}  {rel.as_posix()}")
     return lines
 
 
@@ -179,9 +208,16 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=2, help="processes at once (default 2)")
     ap.add_argument("--only", default="", help="only outputs whose name contains this")
     ap.add_argument("--no-notebooks", action="store_true")
+    ap.add_argument("--relist", action="store_true",
+                    help="only write the listing of the existing folder OUT again")
     ap.add_argument("--work", type=Path, default=Path("/tmp/residency-render-all-reports"),
                     help="the fixed folder everything is made in (must not exist)")
     args = ap.parse_args()
+    if args.relist:
+        lines = listing(args.out)
+        (args.out / LISTING).write_text("\n".join(lines) + "\n")
+        print(f"{len(lines)} files listed in {args.out / LISTING}")
+        return 0
     final = args.out.resolve()
     if final.exists() and any(final.iterdir()):
         ap.error(f"{final} is not empty")
