@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from residency.analysis import stats
+from residency.evidence.verdicts import e2e_verdict
 from residency.experiments.designs import run_pair
 from residency.rundir.run import Run, RunEntry, load_run
 
@@ -187,7 +188,7 @@ def _report_ab(ab: Run, noise: stats.AANoise) -> None:
                                      margin_label="2 % of the baseline median E2E")
         print(f"  {diff.note}")
         print(f"  {eq.note}")
-        print(f"  {stats.e2e_verdict(diff, eq)}")
+        print(f"  {e2e_verdict(diff, eq)}")
 
 
 if __name__ == "__main__":

@@ -42,8 +42,10 @@ __all__ = ["DASH", "DIGITS", "MISSING", "bytes_text", "cell", "change_percent", 
            "csv_cell", "csv_comment", "csv_text", "duration_text", "for_people",
            "header", "html_table", "markdown_table", "markdown_table_in_full", "md_code",
            "md_line", "md_text",
-           "ms_from_ns", "p_text", "pair_names", "percent", "percent_span", "quantity",
-           "ratio_text", "round_numbers", "sig", "signed", "span_text", "write_csv",
+           "full_number", "ms_from_ns", "p_text", "pair_names", "published_percent", "percent",
+           "percent_span", "quantity",
+           "ratio_text", "round_numbers", "sig", "signed", "span_text", "speed_text",
+           "write_csv",
            "write_markdown_table"]
 
 
@@ -196,6 +198,32 @@ def ratio_text(baseline: float, candidate: float, digits: int = DIGITS) -> str:
     if b <= 0 or c <= 0 or not (math.isfinite(b) and math.isfinite(c)):
         return "ratio undefined"
     return f"{sig(b / c, digits)}x faster" if c < b else f"{sig(c / b, digits)}x slower"
+
+
+def speed_text(ratio: float | None, digits: int = DIGITS) -> str:
+    """pyperf's wording for a duration ratio candidate/baseline (`ratio_text` of 1 against
+    `ratio`): 1/599.9 -> "599.9x faster"; "ratio undefined (baseline is 0)" for None or a
+    ratio that is not finite, "candidate is 0" for 0."""
+    if ratio is None or not math.isfinite(ratio):
+        return "ratio undefined (baseline is 0)"
+    if ratio == 0.0:
+        return "candidate is 0"
+    return ratio_text(1.0, ratio, digits)
+
+
+def full_number(x: float) -> str:
+    """A number at full precision for machines and logs, not for people: at most 6 decimals
+    and no trailing zeros (ns resolution in ms): 12.5 -> "12.5", 3.0 -> "3"."""
+    if x == int(x) and abs(x) < 1e15:
+        return str(int(x))
+    return f"{x:.6f}".rstrip("0").rstrip(".")
+
+
+def published_percent(x: float) -> str:
+    """A published change in %, at the precision the publication uses: 2 decimals (-0.19 %,
+    -54.17 %), 2 significant digits below 0.1 % (-0.0097 %); "+" before a positive one."""
+    text = f"{x:.2f}" if abs(x) >= 0.1 or x == 0 else f"{x:.2g}"
+    return f"{'+' if x > 0 else ''}{text} %"
 
 
 def p_text(p: float | None, digits: int = DIGITS) -> str:

@@ -10,9 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from residency import evidence
+from residency import evidence, humanize
 from residency import notebook as nb
-from residency.analysis import stats
 from residency.notebook.params import ParameterError
 from residency.reports import tables
 from residency.rundir.run import load_run
@@ -115,7 +114,7 @@ def test_first_screen_states_the_verdict_and_the_aa_spread_without_project_targe
     assert text.count("erdict:") == 1 and nb.headline(with_aa, run) == text
     assert "target" not in text and "met" not in text.split() and "emulated NPU" in text
     notes = nb.first_screen_notes(with_aa, run)
-    assert f"median \\|delta\\| {stats.fmt_sig(with_aa['e2e_aa'].detail['spread_s'], 's')}" \
+    assert f"median \\|delta\\| {humanize.quantity(with_aa['e2e_aa'].detail['spread_s'], 's')}" \
         in notes
 
 

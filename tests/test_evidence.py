@@ -12,7 +12,7 @@ import pytest
 from residency import evidence
 from residency import notebook as nb
 from residency.analysis import whatif
-from residency.reports import whatif as whatif_report
+from residency.evidence import whatif as whatif_effect
 from residency.rundir.run import load_run
 from tests.helpers import PAIRED, ROOT, run_cli
 
@@ -100,7 +100,7 @@ def test_paired_report_tables_json_and_whatif_effect_give_identical_numbers(
         "released": report["normal_released"]["values"]["candidate"][0]}
 
     grid = whatif.replay_run(run, cached="0.25", free="0.05")
-    effect = whatif_report.estimated_effect(run, grid).to_dict()
+    effect = whatif_effect.estimated_effect(run, grid).to_dict()
     own = next(r for r in effect["rows"] if r["own"])
     assert (own["calls"], own["released"]) == (
         report["normal_released"]["n"]["candidate"],

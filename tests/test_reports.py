@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 
 from residency import humanize
+from residency.evidence import whatif as whatif_effect
 from residency.humanize import duration_text
 from residency.notebook.progress import RunProgress, pair_labels
 from residency.reports import banner
@@ -630,11 +631,10 @@ def test_views_memory_timeline_of_a_torch_npu_database_pair(tmp_path: Path,
 def test_views_whatif_small_tables_and_full_csv(tmp_path: Path, shown: list) -> None:
     from residency.analysis import whatif
     from residency.reports import views as rv
-    from residency.reports import whatif as whatif_report
 
     bounded = whatif.replay_run(RECORDED)
     learned = whatif.replay_run(RECORDED, policy="learned-budget")
-    effect = whatif_report.estimated_effect(RECORDED, bounded)
+    effect = whatif_effect.estimated_effect(RECORDED, bounded)
     own = tuple(bounded.attrs["own_settings"][0])
     grid_csv = rv.write_whatif([bounded, learned], output_dir=tmp_path)
     effect_csv = rv.write_effect(effect.table, output_dir=tmp_path)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
+from residency import humanize
 from residency.analysis import sequential as sq
 from residency.analysis import stats
 
@@ -122,7 +123,7 @@ def test_every_view_reports_a_run_stopped_early(tmp_path: Path) -> None:
     assert seq["p_adjusted"] == pytest.approx(2 ** -5 / np.sqrt(0.6))
     assert a.detail["verdict"].startswith("Verdict: the candidate is faster")
     assert "stopped after 6 of 10 pairs" in a.detail["verdict"]
-    p_adj = stats.fmt_p(seq["p_adjusted"])
+    p_adj = humanize.p_text(seq["p_adjusted"])
     s = summary.summarize(ev, manifest=run.manifest)
     table = tables.evidence_table(ev)
     views = {"first screen": summary.first_screen_markdown(s),

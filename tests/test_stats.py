@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from residency.analysis import stats
+from residency.evidence.verdicts import e2e_verdict
 
 
 @dataclass(frozen=True)
@@ -276,16 +277,16 @@ def test_aa_noise_and_the_e2e_verdict() -> None:
     faster = [b - 0.4 for b in base]
     diff = stats.compare_pairs(base, faster)
     eq = stats.equivalence_pairs(base, faster, margin=0.2)
-    assert stats.e2e_verdict(diff, eq).startswith("Verdict: the candidate is faster")
-    assert "AGAINST" in stats.e2e_verdict(stats.compare_pairs(faster, base),
+    assert e2e_verdict(diff, eq).startswith("Verdict: the candidate is faster")
+    assert "AGAINST" in e2e_verdict(stats.compare_pairs(faster, base),
                                           stats.equivalence_pairs(faster, base, margin=0.2))
     same = [b + d for b, d in zip(base, [0.01, -0.02, 0.015, -0.01, 0.02, -0.005],
                                   strict=True)]
-    verdict = stats.e2e_verdict(stats.compare_pairs(base, same),
+    verdict = e2e_verdict(stats.compare_pairs(base, same),
                                 stats.equivalence_pairs(base, same, margin=0.2))
     assert verdict.startswith("Verdict: E2E equivalent within")
     three = stats.compare_pairs(base[:3], same[:3])
-    assert stats.e2e_verdict(three, stats.equivalence_pairs(base[:3], same[:3], margin=0.2)
+    assert e2e_verdict(three, stats.equivalence_pairs(base[:3], same[:3], margin=0.2)
                              ).startswith("No verdict")
 
 

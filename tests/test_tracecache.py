@@ -704,3 +704,24 @@ def test_an_idle_entry_holds_the_busy_union_packed(tmp_path):
         assert specs["busy"][2] == [1, 2]
         assert specs["busy_lengths"][1] in ("|u1", "<u2", "<u4")
     assert idle_summary_at(d, marker="release") == cold
+
+
+def test_the_one_atomic_write_keeps_the_caches_temporary_file_rules(tmp_path):
+    """`jsonio.write_bytes_atomic`, which the cache's entries and the screenshots go through:
+    chunks written in order, the temporary file created with the mode asked for and never
+    through a link planted at its name, nothing left behind when the write fails."""
+    import stat
+
+    from residency.jsonio import write_bytes_atomic
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    out = tmp_path / "entry"
+    tmp = tmp_path / ".entry.123.tmp"
+    tmp.symlink_to(victim)
+    write_bytes_atomic(out, [b"ab", memoryview(b"cd")], tmp=tmp, mode=0o600, fsync=False)
+    assert out.read_bytes() == b"abcd" and victim.read_bytes() == b"precious"
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600 and not tmp.exists()
+    with pytest.raises(TypeError):
+        write_bytes_atomic(out, [b"new", object()])
+    assert out.read_bytes() == b"abcd" and not list(tmp_path.glob(".*.tmp"))

@@ -24,6 +24,7 @@ import pandas as pd
 import pytest
 
 from residency.analysis import whatif
+from residency.evidence import whatif as whatif_effect
 from residency.policy.cache import retains
 from residency.policy.telemetry import MemorySnapshot
 from residency.reports import whatif as whatif_report
@@ -363,7 +364,7 @@ def test_malformed_decision_is_refused_naming_the_field(tmp_path: Path, field: s
 # ----------------------------------------------------------------------------- effect
 def test_estimated_effect_prices_predicted_releases_with_measured_costs() -> None:
     grid = whatif.replay_run(FIXTURE, cached="0.25:0.3:0.05", free="0.05")
-    effect = whatif_report.estimated_effect(FIXTURE, grid)
+    effect = whatif_effect.estimated_effect(FIXTURE, grid)
     release = [99.123456, 100.25, 101.5, 102.1, 99.8, 99.123456, 100.25]  # baseline measured
     retain = [1.334, 1.402, 1.579, 1.512, 1.455]  # candidate measured retained
     assert effect.release_cost_ms == pytest.approx(np.median(release))
@@ -384,7 +385,7 @@ def test_estimated_effect_prices_predicted_releases_with_measured_costs() -> Non
 
 def test_effect_without_a_measured_release_says_so(tmp_path: Path) -> None:
     run = _write_run(tmp_path, {"candidate": {0: [_call(0, "r0001", 10, GIB)]}})
-    effect = whatif_report.estimated_effect(run, whatif.replay_run(run, cached="0.25", free="0.05"))
+    effect = whatif_effect.estimated_effect(run, whatif.replay_run(run, cached="0.25", free="0.05"))
     assert effect.release_cost_ms is None and effect.table["estimated_ms"].isna().all()
     assert "No estimate" in effect.note and "no release" in effect.note
 
@@ -463,7 +464,7 @@ def test_results_document_is_json_ready() -> None:
     bounded = whatif.replay_run(run, cached="0.25", free="0.05")
     learned = whatif.replay_run(run, cached="0.25", free="0.05", policy="learned-budget")
     doc = whatif_report.results(whatif.consistency(run), bounded, learned,
-                         whatif_report.estimated_effect(run, bounded), files={"figure": "x.png"})
+                         whatif_effect.estimated_effect(run, bounded), files={"figure": "x.png"})
     back = json.loads(json.dumps(doc))
     assert back["bounded"][0]["released"] == 2 and back["learned_budget"][0]["released"] == 4
     assert back["consistency"]["passed"] and back["files"] == {"figure": "x.png"}

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from residency import humanize
 from residency.analysis import stats
 from residency.analysis.sequential import signed_rank_tables
 from residency.policy.cache import BASELINE, CANDIDATE
@@ -555,8 +556,8 @@ def design_statement(design: str, pairs: int, requests: int) -> str:
                "are every rank, in this pair)")
     elif n < min_pairs_for():
         e2e = (f"E2E cannot reach p < 0.05 with {n} pairs (smallest two-sided p "
-               f"{stats.fmt_p(2.0 ** (1 - n))}; at least {min_pairs_for()} needed)")
+               f"{humanize.p_text(2.0 ** (1 - n))}; at least {min_pairs_for()} needed)")
     else:
-        e2e = (f"E2E can reach p = {stats.fmt_p(2.0 ** (1 - n))} at best; `residency plan` "
+        e2e = (f"E2E can reach p = {humanize.p_text(2.0 ** (1 - n))} at best; `residency plan` "
                "says the effect it detects")
     return f"design {design}: {what} ({runs} service runs): {e2e}."

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from residency import humanize
 from residency.analysis import stats
 
 __all__ = ["DECISIONS", "Look", "SequentialResult", "SequentialRule", "signed_rank_tables",
@@ -209,10 +210,11 @@ class SequentialRule:
         level = 1 - last.alpha_spent
         found = stats.median_interval(d, level=level)
         reason = {
-            "difference": (f"the exact Wilcoxon signed-rank p {stats.fmt_p(last.p_difference)}"
-                           f" <= {stats.fmt_p(last.alpha_spent)}, the alpha spent at this look"),
-            "equivalent": (f"the TOST p {stats.fmt_p(last.p_equivalence or 1.0)} <= "
-                           f"{stats.fmt_p(last.alpha_spent)}, the alpha spent at this look"),
+            "difference": (f"the exact Wilcoxon signed-rank p "
+                           f"{humanize.p_text(last.p_difference)} <= "
+                           f"{humanize.p_text(last.alpha_spent)}, the alpha spent at this look"),
+            "equivalent": (f"the TOST p {humanize.p_text(last.p_equivalence or 1.0)} <= "
+                           f"{humanize.p_text(last.alpha_spent)}, the alpha spent at this look"),
             "maximum": f"the maximum of {self.max_pairs} pairs reached undecided",
             "continue": "not stopped yet",
         }[last.decision]
@@ -268,13 +270,13 @@ def stop_sentence(record: Mapping[str, Any], unit: str = "s") -> str:
     ci = record.get("ci")
     level = float(record.get("ci_level") or 0.95)
     interval = (f"; {level:.2%} repeated confidence interval for the median delta "
-                f"{stats.fmt_sig(ci[0])}..{stats.fmt_sig(ci[1], unit)} (95 % jointly over "
+                f"{humanize.quantity(ci[0])}..{humanize.quantity(ci[1], unit)} (95 % jointly over "
                 "all looks)" if ci else
                 f"; no {level:.2%} repeated confidence interval reachable with {k} pairs")
     q = record.get("p_equivalence_adjusted")
     return (f"Stopped after {k} of {n} pairs ({what}: {record['reason']}); adjusted p = "
-            f"{stats.fmt_p(record['p_adjusted'])} (difference)"
-            + ("" if q is None else f", {stats.fmt_p(q)} (equivalence, TOST)")
+            f"{humanize.p_text(record['p_adjusted'])} (difference)"
+            + ("" if q is None else f", {humanize.p_text(q)} (equivalence, TOST)")
             + f", over {len(record.get('looks') or ())} looks{interval}.").replace("%", " %"
                                                                               ).replace("  ", " ")
 
@@ -355,22 +357,22 @@ def verdict_sentence(found: SequentialResult, difference: stats.PairComparison, 
     rel = ("" if difference.relative is None else
            f" ({difference.relative:+.2%} of the baseline median)".replace("%", " %"))
     k, n = found.stopped_after, found.max_pairs
-    delta = stats.fmt_sig(found.median_delta, u, sign=True)
+    delta = humanize.quantity(found.median_delta, u, sign=True)
     if found.decision == "difference":
         direction = "faster" if found.median_delta < 0 else "slower"
         where = ("in the expected direction" if direction == expected
                  else "AGAINST the expected direction")
         return (f"Verdict: the candidate is {direction} in E2E, {where}: median paired delta "
                 f"{delta}{rel}; stopped after {k} of {n} pairs by the sequential rule, "
-                f"adjusted p = {stats.fmt_p(found.p_adjusted)}.")
+                f"adjusted p = {humanize.p_text(found.p_adjusted)}.")
     if found.decision == "equivalent":
         return (f"Verdict: E2E equivalent within ±{found.rule.margin_fraction:.0%} of the "
                 f"baseline median E2E: median paired delta {delta}{rel}; stopped after {k} of "
                 f"{n} pairs by the sequential rule, adjusted TOST p = "
-                f"{stats.fmt_p(found.p_equivalence_adjusted or 1.0)}.").replace("%", " %")
+                f"{humanize.p_text(found.p_equivalence_adjusted or 1.0)}.").replace("%", " %")
     q = found.p_equivalence_adjusted
     return (f"No verdict: stopped after {k} of {n} pairs "
             f"({'maximum reached' if found.decision == 'maximum' else 'not finished'}), "
             f"neither a difference nor equivalence decided by the sequential rule: median "
-            f"paired delta {delta}{rel}, adjusted p = {stats.fmt_p(found.p_adjusted)}"
-            + ("" if q is None else f", adjusted TOST p = {stats.fmt_p(q)}") + ".")
+            f"paired delta {delta}{rel}, adjusted p = {humanize.p_text(found.p_adjusted)}"
+            + ("" if q is None else f", adjusted TOST p = {humanize.p_text(q)}") + ".")

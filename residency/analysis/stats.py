@@ -10,7 +10,6 @@ Entry points, one per shape of evidence:
 * `sign_flip_test`, `wilcoxon_signed_rank`: the two exact paired tests on deltas, alone;
 * `median_interval`: a distribution-free interval for a median with its exact coverage;
 * `aa_noise`: the spread of A/A (same-arm) pairs, the noise an A/B delta is read against;
-* `e2e_verdict`: the E2E attribution's verdict from a difference and an equivalence test;
 * `proportion`: k of n with a Clopper-Pearson 95 % interval;
 * `single`: one value per arm, no test possible.
 
@@ -34,6 +33,7 @@ import numpy as np
 from scipy import stats as _sps
 
 from residency import humanize
+from residency.humanize import full_number, p_text, quantity, speed_text
 from residency.policy.cache import BASELINE, CANDIDATE
 
 ALPHA = 0.05
@@ -46,50 +46,20 @@ _MAX_ENUMERATION = 200_000  # exact permutation enumeration limit for tied group
 __all__ = [
     "E2E_MARGIN_FRACTION", "AANoise", "Equivalence", "GroupComparison", "PairComparison",
     "Proportion", "Single",
-    "aa_noise", "compare_groups", "compare_pairs", "e2e_verdict", "equivalence_pairs",
+    "aa_noise", "compare_groups", "compare_pairs", "equivalence_pairs",
     "proportion", "single", "pairs_floor_note", "median_interval", "sign_flip_test",
     "wilcoxon_signed_rank", "EQUIVALENCE_OUTCOMES", "OUTLIER_SPREADS", "PAIRED_TEST",
-    "fmt_num", "fmt_p", "fmt_sig", "fmt_speed", "robust_spread",
+    "robust_spread",
 ]
 OUTLIER_SPREADS = 3.0
 """A paired delta further than this many robust spreads (1.4826 x MAD) from the median delta
 is named an outlier in the note."""
 
 
-# ----------------------------------------------------------------------------- formatting
-def fmt_num(x: float) -> str:
-    """A number with at most 6 decimals and no trailing zeros (ns resolution in ms)."""
-    if x == int(x) and abs(x) < 1e15:
-        return str(int(x))
-    return f"{x:.6f}".rstrip("0").rstrip(".")
-
-
-def fmt_p(p: float) -> str:
-    """A p-value with four significant digits: 0.001953125 -> "0.001953"
-    (`residency.humanize.p_text`)."""
-    return humanize.p_text(p)
-
-
-def fmt_sig(x: float, unit: str = "", *, sign: bool = False) -> str:
-    """`x` with 4 significant digits (and its unit): -0.293371 -> "-0.2934"; `sign` adds
-    "+" to positive values (`residency.humanize.quantity`)."""
-    return humanize.quantity(x, unit, sign=sign)
-
-
-def fmt_speed(ratio: float | None) -> str:
-    """pyperf's wording for a duration ratio candidate/baseline, with 4 significant digits
-    as every figure people read (`residency.humanize.ratio_text`)."""
-    if ratio is None or not math.isfinite(ratio):
-        return "ratio undefined (baseline is 0)"
-    if ratio == 0.0:
-        return "candidate is 0"
-    return humanize.ratio_text(1.0, ratio)
-
-
 def _verdict(p: float) -> str:
     if p < ALPHA:
-        return f"significant at the 5 % level (p={fmt_p(p)} < 0.05)"
-    return f"Not significant (p={fmt_p(p)} >= 0.05)"
+        return f"significant at the 5 % level (p={p_text(p)} < 0.05)"
+    return f"Not significant (p={p_text(p)} >= 0.05)"
 
 
 class _Result:
@@ -174,12 +144,19 @@ class GroupComparison(_Result):
     ci: None
     note: str
 
+    @property
+    def min_p(self) -> float:
+        """The smallest two-sided p reachable with these group sizes: 2 / C(n0 + n1, n0)
+        (complete separation)."""
+        return 2 / math.comb(sum(self.n), self.n[0])
+
     def _summary(self) -> str:
         b, c, u = self.baseline_range, self.candidate_range, self.unit
-        return (f"n={self.n[0]} vs {self.n[1]}: {fmt_num(b[0])}-{fmt_num(b[1])} {u} -> "
-                f"{fmt_num(c[0])}-{fmt_num(c[1])} {u}, medians {fmt_num(self.baseline_median)}"
-                f" -> {fmt_num(self.candidate_median)} {u}: {fmt_speed(self.ratio)}, "
-                f"p={fmt_p(self.p_value)}")
+        bm, cm = full_number(self.baseline_median), full_number(self.candidate_median)
+        return (f"n={self.n[0]} vs {self.n[1]}: {full_number(b[0])}-{full_number(b[1])} {u} -> "
+                f"{full_number(c[0])}-{full_number(c[1])} {u}, medians {bm}"
+                f" -> {cm} {u}: {speed_text(self.ratio)}, "
+                f"p={p_text(self.p_value)}")
 
 
 def _mann_whitney_exact(b: np.ndarray, c: np.ndarray) -> tuple[float, str]:
@@ -234,7 +211,7 @@ def compare_groups(
     floor = 2 / math.comb(b.size + c.size, b.size)
     if floor >= ALPHA:
         sep = (f"p < 0.05 is unreachable with {b.size} vs {c.size} values whatever the data "
-               f"(smallest two-sided p = {fmt_p(floor)}); ")
+               f"(smallest two-sided p = {p_text(floor)}); ")
     elif c.max() < b.min() or b.max() < c.min():
         sep = f"complete separation (p = 2/C({b.size + c.size},{b.size}), the smallest reachable); "
     note = (f"{test}, {b.size} vs {c.size} {replicate}s: {sep}{_verdict(p)}. "
@@ -281,13 +258,13 @@ class PairComparison(_Result):
     def _summary(self) -> str:
         u = self.unit
         rel = "" if self.relative is None else f" ({self.relative:+.2%})"
-        p = "p=None" if self.p_value is None else f"p={fmt_p(self.p_value)}"
+        p = "p=None" if self.p_value is None else f"p={p_text(self.p_value)}"
         ci = "" if self.ci is None else (f", {self.ci_coverage:.2%} interval "
-                                         f"{fmt_sig(self.ci[0])}..{fmt_sig(self.ci[1])}")
+                                         f"{quantity(self.ci[0])}..{quantity(self.ci[1])}")
         pairs = "pair" if self.n == 1 else "pairs"
-        return (f"n={self.n} {pairs}: medians {fmt_sig(self.baseline_median)} -> "
-                f"{fmt_sig(self.candidate_median)} {u}, median delta "
-                f"{fmt_sig(self.delta, u, sign=True)}{rel}{ci}, {p}")
+        return (f"n={self.n} {pairs}: medians {quantity(self.baseline_median)} -> "
+                f"{quantity(self.candidate_median)} {u}, median delta "
+                f"{quantity(self.delta, u, sign=True)}{rel}{ci}, {p}")
 
 
 def pairs_floor_note(n: int) -> str:
@@ -298,9 +275,9 @@ def pairs_floor_note(n: int) -> str:
     floor = 2.0 ** (1 - n)
     if floor >= ALPHA:
         return (f"With {n} pairs p < 0.05 is unreachable whatever the data (smallest two-sided "
-                f"p = 2^(1-{n}) = {fmt_p(floor)}): at least 6 pairs needed, all in one "
+                f"p = 2^(1-{n}) = {p_text(floor)}): at least 6 pairs needed, all in one "
                 f"direction.")
-    return f"Smallest two-sided p reachable with {n} pairs: 2^(1-{n}) = {fmt_p(floor)}."
+    return f"Smallest two-sided p reachable with {n} pairs: 2^(1-{n}) = {p_text(floor)}."
 
 
 def _rank_sum_distribution(d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -421,7 +398,7 @@ def _unusual_pairs(d: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]]:
 def _name_pairs(idx: Sequence[int], d: np.ndarray, labels: Sequence[str] | None,
                 unit: str) -> str:
     return ", ".join(f"pair {i + 1}{f' ({labels[i]})' if labels else ''} "
-                     f"{fmt_sig(float(d[i]), unit, sign=True)}" for i in idx)
+                     f"{quantity(float(d[i]), unit, sign=True)}" for i in idx)
 
 
 def compare_pairs(
@@ -464,8 +441,8 @@ def compare_pairs(
         found = median_interval(d) if n >= MIN_CI_PAIRS else None
         if found is not None:
             ci, coverage, order = (found[0], found[1]), found[2], (found[3], found[4])
-        parts.append(f"Median of the paired deltas {fmt_sig(md, unit, sign=True)} (not the "
-                     f"delta of the medians, {fmt_sig(cm - bm, unit, sign=True)}); " + (
+        parts.append(f"Median of the paired deltas {quantity(md, unit, sign=True)} (not the "
+                     f"delta of the medians, {quantity(cm - bm, unit, sign=True)}); " + (
             f"{humanize.percent(coverage)} distribution-free interval "
             f"{humanize.span_text(ci[0], ci[1], unit)}"
             f" (deltas {order[0]} and {order[1]} of {n} in order; exact coverage from the "
@@ -480,15 +457,15 @@ def compare_pairs(
     if noise is not None:
         verdict = ("within the noise: not distinguishable from A/A variation"
                    if abs(md) <= noise else f"{humanize.sig(abs(md) / noise)}x the noise")
-        parts.append(f"A/A noise {fmt_sig(noise, unit)}: |median delta| "
-                     f"{fmt_sig(abs(md), unit)} is {verdict}.")
+        parts.append(f"A/A noise {quantity(noise, unit)}: |median delta| "
+                     f"{quantity(abs(md), unit)} is {verdict}.")
     spread = robust_spread(d) if n >= 2 else noise
     needed = _pairs_needed(md, spread)
     if needed is not None and spread is not None:
         src = ("spread 1.4826 x MAD of the deltas (robust to one outlier)" if n >= 2 else
                "A/A noise as the spread")
         parts.append(f"Estimate: about {needed} pairs would resolve a median delta of "
-                     f"{fmt_sig(md, unit, sign=True)} at {src} {fmt_sig(spread, unit)} "
+                     f"{quantity(md, unit, sign=True)} at {src} {quantity(spread, unit)} "
                      f"(normal approximation, 80 % power, 5 % two-sided; at least 6 for the "
                      f"exact test).")
     elif n == 1:
@@ -529,9 +506,9 @@ class Equivalence(_Result):
     outcome: str = "cannot tell"  # one of EQUIVALENCE_OUTCOMES
 
     def _summary(self) -> str:
-        p = "p=None" if self.p_value is None else f"p={fmt_p(self.p_value)}"
-        return (f"n={self.n} pairs: median delta {fmt_sig(self.delta, self.unit, sign=True)} "
-                f"vs margin +-{fmt_sig(self.margin, self.unit)}: {self.outcome}, TOST {p}")
+        p = "p=None" if self.p_value is None else f"p={p_text(self.p_value)}"
+        return (f"n={self.n} pairs: median delta {quantity(self.delta, self.unit, sign=True)} "
+                f"vs margin +-{quantity(self.margin, self.unit)}: {self.outcome}, TOST {p}")
 
 
 def _signed_rank_one_sided(d: np.ndarray, alternative: str) -> float:
@@ -581,7 +558,7 @@ def equivalence_pairs(
     m = _scalar("margin", margin)
     if m <= 0:
         raise ValueError(f"The value for `margin` must be > 0, but {margin!r} was passed.")
-    label = margin_label or f"+-{fmt_sig(m, unit)}"
+    label = margin_label or f"+-{quantity(m, unit)}"
     n, d = int(b.size), c - b
     md, mean = float(np.median(d)), float(np.mean(d))
     test = "TOST: two one-sided exact Wilcoxon signed-rank tests, 5 % level each"
@@ -600,11 +577,11 @@ def equivalence_pairs(
     floor = 2.0 ** -n
     sd = float(np.std(d, ddof=1))
     needed = _equivalence_pairs_needed(mean, sd, m)
-    given = "" if margin_label is None else f" (+-{fmt_sig(m, unit)})"
+    given = "" if margin_label is None else f" (+-{quantity(m, unit)})"
     head = (f"{test}, {n} pairs, margin {label}{given}: median delta "
-            f"{fmt_sig(md, unit, sign=True)}; against H0 delta <= -margin one-sided p = "
-            f"{fmt_p(p_lower)}, against H0 delta >= +margin p = {fmt_p(p_upper)}: TOST p = "
-            f"{fmt_p(p)}.")
+            f"{quantity(md, unit, sign=True)}; against H0 delta <= -margin one-sided p = "
+            f"{p_text(p_lower)}, against H0 delta >= +margin p = {p_text(p_upper)}: TOST p = "
+            f"{p_text(p)}.")
     if p < ALPHA:
         outcome = "equivalent"
         tail = f" Equivalent within {label} at the 5 % level."
@@ -613,15 +590,15 @@ def equivalence_pairs(
         side, pp = (("below -margin", p_below) if p_below <= p_above else
                     ("above +margin", p_above))
         tail = (f" Not equivalent: the deltas lie {side} (one-sided exact Wilcoxon "
-                f"signed-rank p = {fmt_p(pp)} < 0.05).")
+                f"signed-rank p = {p_text(pp)} < 0.05).")
     else:
         outcome = "cannot tell"
         reach = ("" if floor < ALPHA else f" With {n} pairs p < 0.05 is unreachable (smallest "
-                 f"one-sided p = 2^-{n} = {fmt_p(floor)}).")
+                 f"one-sided p = 2^-{n} = {p_text(floor)}).")
         more = (f" About {needed} pairs would show equivalence if the mean delta stays "
-                f"{fmt_sig(mean, unit, sign=True)} at SD {fmt_sig(sd, unit)} (normal "
+                f"{quantity(mean, unit, sign=True)} at SD {quantity(sd, unit)} (normal "
                 "approximation, 80 % power)." if needed is not None else
-                f" The mean delta {fmt_sig(mean, unit, sign=True)} is outside the margin: more "
+                f" The mean delta {quantity(mean, unit, sign=True)} is outside the margin: more "
                 "pairs would not show equivalence at this margin.")
         tail = (f" Cannot tell: neither equivalence nor non-equivalence within {label} is "
                 f"shown.{reach}{more}")
@@ -648,8 +625,8 @@ class AANoise(_Result):
 
     def _summary(self) -> str:
         cv = "" if self.cv is None else f", CV {self.cv:.2%}"
-        return (f"A/A n={self.n} pairs: median |delta| {fmt_num(self.spread)} {self.unit}, "
-                f"max {fmt_num(self.max_abs)} {self.unit}{cv}")
+        return (f"A/A n={self.n} pairs: median |delta| {full_number(self.spread)} {self.unit}, "
+                f"max {full_number(self.max_abs)} {self.unit}{cv}")
 
 
 def aa_noise(slot_a: Sequence[float], slot_b: Sequence[float], *, unit: str = "s") -> AANoise:
@@ -673,44 +650,6 @@ def aa_noise(slot_a: Sequence[float], slot_b: Sequence[float], *, unit: str = "s
             + ". An A/B delta within this spread is not distinguishable from noise.")
     return AANoise(n=int(a.size), deltas=tuple(float(x) for x in d), spread=spread,
                    max_abs=mx, cv=cv, unit=unit, p_value=None, ci=None, note=note)
-
-
-def e2e_verdict(difference: PairComparison, equivalence: Equivalence, *,
-                expected: str = "faster") -> str:
-    """One sentence beginning "Verdict:" (or "No verdict:"): a significant delta in the
-    `expected` direction ("faster": candidate below baseline) or against it, with its size
-    relative to the baseline median; equivalence within the margin; or "no verdict" with
-    what would give one. The equivalence outcome is added so the two never disagree."""
-    if expected not in ("faster", "slower"):
-        raise ValueError(f"The value for `expected` must be one of ['faster', 'slower'], but "
-                         f"{expected!r} was passed.")
-    u = difference.unit
-    p = difference.p_value
-    rel = ("" if difference.relative is None else
-           f" ({humanize.change_percent(difference.relative)} of the baseline median)")
-    if p is not None and p < ALPHA and difference.delta != 0:
-        direction = "faster" if difference.delta < 0 else "slower"
-        where = ("in the expected direction" if direction == expected
-                 else "AGAINST the expected direction")
-        eq = {"equivalent": f"; yet equivalent within {equivalence.margin_label}",
-              "not equivalent": f"; not equivalent within {equivalence.margin_label}",
-              }.get(equivalence.outcome, "")
-        return (f"Verdict: the candidate is {direction} in E2E, {where}: median paired delta "
-                f"{fmt_sig(difference.delta, u, sign=True)}{rel} over {difference.n} pairs, "
-                f"{difference.test} p = {fmt_p(p)}{eq}.")
-    if equivalence.equivalent:
-        return (f"Verdict: E2E equivalent within {equivalence.margin_label}: median paired "
-                f"delta {fmt_sig(equivalence.delta, u, sign=True)}{rel} over "
-                f"{equivalence.n} pairs, TOST p = {fmt_p(equivalence.p_value or 1.0)}.")
-    needs = [f"about {x} pairs for the difference" for x in [difference.pairs_needed] if x]
-    needs += [f"about {x} for equivalence" for x in [equivalence.pairs_needed] if x]
-    beyond = (f" (the deltas lie beyond the {equivalence.margin_label} margin, yet the "
-              "two-sided difference is not significant)"
-              if equivalence.outcome == "not equivalent" else "")
-    return ("No verdict: neither a significant E2E delta nor equivalence within "
-            f"{equivalence.margin_label} with {difference.n} pairs{beyond}: median paired delta "
-            f"{fmt_sig(difference.delta, u, sign=True)}{rel}"
-            + (f" ({'; '.join(needs)})." if needs else "."))
 
 
 # ----------------------------------------------------------------------------- counts
@@ -774,7 +713,7 @@ class Single(_Result):
 
     def _summary(self) -> str:
         rel = "" if self.relative is None else f" ({self.relative:+.2%})"
-        return (f"{fmt_num(self.baseline)} -> {fmt_num(self.candidate)} {self.unit}, "
+        return (f"{full_number(self.baseline)} -> {full_number(self.candidate)} {self.unit}, "
                 f"delta {self.delta:+.6f} {self.unit}{rel}")
 
 

@@ -14,6 +14,7 @@ from residency import humanize, markers
 from residency.analysis import stats
 from residency.evidence.model import PAIRED_ARMS, Attribution, Evidence, Scope
 from residency.evidence.runs import RunData, measured_requests, service_of
+from residency.evidence.verdicts import e2e_verdict
 from residency.jsonio import plain
 from residency.policy.cache import BASELINE, CANDIDATE
 from residency.rundir.run import Run, RunEntry
@@ -141,7 +142,7 @@ def _normal_call_per_rank(data: RunData) -> Attribution | None:
         order = "the two arms' ranks overlap"
     names = f"{data.pair[0].name} / {data.pair[1].name}"
     what = "profiled pair" if data.pair[0].profiled else "reference pair"
-    speed = stats.fmt_speed(cm / bm if bm else None)
+    speed = humanize.speed_text(cm / bm if bm else None)
     note = (f"Every rank, in this run pair ({what} {names}): baseline {_fmt_range(b, 'ms')}, "
             f"candidate {_fmt_range(c, 'ms')} per call, {order}; median over ranks "
             f"{humanize.sig(bm)} -> {humanize.quantity(cm, 'ms')} ({speed}). A description of the "
@@ -494,7 +495,7 @@ def _e2e_pairs(data: RunData, profiled: bool) -> Attribution | None:
                 base, [p[3] for p in pairs], margin=margin, unit="s",
                 margin_label=f"{stats.E2E_MARGIN_FRACTION:.0%} of the baseline median E2E".replace(
                     "%", " %"))
-            sentence = stats.e2e_verdict(result, eq)
+            sentence = e2e_verdict(result, eq)
             # (the verdict sentence itself is `detail["verdict"]`: the first screen's E2E line
             # says it, the note does not repeat it on the same page)
             verdict = " " + eq.note

@@ -9,9 +9,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import numpy as np
+
 from residency import devices
 from residency.jsonio import plain
-from residency.policy.cache import PAIRED_ARMS
+from residency.policy.cache import BASELINE, CANDIDATE, PAIRED_ARMS
 
 __all__ = ["PAIRED_ARMS", "Attribution", "Evidence", "Scope", "plain"]
 
@@ -77,6 +79,26 @@ class Attribution:
         """The test's two-sided p, when a test applies."""
         return getattr(self.result, "p_value", None) if self.result is not None and \
             not isinstance(self.result, Mapping) else None
+
+    def shares(self) -> dict[str, float]:
+        """`counts`: each arm's share of its calls, k / n (an arm without calls left out)."""
+        return {arm: self.values[arm][0] / self.n[arm] for arm in PAIRED_ARMS
+                if self.n.get(arm)}
+
+    def share_change_pp(self) -> float:
+        """`counts`: the candidate's share minus the baseline's, in percentage points."""
+        k = {arm: self.values[arm][0] for arm in PAIRED_ARMS}
+        return 100 * (k[CANDIDATE] / self.n[CANDIDATE] - k[BASELINE] / self.n[BASELINE])
+
+    def median_ratio(self) -> float | None:
+        """`description`: the candidate's median over ranks / the baseline's (None when the
+        baseline's is 0)."""
+        med = self.detail["medians"]
+        return med[CANDIDATE] / med[BASELINE] if med[BASELINE] else None
+
+    def slot_medians(self) -> dict[str, float]:
+        """`aa` (A/A noise): the median of each slot's values, slot "A" and slot "B"."""
+        return {slot: float(np.median(self.values[slot])) for slot in ("A", "B")}
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: every field, the stats result as its own `to_dict()`."""

@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from residency.analysis import whatif
+from residency.evidence import whatif as whatif_effect
 from residency.reports import whatif as whatif_report
 from residency.rundir.run import Run
 
@@ -23,7 +24,7 @@ class WhatIf:
     gate: pd.DataFrame
     bounded: pd.DataFrame | None
     learned: pd.DataFrame | None
-    effect: whatif_report.EffectEstimate | None
+    effect: whatif_effect.EffectEstimate | None
     policy: str
 
     @property
@@ -50,7 +51,7 @@ def policy_whatif(run: Run, *, cached_range: str, free_range: str, policy: str =
     grid = {"cached": cached_range, "free": free_range}
     bounded = whatif.replay_run(run, policy="bounded", **grid)
     learned = whatif.replay_run(run, policy="learned-budget", **grid)
-    effect = whatif_report.estimated_effect(run, bounded if policy == "bounded" else learned)
+    effect = whatif_effect.estimated_effect(run, bounded if policy == "bounded" else learned)
     return WhatIf(gate, bounded, learned, effect, policy)
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from residency.analysis import stats
+from residency import humanize
 from residency.evidence.crossdevice import GIB, DeviceColumn, Spread
 from residency.humanize import MISSING
 from residency.jsonio import plain
@@ -42,7 +42,7 @@ def header(col: DeviceColumn) -> str:
 
 def _num(col: DeviceColumn, key: str, x: float) -> str:
     d = col.decimals.get(key)
-    return f"{x:.{d}f}" if d is not None else stats.fmt_num(x)
+    return f"{x:.{d}f}" if d is not None else humanize.full_number(x)
 
 
 def _why(col: DeviceColumn, key: str) -> str:
@@ -71,23 +71,24 @@ def _per_gib(col: DeviceColumn, arm: str) -> str:
         return _why(col, f"normal_ms_per_gib.{arm}")
     gib = col.released_gib_per_call[arm]
     est = "; estimated" if f"released_gib_per_call.{arm}" in col.missing else ""
-    return f"{stats.fmt_num(v)} ms/GiB ({stats.fmt_num(gib)} GiB per call{est})"
+    return f"{humanize.full_number(v)} ms/GiB ({humanize.full_number(gib)} GiB per call{est})"
 
 
 def _reserved(col: DeviceColumn) -> str:
     if col.reserved_bytes is None:
         return _why(col, "reserved_bytes")
-    of = (f" of {stats.fmt_num(col.total_bytes / GIB)} GiB "
-          f"({stats.fmt_num(100 * col.reserved_bytes / col.total_bytes)} %)"
+    of = (f" of {humanize.full_number(col.total_bytes / GIB)} GiB "
+          f"({humanize.full_number(100 * col.reserved_bytes / col.total_bytes)} %)"
           if col.total_bytes else "")
-    return f"{stats.fmt_num(col.reserved_bytes / GIB)} GiB{of}"
+    return f"{humanize.full_number(col.reserved_bytes / GIB)} GiB{of}"
 
 
 def _e2e(col: DeviceColumn) -> str:
     if col.e2e_delta_s is None:
         return _why(col, "e2e_delta_s")
     share = col.e2e_share
-    pct = "" if share is None else f", {'+' if share > 0 else ''}{stats.fmt_num(100 * share)} %"
+    pct = ("" if share is None else
+           f", {'+' if share > 0 else ''}{humanize.full_number(100 * share)} %")
     sign = "+" if col.e2e_delta_s > 0 else ""
     return (f"{sign}{_num(col, 'e2e_delta_s', col.e2e_delta_s)} s{pct} of "
             f"{_num(col, 'e2e_delta_s', col.e2e_baseline_s)} s ({col.e2e_scope})")

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from residency.errors import BadInput, RunFailed
+from residency.jsonio import write_bytes_atomic
 from residency.reports.banner import BANNER_CLASS
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -564,11 +565,8 @@ def capture(html_path: str | os.PathLike[str], png_path: str | os.PathLike[str],
                                 {"format": "png", "clip": clip, "captureBeyondViewport": True,
                                  "fromSurface": True}, session=session)
                 out = png if i == 0 else png.with_name(f"{png.stem}-{i + 1}.png")
-                tmp = out.with_name(f".{out.name}.tmp")
-                paths.append(tmp)
-                tmp.write_bytes(base64.b64decode(shot["data"]))
-                os.replace(tmp, out)
-                paths[-1] = out
+                write_bytes_atomic(out, base64.b64decode(shot["data"]), fsync=False)
+                paths.append(out)
                 heights.append(png_size(out)[1])
         except BaseException as exc:  # (Ctrl-C too): no partial screenshot stays behind
             cdp.close()

@@ -20,9 +20,11 @@ from typing import Any
 import pandas as pd
 
 from residency.evidence import Evidence
+from residency.evidence import published as published_row
 from residency.humanize import (
     MISSING,
     change_percent,
+    published_percent,
     quantity,
     ratio_text,
     sig,
@@ -30,7 +32,6 @@ from residency.humanize import (
     span_text,
 )
 from residency.policy.cache import BASELINE, CANDIDATE
-from residency.reports.tables import published_percent
 
 __all__ = ["FULL_STACK", "QUANTITIES", "Quantity", "side_by_side"]
 
@@ -119,7 +120,7 @@ def _run_cells(ev: Evidence, key: str) -> tuple[str, str, str] | None:
         if not all(n.values()):
             return f"{k[BASELINE]}/{n[BASELINE]} → {k[CANDIDATE]}/{n[CANDIDATE]}", \
                 MISSING, MISSING
-        pp = 100 * (k[CANDIDATE] / n[CANDIDATE] - k[BASELINE] / n[BASELINE])
+        pp = a.share_change_pp()
         return (f"{k[BASELINE]}/{n[BASELINE]} → {k[CANDIDATE]}/{n[CANDIDATE]}",
                 "unchanged" if pp == 0 else f"{'+' if pp > 0 else ''}{sig(pp)} pp", MISSING)
     if a.kind == "single":
@@ -147,24 +148,25 @@ def _published_cells(row: Mapping[str, Any], e2e_s: float | None) -> tuple[str, 
     b, c, unit, d = row[BASELINE], row[CANDIDATE], row.get("unit", ""), row["decimals"]
     kind = row["kind"]
     if kind == "range":
+        speedup = published_row.speedup_range(row)
         rel = (f"baseline per call {sig(100 * b[0] / 1e3 / e2e_s)}–"
                f"{sig(100 * b[1] / 1e3 / e2e_s)} % of E2E" if e2e_s and unit == "ms"
                else MISSING)
         return (f"{_fixed(b[0], d)}–{_fixed(b[1], d)} {unit} → {_fixed(c[0], d)}–"
-                f"{_fixed(c[1], d)} {unit}", f"{sig(b[0] / c[1])}x–{sig(b[1] / c[0])}x faster "
+                f"{_fixed(c[1], d)} {unit}", f"{sig(speedup[0])}x–{sig(speedup[1])}x faster "
                 "(any rank vs any rank)", rel)
     if kind == "count":
-        pp = 100 * (c["k"] / c["n"] - b["k"] / b["n"])
+        pp = published_row.share_change_pp(row)
         return (f"{b['k']}/{b['n']} → {c['k']}/{c['n']}",
                 "unchanged" if pp == 0 else f"{'+' if pp > 0 else ''}{sig(pp)} pp", MISSING)
     if kind == "tally":
         parts = [f"{v['k']}/{v['n']} {k}" if isinstance(v, Mapping) else f"{v} {k}"
                  for k, v in c.items()]
         return f"candidate: {', '.join(parts)}", MISSING, MISSING
-    delta = c - b
-    pct = published_percent(100 * delta / b) if b else MISSING
-    scale = 1e3 if unit == "ms" else 1.0
-    rel = (f"{published_percent(100 * delta / scale / e2e_s)} of E2E"
+    delta = published_row.change(row)
+    change = published_row.change_percent(row)
+    pct = published_percent(change) if change is not None else MISSING
+    rel = (f"{published_percent(published_row.change_percent_of_e2e(row, e2e_s))} of E2E"
            if e2e_s and unit in ("ms", "s") else MISSING)
     if row["metric"].startswith(("client E2E", "full stack, 3 alternating")):
         rel = f"{pct} of E2E"

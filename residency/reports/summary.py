@@ -134,7 +134,7 @@ def _normal_call_row(ev: Evidence) -> Row | None:
         vb, vc = runs.values[BASELINE], runs.values[CANDIDATE]
         direction = "faster" if c < b else "slower"
         sep = max(vc) < min(vb) or max(vb) < min(vc)
-        floor = 2 / math.comb(sum(r.n), r.n[0])
+        floor = r.min_p
         verdict = (f"candidate {direction}, p = {_p(r.p_value)}" if r.p_value < stats.ALPHA
                    else f"not significant (p = {_p(r.p_value)}"
                    + (f", the smallest reachable with {r.n[0]} vs {r.n[1]} runs)"
@@ -178,7 +178,7 @@ def _count_row(a: Attribution | None, key: str, name: str) -> Row | None:
         return None
     k = {arm: int(a.values[arm][0]) for arm in PAIRED_ARMS}
     n = {arm: int(a.n[arm]) for arm in PAIRED_ARMS}
-    pp = 100 * (k[CANDIDATE] / n[CANDIDATE] - k[BASELINE] / n[BASELINE])
+    pp = a.share_change_pp()
     if k[BASELINE] == n[BASELINE] and k[CANDIDATE] == 0:
         verdict = "baseline released every call, candidate none"
     elif k[BASELINE] == n[BASELINE] and k[CANDIDATE] == n[CANDIDATE]:

@@ -15,14 +15,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from residency import devices, humanize
 from residency.analysis import stats
-from residency.evidence import PAIRED_ARMS, Attribution, Evidence
+from residency.evidence import PAIRED_ARMS, Attribution, Evidence, published
 from residency.evidence import build as build_evidence
-from residency.humanize import csv_text, md_line, write_markdown_table
+from residency.humanize import csv_text, md_line, published_percent, write_markdown_table
 from residency.jsonio import plain
 from residency.policy.cache import BASELINE, CANDIDATE
 from residency.rundir.run import Run
@@ -52,12 +51,14 @@ class _Numbers:
         self.full = full
 
     def num(self, x: float, unit: str = "") -> str:
-        return f"{stats.fmt_num(x)} {unit}".rstrip() if self.full else humanize.quantity(x, unit)
+        if self.full:
+            return f"{humanize.full_number(x)} {unit}".rstrip()
+        return humanize.quantity(x, unit)
 
     def signed(self, x: float, unit: str = "") -> str:
         if not self.full:
             return humanize.signed(x, unit)
-        return f"{'+' if x > 0 else ''}{stats.fmt_num(x)} {unit}".rstrip()
+        return f"{'+' if x > 0 else ''}{humanize.full_number(x)} {unit}".rstrip()
 
     def pct(self, x: float | None) -> str:
         if x is None or not math.isfinite(x):
@@ -66,11 +67,12 @@ class _Numbers:
 
     def span(self, lo: float, hi: float, unit: str) -> str:
         if self.full:
-            return f"{stats.fmt_num(lo)}{humanize.DASH}{stats.fmt_num(hi)} {unit}".rstrip()
+            lo_text, hi_text = humanize.full_number(lo), humanize.full_number(hi)
+            return f"{lo_text}{humanize.DASH}{hi_text} {unit}".rstrip()
         return humanize.span_text(lo, hi, unit)
 
-    def share(self, k: int, n: int) -> str:
-        return f"{100 * k / n:g} %" if self.full else humanize.percent(k / n)
+    def share(self, x: float) -> str:
+        return f"{100 * x:g} %" if self.full else humanize.percent(x)
 
     def pp(self, x: float) -> str:
         return (f"{x:+g}" if self.full else humanize.signed(x)) + " pp"
@@ -90,9 +92,8 @@ def _description_row(a: Attribution, f: _Numbers = _PEOPLE) -> dict[str, str]:
         v = a.values[arm]
         return f"{f.span(min(v), max(v), a.unit)} (median over ranks {f.num(med[arm], a.unit)})"
 
-    ratio = med[CANDIDATE] / med[BASELINE] if med[BASELINE] else None
     delta = (f"{f.signed(med[CANDIDATE] - med[BASELINE], a.unit)} delta of the medians "
-             f"({stats.fmt_speed(ratio)})")
+             f"({humanize.speed_text(a.median_ratio())})")
     return _row(a.metric, cell(BASELINE), cell(CANDIDATE), delta,
                 f"{a.n[BASELINE]} vs {a.n[CANDIDATE]} ranks (no test)", a.note)
 
@@ -103,7 +104,7 @@ def _groups_row(a: Attribution, f: _Numbers = _PEOPLE) -> dict[str, str]:
     def cell(rng: tuple[float, float], med: float) -> str:
         return f"{f.span(rng[0], rng[1], a.unit)} (median {f.num(med, a.unit)})"
 
-    delta = f"{f.signed(r.delta, a.unit)} delta of the medians ({stats.fmt_speed(r.ratio)})"
+    delta = f"{f.signed(r.delta, a.unit)} delta of the medians ({humanize.speed_text(r.ratio)})"
     return _row(a.metric, cell(r.baseline_range, r.baseline_median),
                 cell(r.candidate_range, r.candidate_median), delta,
                 f"{r.n[0]} vs {r.n[1]} runs", a.note)
@@ -115,9 +116,9 @@ def _counts_row(a: Attribution, f: _Numbers = _PEOPLE) -> dict[str, str]:
     if not all(n[arm] for arm in PAIRED_ARMS):
         return _row(a.metric, f"{k[BASELINE]}/{n[BASELINE]}",
                     f"{k[CANDIDATE]}/{n[CANDIDATE]}", "n/a", "no calls in an arm", a.note)
-    cells = [f"{k[arm]}/{n[arm]} released ({f.share(k[arm], n[arm])})" for arm in PAIRED_ARMS]
-    pp = 100 * (k[CANDIDATE] / n[CANDIDATE] - k[BASELINE] / n[BASELINE])
-    return _row(a.metric, cells[0], cells[1], f.pp(pp),
+    share = a.shares()
+    cells = [f"{k[arm]}/{n[arm]} released ({f.share(share[arm])})" for arm in PAIRED_ARMS]
+    return _row(a.metric, cells[0], cells[1], f.pp(a.share_change_pp()),
                 f"{n[BASELINE]} vs {n[CANDIDATE]} calls", a.note)
 
 
@@ -149,8 +150,8 @@ def _stopped(a: Attribution) -> str:
 
 def _aa_row(a: Attribution, f: _Numbers = _PEOPLE) -> dict[str, str]:
     r = a.result
-    med = {slot: float(np.median(a.values[slot])) for slot in ("A", "B")}
-    cv = "" if r.cv is None else f", CV {f.share(r.cv, 1)}"
+    med = a.slot_medians()
+    cv = "" if r.cv is None else f", CV {f.share(r.cv)}"
     return _row(a.metric, f"slot A: median {f.num(med['A'], a.unit)}",
                 f"slot B: median {f.num(med['B'], a.unit)}",
                 f"median |delta| {f.num(r.spread, a.unit)}, largest {f.num(r.max_abs, a.unit)}"
@@ -270,35 +271,29 @@ def _published_cell(value: Any, unit: str, decimals: int) -> str:
     return f"{value:.{decimals}f} {unit}"
 
 
-def published_percent(x: float) -> str:
-    """A published change in %, at the precision the publication uses: 2 decimals (-0.19 %,
-    -54.17 %), 2 significant digits below 0.1 % (-0.0097 %); "+" before a positive one."""
-    text = f"{x:.2f}" if abs(x) >= 0.1 or x == 0 else f"{x:.2g}"
-    return f"{'+' if x > 0 else ''}{text} %"
-
-
 def _published_delta(row: Mapping[str, Any]) -> str:
     b, c, unit, d = row[BASELINE], row[CANDIDATE], row.get("unit", ""), row["decimals"]
     if isinstance(b, (int, float)) and isinstance(c, (int, float)):
         which = " delta of the medians" if row.get("pairs", 1) > 1 else ""
-        pct = f" ({published_percent(100 * (c - b) / b)})" if b else ""
-        return f"{c - b:+.{d}f} {unit}{which}{pct}"
+        rel = published.change_percent(row)
+        pct = f" ({published_percent(rel)})" if rel is not None else ""
+        return f"{published.change(row):+.{d}f} {unit}{which}{pct}"
     if isinstance(b, list) and isinstance(c, list):
-        return f"{b[0] / c[1]:.1f}x-{b[1] / c[0]:.1f}x faster (any rank vs any rank)"
+        lo, hi = published.speedup_range(row)
+        return f"{lo:.1f}x-{hi:.1f}x faster (any rank vs any rank)"
     if isinstance(b, dict) and "k" in b:
-        return f"{100 * (c['k'] / c['n'] - b['k'] / b['n']):+.1f} pp"
+        return f"{published.share_change_pp(row):+.1f} pp"
     return "—"
 
 
 def _published_note(row: Mapping[str, Any]) -> str:
-    b, c = row[BASELINE], row[CANDIDATE]
     kind, note = row["kind"], row.get("note", "")
-    if kind == "range" and (c[1] < b[0] or b[1] < c[0]):
+    if kind == "range" and published.ranges_apart(row):
         stat = (f"Ranges do not overlap: every rank, in this run pair ({row['n_baseline']} vs "
                 f"{row['n_candidate']} ranks of one run each): a description, not a test; "
                 f"ranks of one run are not independent replicates.")
     elif kind == "count":
-        ps = {a: stats.proportion(v["k"], v["n"]) for a, v in ((BASELINE, b), (CANDIDATE, c))}
+        ps = published.proportions(row)
         stat = "Clopper-Pearson 95 %: " + ", ".join(
             f"{a} {humanize.percent_span(*p.ci)}" for a, p in ps.items()) + "."
     elif kind == "value" and row.get("pairs", 1) > 1:
@@ -307,7 +302,7 @@ def _published_note(row: Mapping[str, Any]) -> str:
     elif kind == "value":
         stat = "Single observation per arm: no interval or test possible."
     else:  # tally
-        ps = {k: stats.proportion(v["k"], v["n"]) for k, v in c.items() if isinstance(v, dict)}
+        ps = published.proportions(row)
         stat = "Clopper-Pearson 95 %: " + ", ".join(
             f"{k} {humanize.percent_span(*p.ci)}" for k, p in ps.items()) + "."
     return f"{stat} {note}".strip()

@@ -364,7 +364,7 @@ def write_whatif(grids: Sequence[pd.DataFrame], *, output_dir: str | os.PathLike
 
 def write_effect(effect: pd.DataFrame, *, output_dir: str | os.PathLike[str],
                  own: tuple[float, float] | None = None, name: str = "whatif_effect") -> Path:
-    """The estimated effect per setting (`residency.reports.whatif.EffectEstimate.table`) saved at
+    """The estimated effect per setting (`residency.evidence.whatif.EffectEstimate.table`) saved at
     full precision as `<name>.csv`, and for people the run's own setting (default: the one
     marked `own`) and its neighbours. Returns the CSV path."""
     from residency.reports.plots import neighbour_rows

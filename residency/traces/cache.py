@@ -43,6 +43,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from residency.jsonio import write_bytes_atomic
 from residency.traces.files import (
     MAX_TRACE_BYTES,
     PARTS_DIGEST,
@@ -299,27 +300,14 @@ def put(kind: str, source: Path, stat: os.stat_result, options: dict[str, Any],
         header = json.dumps({"key": key, **asserted,
                              "payload_digest": _payload_digest(asserted, blobs), "meta": meta,
                              "arrays": specs}).encode()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)  # (a process of this pid that died while writing; a link itself)
-        fd = os.open(tmp, _CREATE, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(_MAGIC + struct.pack("<Q", len(header)) + header)
-                for b in blobs:
-                    f.write(b)
-            os.replace(tmp, path)
-        except BaseException:  # (Ctrl-C included: no temporary file left behind)
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_bytes_atomic(path, [_MAGIC + struct.pack("<Q", len(header)) + header, *blobs],
+                           tmp=tmp, mode=0o600, fsync=False)
         _written(path.parent, path, len(_MAGIC) + 8 + len(header) + offset)
     except (OSError, ValueError, TypeError):
         pass
 
 
 _TMP_SUFFIX = ".tmp"
-_CREATE = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-           | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
 STALE_TMP_S = 24 * 3600  # a temporary file this old is removed whatever its pid
 
 
