@@ -22,8 +22,8 @@ done
 shift $((OPTIND - 1))
 files=("$@")
 if [ ${#files[@]} -eq 0 ]; then
-    files=(tests/test_emulated.py tests/test_faults.py tests/test_service.py
-           tests/test_service_integrity.py tests/test_notebooks.py)
+    files=(tests/emulated/test_emulated.py tests/experiments/test_faults.py tests/workload/test_service.py
+           tests/workload/test_service_integrity.py tests/notebook/test_notebooks.py)
 fi
 python=${PYTHON:-python3}
 log_dir=${LOG_DIR:-$(mktemp -d -t residency-loaded-XXXXXX)}

@@ -78,7 +78,7 @@ _CAPACITY = _count("capacity", MAX_CAPACITY_BYTES,
 _RANKS_HELP = f"at most {MAX_RANKS}: each rank is a process of about 230 MB"
 
 # Copies of two owners' names, kept here because importing the owners loads numpy and pandas
-# (the parser is built with argparse only); tests/test_architecture.py checks they agree.
+# (the parser is built with argparse only); tests/project/test_architecture.py checks they agree.
 BUSY_CHOICES = ("default", "ascend", "msprof", "kineto", "all")  # traces.busy.DEFINITIONS
 WHATIF_POLICIES = ("bounded", "learned-budget")  # analysis.whatif.POLICIES, default first
 

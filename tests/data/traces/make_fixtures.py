@@ -1,6 +1,6 @@
 """Write the small trace fixtures beside this file (deterministic; rerun after editing).
 
-Expected figures are worked out by hand in tests/test_idle.py. Scenarios:
+Expected figures are worked out by hand in tests/analysis/test_idle.py. Scenarios:
 * kineto_basic/: two Kineto ranks (base time, float/int/"us.nnn" string ts, legacy categories,
   excluded categories, rejected events); rank 1 is gzipped and named only by its file name.
 * kineto_epoch/: one Kineto file without a base whose ts are absolute epoch-us JSON numbers.

@@ -13,7 +13,7 @@ from residency import evidence
 from residency.rundir.run import load_run
 from tests.helpers import run_cli
 
-RUNS = Path(__file__).resolve().parent.parent / "data" / "runs"
+RUNS = Path(__file__).resolve().parent.parent.parent / "data" / "runs"
 CUDA_RUNS = sorted(RUNS.glob("cuda-*"))
 
 

@@ -25,7 +25,7 @@ from residency.selftest import (
 from tests.helpers import ROOT
 from tests.servicekit import alive, wait_for
 
-FAULTSITE = Path(__file__).resolve().parent / "faultsite"
+FAULTSITE = Path(__file__).resolve().parent.parent / "faultsite"
 
 
 def _selftest(tmp_path: Path, *args: str, faults: tuple[str, ...] = (),

@@ -10,7 +10,7 @@ import pytest
 from residency import protocol
 from residency.cli import main as cli
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 KINETO_RUN = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
 
 

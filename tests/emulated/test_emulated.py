@@ -784,7 +784,7 @@ def test_probe_shows_which_function_answered_each_query(
     proc = subprocess.run(
         [sys.executable, "-m", "residency", "probe", "--device", "emulated-npu", "--json",
          "--accelerator-patch", patch], capture_output=True, text=True, check=False,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent.parent)})
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     generic = result["generic"]
@@ -837,7 +837,7 @@ def test_the_installed_vllm_ascend_patch_file_runs_alone_and_is_detected(
              if redirects_allocated else "")
     (package / "patch" / "platform" / "patch_torch_accelerator.py").write_text(
         FAKE_VLLM_ASCEND_PATCH + extra)
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parent.parent.parent
     result = subprocess_python("""
         import json
         from residency.emulated import install_emulated_npu
@@ -864,7 +864,7 @@ def test_probe_patch_needs_an_npu_device() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "residency", "probe", "--device", "cpu",
          "--accelerator-patch", "vllm-ascend"], capture_output=True, text=True, check=False,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent.parent)})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("residency probe: error: --accelerator-patch")
 

@@ -130,7 +130,7 @@ def test_pair_under_the_vllm_ascend_patch_records_the_second_querys_error(tmp_pa
          "--pairs", "1", "--device", "emulated-npu", "--ranks", "2", "--steps", "2",
          "--scale", "0.02", "--resident-mib", "256", "--no-progress", "--out", str(out),
          "--accelerator-patch", "vllm-ascend"], capture_output=True, text=True, check=False,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent.parent)})
     assert proc.returncode == 0, proc.stderr
     m = read_manifest(out)
     assert m["params"]["emulated_npu"]["accelerator_patch"] == "vllm-ascend"

@@ -32,8 +32,8 @@ from residency.rundir.run import RunDirError, load_run
 from residency.rundir.seal import seal
 from tests.helpers import ROOT, residency, run_cli
 
-FIXTURE = Path(__file__).parent / "data" / "rundir" / "whatif-run"
-OLD_FIXTURE = Path(__file__).parent / "data" / "rundir" / "fixture-run"
+FIXTURE = Path(__file__).parent.parent / "data" / "rundir" / "whatif-run"
+OLD_FIXTURE = Path(__file__).parent.parent / "data" / "rundir" / "fixture-run"
 GIB = 1 << 30
 TOTAL = 64 * GIB
 L25, F05 = int(TOTAL * 0.25), int(TOTAL * 0.05)

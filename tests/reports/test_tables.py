@@ -17,7 +17,7 @@ from residency.reports import tables
 from residency.rundir.run import RunDirError, load_run
 from tests.helpers import run_cli
 
-DATA = Path(__file__).parent / "data" / "rundir"
+DATA = Path(__file__).parent.parent / "data" / "rundir"
 FIXTURE = DATA / "fixture-run"
 EXPECTED_MD = DATA / "fixture-run.expected.md"
 IDLE = {

@@ -15,7 +15,7 @@ from residency import humanize
 from residency.analysis import sequential as sq
 from residency.analysis import stats
 
-RUNS = Path(__file__).resolve().parent.parent / "data" / "runs"
+RUNS = Path(__file__).resolve().parent.parent.parent / "data" / "runs"
 SIMULATIONS = 4000
 
 

@@ -19,7 +19,7 @@ from residency.traces.memory import (
 )
 from tests.helpers import copy_fixture as copy
 
-DATA = Path(__file__).resolve().parent / "data" / "traces"
+DATA = Path(__file__).resolve().parent.parent / "data" / "traces"
 EPOCH_NS = 1_764_500_000_000_000_000
 MIB = 1024 * 1024
 

@@ -11,7 +11,7 @@ import pytest
 from residency import devices
 from residency.workload.pipeline import DEVICE_OPS, EmulatedOps, TorchOps, open_device
 
-WORKLOAD = Path(__file__).resolve().parent.parent / "residency" / "workload" / "pipeline.py"
+WORKLOAD = Path(__file__).resolve().parent.parent.parent / "residency" / "workload" / "pipeline.py"
 
 
 def test_every_kind_a_run_records_has_device_ops() -> None:

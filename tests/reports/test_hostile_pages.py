@@ -17,7 +17,7 @@ from residency.reports import html as reports
 from residency.reports.sanitize import clean_html
 from tests.reading import BodyTags
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 RECORDED = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
 FAKE = "npu: Ascend NPU (8 x 910B) — measured"
 # what a received notebook's output held (F6): JupyterLab's command palette is absolute with

@@ -20,7 +20,7 @@ from residency.traces import formats
 from residency.traces.load import TraceError, load_traces
 from tests.helpers import copy_fixture, same_traces
 
-DATA = Path(__file__).parent / "data" / "traces"
+DATA = Path(__file__).parent.parent / "data" / "traces"
 BASE = 1_764_500_000_000_000_000
 EPOCH_NS = 1_764_500_000_000_000_000
 

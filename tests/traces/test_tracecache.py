@@ -21,7 +21,7 @@ from residency.traces import parallel
 from residency.traces.load import CACHE_DIR, TraceError, load_traces
 from tests.helpers import MARKER, PAIRED, ROOT, copy_fixture, many_ranks, run_cli, same_traces
 
-DATA = Path(__file__).parent / "data" / "traces"
+DATA = Path(__file__).parent.parent / "data" / "traces"
 
 
 def tree(d: Path) -> dict[str, tuple[int, int, bytes]]:
