@@ -88,15 +88,34 @@ class UntrustedDatabase:
                                      "rows, more than a database of this size holds (ids "
                                      "repeated to multiply a join?); not read")
         except (sqlite3.OperationalError, sqlite3.DataError) as exc:
-            text = str(exc)
-            if "interrupted" in text:
-                raise TraceError(self.path, f"a query took longer than {self.budget_s:g} s "
-                                 "and was stopped (a hostile or damaged database?)") from None
-            if "too big" in text:
-                raise TraceError(self.path, f"a value is longer than {MAX_VALUE_BYTES} bytes, "
-                                 "the limit per string or blob; not read") from None
+            _raise_bound(self, exc)
             raise
         return Rows(rows)
+
+    def batches(self, sql: str, size: int = 65_536) -> Iterator[list[tuple[Any, ...]]]:
+        """The rows of one query in batches of at most `size`, within the bounds `execute`
+        keeps (the time budget and the row bound count the whole query), so a caller can
+        turn each batch into columns and hold no more than one batch of Python rows.
+
+        Raises:
+            as `execute`.
+        """
+        self._deadline = time.monotonic() + self.budget_s
+        seen = 0
+        try:
+            cur = self._con.execute(sql)
+            while batch := cur.fetchmany(size):
+                if not self._limited:
+                    _check_lengths(self.path, batch)
+                seen += len(batch)
+                if seen > self.max_rows:
+                    raise TraceError(self.path, f"a query returned more than {self.max_rows} "
+                                     "rows, more than a database of this size holds (ids "
+                                     "repeated to multiply a join?); not read")
+                yield batch
+        except (sqlite3.OperationalError, sqlite3.DataError) as exc:
+            _raise_bound(self, exc)
+            raise
 
     def close(self) -> None:
         """Close the connection (and remove a sealed file's private copy)."""
@@ -145,6 +164,17 @@ def open_untrusted(path: Path, *, budget_s: float | None = None,
                            copy=copy)
     db.digest = hashed
     return db
+
+
+def _raise_bound(db: UntrustedDatabase, exc: Exception) -> None:
+    """The TraceError of a bound SQLite met (`exc`: the query's error); nothing for others."""
+    text = str(exc)
+    if "interrupted" in text:
+        raise TraceError(db.path, f"a query took longer than {db.budget_s:g} s "
+                         "and was stopped (a hostile or damaged database?)") from None
+    if "too big" in text:
+        raise TraceError(db.path, f"a value is longer than {MAX_VALUE_BYTES} bytes, "
+                         "the limit per string or blob; not read") from None
 
 
 def _check_lengths(path: Path, batch: list[tuple[Any, ...]]) -> None:
