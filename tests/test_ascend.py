@@ -698,3 +698,38 @@ def test_the_column_reading_is_the_row_reading_on_odd_databases(tmp_path, tables
         db.close()
     assert not isinstance(want, Exception), want
     _same_parse(got, want)
+
+
+def test_a_database_is_digested_in_place_not_copied(tmp_path, monkeypatch):
+    """For the cache, the database's digest is taken of the file itself (before: a private
+    copy of every byte was written first, 1 GB a rank), and is the file's content digest."""
+    from residency.traces import ascend, sqlitedb
+    from residency.traces.files import file_digest
+
+    def no_copy(*args, **kwargs):
+        raise AssertionError("copied")
+
+    monkeypatch.setattr(sqlitedb, "hashed_copy", no_copy)
+    db = next((DATA / "ascend_real_db").rglob("*.db"))
+    assert ascend.read_db(db, digest=True).digest == file_digest(db)
+
+
+def test_a_database_written_while_read_is_refused(tmp_path, monkeypatch):
+    """A digest taken in place vouches for the bytes read only if the file did not change
+    meanwhile: a write during the read (its status changes) is an error, never a cache entry."""
+    from residency.traces import ascend
+
+    db = tmp_path / "ascend_pytorch_profiler_0.db"
+    shutil.copyfile(next((DATA / "ascend_real_db").rglob("*.db")), db)
+    read = ascend._read_columns
+
+    def read_then_write(con, tables):
+        got = read(con, tables)
+        with open(db, "ab") as f:
+            f.write(b"\0")
+        return got
+
+    monkeypatch.setattr(ascend, "_read_columns", read_then_write)
+    with pytest.raises(TraceError, match=r"ascend_pytorch_profiler_0\.db: changed while it "
+                                         r"was read"):
+        ascend.read_db(db, digest=True)
