@@ -482,16 +482,19 @@ def _columns(con: UntrustedDatabase, table: str, columns: list[str], kinds: str,
                      else f"CASE typeof({c}) WHEN 'integer' THEN {c} WHEN 'null' THEN {_NO_ID} "
                      "END")
     width = len(kinds)
-    parts: list[np.ndarray] = []
+    parts: list[list[np.ndarray]] = [[] for _ in kinds]
     for batch in con.batches(f"SELECT {', '.join(exprs)} FROM main.{table}{where}"):
         try:
-            parts.append(np.fromiter(itertools.chain.from_iterable(batch), np.int64,
-                                     len(batch) * width).reshape(-1, width))
+            block = np.fromiter(itertools.chain.from_iterable(batch), np.int64,
+                                len(batch) * width).reshape(-1, width)
         except (TypeError, ValueError, OverflowError):  # a NULL: a value of another type
             raise _Unusual from None
-    block = np.concatenate(parts) if parts else np.empty((0, width), np.int64)
-    out = [np.ascontiguousarray(block[:, j]) for j in range(width)]
-    del block, parts
+        for j, part in enumerate(parts):
+            part.append(block[:, j].copy())
+    out = []
+    for part in parts:  # (each column's batches freed as it is joined)
+        out.append(np.concatenate(part) if part else np.empty(0, np.int64))
+        part.clear()
     for c, k, col in zip(columns, kinds, out, strict=True):
         if k == "k" and bool((col == _NO_ID).any()) and con.execute(
                 f"SELECT 1 FROM main.{table} WHERE {c} = {_NO_ID} LIMIT 1").fetchall():
@@ -558,10 +561,19 @@ def _first_codes(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     new codes and the old code of each new one."""
     if not len(codes):
         return np.empty(0, np.int16), np.empty(0, np.int64)
-    unique, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
-    rank = np.empty(len(unique), np.int64)
-    rank[np.argsort(first, kind="stable")] = np.arange(len(unique))
-    return rank[inverse.reshape(-1)].astype(np.int16), unique[np.argsort(first, kind="stable")]
+    codes = codes.astype(np.int64, copy=False)
+    present = np.flatnonzero(np.bincount(codes))  # (codes are small: a table's positions)
+    first = np.array([int(np.argmax(codes == c)) for c in present.tolist()], np.int64)
+    old = present[np.argsort(first, kind="stable")]
+    new = np.zeros(int(present[-1]) + 1, np.int16)
+    new[old] = np.arange(len(old))
+    return new[codes], old
+
+
+def _drain(parts: list[np.ndarray]) -> np.ndarray:
+    out = np.concatenate(parts)
+    parts.clear()
+    return out
 
 
 def _read_columns(con: UntrustedDatabase, tables: set[str]) -> Parsed:
@@ -582,6 +594,7 @@ def _read_columns(con: UntrustedDatabase, tables: set[str]) -> Parsed:
         ci_name = _lookup(*_first_by_key(ckey, cname, cname != _ABSENT), gid)
         ci_type = _lookup(*_first_by_key(ckey, ctype, (ctype >= 0) & (ctype != strings.na)),
                           gid)
+        del ckey, cname, ctype
     comm_name, comm = none, np.zeros(len(gid), bool)
     if "COMMUNICATION_TASK_INFO" in tables:
         mkey, mname = _columns(con, "COMMUNICATION_TASK_INFO", ["globalTaskId", "name"],
@@ -592,25 +605,34 @@ def _read_columns(con: UntrustedDatabase, tables: set[str]) -> Parsed:
     empty = np.full(len(gid), strings.empty, np.int64)
     name = _coalesce(ci_name, comm_name, task_type, empty)
     kind = _coalesce(ci_type, task_type, empty)
-    host: list[tuple[np.ndarray, np.ndarray, np.ndarray, str]] = []
+    del ci_name, ci_type, comm_name, task_type, empty, ttype, gid, none
+    lanes: list[str] = []
+    hs: list[np.ndarray] = []  # the host rows' starts, ends, value codes, lanes, by table
+    he: list[np.ndarray] = []
+    hn: list[np.ndarray] = []
+    hl: list[np.ndarray] = []
+
+    def add(s: np.ndarray, e: np.ndarray, n: np.ndarray, lane: str) -> None:
+        if lane not in lanes:
+            lanes.append(lane)
+        hs.append(s)
+        he.append(e)
+        hn.append(n.astype(np.int32))  # (a table's positions)
+        hl.append(np.full(len(s), lanes.index(lane), np.int8))
+
     for table, column, lane in _HOST_COLUMNS:
         if table in tables:
             s, e, n = _columns(con, table, ["startNs", "endNs", column], "cci",
                                " WHERE startNs IS NOT NULL AND endNs IS NOT NULL")
-            host.append((s, e, _coalesce(strings.code(n), np.full(len(n), strings.empty)),
-                         lane))
+            add(s, e, _coalesce(strings.code(n), np.full(len(n), strings.empty)), lane)
     if "COMMUNICATION_OP" in tables:
         s, e, n = _columns(con, "COMMUNICATION_OP", ["startNs", "endNs", "opName"], "tti")
-        host.append((s, e, _coalesce(strings.code(n), np.full(len(n), strings.empty)),
-                     _COMM_LANE))
-    host.append((start[comm], end[comm], name[comm], _COMM_LANE))
+        add(s, e, _coalesce(strings.code(n), np.full(len(n), strings.empty)), _COMM_LANE)
+    add(start[comm], end[comm], name[comm], _COMM_LANE)
+    s = e = n = None  # type: ignore[assignment]  (held only by the lists, freed as drained)
     dev = ~comm
     start, end, name, kind = start[dev], end[dev], name[dev], kind[dev]
-    lanes = list(dict.fromkeys(lane for *_, lane in host))
-    h_start = np.concatenate([h[0] for h in host])
-    h_end = np.concatenate([h[1] for h in host])
-    h_name = np.concatenate([h[2] for h in host])
-    h_lane = np.concatenate([np.full(len(h[0]), lanes.index(h[3]), np.int64) for h in host])
+    h_start, h_end, h_name, h_lane = _drain(hs), _drain(he), _drain(hn), _drain(hl)
     if bool((end < start).any()) or bool((h_end < h_start).any()):
         raise _Unusual  # (`_read_rows` names the first such row)
     order = np.argsort(start, kind="stable")
