@@ -93,6 +93,98 @@ print(json.dumps({"span_idle_us": [float(x) for x in df.sort_values("rank")["idl
 """
 
 
+# msprof-analyze (its own venv, never a dependency): the free_analysis recipe, the closest to
+# our figure: per rank, the busy union of compute tasks (TASK joined with COMPUTE_TASK_INFO)
+# and communication operations (COMMUNICATION_OP), and its --top_num longest gaps (free time)
+MSPROF = """
+import sys
+from msprof_analyze.cli.entrance import msprof_analyze_cli
+sys.argv = ["msprof-analyze", "cluster", "-d", sys.argv[1], "-m", "free_analysis",
+            "--output_path", sys.argv[2]]
+sys.exit(msprof_analyze_cli())
+"""
+MSPROF_TOP = 10  # the recipe's default --top_num
+
+# the same figure from our busy intervals (`--busy msprof`, msprof-analyze's definition), one
+# rank at a time: the MSPROF_TOP longest gaps of each rank's busy union, [start, end) in ns
+OURS_GAPS = """
+import json, sys, warnings
+from pathlib import Path
+import numpy as np
+from residency.analysis.idle import busy_intervals
+from residency.traces.load import load_traces
+warnings.simplefilter("ignore")
+out = {}
+for session in sorted(Path(sys.argv[1]).glob("*_ascend_pt")):
+    traces = load_traces(session, cache=False, workers=1)
+    _, _, merged, _ = busy_intervals(traces, busy="msprof", warn=False)
+    for rank, b in merged.items():
+        b = np.asarray(b)
+        gaps = np.column_stack([b[:-1, 1], b[1:, 0]])
+        top = gaps[np.argsort(gaps[:, 0] - gaps[:, 1], kind="stable")[:int(sys.argv[2])]]
+        idle = int((gaps[:, 1] - gaps[:, 0]).sum())
+        out[str(rank)] = {"gaps": top.tolist(), "span_idle_ns": idle}
+print(json.dumps(out))
+"""
+
+
+def msprof_gaps(out: Path) -> dict[str, list[list[int]]]:
+    """msprof-analyze's FreeAnalysis table (its SQLite output) as [start, end) ns per rank."""
+    import sqlite3
+    from decimal import Decimal
+
+    con = sqlite3.connect(out / "cluster_analysis_output" / "cluster_analysis.db")
+    try:
+        rows = con.execute('SELECT rankId, "startTime(us)", "endTime(us)" FROM FreeAnalysis')
+        got: dict[str, list[list[int]]] = {}
+        for rank, a, b in rows.fetchall():
+            got.setdefault(str(rank), []).append([int(Decimal(a) * 1000), int(Decimal(b) * 1000)])
+    finally:
+        con.close()
+    return got
+
+
+def msprof_case(label: str, d: Path, args: argparse.Namespace, env: dict[str, str],
+                msprof: str) -> dict:
+    """msprof-analyze's free_analysis against `residency idle --busy msprof` (cold), process
+    to process, paired rounds; then whether the figures agree (each rank's longest gaps)."""
+    ours_runs, theirs = [], []
+    outs = []
+    for _ in range(args.msprof_repeat):
+        cache = Path(tempfile.mkdtemp(prefix="residency-bench-cache-"))
+        ours_runs.append(measure(ours(d, "--busy", "msprof"), {**env,
+                                                               "RESIDENCY_CACHE_DIR": str(cache)}))
+        shutil.rmtree(cache, ignore_errors=True)
+        out = Path(tempfile.mkdtemp(prefix="msprof-out-"))
+        theirs.append(measure([msprof, "-c", MSPROF, str(d), str(out)], dict(os.environ)))
+        outs.append(msprof_gaps(out))
+        shutil.rmtree(out, ignore_errors=True)
+    mine = json.loads(subprocess.run([sys.executable, "-c", OURS_GAPS, str(d), str(MSPROF_TOP)],
+                                     capture_output=True, text=True, check=True, env=env,
+                                     cwd=ROOT).stdout.strip().splitlines()[-1])
+    agree = [r for r in mine if sorted(map(tuple, mine[r]["gaps"])) ==
+             sorted(map(tuple, outs[0].get(r, [])))]
+    print(f"\n== {label}: msprof-analyze 26.2.0 free_analysis against `residency idle --busy "
+          f"msprof`, cold ({load()})")
+    print(f"{'msprof-analyze cluster -m free_analysis':<42} {show(theirs)}  CPU "
+          f"{show(theirs, 'cpu_s')}")
+    print(f"{'`residency idle --busy msprof`, cold':<42} {show(ours_runs)}  CPU "
+          f"{show(ours_runs, 'cpu_s')}")
+    print(f"msprof-analyze / ours, process to process: wall {ratio(theirs, ours_runs)}, CPU "
+          f"{ratio(theirs, ours_runs, 'cpu_s')}  (goal >= 10x)")
+    same_runs = all(o == outs[0] for o in outs)
+    print(f"the figure (each rank's {MSPROF_TOP} longest gaps of its busy union, compute + "
+          f"communication, [start, end) ns): {len(agree)} of {len(mine)} ranks identical"
+          + ("" if same_runs else "; msprof-analyze's runs differ among themselves"))
+    for r in sorted(set(mine) - set(agree), key=int)[:3]:
+        print(f"  rank {r}: ours {sorted(mine[r]['gaps'])[:3]}..., msprof-analyze "
+              f"{sorted(outs[0].get(r, []))[:3]}...")
+    idle = sum(v["span_idle_ns"] for v in mine.values())
+    print(f"  (ours also: every gap of every rank's busy union, span_idle_ns, summed over "
+          f"ranks: {idle / 1e6:.3f} ms; the recipe lists its --top_num longest only)")
+    return {"ours": ours_runs, "theirs": theirs, "agree": len(agree), "ranks": len(mine)}
+
+
 def _tree(pid: int) -> list[int]:
     parent: dict[int, int] = {}
     for entry in os.listdir("/proc"):
@@ -201,22 +293,26 @@ def bare_argv(files: list[Path]) -> list[str]:
 
 
 def against_bare(label: str, d: Path, total: int, ranks: int, args: argparse.Namespace,
-                 env: dict[str, str], hta: str | None = None, fmt: str = "kineto") -> dict:
-    """Bare decode, cold (fresh cache), no cache, warm (the cold run's cache), HTA: rounds."""
+                 env: dict[str, str], hta: str | None = None, fmt: str = "kineto",
+                 quick: bool = False) -> dict:
+    """Bare decode, cold (fresh cache), no cache, warm (the cold run's cache), HTA: rounds.
+    `quick` (a large case under --scale-quick): --scale-repeat rounds, no --no-cache run, and
+    peak memory sampled in the timed runs themselves (which that slows by ~1 ms a 20 ms)."""
     runs: dict[str, list[dict]] = {k: [] for k in ("bare", "cold", "nocache", "warm", "hta",
                                                    "msgspec")}
     pure = {"RESIDENCY_PURE_PYTHON": "1"}  # the compiled reader off: msgspec reads every run
     built = reader_built() and fmt.startswith("kineto")  # (it reads Kineto runs only)
     files = tracegen.trace_files(d, fmt)
     entry_bytes = 0
-    for _ in range(args.repeat):
+    for _ in range(args.scale_repeat if quick else args.repeat):
         cache = Path(tempfile.mkdtemp(prefix="residency-bench-cache-"))
         mine = {**env, "RESIDENCY_CACHE_DIR": str(cache)}
-        runs["bare"].append(measure(bare_argv(files), env))
-        runs["cold"].append(measure(ours(d), mine))
+        runs["bare"].append(measure(bare_argv(files), env, sample=quick))
+        runs["cold"].append(measure(ours(d), mine, sample=quick))
         entry_bytes = sum(p.stat().st_size for p in cache.rglob("*.entry"))
-        runs["warm"].append(measure(ours(d), mine))
-        runs["nocache"].append(measure(ours(d, "--no-cache"), mine))
+        runs["warm"].append(measure(ours(d), mine, sample=quick))
+        if not quick:
+            runs["nocache"].append(measure(ours(d, "--no-cache"), mine))
         if built:
             runs["msgspec"].append(measure(ours(d, "--no-cache"), {**mine, **pure}))
         shutil.rmtree(cache, ignore_errors=True)
@@ -229,9 +325,9 @@ def against_bare(label: str, d: Path, total: int, ranks: int, args: argparse.Nam
     # peak memory: one sampled run each, apart from the timed ones
     cache = Path(tempfile.mkdtemp(prefix="residency-bench-cache-"))
     mine = {**env, "RESIDENCY_CACHE_DIR": str(cache)}
-    rss = {"bare": peak_mb(bare_argv(files), env),
-           "cold": peak_mb(ours(d), mine), "warm": peak_mb(ours(d), mine),
-           "nocache": peak_mb(ours(d, "--no-cache"), mine)}
+    rss = {} if quick else {
+        "bare": peak_mb(bare_argv(files), env), "cold": peak_mb(ours(d), mine),
+        "warm": peak_mb(ours(d), mine), "nocache": peak_mb(ours(d, "--no-cache"), mine)}
     shutil.rmtree(cache, ignore_errors=True)
     if runs["hta"]:
         rss["hta"] = peak_mb([hta, "-c", HTA, str(d)],  # type: ignore[list-item]
@@ -264,11 +360,14 @@ def against_bare(label: str, d: Path, total: int, ranks: int, args: argparse.Nam
               "RESIDENCY_PURE_PYTHON is set): every figure is the msgspec path's")
     print(f"warm / cold: wall {ratio(warm, cold)}, CPU {ratio(warm, cold, 'cpu_s')}  "
           "(target <= 0.2x)")
-    write = [max(0.0, c["cpu_s"] - n["cpu_s"]) / c["cpu_s"] for c, n in zip(cold, nocache,
-                                                                         strict=True)]
-    print(f"writing the cache: CPU (cold - no-cache) / cold = {statistics.median(write):.1%} "
-          f"({min(write):.1%}-{max(write):.1%}; target <= 10 %); entries {entry_bytes / 1e6:.2f}"
-          f" MB ({entry_bytes / max(1, ranks) / 1e3:.0f} kB per rank)")
+    if quick:
+        print("(--scale-quick: no --no-cache run; peak memory sampled in the timed runs)")
+    else:
+        write = [max(0.0, c["cpu_s"] - n["cpu_s"]) / c["cpu_s"]
+                 for c, n in zip(cold, nocache, strict=True)]
+        print(f"writing the cache: CPU (cold - no-cache) / cold = {statistics.median(write):.1%}"
+              f" ({min(write):.1%}-{max(write):.1%}; target <= 10 %); entries "
+              f"{entry_bytes / 1e6:.2f} MB ({entry_bytes / max(1, ranks) / 1e3:.0f} kB per rank)")
     out = {"cold": cold, "bare": bare, "warm": warm, "entry_bytes": entry_bytes, "mb": mb,
            "label": label, "fmt": fmt, "ranks": ranks}
     if runs["hta"]:
@@ -403,6 +502,10 @@ def summary(cases: list[dict]) -> None:
         peak = max(med(c["cold"], "rss_mb"), med(c["warm"], "rss_mb"))
         print(f"{c['label']:<44} {c['mb']:>6.0f} MB {cold_bare:>9.2f}x {warm_cold:>9.2f}x "
               f"{peak:>6.0f} MB {peak / c['mb']:>6.1%}")
+        if "msprof" in c:
+            m = c["msprof"]
+            print(f"  msprof-analyze free_analysis / ours cold: {ratio(m['theirs'], m['ours'])}; "
+                  f"figures identical on {m['agree']} of {m['ranks']} ranks")
 
 
 def main() -> None:
@@ -425,6 +528,18 @@ def main() -> None:
     ap.add_argument("--skip-standard", action="store_true",
                     help="only the --scale cases (and Dask)")
     ap.add_argument("--dir", type=Path, help="keep the generated traces here")
+    ap.add_argument("--msprof-python", default="/tmp/msprof/bin/python",
+                    help="interpreter with msprof-analyze 26.2.0 installed (a separate venv), "
+                         "run on the ascend-db cases")
+    ap.add_argument("--msprof-max-mb", type=float, default=float("inf"),
+                    help="leave msprof-analyze out on larger database cases")
+    ap.add_argument("--scale-repeat", type=int, default=1,
+                    help="rounds of the --scale cases under --scale-quick")
+    ap.add_argument("--scale-quick", action="store_true",
+                    help="--scale cases: --scale-repeat rounds, no --no-cache run, peak memory "
+                         "sampled in the timed runs (minutes a run at 8 x 1 GB on 2 cores)")
+    ap.add_argument("--msprof-repeat", type=int, default=1,
+                    help="paired rounds of msprof-analyze and ours (slow: minutes at scale)")
     args = ap.parse_args()
     shapes = [x for x in args.shapes.split(",") if x]
     unknown = [x for x in shapes if x not in tracegen.SHAPES]
@@ -448,6 +563,18 @@ def main() -> None:
         print(f"HTA skipped: {why} (python -m venv /tmp/ti && /tmp/ti/bin/pip install "
               "traceinsight==0.6.1)")
         hta = None
+    msprof = args.msprof_python
+    why = None
+    if "ascend-db" not in shapes:
+        msprof = None
+    elif not Path(msprof).exists():
+        why = f"{msprof} does not exist"
+    elif subprocess.run([msprof, "-c", "import msprof_analyze"], capture_output=True).returncode:
+        why = f"{msprof} cannot import msprof_analyze"
+    if why:
+        print(f"msprof-analyze skipped: {why} (python -m venv /tmp/msprof && "
+              "/tmp/msprof/bin/pip install msprof-analyze==26.2.0)")
+        msprof = None
     cases: list[dict] = []
     try:
         per = None
@@ -467,8 +594,14 @@ def main() -> None:
                 continue
             total = tracegen.generate(d, ranks, events, args.seed, fmt=fmt)
             case = against_bare(label, d, total, ranks, args, env,
-                                hta if fmt == "kineto" and not scale else None, fmt=fmt)
+                                hta if fmt == "kineto" and not scale else None, fmt=fmt,
+                                quick=bool(scale) and args.scale_quick)
             cases.append(case)
+            if fmt == "ascend-db" and msprof and total / 1e6 > args.msprof_max_mb:
+                print(f"\n== {label}: msprof-analyze skipped: {total / 1e6:.0f} MB, over "
+                      f"--msprof-max-mb {args.msprof_max_mb:g}")
+            elif fmt == "ascend-db" and msprof:
+                case["msprof"] = msprof_case(label, d, args, env, msprof)
             if fmt == "kineto":
                 per = case
             if scale and args.dir is None:  # (a large case's disk, back before the next)

@@ -344,6 +344,9 @@ DB_SCHEMA = {  # torch-npu's tables as it writes them (tests/data/traces/make_np
     "CANN_API": "startNs INTEGER, endNs INTEGER, type INTEGER, globalTid INTEGER, "
                 "connectionId INTEGER, name INTEGER",
     "RANK_DEVICE_MAP": "rankId INTEGER, deviceId INTEGER",
+    # PYTORCH_API.connectionId is an id of this table, whose connectionId is the CANN_API's
+    # and TASK's (msprof-analyze's free_analysis joins through it)
+    "CONNECTION_IDS": "id INTEGER, connectionId INTEGER",
 }
 COMPUTE_TYPES = {"AI_CORE", "AI_VECTOR_CORE", "MIX_AIC", "AI_CPU"}
 
@@ -380,7 +383,7 @@ def ascend_db_rank(folder: Path, rank: int, ranks: int, events: int, seed: int) 
 
     types = [t for t, w in NPU_TASKS for _ in range(w)]
     na = sid("N/A")
-    task, compute, python, cann, comm = [], [], [], [], []
+    task, compute, python, cann, comm, links = [], [], [], [], [], []
 
     def flush() -> None:
         con.executemany("INSERT INTO TASK VALUES (?,?,?,?,?,?,?,?,?,?,?)", task)
@@ -390,7 +393,8 @@ def ascend_db_rank(folder: Path, rank: int, ranks: int, events: int, seed: int) 
         con.executemany("INSERT INTO CANN_API VALUES (?,?,?,?,?,?)", cann)
         con.executemany("INSERT INTO COMMUNICATION_OP VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                         comm)
-        for rows in (task, compute, python, cann, comm):
+        con.executemany("INSERT INTO CONNECTION_IDS VALUES (?, ?)", links)
+        for rows in (task, compute, python, cann, comm, links):
             rows.clear()
 
     def ns(us: float) -> int:
@@ -408,6 +412,7 @@ def ascend_db_rank(folder: Path, rank: int, ranks: int, events: int, seed: int) 
         python.append((str(ns(t - 10)), str(ns(t - 10 + rr.uniform(8, 40))), 1, n,
                        sid(op), n, 0, na, na, None, 50001))
         cann.append((ns(t - 6), ns(t - 6 + 4.25), 20000, 1, n, sid("aclnnMm")))
+        links.append((n, n))
         ty = rr.choice(types)
         dur = rr.uniform(1.0, 14.0)
         tasks += 1
@@ -462,7 +467,7 @@ def generate(d: Path, ranks: int, events: int, seed: int, *, fmt: str = "kineto"
     d.mkdir(parents=True, exist_ok=True)
     stamp = d / "generated.params"  # not *.json: no trace
     params = {"ranks": ranks, "events": events, "seed": seed, "fmt": fmt,
-              "string_ts": string_ts, "version": 2}
+              "string_ts": string_ts, "version": 3 if fmt == "ascend-db" else 2}
     if stamp.is_file() and json.loads(stamp.read_text()) == params:
         return sum(p.stat().st_size for p in trace_files(d, fmt))
     for r in range(ranks):

@@ -41,6 +41,7 @@ recipe reads them (``prof_exports/cluster_time_summary_export.py``: computing = 
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import re
 import sqlite3
 import warnings
@@ -395,13 +396,11 @@ def read_db(path: Path, *, digest: bool = False) -> Parsed:
             if table not in tables:
                 raise TraceError(path, f"no table {table}: not a torch-npu profiler database "
                                  f"(tables: {', '.join(sorted(tables)) or 'none'})")
-        rows = con.execute(_DEVICE_SQL.format(**_indexed_lookups(con, tables))).fetchall()
-        device = [(s, e, n, t) for s, e, n, t, c in rows if not c]
-        host = [(s, e, n, lane) for table, (lane, sql) in _HOST_SQL.items() if table in tables
-                for s, e, n in con.execute(sql).fetchall()]
-        if "COMMUNICATION_OP" in tables:
-            host += [(s, e, n, _COMM_LANE) for s, e, n in con.execute(_COMM_OP_SQL).fetchall()]
-        host += [(s, e, n, _COMM_LANE) for s, e, n, _, c in rows if c]
+        try:
+            parsed = _read_columns(con, tables)
+        except (_Unusual, sqlite3.DatabaseError):  # (an odd schema or odd values, or an
+            # error: SQLite's own joins, row by row, which name it as they always did)
+            parsed = _read_rows(path, con, tables)
         rank = None
         if "RANK_DEVICE_MAP" in tables:
             found = {r[0] for r in con.execute("SELECT rankId FROM RANK_DEVICE_MAP")}
@@ -411,18 +410,242 @@ def read_db(path: Path, *, digest: bool = False) -> Parsed:
         raise TraceError(path, f"cannot read the database: {exc}") from None
     finally:
         con.close()
+    parsed.rank = rank
+    parsed.digest = con.digest
+    return parsed
+
+
+def _read_rows(path: Path, con: UntrustedDatabase, tables: set[str]) -> Parsed:
+    """`read_db`'s reading by SQLite's joins, row by row in Python: the reference semantics,
+    used where `_read_columns` declines (`_Unusual`)."""
+    rows = con.execute(_DEVICE_SQL.format(**_indexed_lookups(con, tables))).fetchall()
+    device = [(s, e, n, t) for s, e, n, t, c in rows if not c]
+    host = [(s, e, n, lane) for table, (lane, sql) in _HOST_SQL.items() if table in tables
+            for s, e, n in con.execute(sql).fetchall()]
+    if "COMMUNICATION_OP" in tables:
+        host += [(s, e, n, _COMM_LANE) for s, e, n in con.execute(_COMM_OP_SQL).fetchall()]
+    host += [(s, e, n, _COMM_LANE) for s, e, n, _, c in rows if c]
     device.sort(key=lambda r: r[0])
     host.sort(key=lambda r: r[0])
     types: dict[str, int] = {}
     lanes: dict[str, int] = {}
     task = np.array([types.setdefault(r[3], len(types)) for r in device], np.int16)
     lane = np.array([lanes.setdefault(r[3], len(lanes)) for r in host], np.int16)
-    parsed = Parsed(rank, _times(path, [r[:2] for r in device]),
-                    _times(path, [r[:2] for r in host]), _texts([r[2] for r in host]), 0,
-                    task, np.full(len(host), -1, np.int16), lane, tuple(types), tuple(lanes),
-                    device_names=_texts([r[2] for r in device]))
-    parsed.digest = con.digest
-    return parsed
+    return Parsed(None, _times(path, [r[:2] for r in device]),
+                  _times(path, [r[:2] for r in host]), _texts([r[2] for r in host]), 0,
+                  task, np.full(len(host), -1, np.int16), lane, tuple(types), tuple(lanes),
+                  device_names=_texts([r[2] for r in device]))
+
+
+# -- the same reading, by columns ------------------------------------------------------------
+# Each table is scanned once, plainly (no join, no subquery, no temporary table), in batches
+# turned into int64 columns at once; the joins are done on the columns (sorted keys, first
+# rows by scan order), as `_DEVICE_SQL`'s lookups and the LEFT JOINs of `_HOST_SQL` do them.
+# That equivalence holds when every id is an integer that appears once in STRING_IDS, every
+# id column has INTEGER affinity (so no text is converted to match a number), the string
+# values are text or NULL and the times the SQL does not CAST are integers in order; in
+# any other case `_Unusual` sends the file to `_read_rows`.
+
+_NO_ID = -(2**63)  # an id column's NULL or non-integer: matches no STRING_IDS id
+_ABSENT, _NULL = -1, -2  # lookups: no such id; the id's value is NULL
+_ID_COLUMNS = {"STRING_IDS": ("id",), "TASK": ("taskType", "globalTaskId"),
+               "COMPUTE_TASK_INFO": ("globalTaskId", "name", "taskType"),
+               "COMMUNICATION_TASK_INFO": ("globalTaskId", "name"),
+               "PYTORCH_API": ("name",), "CANN_API": ("name",), "MSTX_EVENTS": ("message",),
+               "COMMUNICATION_OP": ("opName",)}
+_HOST_COLUMNS = (("PYTORCH_API", "name", "Python"), ("CANN_API", "name", "CANN"),
+                 ("MSTX_EVENTS", "message", "MsTx"))
+
+
+class _Unusual(Exception):
+    """The database is outside what `_read_columns` reads exactly (see above)."""
+
+
+def _integer_affinity(con: UntrustedDatabase, table: str, columns: tuple[str, ...]) -> bool:
+    declared = {r[1]: str(r[2] or "").upper()
+                for r in con.execute(f"PRAGMA main.table_info({table})")}
+    return all(c in declared and "INT" in declared[c] for c in columns)
+
+
+def _columns(con: UntrustedDatabase, table: str, columns: list[str], kinds: str,
+             where: str = "") -> list[np.ndarray]:
+    """Int64 columns of `table`, per `kinds` letter: ``t`` an integer (else `_Unusual`), ``c``
+    one CAST to an integer, ``i`` an id (NULL or not an integer: `_NO_ID`), ``k`` a key
+    (NULL: `_NO_ID`; another non-integer, or the integer `_NO_ID` itself: `_Unusual`).
+    SQLite's typeof() decides in the query, so every value fetched is an int (or NULL where
+    the table is unusual), and each batch goes into numpy in one pass."""
+    exprs = []
+    for c, k in zip(columns, kinds, strict=True):
+        exprs.append(f"CAST({c} AS INTEGER)" if k == "c" else
+                     f"CASE typeof({c}) WHEN 'integer' THEN {c} END" if k == "t" else
+                     f"CASE typeof({c}) WHEN 'integer' THEN {c} ELSE {_NO_ID} END" if k == "i"
+                     else f"CASE typeof({c}) WHEN 'integer' THEN {c} WHEN 'null' THEN {_NO_ID} "
+                     "END")
+    width = len(kinds)
+    parts: list[list[np.ndarray]] = [[] for _ in kinds]
+    for batch in con.batches(f"SELECT {', '.join(exprs)} FROM main.{table}{where}"):
+        try:
+            block = np.fromiter(itertools.chain.from_iterable(batch), np.int64,
+                                len(batch) * width).reshape(-1, width)
+        except (TypeError, ValueError, OverflowError):  # a NULL: a value of another type
+            raise _Unusual from None
+        for j, part in enumerate(parts):
+            part.append(block[:, j].copy())
+    out = []
+    for part in parts:  # (each column's batches freed as it is joined)
+        out.append(np.concatenate(part) if part else np.empty(0, np.int64))
+        part.clear()
+    for c, k, col in zip(columns, kinds, out, strict=True):
+        if k == "k" and bool((col == _NO_ID).any()) and con.execute(
+                f"SELECT 1 FROM main.{table} WHERE {c} = {_NO_ID} LIMIT 1").fetchall():
+            raise _Unusual  # (that integer itself, not a NULL)
+    return out
+
+
+class _Strings:
+    """STRING_IDS as sorted ids beside value codes into `table` (distinct text values;
+    `_NULL` for a NULL value)."""
+
+    def __init__(self, con: UntrustedDatabase) -> None:
+        rows = con.execute("SELECT id, value FROM STRING_IDS").fetchall()
+        if not all(type(i) is int and i != _NO_ID and (v is None or type(v) is str)
+                   for i, v in rows):
+            raise _Unusual
+        ids = np.array([i for i, _ in rows], np.int64)
+        order = np.argsort(ids, kind="stable")
+        self.ids = ids[order]
+        if len(self.ids) > 1 and bool((self.ids[1:] == self.ids[:-1]).any()):
+            raise _Unusual  # a repeated id multiplies SQLite's joins: `_read_rows` says so
+        distinct: dict[str, int] = {}
+        codes = [_NULL if v is None else distinct.setdefault(v, len(distinct)) for _, v in rows]
+        self.codes = np.array(codes, np.int64)[order]
+        self.empty = distinct.setdefault("", len(distinct))
+        self.na = distinct.get("N/A", _ABSENT)
+        self.table = np.empty(len(distinct), dtype=object)
+        self.table[:] = list(distinct)
+
+    def code(self, ids: np.ndarray) -> np.ndarray:
+        """Each id's value code; `_ABSENT` where no row has the id."""
+        if not len(self.ids):
+            return np.full(len(ids), _ABSENT, np.int64)
+        at = np.minimum(np.searchsorted(self.ids, ids), len(self.ids) - 1)
+        return np.where(self.ids[at] == ids, self.codes[at], _ABSENT)
+
+
+def _first_by_key(keys: np.ndarray, values: np.ndarray, keep: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Per distinct key (`_NO_ID` left out) the value of its first kept row, in scan order."""
+    keep = keep & (keys != _NO_ID)
+    unique, first = np.unique(keys[keep], return_index=True)
+    return unique, values[keep][first]
+
+
+def _lookup(unique: np.ndarray, values: np.ndarray, keys: np.ndarray,
+            missing: int = _ABSENT) -> np.ndarray:
+    if not len(unique):
+        return np.full(len(keys), missing, np.int64)
+    at = np.minimum(np.searchsorted(unique, keys), len(unique) - 1)
+    return np.where((unique[at] == keys) & (keys != _NO_ID), values[at], missing)
+
+
+def _coalesce(*codes: np.ndarray) -> np.ndarray:
+    """The first value code that is a value (neither `_ABSENT` nor `_NULL`), row by row."""
+    out = codes[-1]
+    for c in reversed(codes[:-1]):
+        out = np.where(c >= 0, c, out)
+    return out
+
+
+def _first_codes(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Codes renumbered by first appearance (as a dict filled row by row numbers them): the
+    new codes and the old code of each new one."""
+    if not len(codes):
+        return np.empty(0, np.int16), np.empty(0, np.int64)
+    codes = codes.astype(np.int64, copy=False)
+    present = np.flatnonzero(np.bincount(codes))  # (codes are small: a table's positions)
+    first = np.array([int(np.argmax(codes == c)) for c in present.tolist()], np.int64)
+    old = present[np.argsort(first, kind="stable")]
+    new = np.zeros(int(present[-1]) + 1, np.int16)
+    new[old] = np.arange(len(old))
+    return new[codes], old
+
+
+def _drain(parts: list[np.ndarray]) -> np.ndarray:
+    out = np.concatenate(parts)
+    parts.clear()
+    return out
+
+
+def _read_columns(con: UntrustedDatabase, tables: set[str]) -> Parsed:
+    """`_read_rows`' result, read by columns (see above); `_Unusual` where it cannot be."""
+    if not all(_integer_affinity(con, t, cols) for t, cols in _ID_COLUMNS.items()
+               if t in tables):
+        raise _Unusual
+    strings = _Strings(con)
+    start, end, ttype, gid = _columns(con, "TASK", ["startNs", "endNs", "taskType",
+                                                    "globalTaskId"], "ttik")
+    task_type = strings.code(ttype)
+    none = np.full(len(gid), _ABSENT, np.int64)
+    ci_name, ci_type = none, none
+    if "COMPUTE_TASK_INFO" in tables:
+        ckey, cname, ctype = _columns(con, "COMPUTE_TASK_INFO",
+                                      ["globalTaskId", "name", "taskType"], "kii")
+        cname, ctype = strings.code(cname), strings.code(ctype)
+        ci_name = _lookup(*_first_by_key(ckey, cname, cname != _ABSENT), gid)
+        ci_type = _lookup(*_first_by_key(ckey, ctype, (ctype >= 0) & (ctype != strings.na)),
+                          gid)
+        del ckey, cname, ctype
+    comm_name, comm = none, np.zeros(len(gid), bool)
+    if "COMMUNICATION_TASK_INFO" in tables:
+        mkey, mname = _columns(con, "COMMUNICATION_TASK_INFO", ["globalTaskId", "name"],
+                               "ki")
+        mname = strings.code(mname)
+        comm_name = _lookup(*_first_by_key(mkey, mname, mname != _ABSENT), gid)
+        comm = _lookup(*_first_by_key(mkey, mkey, np.ones(len(mkey), bool)), gid) != _ABSENT
+    empty = np.full(len(gid), strings.empty, np.int64)
+    name = _coalesce(ci_name, comm_name, task_type, empty)
+    kind = _coalesce(ci_type, task_type, empty)
+    del ci_name, ci_type, comm_name, task_type, empty, ttype, gid, none
+    lanes: list[str] = []
+    hs: list[np.ndarray] = []  # the host rows' starts, ends, value codes, lanes, by table
+    he: list[np.ndarray] = []
+    hn: list[np.ndarray] = []
+    hl: list[np.ndarray] = []
+
+    def add(s: np.ndarray, e: np.ndarray, n: np.ndarray, lane: str) -> None:
+        if lane not in lanes:
+            lanes.append(lane)
+        hs.append(s)
+        he.append(e)
+        hn.append(n.astype(np.int32))  # (a table's positions)
+        hl.append(np.full(len(s), lanes.index(lane), np.int8))
+
+    for table, column, lane in _HOST_COLUMNS:
+        if table in tables:
+            s, e, n = _columns(con, table, ["startNs", "endNs", column], "cci",
+                               " WHERE startNs IS NOT NULL AND endNs IS NOT NULL")
+            add(s, e, _coalesce(strings.code(n), np.full(len(n), strings.empty)), lane)
+    if "COMMUNICATION_OP" in tables:
+        s, e, n = _columns(con, "COMMUNICATION_OP", ["startNs", "endNs", "opName"], "tti")
+        add(s, e, _coalesce(strings.code(n), np.full(len(n), strings.empty)), _COMM_LANE)
+    add(start[comm], end[comm], name[comm], _COMM_LANE)
+    s = e = n = None  # type: ignore[assignment]  (held only by the lists, freed as drained)
+    dev = ~comm
+    start, end, name, kind = start[dev], end[dev], name[dev], kind[dev]
+    h_start, h_end, h_name, h_lane = _drain(hs), _drain(he), _drain(hn), _drain(hl)
+    if bool((end < start).any()) or bool((h_end < h_start).any()):
+        raise _Unusual  # (`_read_rows` names the first such row)
+    order = np.argsort(start, kind="stable")
+    horder = np.argsort(h_start, kind="stable")
+    task, type_codes = _first_codes(kind[order])
+    lane, lane_codes = _first_codes(h_lane[horder])
+    table = strings.table
+    h_name = h_name[horder]
+    return Parsed(None, np.column_stack([start[order], end[order]]),
+                  np.column_stack([h_start[horder], h_end[horder]]), table[h_name], 0, task,
+                  np.full(len(horder), -1, np.int16), lane, tuple(table[type_codes]),
+                  tuple(lanes[i] for i in lane_codes.tolist()),
+                  device_names=table[name[order]])
 
 
 _MEMORY_SQL = """

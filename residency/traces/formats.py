@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import itertools
 import math
 import operator
 import reprlib
@@ -133,7 +134,8 @@ class _AscendX(msgspec.Struct, tag_field="ph", tag="X", gc=False):
     pid: int | str | None = None
     ts: str | int | None = None  # torch-npu writes decimal text; a float goes the exact path
     dur: float = math.nan
-    args: _TaskArgs | None = None
+    # no args: no Task Type (``"args": null`` goes the exact path, which reads it so too)
+    args: _TaskArgs = msgspec.field(default_factory=_TaskArgs)
 
 
 class _AscendMeta(msgspec.Struct, tag_field="ph", tag="M", gc=False):
@@ -163,8 +165,8 @@ _K_FAST = msgspec.json.Decoder(list[_FastEvent])
 _K_EXACT = msgspec.json.Decoder(list[_AnyEvent], float_hook=str)
 _A_FAST = msgspec.json.Decoder(list[_AscendEvent])
 _A_EXACT = _K_EXACT
-_GET_CAT, _GET_TS, _GET_DUR, _GET_NAME = (operator.attrgetter(a)
-                                          for a in ("cat", "ts", "dur", "name"))
+_GET_CAT, _GET_TS, _GET_DUR, _GET_NAME, _GET_PID, _GET_TASK = (
+    operator.attrgetter(a) for a in ("cat", "ts", "dur", "name", "pid", "args.task_type"))
 
 
 # -- one file ---------------------------------------------------------------------------------
@@ -702,15 +704,17 @@ class _Ascend:
     def add_fast(self, events: list[Any]) -> bool:
         """Keep the columns of fast-path events; False (nothing kept) when a duration is not
         exact as float64."""
-        xs = [e for e in events if type(e) is _AscendX and e.pid is not None]
+        # every other phase, metadata included, has no pid: the X events with one, in C
+        has_pid = list(map(operator.is_not, map(_GET_PID, events), itertools.repeat(None)))
+        xs = list(itertools.compress(events, has_pid))
         dur = np.fromiter(map(_GET_DUR, xs), np.float64, len(xs))
         if not _exact_floats(dur):
             return False
-        self.metas += [(e.process, bytes(e.args)) for e in events
+        self.metas += [(e.process, bytes(e.args))
+                       for e in itertools.compress(events, map(operator.not_, has_pid))
                        if type(e) is _AscendMeta and e.name == "process_name"]
         names, bad, error = _decoded_names(xs)
-        self._keep(xs, names, bad, error,
-                   [None if e.args is None else e.args.task_type for e in xs], _floats_to_ns(dur))
+        self._keep(xs, names, bad, error, list(map(_GET_TASK, xs)), _floats_to_ns(dur))
         return True
 
     def add_exact(self, events: list[Any]) -> None:
@@ -725,9 +729,11 @@ class _Ascend:
               error: str | None, tasks: list[str | None],
               durations: tuple[np.ndarray, np.ndarray]) -> None:
         pids, codes = self.pids, self.tasks
-        self.pid.append(np.fromiter((pids.setdefault(e.pid, len(pids)) for e in xs), np.int32,
-                                    len(xs)))
-        ts_ns, ts_ok = _us_to_ns([e.ts for e in xs])
+        pid = list(map(_GET_PID, xs))
+        for p in dict.fromkeys(pid):  # each distinct pid once; the rest in C
+            pids.setdefault(p, len(pids))
+        self.pid.append(np.fromiter(map(pids.__getitem__, pid), np.int32, len(xs)))
+        ts_ns, ts_ok = _us_to_ns(list(map(_GET_TS, xs)))
         dur_ns, dur_ok = durations
         ok = ts_ok & dur_ok & (np.abs(ts_ns) < _LIMIT_NS) & (dur_ns >= 0) & (dur_ns < _LIMIT_NS)
         self.ts.append(ts_ns)
@@ -736,8 +742,9 @@ class _Ascend:
         self.name.append(self.names.code(names))
         self.bad.append(np.zeros(len(xs), bool) if bad is None else bad)
         self.name_error = self.name_error or error
-        self.task.append(np.fromiter((codes.setdefault(t, len(codes) - 1) for t in tasks),
-                                     np.int16, len(tasks)))
+        for t in dict.fromkeys(tasks):
+            codes.setdefault(t, len(codes) - 1)
+        self.task.append(np.fromiter(map(codes.__getitem__, tasks), np.int16, len(tasks)))
 
     def finish(self, source: Path, doc: Any) -> Parsed:
         """The timeline, once every process's name is known. torch-npu times are absolute: no

@@ -24,8 +24,11 @@ from typing import Any
 from residency.traces.files import (
     MAX_TRACE_BYTES,
     TraceError,
+    active_seal,
     check_regular,
+    content_hash,
     hashed_copy,
+    open_regular,
     verified_copy,
 )
 
@@ -60,6 +63,7 @@ class UntrustedDatabase:
         self.path, self._con, self.max_rows, self.budget_s = path, con, max_rows, budget_s
         self._copy = copy  # a sealed file's private copy, removed on close
         self.digest: str | None = None  # of the bytes SQLite reads, when asked for
+        self.unchanged: os.stat_result | None = None  # the status `digest` was taken at
         self._deadline = 0.0
         # SQLite enforces the length bound itself where Python can set it (3.11+)
         self._limited = hasattr(con, "setlimit")
@@ -88,21 +92,53 @@ class UntrustedDatabase:
                                      "rows, more than a database of this size holds (ids "
                                      "repeated to multiply a join?); not read")
         except (sqlite3.OperationalError, sqlite3.DataError) as exc:
-            text = str(exc)
-            if "interrupted" in text:
-                raise TraceError(self.path, f"a query took longer than {self.budget_s:g} s "
-                                 "and was stopped (a hostile or damaged database?)") from None
-            if "too big" in text:
-                raise TraceError(self.path, f"a value is longer than {MAX_VALUE_BYTES} bytes, "
-                                 "the limit per string or blob; not read") from None
+            _raise_bound(self, exc)
             raise
         return Rows(rows)
 
+    def batches(self, sql: str, size: int = 65_536) -> Iterator[list[tuple[Any, ...]]]:
+        """The rows of one query in batches of at most `size`, within the bounds `execute`
+        keeps (the time budget and the row bound count the whole query), so a caller can
+        turn each batch into columns and hold no more than one batch of Python rows.
+
+        Raises:
+            as `execute`.
+        """
+        self._deadline = time.monotonic() + self.budget_s
+        seen = 0
+        try:
+            cur = self._con.execute(sql)
+            while batch := cur.fetchmany(size):
+                if not self._limited:
+                    _check_lengths(self.path, batch)
+                seen += len(batch)
+                if seen > self.max_rows:
+                    raise TraceError(self.path, f"a query returned more than {self.max_rows} "
+                                     "rows, more than a database of this size holds (ids "
+                                     "repeated to multiply a join?); not read")
+                yield batch
+        except (sqlite3.OperationalError, sqlite3.DataError) as exc:
+            _raise_bound(self, exc)
+            raise
+
     def close(self) -> None:
-        """Close the connection (and remove a sealed file's private copy)."""
+        """Close the connection (and remove a sealed file's private copy).
+
+        Raises:
+            TraceError: the file (digested in place) changed while it was read, so the
+                digest may not be of the bytes SQLite read.
+        """
         self._con.close()
         _remove(self._copy)
         self._copy = None
+        if self.unchanged is not None:
+            before, self.unchanged = self.unchanged, None
+            try:
+                after = os.stat(self.path)
+            except OSError:
+                after = None
+            if after is None or _identity(after) != _identity(before):
+                raise TraceError(self.path, "changed while it was read; read it again")
 
 
 def open_untrusted(path: Path, *, budget_s: float | None = None,
@@ -118,8 +154,14 @@ def open_untrusted(path: Path, *, budget_s: float | None = None,
     st = check_regular(path, max_bytes=max_bytes)
     # under a seal SQLite reads a private copy made while checking its sha256 (it opens
     # by path: the file itself could change between the check and the reads)
-    hashed = None
-    if digest:
+    hashed, unchanged = None, None
+    if digest and active_seal() is None:
+        # the file itself, hashed first, then read by SQLite; its status (device, inode,
+        # size, mtime, ctime: any write or replacement changes one) checked again on close.
+        # (Copying it, as under a seal, wrote every byte again: 1 GB a rank of the database)
+        copy = None
+        hashed, unchanged = _digest_in_place(path, max_bytes)
+    elif digest:
         copy, hashed = hashed_copy(path, max_bytes=max_bytes)
     else:
         copy = verified_copy(path, max_bytes=max_bytes)
@@ -143,8 +185,43 @@ def open_untrusted(path: Path, *, budget_s: float | None = None,
     db = UntrustedDatabase(Path(path), con, max_rows=max(_MIN_ROWS, st.st_size // 8),
                            budget_s=QUERY_BUDGET_S if budget_s is None else budget_s,
                            copy=copy)
-    db.digest = hashed
+    db.digest, db.unchanged = hashed, unchanged
     return db
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _digest_in_place(path: Path, max_bytes: int) -> tuple[str, os.stat_result]:
+    """The content digest of `path` as it is now, and its status before the read (a change
+    during the read shows in the status `UntrustedDatabase.close` compares)."""
+    fd, st = open_regular(path, max_bytes=max_bytes)
+    digest, total = content_hash(), 0
+    try:
+        while block := os.read(fd, 8 << 20):
+            total += len(block)
+            if total > max_bytes:
+                raise TraceError(path, f"grew past the limit of {max_bytes} bytes while read")
+            digest.update(block)
+    except OSError as exc:
+        raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if total != st.st_size:
+        raise TraceError(path, "changed while it was read; read it again")
+    return digest.hexdigest(), st
+
+
+def _raise_bound(db: UntrustedDatabase, exc: Exception) -> None:
+    """The TraceError of a bound SQLite met (`exc`: the query's error); nothing for others."""
+    text = str(exc)
+    if "interrupted" in text:
+        raise TraceError(db.path, f"a query took longer than {db.budget_s:g} s "
+                         "and was stopped (a hostile or damaged database?)") from None
+    if "too big" in text:
+        raise TraceError(db.path, f"a value is longer than {MAX_VALUE_BYTES} bytes, "
+                         "the limit per string or blob; not read") from None
 
 
 def _check_lengths(path: Path, batch: list[tuple[Any, ...]]) -> None:

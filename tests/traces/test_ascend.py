@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from residency.analysis.causes import NO_HOST_RANGE, cause_diff, idle_by_cause, top_cause
 from residency.analysis.idle import busy_intervals, idle_summary, idle_summary_at
@@ -587,3 +589,147 @@ def test_the_database_lookups_are_not_quadratic_in_the_tasks(tmp_path, monkeypat
         assert len(parsed.device) == n and set(parsed.device_names.tolist()) == {"MatMul"}
         counts[n] = steps[0]
     assert counts[4000] < 6 * counts[1000], counts  # quadratic: about 16x
+
+
+def _statements(monkeypatch) -> list[str]:
+    """Every SQL statement the databases opened from now on run (SQLite's trace callback)."""
+    from residency.traces import sqlitedb
+
+    seen: list[str] = []
+    opened = sqlitedb.open_untrusted
+
+    def tracing(*args, **kwargs):
+        db = opened(*args, **kwargs)
+        db._con.set_trace_callback(seen.append)
+        return db
+
+    monkeypatch.setattr(sqlitedb, "open_untrusted", tracing)
+    monkeypatch.setattr("residency.traces.ascend.open_untrusted", tracing)
+    return seen
+
+
+def test_a_usual_database_is_read_by_plain_scans(monkeypatch):
+    """torch-npu's database is read one plain scan per table, joined on numpy columns (before:
+    indexed temporary copies and a correlated lookup per task, 3-5x the bare read of the same
+    rows); the answer is the row-by-row reading's."""
+    from residency.traces import ascend
+
+    seen = _statements(monkeypatch)
+    for db in sorted((DATA / "ascend_real_db").rglob("*.db")):
+        seen.clear()
+        parsed = ascend.read_db(db)
+        assert seen and not [s for s in seen if "JOIN" in s.upper() or "TEMP" in s.upper()], seen
+        con = ascend._open_db(db)
+        try:
+            rows = ascend._read_rows(db, con, ascend._tables(con))
+        finally:
+            con.close()
+        _same_parse(parsed, rows)
+
+
+def _same_parse(a, b) -> None:
+    for field in ("device", "ranges", "names", "device_task_type", "range_task_type",
+                  "range_lane", "device_names"):
+        x, y = getattr(a, field), getattr(b, field)
+        assert (x.dtype, x.shape, x.tolist()) == (y.dtype, y.shape, y.tolist()), field
+    assert (a.task_types, a.lanes) == (b.task_types, b.lanes)
+
+
+_IDS = st.one_of(st.integers(0, 6), st.none(), st.just("x"), st.just(2.5))
+_TIMES = st.one_of(st.integers(0, 50), st.integers(0, 50).map(str), st.none())
+
+
+@st.composite
+def _odd_database(draw) -> dict:
+    odd = draw(st.integers(0, 3)) == 0  # else the ids and task times the column reading takes
+    strings = draw(st.lists(st.tuples(st.one_of(st.integers(0, 6), st.just("x")) if odd else
+                                      st.integers(0, 6),
+                                      st.one_of(st.sampled_from(["AI_CORE", "N/A", "", "Mm",
+                                                                 "AI_CORE"]), st.none())),
+                            max_size=8, unique_by=None if odd else (lambda r: r[0])))
+    span = (st.tuples(_TIMES, _TIMES) if odd else
+            st.tuples(st.integers(0, 50), st.integers(0, 9)).map(lambda t: (t[0], t[0] + t[1])))
+    keys = _IDS if odd else st.one_of(st.integers(0, 6), st.none())
+    tasks = [(*t, i, k) for t, i, k in draw(st.lists(st.tuples(span, _IDS, keys),
+                                                      max_size=10))]
+    python = [(*t, i) for t, i in draw(st.lists(st.tuples(span, _IDS), max_size=6))]
+    ops = [(*t, i) for t, i in draw(st.lists(st.tuples(span, _IDS), max_size=3))]
+    return {"STRING_IDS": ("id INTEGER, value TEXT", strings),
+            "TASK": ("startNs INTEGER, endNs INTEGER, taskType INTEGER, "
+                     "globalTaskId INTEGER", tasks),
+            "COMPUTE_TASK_INFO": ("globalTaskId INTEGER, name INTEGER, taskType INTEGER",
+                                  draw(st.lists(st.tuples(keys, _IDS, _IDS), max_size=8))),
+            "COMMUNICATION_TASK_INFO": ("globalTaskId INTEGER, name INTEGER",
+                                        draw(st.lists(st.tuples(keys, _IDS), max_size=4))),
+            "PYTORCH_API": ("startNs TEXT, endNs TEXT, name INTEGER", python),
+            "COMMUNICATION_OP": ("startNs INTEGER, endNs INTEGER, opName INTEGER", ops)}
+
+
+@settings(max_examples=300, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(_odd_database())
+def test_the_column_reading_is_the_row_reading_on_odd_databases(tmp_path, tables):
+    """NULLs, text ids, repeated ids and keys, NULL and 'N/A' values, text times, ends before
+    starts: wherever the column reading answers, it is the row-by-row reading's answer."""
+    from residency.traces import ascend
+
+    path = tmp_path / "odd.db"
+    path.unlink(missing_ok=True)
+    con = sqlite3.connect(path)
+    for table, (columns, rows) in tables.items():
+        con.execute(f"CREATE TABLE {table} ({columns})")
+        if rows:
+            con.executemany(f"INSERT INTO {table} VALUES ({','.join('?' * len(rows[0]))})",
+                            rows)
+    con.commit()
+    con.close()
+    db = ascend._open_db(path)
+    try:
+        have = ascend._tables(db)
+        try:
+            want = ascend._read_rows(path, db, have)
+        except (TraceError, TypeError) as exc:
+            want = exc
+        try:
+            got = ascend._read_columns(db, have)
+        except ascend._Unusual:
+            return
+    finally:
+        db.close()
+    assert not isinstance(want, Exception), want
+    _same_parse(got, want)
+
+
+def test_a_database_is_digested_in_place_not_copied(tmp_path, monkeypatch):
+    """For the cache, the database's digest is taken of the file itself (before: a private
+    copy of every byte was written first, 1 GB a rank), and is the file's content digest."""
+    from residency.traces import ascend, sqlitedb
+    from residency.traces.files import file_digest
+
+    def no_copy(*args, **kwargs):
+        raise AssertionError("copied")
+
+    monkeypatch.setattr(sqlitedb, "hashed_copy", no_copy)
+    db = next((DATA / "ascend_real_db").rglob("*.db"))
+    assert ascend.read_db(db, digest=True).digest == file_digest(db)
+
+
+def test_a_database_written_while_read_is_refused(tmp_path, monkeypatch):
+    """A digest taken in place vouches for the bytes read only if the file did not change
+    meanwhile: a write during the read (its status changes) is an error, never a cache entry."""
+    from residency.traces import ascend
+
+    db = tmp_path / "ascend_pytorch_profiler_0.db"
+    shutil.copyfile(next((DATA / "ascend_real_db").rglob("*.db")), db)
+    read = ascend._read_columns
+
+    def read_then_write(con, tables):
+        got = read(con, tables)
+        with open(db, "ab") as f:
+            f.write(b"\0")
+        return got
+
+    monkeypatch.setattr(ascend, "_read_columns", read_then_write)
+    with pytest.raises(TraceError, match=r"ascend_pytorch_profiler_0\.db: changed while it "
+                                         r"was read"):
+        ascend.read_db(db, digest=True)
