@@ -51,8 +51,8 @@ from typing import Any
 
 import numpy as np
 
+from residency.traces.columns import Parsed
 from residency.traces.files import RANK_COMPONENT_RE, TraceError
-from residency.traces.formats import Parsed
 from residency.traces.sqlitedb import UntrustedDatabase, open_untrusted
 
 __all__ = ["AscendSession", "RELATIVE_LIMIT_NS", "SUMMARIES_ONLY", "StepCheck", "align_clocks",
@@ -744,7 +744,7 @@ def _csv_rows(path: Path) -> Any:
 def _us(text: Any) -> int | None:
     """Microsecond text as torch-npu writes it (``"1736413971558972.912\\t"``: a trailing
     tab keeps spreadsheets from rounding it) to int64 ns; None when not a number."""
-    from residency.traces.formats import decimal_us_to_ns
+    from residency.traces.units import decimal_us_to_ns
 
     return decimal_us_to_ns(text.strip()) if isinstance(text, str) and text.strip() else None
 

@@ -44,6 +44,7 @@ import msgspec
 import numpy as np
 
 from residency.jsonio import write_bytes_atomic
+from residency.traces.columns import Parsed, object_array
 from residency.traces.files import (
     MAX_TRACE_BYTES,
     PARTS_DIGEST,
@@ -53,7 +54,6 @@ from residency.traces.files import (
     digest_like,
     open_regular,
 )
-from residency.traces.formats import Parsed, object_array
 
 __all__ = ["PARSER_VERSION", "cache_dir", "enabled", "get", "get_parsed", "max_bytes", "put",
            "put_parsed"]

@@ -366,7 +366,7 @@ def pack(x: Intervals) -> tuple[Intervals, np.ndarray, np.ndarray]:
     return head, lengths, gaps
 
 
-_LIMIT = 1 << 62  # |t| below this for every time a trace gives (residency.traces.formats)
+_LIMIT = 1 << 62  # |t| below this for every time a trace gives (residency.traces.units)
 
 
 def unpack(head: np.ndarray, lengths: np.ndarray, gaps: np.ndarray) -> Intervals:

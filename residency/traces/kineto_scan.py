@@ -2,7 +2,7 @@
 the package is installed), behind one function: `scan`.
 
 It reads a run of events in one pass, validating it as strict JSON and picking out the kept
-complete events' category kind, ``ts``, ``dur`` and names: what `residency.traces.formats`
+complete events' category kind, ``ts``, ``dur`` and names: what `residency.traces.kineto`
 otherwise gets from a typed msgspec decode and Python passes over the decoded events. Where it
 does not handle a run (module doc of the C file: anything msgspec might read otherwise, or
 reject) it returns None and the caller decodes the run with msgspec, so the columns, the

@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from residency.traces.ascend_text import ASCEND_DERIVED_PROCESSES, ASCEND_DEVICE_PROCESS
+from residency.traces.categories import DEVICE_CATEGORIES, HOST_CATEGORIES
 from residency.traces.files import (
     CHUNK_BYTES,
     MAX_TRACE_BYTES,
@@ -54,10 +56,6 @@ from residency.traces.files import (
     sealed_reads,
 )
 from residency.traces.formats import (
-    ASCEND_DERIVED_PROCESSES,
-    ASCEND_DEVICE_PROCESS,
-    DEVICE_CATEGORIES,
-    HOST_CATEGORIES,
     NotAligned,
     Parsed,
     join_parts,

@@ -46,8 +46,8 @@ from residency.traces.files import (
     open_regular,
     sealed_reads,
 )
-from residency.traces.formats import decimal_us_to_ns
 from residency.traces.jsonstream import PLACEHOLDER_VALUE, Skeleton, read_whole, split_events
+from residency.traces.units import decimal_us_to_ns
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -88,7 +88,7 @@ _INT64 = 2**63
 
 def _us_to_ns(value: Any) -> int | None:
     """Microseconds (an int or decimal text) to int64 ns exactly as the trace loader converts
-    them (`traceformats.decimal_us_to_ns`: half-up, absurd exponents refused before any
+    them (`units.decimal_us_to_ns`: half-up, absurd exponents refused before any
     arithmetic); None otherwise."""
     if type(value) is int:
         return value * 1000 if abs(value) * 1000 < _INT64 else None

@@ -41,8 +41,8 @@ from typing import Literal
 
 import msgspec
 
+from residency.traces.ascend_text import ASCEND_DEVICE_PROCESS
 from residency.traces.files import MAX_TRACE_BYTES, TraceStream
-from residency.traces.formats import ASCEND_DEVICE_PROCESS
 from residency.traces.jsonstream import EVENT_CAP, value_end
 
 __all__ = ["HEAD_BYTES", "SQLITE_HEADER", "Sniffed", "sniff"]

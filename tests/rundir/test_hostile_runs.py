@@ -267,8 +267,8 @@ def test_memory_ts_converts_like_the_trace_loader(tmp_path: Path) -> None:
     """Half-up to the ns (0.0025 us is 3 ns, as `decimal_us_to_ns` gives; before: 2, half to
     even), and an absurd exponent rejected before any arithmetic (before: decimal.Overflow
     out of the paired notebook, or 37 s per event for 1e999000)."""
-    from residency.traces.formats import decimal_us_to_ns
     from residency.traces.memory import memory_timeline
+    from residency.traces.units import decimal_us_to_ns
 
     traces = _memory_trace(tmp_path / "rank0.trace.json",
                            ["0.0025", "1e999999", "1e999000", '"12.5"', "7"])

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from residency.traces import formats, kineto_scan
+from residency.traces import formats, kineto, kineto_scan, units
 from residency.traces.files import TraceError
 from tests.helpers import ROOT
 
@@ -43,8 +43,8 @@ def msgspec_only() -> Iterator[None]:
 
 
 def outcome(data: bytes, names: bool) -> tuple:
-    """The columns of one run (`_Kineto.add` then `finish`), or the error's type and text."""
-    cols = formats._Kineto(names)
+    """The columns of one run (`KinetoColumns.add`, `finish`), or the error's type and text."""
+    cols = kineto.KinetoColumns(names)
     try:
         n = cols.add(data)
         p = cols.finish(Path("run.json"), None)
@@ -69,7 +69,7 @@ def msgspec_accepts(data: bytes) -> bool:
 
 
 def scanned(data: bytes) -> kineto_scan.Scanned | None:
-    return kineto_scan.scan(data, formats._Kineto()._kind_of, 2)
+    return kineto_scan.scan(data, kineto.KinetoColumns().kind_of, 2)
 
 
 # -- realistic runs ---------------------------------------------------------------------------
@@ -115,7 +115,7 @@ def test_times_are_the_exact_nanoseconds_of_their_decimal_text(text, ns):
     run = f'[{{"ph": "X", "cat": "kernel", "name": "k", "ts": {text}, "dur": 0}}]'.encode()
     got = scanned(run)
     assert got is not None and got.ts.tolist() == [ns]
-    assert formats.decimal_us_to_ns(text) == ns  # what the msgspec path's exact reading gives
+    assert units.decimal_us_to_ns(text) == ns  # what the msgspec path's exact reading gives
 
 
 @needs_reader

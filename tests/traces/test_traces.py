@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from residency.traces import formats
+from residency.traces import units
 from residency.traces.load import TraceError, load_traces
 from tests.helpers import copy_fixture, same_traces
 
@@ -108,7 +108,7 @@ def test_ascend_numeric_epoch_times_are_exact(tmp_path):
 
 def test_zero_with_a_large_exponent_is_zero(tmp_path):
     # "0E20" is 0 (hypothesis's regex of numbers found it: the event was refused as out of range)
-    assert [formats.decimal_us_to_ns(t) for t in ("0E20", "-0.000E25", "0E999999999")] == [0] * 3
+    assert [units.decimal_us_to_ns(t) for t in ("0E20", "-0.000E25", "0E999999999")] == [0] * 3
     meta = '{"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "Ascend Hardware"}}'
     write_ascend(tmp_path / "h_1_ascend_pt", 0, f"""[{meta},
         {{"ph": "X", "name": "a", "pid": 7, "ts": "1764500000000000.000", "dur": "0E20"}},
@@ -198,9 +198,9 @@ fixed = st.tuples(st.integers(-(10**17), 10**17), st.integers(0, 999)).map(
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(st.lists(plain | st.text(max_size=5), max_size=6), st.lists(fixed, max_size=6)))
 def test_decimal_text_parser_agrees_with_decimal(values):
-    ns, ok = formats.decimal_text_to_ns(values)
+    ns, ok = units.decimal_text_to_ns(values)
     assert [int(v) if k else None for v, k in zip(ns, ok, strict=True)] == [
-        formats.decimal_us_to_ns(v) for v in values]
+        units.decimal_us_to_ns(v) for v in values]
 
 
 def test_truncated_json_names_file_and_position(tmp_path):

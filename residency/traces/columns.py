@@ -1,0 +1,198 @@
+"""What the Trace Event Format readers share: `Parsed` (the columns one trace file yields), the
+any-type event the exact path decodes, name tables, and turning kept times into sorted
+``[start, end)`` rows.
+
+The format modules (`residency.traces.kineto`, `residency.traces.ascend_text`) each give a
+`Reader`; `residency.traces.formats` dispatches to them by format name.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from residency.traces.units import LIMIT_NS
+
+NO_CODE = -1  # an int16 code into a name table: none
+
+
+@dataclass
+class Parsed:
+    """What one trace file yields before its rank is settled (arrays as in `RankTimeline`)."""
+
+    rank: int | None  # from the file's content (Kineto distributedInfo)
+    device: np.ndarray
+    ranges: np.ndarray
+    names: np.ndarray
+    rejected: int
+    device_task_type: np.ndarray  # int16 codes into task_types, -1: none
+    range_task_type: np.ndarray
+    range_lane: np.ndarray  # int16 codes into lanes, -1: none
+    task_types: tuple[str, ...] = ()
+    lanes: tuple[str, ...] = ()
+    digest: str | None = None  # content digest of the trace file as stored, when asked for
+    device_names: np.ndarray | None = None  # (n,) object array of str beside `device`
+    world_size: int | None = None  # from the file's content (Kineto distributedInfo)
+
+
+
+@dataclass(frozen=True)
+class Reader:
+    """One trace file format as `residency.traces.formats` reads it."""
+
+    columns: Callable[[bool], Any]  # a fresh column builder; the flag: keep device task names
+    fast: Any  # the msgspec type of a whole document on the typed fast path
+    reads_document: bool  # whether the builder's `finish` reads the document-level fields
+
+
+# -- the any-type event (the exact path of every reader: numbers kept as decimal text) ---------
+
+class AnyEvent(msgspec.Struct, gc=False):
+    ph: Any = None
+    cat: Any = None
+    name: Any = None
+    pid: Any = None
+    ts: Any = None
+    dur: Any = None
+    args: msgspec.Raw = msgspec.Raw()
+
+
+class AnyTrace(msgspec.Struct, gc=False):
+    traceEvents: list[AnyEvent] | None = None
+    baseTimeNanoseconds: Any = None
+    distributedInfo: Any = None
+
+EXACT = msgspec.json.Decoder(list[AnyEvent], float_hook=str)
+GET_CAT, GET_TS, GET_DUR, GET_NAME, GET_PID, GET_TASK = (
+    operator.attrgetter(a) for a in ("cat", "ts", "dur", "name", "pid", "args.task_type"))
+
+
+# -- columns ----------------------------------------------------------------------------------
+
+def concat(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.empty(0, dtype)
+
+
+class Names:
+    """Distinct names, each one str object; names that could not be decoded are marked."""
+
+    def __init__(self) -> None:
+        self.codes: dict[str, int] = {}
+
+    def code(self, names: list[str]) -> np.ndarray:
+        codes = self.codes
+        for n in dict.fromkeys(names):  # each distinct name once; the rest in C
+            if n not in codes:
+                codes[n] = len(codes)
+        return np.fromiter(map(codes.__getitem__, names), np.int32, len(names))
+
+    def table(self) -> np.ndarray:
+        return object_array(list(self.codes))
+
+    def absorb(self, other: Names) -> np.ndarray:
+        """Add `other`'s names; their codes here, indexed by their codes there."""
+        return self.code(list(other.codes))
+
+
+def decoded_names(events: list[Any]) -> tuple[list[str], np.ndarray | None, str | None]:
+    """Names of fast-path events (raw JSON), which could not be decoded, and the first
+    decode error (raised only if such an event is used)."""
+    try:
+        return raw_names(events), None, None
+    except msgspec.DecodeError:
+        pass
+    names, bad, first = [], np.zeros(len(events), bool), None
+    for i, e in enumerate(events):
+        try:
+            names.extend(raw_names([e]))
+        except msgspec.DecodeError as exc:
+            names.append("")
+            bad[i], first = True, first or str(exc)
+    return names, bad, first
+
+def intervals(ts: np.ndarray, dur: np.ndarray, base: int
+               ) -> tuple[np.ndarray, np.ndarray | None, int]:
+    """``(n, 2)`` [start, end) of the rows whose start with `base` stays in range, sorted by
+    start (stable); the kept rows' indices in that order (None: all, in order); how many were
+    rejected. Uses `ts` as scratch (it may be overwritten)."""
+    start = ts
+    if base:
+        start += base  # no wrap: |ts| and |base| are below 2**62
+    inside = np.abs(start) < LIMIT_NS
+    keep = None if inside.all() else np.flatnonzero(inside)
+    del inside
+    if keep is not None:
+        start = start[keep]
+    if len(start) > 1 and not (start[1:] >= start[:-1]).all():  # sorted already: no argsort
+        order = np.argsort(start, kind="stable")
+        keep = order if keep is None else keep[order]
+        start = start[order]
+        del order
+    out = np.empty((len(start), 2), np.int64)
+    out[:, 0] = start
+    out[:, 1] = start
+    out[:, 1] += dur if keep is None else dur[keep]
+    return out, keep, len(ts) - len(start)
+
+def take_rows(a: np.ndarray, keep: np.ndarray | None) -> np.ndarray:
+    return a if keep is None else a[keep]
+
+
+def drain_parts(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
+    """The concatenation of `parts`, which is emptied (its arrays are freed)."""
+    out = concat(parts, dtype)
+    parts.clear()
+    return out
+
+
+# -- fields -----------------------------------------------------------------------------------
+
+def pick(events: list[Any], idx: np.ndarray) -> Any:
+    """``events[idx]`` as a sequence, picked in C."""
+    if len(idx) == len(events):
+        return events
+    if len(idx) < 2:
+        return [events[i] for i in idx.tolist()]
+    return operator.itemgetter(*idx.tolist())(events)
+
+
+def raw_names(events: list[Any]) -> list[str]:
+    """Names of fast-path events: their raw JSON decoded in one call."""
+    raws = list(map(GET_NAME, events))
+    if not all(map(len, raws)):  # a missing name reads as ""
+        raws = [r if len(r) else b'""' for r in raws]
+    return json_names(b"[" + b",".join(raws) + b"]")
+
+
+def json_names(text: bytes) -> list[str]:
+    """Names from the JSON array of their raw values (a value that is not a string as
+    `any_names` reads it)."""
+    try:
+        return msgspec.json.decode(text, type=list[str])
+    except msgspec.ValidationError:
+        return any_names([Named(v) for v in msgspec.json.decode(text)])
+
+
+class Named(msgspec.Struct):
+    name: Any
+
+
+def any_names(events: list[Any]) -> list[str]:
+    return [n if type(n) is str else "" if n is None else str(n) for n in (e.name for e in events)]
+
+
+def take(events: list[Any], idx: np.ndarray) -> list[Any]:
+    return events if len(idx) == len(events) else [events[i] for i in idx.tolist()]
+
+
+def object_array(items: list[Any]) -> np.ndarray:
+    """`items` as a 1-D numpy object array (no nested-sequence unpacking)."""
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out
+
