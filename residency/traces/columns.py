@@ -40,7 +40,6 @@ class Parsed:
     world_size: int | None = None  # from the file's content (Kineto distributedInfo)
 
 
-
 @dataclass(frozen=True)
 class Reader:
     """One trace file format as `residency.traces.formats` reads it."""
@@ -66,6 +65,7 @@ class AnyTrace(msgspec.Struct, gc=False):
     traceEvents: list[AnyEvent] | None = None
     baseTimeNanoseconds: Any = None
     distributedInfo: Any = None
+
 
 EXACT = msgspec.json.Decoder(list[AnyEvent], float_hook=str)
 GET_CAT, GET_TS, GET_DUR, GET_NAME, GET_PID, GET_TASK = (
@@ -115,8 +115,9 @@ def decoded_names(events: list[Any]) -> tuple[list[str], np.ndarray | None, str 
             bad[i], first = True, first or str(exc)
     return names, bad, first
 
+
 def intervals(ts: np.ndarray, dur: np.ndarray, base: int
-               ) -> tuple[np.ndarray, np.ndarray | None, int]:
+              ) -> tuple[np.ndarray, np.ndarray | None, int]:
     """``(n, 2)`` [start, end) of the rows whose start with `base` stays in range, sorted by
     start (stable); the kept rows' indices in that order (None: all, in order); how many were
     rejected. Uses `ts` as scratch (it may be overwritten)."""
@@ -138,6 +139,7 @@ def intervals(ts: np.ndarray, dur: np.ndarray, base: int
     out[:, 1] = start
     out[:, 1] += dur if keep is None else dur[keep]
     return out, keep, len(ts) - len(start)
+
 
 def take_rows(a: np.ndarray, keep: np.ndarray | None) -> np.ndarray:
     return a if keep is None else a[keep]

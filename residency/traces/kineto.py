@@ -239,7 +239,7 @@ class KinetoColumns:
             rows, base, drain_parts(self.dev_name, np.int32) if self.want_names
             else np.zeros(len(rows), np.int32))
         ranges, order, host_rejected = intervals(drain_parts(self.host_ts, np.int64),
-                                                  drain_parts(self.host_dur, np.int64), base)
+                                                 drain_parts(self.host_dur, np.int64), base)
         codes = take_rows(concat(self.host_name, np.int32), order)
         if take_rows(concat(self.host_bad, bool), order).any():
             raise TraceError(source, f"invalid JSON: {self.name_error}")
@@ -250,6 +250,7 @@ class KinetoColumns:
                       np.full(len(device), NO_CODE, np.int16), none, none.copy(),
                       device_names=table[dev_codes] if self.want_names else None,
                       world_size=world)
+
 
 class _Rows:
     """An ``(n, 2)`` int64 array grown in place (realloc: no copy of what is held)."""
@@ -290,6 +291,7 @@ def _finish_rows(rows: np.ndarray, base: int, codes: np.ndarray
         order = np.argsort(rows[:, 0], kind="stable")
         rows, codes = rows[order], codes[order]
     return rows, n - len(rows), codes
+
 
 class _CategoryKinds(dict):  # type: ignore[type-arg]
     """category -> 1 (device task), 2 (host range) or 0, worked out once per distinct name."""

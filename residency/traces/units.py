@@ -19,6 +19,7 @@ __all__ = ["EXACT_FLOAT_US", "LIMIT_NS", "decimal_text_to_ns", "decimal_us_to_ns
 EXACT_FLOAT_US = 2.0**49 / 1000  # float64 us below this: ns within 0.1 of the decimal's
 LIMIT_NS = 2**62  # |times|, durations and bases must stay below: sums of two never overflow
 
+
 def exact_floats(us: np.ndarray) -> bool:
     """Whether float64 microseconds give, rounded, the ns their decimal text gives: small
     enough (the parse is within 0.1 ns) and not near a half-nanosecond tie. NaN (missing) is
