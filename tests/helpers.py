@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from residency.records import manifest as manifest_format
+
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT / "tests" / "data" / "traces"          # trace fixtures, one folder each
 FIXTURE_RUN = ROOT / "tests" / "data" / "rundir" / "fixture-run"
@@ -86,22 +88,21 @@ def copy_run(src: Path, dst: Path) -> Path:
 
 def read_manifest(run: Path) -> dict[str, Any]:
     """The run's manifest.json as a dict."""
-    return json.loads((run / "manifest.json").read_text())
+    return manifest_format.read_manifest(run)
 
 
 def edit_manifest(run: Path, change: Callable[[dict[str, Any]], None]) -> None:
     """Apply `change` to the run's manifest.json in place (no re-sealing)."""
-    path = run / "manifest.json"
-    m = json.loads(path.read_text())
+    m = manifest_format.read_manifest(run)
     change(m)
-    path.write_text(json.dumps(m, indent=2))
+    manifest_format.write_manifest(run, m)
 
 
 def reseal(run: Path) -> None:
     """Re-record every artifact's sha256 and the seal, as `residency pair` does at the end, so
     that a changed file reaches the analysis as a recorder would have left it."""
-    from residency.rundir.run import artifact_hashes
-    from residency.rundir.seal import seal
+    from residency.records.manifest import artifact_hashes
+    from residency.records.seal import seal
 
     def again(m: dict[str, Any]) -> None:
         m["artifacts"] = artifact_hashes(run)

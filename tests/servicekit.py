@@ -15,6 +15,8 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
+from residency.records import decisions as decisions_format
+
 SMALL = ["--scale", "0.02", "--resident-mib", "256"]
 
 
@@ -116,7 +118,7 @@ def alive(pid: int) -> bool:
 
 def decisions(markers: Path) -> dict[int, list[dict]]:
     out = {}
-    for path in sorted(markers.glob("decisions-rank*.jsonl")):
-        rank = int(path.stem.removeprefix("decisions-rank"))
-        out[rank] = [json.loads(line) for line in path.read_text().splitlines()]
+    for path in sorted(markers.glob(decisions_format.DECISIONS_GLOB)):
+        (rank,) = {r for r in range(1024) if path.name == decisions_format.decisions_file(r)}
+        out[rank] = decisions_format.read_records(path)
     return out

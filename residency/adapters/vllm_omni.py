@@ -74,10 +74,10 @@ from residency.policy.cache import (
     ARMS,
     BoundedAllocatorCache,
     JsonlRecorder,
-    decisions_file,
     default_rank,
     policy_for,
 )
+from residency.records.decisions import decisions_file
 
 logger = logging.getLogger(__name__)
 

@@ -495,8 +495,8 @@ def cmd_pair(args: argparse.Namespace) -> int:
         raise CommandFailed(str(exc)) from None
     except RuntimeError as exc:  # an explicit device that is not usable here: bad input
         raise ValueError(str(exc)) from None
+    from residency.records.seal import SEAL_FIELD
     from residency.rundir.run import load_run
-    from residency.rundir.seal import SEAL_FIELD
 
     run = load_run(out)
     digest = (run.manifest.get(SEAL_FIELD) or {}).get("digest")
@@ -681,7 +681,7 @@ def _enclosing_seal(path: str, *, verify: bool) -> Any:
         RunDirError: the enclosing run fails verification (a file missing, changed or added,
             an edited manifest) or cannot be read.
     """
-    from residency.rundir.seal import enclosing_run
+    from residency.rundir.layout import enclosing_run
 
     root = enclosing_run(path)
     if root is None:
@@ -802,8 +802,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """`verify`: the run against its seal (and a quoted digest); exit 1 on any finding."""
+    from residency.records.seal import parse_digest
     from residency.rundir.run import verify_run
-    from residency.rundir.seal import parse_digest
 
     expected = None if args.digest is None else parse_digest(args.digest)
     result = verify_run(args.run_dir, expected_digest=expected)
@@ -1001,7 +1001,7 @@ def _terminal(text: str) -> str:
     (host ranges, file names) with every control character, the newline too, written as an
     escape (``\\n``, ``\\x1b``), never acted on: a file named ``x\\nresidency verify: OK``
     cannot print a line of its own."""
-    from residency.rundir.seal import printable
+    from residency.records.files import printable
 
     return printable(text)
 

@@ -15,11 +15,11 @@ from residency.experiments.errors import ExperimentError
 from residency.experiments.httpclient import fill, json_or_none, post_control, send_request
 from residency.experiments.lifecycle import RunningService, start_service
 from residency.experiments.servicefile import ServiceSpec
-from residency.jsonio import write_json_atomic
+from residency.records.client import write_client
+from residency.records.decisions import DECISIONS_GLOB
 from residency.rundir import neighbours
-from residency.rundir.layout import CLIENT, DECISIONS_GLOB, TRACE_RAW
+from residency.rundir.layout import TRACE_RAW
 from residency.rundir.layout import run_dir as run_dir_name
-from residency.rundir.run import CLIENT_LAYOUT
 
 
 def run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, seed: int,
@@ -107,18 +107,14 @@ def _run_arm(spec: ServiceSpec, arm: str, index: int, out: Path, *, steps: int, 
     median_s = median_ns / 1e9
     if spec.builtin and profiled:
         _collect_builtin_traces(run_dir, first["request_id"])
-    # layout 2 (`rundir.run.CLIENT_LAYOUT`): each field describes one thing: the run's
-    # median E2E, and one record per measured request (id, E2E, window, response)
-    client = {"layout": CLIENT_LAYOUT, "arm": arm, "index": index,
-              "request": {"steps": steps, "seed": seed},
-              "median_e2e_ns": median_ns, "median_e2e_s": median_s,
-              "warmup": {"request_id": (json_or_none(warm.payload) or {}).get("request_id"),
+    # the current layout (`residency.records.client`): the run's median E2E, and one record
+    # per measured request (id, E2E, window, response)
+    write_client(run_dir, arm=arm, index=index, request={"steps": steps, "seed": seed},
+                 median_e2e_ns=median_ns,
+                 warmup={"request_id": (json_or_none(warm.payload) or {}).get("request_id"),
                          "e2e_ns": warm.e2e_ns, "start_wall_ns": warm.start_wall_ns,
                          "end_wall_ns": warm.end_wall_ns},
-              "requests": measured}
-    if service.versions is not None:
-        client["service_versions"] = service.versions
-    write_json_atomic(run_dir / CLIENT, client)
+                 requests=measured, service_versions=service.versions)
     # `request_id` and `e2e_s` describe the same thing: one measured request and its E2E, or,
     # with R > 1, the R requests (`request_ids`) and their median (issue 25)
     entry = {"arm": arm, "index": index, "dir": rel, "e2e_s": median_s, "profiled": profiled,

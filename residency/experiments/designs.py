@@ -10,7 +10,6 @@ Data flow: service -> run directory (`docs/contracts.md`): manifest.json, and pe
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import sys
@@ -23,9 +22,11 @@ from residency.experiments.errors import ExperimentError, ExperimentInputError
 from residency.experiments.servicefile import ServiceSpec, builtin_service, load_service_file
 from residency.policy.cache import BASELINE, CANDIDATE, PAIRED_ARMS
 from residency.processes import interruption
+from residency.records.client import CLIENT, read_client
+from residency.records.manifest import Manifest
 from residency.rundir import hostload, neighbours
-from residency.rundir.layout import CLIENT, DESIGNS
-from residency.rundir.run import Manifest, versions
+from residency.rundir.layout import DESIGNS
+from residency.rundir.run import versions
 
 
 def plan(design: str, pairs: int = 1, *, aa_arm: str = CANDIDATE
@@ -172,8 +173,7 @@ def run_design(design: str, out: str | os.PathLike[str], *, spec: ServiceSpec, s
             manifest.extra["neighbours"] = neighbours.summarize(
                 [(r.get("dir"), r.get("neighbours")) for r in manifest.runs])
             if info["versions"] is None:  # what the first external service reported
-                client = json.loads((out / manifest.runs[-1]["dir"] / CLIENT)
-                                    .read_text(encoding="utf-8"))
+                client = read_client(out / manifest.runs[-1]["dir"] / CLIENT, check=False)
                 info["versions"] = client.get("service_versions")
             stop = sequential is not None and _sequential_look(sequential, manifest)
             manifest.write(out)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from residency.humanize import duration_text
-from residency.policy.cache import last_request_id
+from residency.records.decisions import decisions_file, last_request_id
 from residency.rundir import layout
 
 INTERVAL_S = 20.0  # at most this long between two terminal lines
@@ -75,7 +75,7 @@ def _last_request(run_dir: Path | None, index: int, arm: str) -> str | None:
     file (None before its first policy call)."""
     if run_dir is None:
         return None
-    return last_request_id(run_dir / layout.run_dir(index, arm) / layout.decisions_file(0))
+    return last_request_id(run_dir / layout.run_dir(index, arm) / decisions_file(0))
 
 
 class RunProgress:

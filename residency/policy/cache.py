@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from residency import markers
@@ -21,6 +17,7 @@ from residency.policy.telemetry import (
     as_device,
     telemetry_for,
 )
+from residency.records.decisions import DecisionsWriter
 
 Kind = Literal["normal", "forced"]
 Outcome = Literal["retained", "released"]
@@ -101,69 +98,27 @@ class ListRecorder:
         self.decisions.append(decision)
 
 
-DECISIONS_GLOB = "decisions-rank*.jsonl"  # every rank's decisions file in a folder
-
-
-def decisions_file(rank: int) -> str:
-    """The name of rank `rank`'s decisions JSONL file: `decisions-rank<rank>.jsonl`."""
-    return f"decisions-rank{rank}.jsonl"
-
-
-def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The records of one decisions file as `JsonlRecorder` wrote them, in order (blank lines
-    skipped; no validation: `residency.rundir.run` checks a run's files against the schema)."""
-    text = Path(path).read_text(encoding="utf-8")
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def last_request_id(path: str | os.PathLike[str], *, tail_bytes: int = 4096) -> str | None:
-    """The request of the last record that names one, read from the last `tail_bytes` of a
-    decisions file still being written (None when there is none yet or it cannot be read;
-    a partly written last line is skipped)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - tail_bytes))
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    for raw in reversed(lines):
-        with contextlib.suppress(ValueError):
-            rid = json.loads(raw).get("request_id")
-            if rid:
-                return str(rid)
-    return None
-
-
 class JsonlRecorder:
-    """Appends one JSON object per decision to a file, flushed per line.
+    """Appends one JSON object per decision to a decisions file, flushed per line (the
+    format: `residency.records.decisions`, which writes it).
 
     `context` (e.g. `request_id`, `device_kind`) is merged into every line; change it
     with `set_context` between requests.
     """
 
     def __init__(self, path: str | os.PathLike[str], **context: Any) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        self._lock = threading.Lock()
+        self._writer = DecisionsWriter(path)
+        self.path = self._writer.path
         self.context: dict[str, Any] = dict(context)
 
     def set_context(self, **context: Any) -> None:
         self.context.update(context)
 
     def record(self, decision: Decision) -> None:
-        line = json.dumps({**decision.to_dict(), **self.context}, separators=(",", ":"))
-        with self._lock:
-            self._file.write(line + "\n")
-            self._file.flush()
+        self._writer.write({**decision.to_dict(), **self.context})
 
     def close(self) -> None:
-        with self._lock:
-            if not self._file.closed:
-                self._file.flush()
-                os.fsync(self._file.fileno())
-                self._file.close()
+        self._writer.close()
 
 
 def limit_bytes(total: Any, fraction: Any) -> Any:
@@ -323,9 +278,8 @@ def policy_for(arm: str, device: Any, **kw: Any) -> BoundedAllocatorCache:
 
 
 __all__ = [
-    "ALWAYS_RELEASE", "ARMS", "BASELINE", "CANDIDATE", "DECISIONS_GLOB",
+    "ALWAYS_RELEASE", "ARMS", "BASELINE", "CANDIDATE",
     "DEFAULT_MAX_CACHED_FRACTION", "DEFAULT_MIN_FREE_FRACTION", "PAIRED_ARMS",
     "BoundedAllocatorCache", "Decision", "JsonlRecorder", "ListRecorder",
-    "crossed_bounds", "decisions_file", "last_request_id", "limit_bytes", "policy_for",
-    "read_records", "retains",
+    "crossed_bounds", "limit_bytes", "policy_for", "retains",
 ]

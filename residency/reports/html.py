@@ -469,7 +469,7 @@ class _Cdp:
             with open(self._log, "rb") as log:
                 log.seek(max(0, log.seek(0, os.SEEK_END) - 4096))
                 lines = log.read().decode(errors="replace").strip().splitlines()
-            from residency.rundir.seal import printable
+            from residency.records.files import printable
 
             self.stderr_tail = printable(lines[-1].strip())[:300] if lines else ""
 

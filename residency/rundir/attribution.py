@@ -29,7 +29,8 @@ import numpy as np
 import pandas as pd
 
 from residency.errors import BadInput
-from residency.policy.cache import CANDIDATE, decisions_file
+from residency.policy.cache import CANDIDATE
+from residency.records.decisions import decisions_file
 
 __all__ = ["ATTRIBUTED_COLUMNS", "COUNT_COLUMNS", "RequestAttribution", "AttributionError",
            "RequestWindow", "attribute", "attribute_by_id", "attribute_by_time",

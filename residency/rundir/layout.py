@@ -2,26 +2,28 @@
 
 ```
 RUN_DIR/
-  manifest.json
+  manifest.json                    # `residency.records.manifest` (and its seal: `.seal`)
   runs/<index:02d>-<arm>/          # one per measured service run
-    client.json
+    client.json                    # `residency.records.client`
     service.log
-    decisions-rank<r>.jsonl        # the decisions JSONL of `residency.policy.cache`
+    decisions-rank<r>.jsonl        # `residency.records.decisions`
     trace/                         # only when profiled
   tmp/, <run>/trace-raw/           # scratch while a run records; never part of the evidence
 ```
 
-Everything here is a plain name (no I/O), so the command line can offer `DESIGNS` as choices
-without loading the rest of the suite."""
+The record files' names belong to their formats (`residency.records`); here are the folders
+and the plain names of the rest (no I/O but `enclosing_run`), so the command line can offer
+`DESIGNS` as choices without loading the rest of the suite."""
 
 from __future__ import annotations
 
-from residency.policy.cache import DECISIONS_GLOB, decisions_file
+import contextlib
+import os
+from pathlib import Path
 
-SCHEMA = "residency.run/1"
-MANIFEST = "manifest.json"
+from residency.records.manifest import MANIFEST
+
 RUNS = "runs"
-CLIENT = "client.json"
 SERVICE_LOG = "service.log"
 TRACE = "trace"
 TRACE_RAW = "trace-raw"  # the built-in service's raw profiler output, moved into TRACE
@@ -29,16 +31,23 @@ DESIGNS = ("profiled-pair", "alternating", "paired-profile", "consecutive", "aa"
 PAIRED_DEFAULTS = (10, 5)
 """Unprofiled pairs and measured requests per run of the paired-profile notebook and of
 `residency pair` for designs with pairs: one definition, so the two agree."""
-STATUSES = ("complete", "incomplete")
-# derived files that may appear beside the evidence after it was recorded (never hashed):
-# the manifest itself (and its atomic writer's temporary file) and these directories; hidden
-# files are sealed like any other
 
-__all__ = ["CLIENT", "DECISIONS_GLOB", "DESIGNS", "MANIFEST", "PAIRED_DEFAULTS", "RUNS",
-           "SCHEMA", "SERVICE_LOG", "STATUSES", "TRACE", "TRACE_RAW", "decisions_file",
-           "run_dir"]
+__all__ = ["DESIGNS", "PAIRED_DEFAULTS", "RUNS", "SERVICE_LOG", "TRACE", "TRACE_RAW",
+           "enclosing_run", "run_dir"]
 
 
 def run_dir(index: int, arm: str) -> str:
     """The relative folder of measured service run `index` of `arm`: `runs/03-candidate`."""
     return f"{RUNS}/{index:02d}-{arm}"
+
+
+def enclosing_run(path: str | Path) -> Path | None:
+    """The run directory `path` lies in (or is): the nearest folder at or above it, its
+    links resolved, that holds both ``manifest.json`` and ``runs/``; None outside any run."""
+    here = Path(os.path.abspath(path))
+    with contextlib.suppress(OSError, RuntimeError):  # a link loop: the path as given
+        here = here.resolve()
+    for folder in (here, *here.parents):
+        if (folder / MANIFEST).is_file() and (folder / RUNS).is_dir():
+            return folder
+    return None

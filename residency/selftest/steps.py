@@ -3,16 +3,15 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from residency import devices, markers
-from residency.policy.cache import ALWAYS_RELEASE, BASELINE, CANDIDATE, read_records
-from residency.rundir.layout import CLIENT, DECISIONS_GLOB, decisions_file
-from residency.rundir.run import upgrade_client
+from residency.policy.cache import ALWAYS_RELEASE, BASELINE, CANDIDATE
+from residency.records.client import CLIENT, read_client
+from residency.records.decisions import DECISIONS_GLOB, decisions_file, read_records
 from residency.selftest import environment
 from residency.selftest.core import (
     HINTS,
@@ -288,7 +287,7 @@ def step_service(ctx: Context) -> StepOutput:
     entry = run_arm(ctx.service_spec(), CANDIDATE, 0, root, steps=REQUEST_STEPS, seed=SEED,
                     profiled=True)
     run_dir = root / entry["dir"]
-    client = upgrade_client(json.loads((run_dir / CLIENT).read_text(encoding="utf-8")))
+    client = read_client(run_dir / CLIENT, check=False)
     per_rank = (client["requests"][0].get("response") or {}).get("per_rank", [])
     request_id = entry["request_id"]
     if sorted(r.get("rank") for r in per_rank) != list(range(ctx.ranks)):

@@ -13,8 +13,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from residency.policy.cache import decisions_file
 from residency.processes import die_with_parent, parent_gone
+from residency.records.decisions import decisions_file
 from residency.workload import profiling
 from residency.workload.config import ServeConfig, log
 

@@ -24,8 +24,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from residency.policy.cache import decisions_file
 from residency.processes import die_with_parent, parent_gone, remove_scratch, watched_parent
+from residency.records.decisions import decisions_file
 from residency.workload.admission import BoundedHTTPServer
 from residency.workload.config import ServeConfig
 from residency.workload.front import Service

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from residency.records.decisions import decisions_file
 from tests.helpers import ROOT
 
 UPSTREAM_VERSION = "0.30.0"  # the version .ci/run installs; keep both in step
@@ -131,7 +132,7 @@ def test_every_arm_against_the_real_upstream_class(subprocess_python, tmp_path: 
     # every release went through upstream's current_omni_platform.empty_cache()
     assert out["platform_calls"] == 2 + 2 * released
     assert out["device_module_calls"] == out["platform_calls"] + 2
-    assert out["files"] == ["decisions-rank3.jsonl"]
+    assert out["files"] == [decisions_file(3)]
     lines = out["lines"]
     assert len(lines) == 4 and all(set(x) == CONTRACT_KEYS for x in lines)
     assert [x["kind"] for x in lines] == ["normal", "normal", "forced", "forced"]

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from residency.adapters import vllm_omni as adapter
+from residency.records.decisions import decisions_file
 from tests.helpers import ROOT
 
 STANDIN_VERSION = "0.0.0+standin"
@@ -204,7 +205,7 @@ def test_arm_patches_class_and_records_every_call(subprocess_python, tmp_path: P
     released = case.normal_outcome == "released"
     assert out["outcomes"] == [released, released, True, True]
     assert out["empty_cache_calls"] == 2 + 2 * released   # through upstream's release path
-    assert out["files"] == ["decisions-rank5.jsonl"]       # rank read lazily, at the first call
+    assert out["files"] == [decisions_file(5)]       # rank read lazily, at the first call
     lines = out["lines"]
     assert len(lines) == 4                                 # one line per call, no double wrap
     assert all(set(line) == CONTRACT_KEYS for line in lines)
@@ -232,7 +233,7 @@ def test_rank_falls_back_to_local_rank(subprocess_python, tmp_path: Path) -> Non
     decisions = tmp_path / "decisions"
     out = run_standin(subprocess_python, tmp_path, "fixed", EXERCISE, RESIDENCY_ARM="candidate",
                       RESIDENCY_DECISIONS_DIR=str(decisions), LOCAL_RANK="2")
-    assert out["files"] == ["decisions-rank2.jsonl"]
+    assert out["files"] == [decisions_file(2)]
 
 
 def test_unset_arm_leaves_upstream_untouched(subprocess_python, tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from residency.records.manifest import read_manifest, write_manifest
 from tests.helpers import ENV, ROOT, copy_run
 from tests.helpers import PAIRED as RUN
 from tests.helpers import idle_cli as idle
@@ -71,9 +72,9 @@ def test_a_scheduler_is_refused_for_a_sealed_run(run):
 
 
 def test_an_unsealed_run_is_read_with_a_warning(run):
-    manifest = json.loads((run / "manifest.json").read_text())
+    manifest = read_manifest(run)
     manifest["status"] = "incomplete"
-    (run / "manifest.json").write_text(json.dumps(manifest))
+    write_manifest(run, manifest)
     out = idle(str(run / ENTRY))
     assert out.returncode == 0 and "which has no seal" in out.stderr
 

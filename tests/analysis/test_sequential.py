@@ -3,7 +3,6 @@ adjusted figures in the manifest, and every view showing them."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from scipy import stats as sps
 from residency import humanize
 from residency.analysis import sequential as sq
 from residency.analysis import stats
+from residency.records.manifest import read_manifest, write_manifest
 
 RUNS = Path(__file__).resolve().parent.parent.parent / "data" / "runs"
 SIMULATIONS = 4000
@@ -94,7 +94,7 @@ def _stopped_run(tmp_path: Path) -> Path:
     at most 10 pairs stopped after 6: every candidate run 10 % faster than its baseline."""
     run = tmp_path / "stopped"
     shutil.copytree(RUNS / "cuda-paired-profile-1r50s", run)
-    manifest = json.loads((run / "manifest.json").read_text())
+    manifest = read_manifest(run)
     rule = sq.SequentialRule(max_pairs=10, first_look=6, look_every=2, rho=0.5)
     unprofiled = [r for r in manifest["runs"] if not r["profiled"]]
     base = [r for r in unprofiled if r["arm"] == "baseline"]
@@ -105,7 +105,7 @@ def _stopped_run(tmp_path: Path) -> Path:
     found = rule.result(b_vals, c_vals)
     manifest["sequential"] = {**found.to_dict(), "rule": rule.to_dict()}
     manifest["params"]["max_pairs"] = 10
-    (run / "manifest.json").write_text(json.dumps(manifest))
+    write_manifest(run, manifest)
     return run
 
 
@@ -140,7 +140,7 @@ def test_the_orchestrator_records_every_look_and_stops(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     from residency.experiments import arms, designs
     from residency.experiments.servicefile import builtin_service
-    from residency.rundir.run import Manifest
+    from residency.records.manifest import Manifest
 
     def fake_arm(spec, arm, index, out, *, steps, seed, profiled, requests=1,  # noqa: ANN001
                  lister=None, require_exclusive=False):  # noqa: ANN001

@@ -27,9 +27,12 @@ from residency.analysis import whatif
 from residency.evidence import whatif as whatif_effect
 from residency.policy.cache import retains
 from residency.policy.telemetry import MemorySnapshot
+from residency.records.client import CLIENT
+from residency.records.decisions import decisions_file
+from residency.records.manifest import MANIFEST, read_manifest, write_manifest
+from residency.records.seal import seal
 from residency.reports import whatif as whatif_report
 from residency.rundir.run import RunDirError, load_run
-from residency.rundir.seal import seal
 from tests.helpers import ROOT, residency, run_cli
 
 FIXTURE = Path(__file__).parent.parent / "data" / "rundir" / "whatif-run"
@@ -60,13 +63,12 @@ def _call(rank: int, request_id: str, start_ns: int, cached: int | None, free: i
 
 def _rehash(root: Path) -> None:
     """Record the sha256 of every file but the manifest, as a complete run's manifest does."""
-    path = root / "manifest.json"
-    manifest = json.loads(path.read_text())
+    manifest = read_manifest(root)
     manifest["artifacts"] = {
         f.relative_to(root).as_posix(): hashlib.sha256(f.read_bytes()).hexdigest()
-        for f in sorted(root.rglob("*")) if f.is_file() and f.name != "manifest.json"}
+        for f in sorted(root.rglob("*")) if f.is_file() and f.name != MANIFEST}
     manifest["seal"] = seal(manifest)
-    path.write_text(json.dumps(manifest))
+    write_manifest(root, manifest)
 
 
 def _edit(root: Path, rel: str, edit: Callable[[str], str]) -> None:
@@ -87,10 +89,10 @@ def _write_run(root: Path, arms: dict[str, dict[int, list[dict]]], *,
         for rank, records in ranks.items():
             (d / f"decisions-rank{rank}.jsonl").write_text(
                 "".join(json.dumps({**r, "device_kind": device_kind}) + "\n" for r in records))
-        (d / "client.json").write_text(json.dumps({"arm": arm, "index": index}))
+        (d / CLIENT).write_text(json.dumps({"arm": arm, "index": index}))
         runs.append({"arm": arm, "index": index, "dir": f"runs/{index:02d}-{arm}",
                      "e2e_s": 1.0, "profiled": False, "request_id": "r0001"})
-    (root / "manifest.json").write_text(json.dumps({
+    (root / MANIFEST).write_text(json.dumps({
         "schema": "residency.run/1", "status": "complete", "device_kind": device_kind,
         "runs": runs}))
     _rehash(root)
@@ -442,7 +444,7 @@ def test_cli_errors_are_one_line_exit_2(argv: tuple[str, ...], tmp_path: Path) -
 
 
 def test_cli_refuses_a_tampered_run_unless_told(run_copy: Path) -> None:
-    path = run_copy / "runs" / "01-candidate" / "decisions-rank1.jsonl"
+    path = run_copy / "runs" / "01-candidate" / decisions_file(1)
     path.write_text(path.read_text() + "\n")  # sha256 no longer matches the manifest
     rc, out, err = _cli_in_process(str(run_copy), "--cached", "0.25", "--free", "0.05")
     assert rc == 2 and "failed verification" in err

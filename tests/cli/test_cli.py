@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from residency.cli import main as cli
+from residency.records.decisions import decisions_file
+from residency.records.manifest import read_manifest
 from tests.helpers import PAIRED, ROOT
 from tests.helpers import run_cli as run
 
@@ -59,7 +61,7 @@ def test_failed_verification_exits_1(tmp_path: Path) -> None:
 
     copy = Path(shutil.copytree(ROOT / "tests" / "data" / "rundir" / "whatif-run",
                                 tmp_path / "run"))
-    changed = copy / "runs" / "01-candidate" / "decisions-rank1.jsonl"
+    changed = copy / "runs" / "01-candidate" / decisions_file(1)
     changed.write_text(changed.read_text() + "\n")
     rc, out, err = run("verify", str(copy))
     assert rc == 1 and "changed" in out and err == ""
@@ -122,7 +124,7 @@ def test_tables_format_pr_prints_the_test_result_block() -> None:
     for b in bullets:
         assert "baseline " in b and "candidate " in b and "change " in b and "n = " in b
     assert "baseline 8/8, candidate 0/8" in out
-    digest = json.loads((PAIRED / "manifest.json").read_text())["seal"]["digest"]
+    digest = read_manifest(PAIRED)["seal"]["digest"]
     assert f"`{digest}`" in out and "Device kind: `emulated-npu`" in out
     assert "<code>" not in out
     assert "does not transfer to the NPU" in out

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from residency.evidence.crossdevice import cross_device, injected
+from residency.records import decisions as decisions_format
+from residency.records.manifest import read_manifest
 from residency.reports import cross_device as view
 from residency.rundir.run import load_run
 from tests.helpers import ROOT, run_cli
@@ -22,7 +24,7 @@ PUBLISHED = ROOT / "residency/data/h3_ref2va_910b1.json"
 def known(run_dir: Path) -> dict:
     """The table's numbers straight from manifest.json, client.json and the decisions JSONL:
     unprofiled runs' measured requests (warm-ups by request id), E2E paired in run order."""
-    m = json.loads((run_dir / "manifest.json").read_text())
+    m = read_manifest(run_dir)
     calls = {(arm, kind): [] for arm in ("baseline", "candidate") for kind in ("normal",
                                                                                "forced")}
     released = {"baseline": 0, "candidate": 0}
@@ -34,9 +36,8 @@ def known(run_dir: Path) -> dict:
             continue
         e2e_list.append(entry["e2e_s"])
         ids = set(entry.get("request_ids") or [entry["request_id"]])
-        for path in sorted((run_dir / entry["dir"]).glob("decisions-rank*.jsonl")):
-            for line in path.read_text().splitlines():
-                d = json.loads(line)
+        for path in sorted((run_dir / entry["dir"]).glob(decisions_format.DECISIONS_GLOB)):
+            for d in decisions_format.read_records(path):
                 if d["request_id"] not in ids:
                     continue
                 calls[entry["arm"], d["kind"]].append((d["end_ns"] - d["start_ns"]) / 1e6)

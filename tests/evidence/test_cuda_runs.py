@@ -4,12 +4,12 @@ and its evidence holds what the device showed (the bug absent: both arms retain 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from residency import evidence
+from residency.records.manifest import read_manifest
 from residency.rundir.run import load_run
 from tests.helpers import run_cli
 
@@ -25,7 +25,7 @@ def test_the_cuda_runs_are_recorded() -> None:
 
 @pytest.mark.parametrize("run_dir", CUDA_RUNS, ids=lambda p: p.name)
 def test_each_verifies_and_says_cuda(run_dir: Path) -> None:
-    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest = read_manifest(run_dir)
     assert manifest["device_kind"] == "cuda"
     ev = evidence.build(load_run(run_dir))
     assert ev.device_kind == "cuda"

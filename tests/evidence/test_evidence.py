@@ -13,6 +13,7 @@ from residency import evidence
 from residency import notebook as nb
 from residency.analysis import whatif
 from residency.evidence import whatif as whatif_effect
+from residency.records.manifest import read_manifest, write_manifest
 from residency.rundir.run import load_run
 from tests.helpers import PAIRED, ROOT, run_cli
 
@@ -196,9 +197,9 @@ def test_tost_margin_is_two_percent_of_numpy_median_with_an_even_number_of_pairs
 
     copy = tmp_path / "two-pairs"
     shutil.copytree(PAIRED, copy)
-    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest = read_manifest(copy)
     manifest["runs"] = manifest["runs"][:-2]  # the profiled pair and 2 unprofiled pairs
-    (copy / "manifest.json").write_text(json.dumps(manifest))
+    write_manifest(copy, manifest)
     a = evidence.build(load_run(copy, verify=False), keys=("e2e_unprofiled",))[
         "e2e_unprofiled"]
     base = list(a.values["baseline"])

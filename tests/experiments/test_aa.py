@@ -3,7 +3,6 @@ attribution and as what the unprofiled A/B E2E delta is read against (issue 16, 
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 from residency import evidence, humanize
 from residency import notebook as nb
 from residency.notebook.params import ParameterError
+from residency.records.manifest import read_manifest, write_manifest
 from residency.reports import tables
 from residency.rundir.run import load_run
 from tests.helpers import PAIRED, ROOT, run_cli
@@ -22,7 +22,7 @@ AA = ROOT / "data" / "runs" / "emulated-aa-2r50s"
 
 def _slots(run_dir: Path) -> tuple[list[float], list[float]]:
     """Slot A and slot B E2E values (s) in run order, read straight from manifest.json."""
-    runs = json.loads((run_dir / "manifest.json").read_text())["runs"]
+    runs = read_manifest(run_dir)["runs"]
     return ([r["e2e_s"] for r in runs if r["slot"] == "A"],
             [r["e2e_s"] for r in runs if r["slot"] == "B"])
 
@@ -84,9 +84,9 @@ def test_an_ab_run_given_as_aa_is_refused_naming_it() -> None:
 def test_aa_of_another_device_kind_is_refused(tmp_path) -> None:
     other = tmp_path / "aa"
     shutil.copytree(AA, other)
-    m = json.loads((other / "manifest.json").read_text())
+    m = read_manifest(other)
     m["device_kind"] = "cuda"
-    (other / "manifest.json").write_text(json.dumps(m))
+    write_manifest(other, m)
     aa = load_run(other, verify=False)
     with pytest.raises(ValueError, match="device kind cuda differs"):
         evidence.build(load_run(PAIRED), aa=aa, traces=False)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -16,6 +15,9 @@ from residency.experiments.designs import aa_slots, plan, run_design, run_pair
 from residency.experiments.errors import ExperimentError
 from residency.experiments.lifecycle import start_service
 from residency.experiments.servicefile import builtin_service, load_service_file
+from residency.records import client as client_record
+from residency.records import decisions as decisions_format
+from residency.records.decisions import decisions_file
 from tests.helpers import read_manifest
 from tests.servicekit import alive
 
@@ -58,7 +60,7 @@ def test_aa_design_with_requests_per_run_records_every_request(tmp_path) -> None
                                            "capacity_bytes": 4 * 1024**3}
     assert m["params"]["emulated_npu"]["compute"] == "modelled"
     for entry in m["runs"]:
-        client = json.loads((out / entry["dir"] / "client.json").read_text())
+        client = client_record.read_raw(out / entry["dir"] / client_record.CLIENT)
         e2es = [r["e2e_s"] for r in client["requests"]]
         assert len(e2es) == 3 and entry["e2e_s_requests"] == e2es
         assert entry["e2e_s"] == sorted(e2es)[1] == client["median_e2e_s"]  # the run's median
@@ -81,11 +83,11 @@ def test_consecutive_requests_on_one_candidate_service(tmp_path) -> None:
     assert m["status"] == "complete" and m["params"]["requests"] == 3
     (entry,) = m["runs"]
     assert entry["arm"] == "candidate" and len(entry["request_ids"]) == 3
-    client = json.loads((out / entry["dir"] / "client.json").read_text())
+    client = client_record.read_raw(out / entry["dir"] / client_record.CLIENT)
     assert [r["request_id"] for r in client["requests"]] == entry["request_ids"]
     for rank in (0, 1):
-        rows = [json.loads(x) for x in
-                (out / entry["dir"] / f"decisions-rank{rank}.jsonl").read_text().splitlines()]
+        rows = decisions_format.read_records(
+            out / entry["dir"] / decisions_format.decisions_file(rank))
         measured = [r for r in rows if r["request_id"] in entry["request_ids"]]
         assert sorted(r["kind"] for r in measured) == ["forced"] * 6 + ["normal"] * 3
 
@@ -101,8 +103,8 @@ def test_profiled_pair_and_alternating_complete(tmp_path) -> None:
         d = out / r["dir"]
         assert sorted(p.name for p in (d / "trace").iterdir()) == ["rank0.trace.json",
                                                                   "rank1.trace.json"]
-        assert (d / "decisions-rank0.jsonl").exists() and (d / "service.log").exists()
-        client = json.loads((d / "client.json").read_text())
+        assert (d / decisions_file(0)).exists() and (d / "service.log").exists()
+        client = client_record.read_raw(d / client_record.CLIENT)
         (request,) = client["requests"]  # client.json layout 2: one record per request
         assert request["request_id"] == r["request_id"] and client["median_e2e_s"] > 0
         assert client["warmup"]["request_id"].startswith("warmup-")
@@ -136,8 +138,8 @@ def test_pair_under_the_vllm_ascend_patch_records_the_second_querys_error(tmp_pa
     assert m["params"]["emulated_npu"]["accelerator_patch"] == "vllm-ascend"
     normal = {}
     for entry in m["runs"]:
-        rows = [json.loads(x) for x in
-                (out / entry["dir"] / "decisions-rank0.jsonl").read_text().splitlines()]
+        rows = decisions_format.read_records(
+            out / entry["dir"] / decisions_format.decisions_file(0))
         normal[entry["arm"]] = [r for r in rows if r["kind"] == "normal"]
     assert normal["baseline"] and all(
         r["reason"] == "telemetry-unavailable"
@@ -201,8 +203,8 @@ timeout_s = 300
     assert m["status"] == "complete" and m["service"] == "external"
     assert [r["arm"] for r in m["runs"]] == ["baseline", "candidate"]
     for r in m["runs"]:
-        rows = (out / r["dir"] / "decisions-rank1.jsonl").read_text().splitlines()
-        assert any(json.loads(x)["arm"] == r["arm"] for x in rows)
+        rows = decisions_format.read_records(out / r["dir"] / decisions_format.decisions_file(1))
+        assert any(x["arm"] == r["arm"] for x in rows)
 
 
 def test_service_never_healthy_fails_with_log_tail(tmp_path) -> None:

@@ -14,6 +14,8 @@ import pytest
 from residency.evidence import build as build_evidence
 from residency.experiments.designs import run_pair
 from residency.experiments.errors import ExperimentError, ServiceFileError
+from residency.records.decisions import decisions_file
+from residency.records.manifest import read_manifest
 from residency.reports.tables import evidence_table
 from residency.rundir import attribution as at
 from residency.rundir.run import load_run
@@ -77,7 +79,7 @@ def test_a_rank_without_decisions_fails_the_gate_with_the_cause(consecutive: Pat
 
     copy = tmp_path / "silent"
     shutil.copytree(consecutive, copy)
-    (next(copy.glob("runs/*")) / "decisions-rank1.jsonl").write_text("")
+    (next(copy.glob("runs/*")) / decisions_file(1)).write_text("")
     failures = at.consecutive_gates(load_run(copy, verify=False))
     assert failures == [
         "00-candidate: rank 1 wrote an empty decisions-rank1.jsonl; likely cause: the residency "
@@ -153,7 +155,7 @@ def test_missing_command_leaves_the_run_incomplete_naming_the_field(tmp_path: Pa
                  progress=False)
     assert str(err.value).startswith(f"{service}: field `serve.command` names "
                                      "'no-such-vllm-binary', which is not an executable")
-    m = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    m = read_manifest(tmp_path / "run")
     assert m["status"] == "incomplete" and "serve.command" in m["error"]
 
 
@@ -167,7 +169,7 @@ def test_decisions_directory_that_stays_empty_names_the_likely_cause(tmp_path: P
     assert "the decisions directory (field `profile.decisions` of" in message
     assert "stayed empty after the candidate service answered 2 requests" in message
     assert "VLLM_PLUGINS set without `residency`" in message and "\n" not in message
-    m = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    m = read_manifest(tmp_path / "run")
     assert m["status"] == "incomplete" and "stayed empty" in m["error"]
     log = (tmp_path / "run" / "runs" / "00-candidate" / "service.log").read_text()
     assert "plugins [[], []]" in log  # the workers really loaded no plugin

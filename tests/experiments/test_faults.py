@@ -3,7 +3,6 @@ no orphan process, and the run marked `incomplete`."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -17,6 +16,7 @@ import pytest
 from residency.experiments.designs import run_pair
 from residency.experiments.errors import ExperimentError
 from residency.protocol import MAX_STEPS
+from residency.records.decisions import decisions_file, last_request_id
 from tests.helpers import read_manifest
 from tests.servicekit import SMALL, alive, http, service, wait_for
 
@@ -144,12 +144,11 @@ def test_sigterm_during_profiling(tmp_path) -> None:
          "--device", "emulated-npu", "--ranks", "2", "--steps", "3000", "--scale", "0.02",
          "--resident-mib", "256", "--out", str(out), "--no-progress"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    decisions = out / "runs" / "00-baseline" / "decisions-rank0.jsonl"
+    decisions = out / "runs" / "00-baseline" / decisions_file(0)
 
     def measured_request_running() -> bool:  # past warm-up: a measured request's decision
-        text = decisions.read_text() if decisions.exists() else ""
-        ids = [json.loads(line)["request_id"] for line in text.split("\n")[:-1]]  # whole lines
-        return any(i and not i.startswith("warmup-") for i in ids)
+        rid = last_request_id(decisions)  # (whole lines only)
+        return bool(rid) and not rid.startswith("warmup-")
 
     wait_for(measured_request_running, what="the baseline's measured, profiled request",
              proc=proc)

@@ -18,6 +18,9 @@ import nbformat
 import pytest
 
 from residency import notebook as nb
+from residency.records import client as client_record
+from residency.records import decisions as decisions_format
+from residency.records.manifest import MANIFEST, read_manifest, write_manifest
 from residency.reports import html as reports
 from residency.reports import views as rv
 from residency.reports.plots import e2e_slopegraph
@@ -45,9 +48,9 @@ class Bad:
 def _incomplete(tmp: Path) -> Path:
     run = tmp / "incomplete"
     shutil.copytree(CONSECUTIVE, run)
-    m = json.loads((run / "manifest.json").read_text())
+    m = read_manifest(run)
     m.update(status="incomplete", error="ExperimentError: service exited with code 1")
-    (run / "manifest.json").write_text(json.dumps(m))
+    write_manifest(run, m)
     return run
 
 
@@ -72,7 +75,7 @@ BAD = [
         "has design 'consecutive'"),
     Bad({"source": str(CONSECUTIVE), "device": "cuda"},
         "the recorded run's device kind 'emulated-npu', but 'cuda' was passed"),
-    Bad({"output_dir": str(CONSECUTIVE / "manifest.json")}, "is a file"),
+    Bad({"output_dir": str(CONSECUTIVE / MANIFEST)}, "is a file"),
     Bad({"colour": "red"}, "The parameter `colour` is not one this notebook knows"),
     Bad({"accelerator_patch": "yes"},
         "`accelerator_patch` must be one of ['none', 'vllm-ascend', 'both'], but 'yes'"),
@@ -203,17 +206,16 @@ def test_consecutive_table_counts_per_rank_and_request() -> None:
 def _tampered(tmp: Path, edit_decision: Any = None, edit_client: Any = None) -> Any:
     run_dir = tmp / "run"
     shutil.copytree(CONSECUTIVE, run_dir)
-    dec = run_dir / "runs" / "00-candidate" / "decisions-rank1.jsonl"
+    dec = run_dir / "runs" / "00-candidate" / decisions_format.decisions_file(1)
     if edit_decision:
-        lines = [json.loads(line) for line in dec.read_text().splitlines()]
         lines = [edit_decision(d) if d["request_id"] == "r0003" and d["kind"] == "normal"
-                 else d for d in lines]
-        dec.write_text("".join(json.dumps(d) + "\n" for d in lines))
+                 else d for d in decisions_format.read_records(dec)]
+        decisions_format.write_records(dec, lines)
     if edit_client:
-        client = run_dir / "runs" / "00-candidate" / "client.json"
-        data = json.loads(client.read_text())
+        client = run_dir / "runs" / "00-candidate" / client_record.CLIENT
+        data = client_record.read_raw(client)
         edit_client(data)
-        client.write_text(json.dumps(data))
+        client_record.write_raw(client, data)
     return load_run(run_dir, verify=False)
 
 
@@ -369,9 +371,9 @@ def test_api_from_a_run_under_the_vllm_ascend_patch_shows_the_second_query_raisi
     patch the manifest recorded."""
     run = tmp_path / "patched"
     shutil.copytree(PAIRED, run)
-    m = json.loads((run / "manifest.json").read_text())
+    m = read_manifest(run)
     m["params"]["emulated_npu"] = {"accelerator_patch": "vllm-ascend"}
-    (run / "manifest.json").write_text(json.dumps(m))
+    write_manifest(run, m)
     for path in run.glob("runs/*-baseline/decisions-rank*.jsonl"):
         rows = [json.loads(line) for line in path.read_text().splitlines()]
         for r in rows:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import pytest
@@ -10,6 +9,8 @@ import pytest
 from residency import BoundedAllocatorCache, MemorySnapshot, policy_for
 from residency.policy.cache import JsonlRecorder, ListRecorder, retains
 from residency.policy.telemetry import TelemetryUnavailable
+from residency.records import decisions as decisions_format
+from residency.records.decisions import decisions_file
 
 GiB = 1024**3
 TOTAL = 64 * GiB
@@ -188,7 +189,7 @@ def test_unknown_arm() -> None:
 
 
 def test_jsonl_recorder_lines_replay_to_their_outcome(tmp_path) -> None:
-    recorder = JsonlRecorder(tmp_path / "decisions-rank0.jsonl", device_kind="emulated-npu")
+    recorder = JsonlRecorder(tmp_path / decisions_file(0), device_kind="emulated-npu")
     policy = BoundedAllocatorCache("cpu", telemetry=FixedTelemetry(snap(cached=0, free=30 * GiB)),
                                    release=lambda: None, recorder=recorder, rank=3,
                                    arm="candidate")
@@ -196,7 +197,7 @@ def test_jsonl_recorder_lines_replay_to_their_outcome(tmp_path) -> None:
     policy.release_if_needed()
     policy.release_if_needed(force=True)
     recorder.close()
-    lines = [json.loads(x) for x in (tmp_path / "decisions-rank0.jsonl").read_text().splitlines()]
+    lines = decisions_format.read_records(tmp_path / decisions_format.decisions_file(0))
     assert [x["kind"] for x in lines] == ["normal", "forced"]
     assert lines[0]["request_id"] == "r0001" and lines[0]["rank"] == 3
     assert set(lines[0]["snapshot"]) == {"reserved", "allocated", "free", "total"}

@@ -356,14 +356,28 @@ def test_the_arm_literal_check_can_fail(tmp_path: Path) -> None:
     assert arm_literals(probe) == ["line 2: 'baseline'", "line 3: 'candidate'"]
 
 
-# The decisions files (`decisions-rank<r>.jsonl`): `residency.policy.cache` names and writes
-# them (`decisions_file`, `DECISIONS_GLOB`, `JsonlRecorder`, `read_records`) and
-# `residency.rundir.run` reads a run's files against the schema. A module that locates them
-# must be listed here with what it does, and only the two readers parse them.
-DECISIONS_NAMES = frozenset({"DECISIONS_GLOB", "decisions_file"})
+# The run-record formats (`residency.records`): each module owns its file's names, reader and
+# writer. A module that locates decisions files (`decisions_file`, `DECISIONS_GLOB`, a name
+# starting `decisions-rank`) must be listed here with what it does; for every format, only its
+# owner parses (`json.load(s)`, `msgspec...decode`, `read_json`) or writes (`json.dump(s)`,
+# `write_json_atomic`) what a function located by the format's names, in the package and in
+# the tests alike.
+@dataclass(frozen=True)
+class Format:
+    owner: str
+    names: frozenset[str]  # the owner's names that locate the file
+    prefix: str  # a string constant starting so names the file itself
+
+
+FORMATS = {
+    "decisions": Format("residency/records/decisions.py",
+                        frozenset({"DECISIONS_GLOB", "decisions_file"}), "decisions-rank"),
+    "client": Format("residency/records/client.py", frozenset({"CLIENT"}), "client.json"),
+    "manifest": Format("residency/records/manifest.py", frozenset({"MANIFEST"}),
+                       "manifest.json"),
+}
 DECISIONS_USERS = {
-    "residency/policy/cache.py": "the owner: names, writes and reads the records",
-    "residency/rundir/run.py": "the run reader: validates a run's files against the schema",
+    "residency/records/decisions.py": "the owner: names, writes and reads the records",
     "residency/rundir/attribution.py": "notes a rank whose file exists but holds no decision",
     "residency/workload/service.py": "the service: creates each rank's file, refuses stale ones",
     "residency/workload/ranks.py": "a rank opens its file with `JsonlRecorder`",
@@ -372,7 +386,17 @@ DECISIONS_USERS = {
     "residency/experiments/arms.py": "checks that a service run left its files",
     "residency/selftest/steps.py": "finds the files its steps wrote; reads them via the owner",
 }
-DECISIONS_READERS = {"residency/policy/cache.py", "residency/rundir/run.py"}
+FORGERS = {  # test functions that write or parse bytes the owner never would, on purpose
+    "tests/test_hostile_runs.py": {"test_decisions_lines_split_on_newline_only":
+                                   "a raw U+2028 inside a line (the writer escapes it)"},
+    "tests/test_run_read_once.py": {
+        "test_a_manifest_swapped_between_reads_never_gives_its_figures":
+            "forged manifest bytes handed to the reader"},
+    "tests/test_run_validation.py": {"test_a_manifest_with_a_duplicate_key_is_refused":
+                                     "shows a last-wins parser reading a duplicate key"},
+}
+_PARSE = {("json", "loads"), ("json", "load"), ("decode", None), ("read_json", None)}
+_WRITE = {("json", "dump"), ("json", "dumps"), ("write_json_atomic", None)}
 
 
 def _bound(node: ast.AST) -> list[tuple[ast.AST, ast.AST]]:
@@ -387,8 +411,23 @@ def _bound(node: ast.AST) -> list[tuple[ast.AST, ast.AST]]:
     return []
 
 
-def decisions_uses(path: Path) -> tuple[list[str], list[str]]:
-    """(where `path` locates decisions files, where JSON is parsed from what a function
+def _call_kind(call: ast.Call) -> str | None:
+    """"parse", "write" or None for a call: `json.loads(...)` and the like by their module
+    and name, `read_json`, `write_json_atomic` and any `.decode` of msgspec by name."""
+    f = call.func
+    if isinstance(f, ast.Attribute):
+        key = ((f.value.id, f.attr) if isinstance(f.value, ast.Name) else (f.attr, None))
+        if f.attr == "decode" and "msgspec" in ast.unparse(f.value):
+            key = ("decode", None)
+    elif isinstance(f, ast.Name):
+        key = (f.id, None)
+    else:
+        return None
+    return "parse" if key in _PARSE else "write" if key in _WRITE else None
+
+
+def format_uses(path: Path, fmt: Format) -> tuple[list[str], list[str]]:
+    """(where `path` locates the format's files, where it parses or writes what a function
     located): the owner's names, and any string constant that starts with the file name; a
     name bound from a located path (or from a name bound so) carries it on."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -398,13 +437,13 @@ def decisions_uses(path: Path) -> tuple[list[str], list[str]]:
                   and n.body and isinstance(n.body[0], ast.Expr)}
 
     def locates(node: ast.AST) -> bool:
-        return ((isinstance(node, ast.Name) and node.id in DECISIONS_NAMES)
-                or (isinstance(node, ast.Attribute) and node.attr in DECISIONS_NAMES)
+        return ((isinstance(node, ast.Name) and node.id in fmt.names)
+                or (isinstance(node, ast.Attribute) and node.attr in fmt.names)
                 or (isinstance(node, ast.Constant) and isinstance(node.value, str)
-                    and node.value.startswith("decisions-rank") and id(node) not in docstrings))
+                    and node.value.startswith(fmt.prefix) and id(node) not in docstrings))
 
     where = [f"line {n}" for n in sorted({n.lineno for n in ast.walk(tree) if locates(n)})]
-    parses = []
+    uses = []
     for fn in ast.walk(tree):
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
@@ -422,42 +461,63 @@ def decisions_uses(path: Path) -> tuple[list[str], list[str]]:
                     if from_file(source):
                         located |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
             grew = len(located) > before
-        parses += [f"{fn.name}, line {n.lineno}" for n in ast.walk(fn)
-                   if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                   and n.func.attr in ("loads", "load") and isinstance(n.func.value, ast.Name)
-                   and n.func.value.id == "json" and any(from_file(a) for a in n.args)]
-    return where, parses
+        uses += [f"{fn.name}, line {n.lineno} ({_call_kind(n)})" for n in ast.walk(fn)
+                 if isinstance(n, ast.Call) and _call_kind(n) is not None
+                 and any(from_file(a) for a in n.args)]
+    return where, sorted(set(uses), key=lambda u: (int(u.split("line ")[1].split(" ")[0]), u))
 
 
-def test_decisions_files_have_one_owner_and_one_run_reader() -> None:
-    users, parsers = {}, {}
+def decisions_uses(path: Path) -> tuple[list[str], list[str]]:
+    """`format_uses` of the decisions files."""
+    return format_uses(path, FORMATS["decisions"])
+
+
+def test_decisions_files_are_located_only_by_listed_modules() -> None:
+    users = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        where, parses = decisions_uses(path)
+        where, _ = decisions_uses(path)
         if where and rel not in DECISIONS_USERS:
             users[rel] = where
-        if parses and rel not in DECISIONS_READERS:
-            parsers[rel] = parses
     assert users == {}, "a new module locates decisions files: go through the owner"
-    assert parsers == {}, "decisions files parsed outside their readers"
-    unused = {rel for rel in DECISIONS_USERS
-              if not decisions_uses(ROOT / rel)[0] and rel != "residency/policy/cache.py"}
+    unused = {rel for rel in DECISIONS_USERS if not decisions_uses(ROOT / rel)[0]}
     assert unused == set(), "an allow-listed module no longer locates decisions files"
 
 
-def test_the_decisions_check_can_fail(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_each_record_format_is_read_and_written_only_by_its_owner(name: str) -> None:
+    """A second owner of a format (a module other than its own that parses or writes the
+    file), in the package or in the tests, fails here."""
+    fmt = FORMATS[name]
+    found = {}
+    for path in sorted([*PACKAGE.rglob("*.py"), *(ROOT / "tests").glob("*.py")]):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel != fmt.owner and rel != "tests/test_architecture.py":
+            forgers = FORGERS.get(rel, {})
+            uses = [u for u in format_uses(path, fmt)[1] if u.split(",")[0] not in forgers]
+            if uses:
+                found[rel] = uses
+    assert found == {}, f"{name} files parsed or written outside {fmt.owner}"
+
+
+def test_the_format_check_can_fail(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
-    probe.write_text("import json\nfrom residency.policy.cache import DECISIONS_GLOB\n"
+    probe.write_text("import json\nfrom residency.records.decisions import DECISIONS_GLOB\n"
                      "def rows(d):\n    return [json.loads(x) for f in d.glob(DECISIONS_GLOB)"
                      " for x in f.read_text().splitlines()]\n"
                      "def name(r):\n    return f'decisions-rank{r}.jsonl'\n"
                      "STALE = 'decisions-rank'\n"
                      "def tail(d, r, decisions_file):\n    path = d / decisions_file(r)\n"
                      "    with open(path) as f:\n        lines = f.read().splitlines()\n"
-                     "    return [json.loads(x) for x in lines], json.loads(d.read_text())\n")
+                     "    return [json.loads(x) for x in lines], json.loads(d.read_text())\n"
+                     "def client(d, rec):\n    write_json_atomic(d / 'client.json', rec)\n"
+                     "    return read_json(d / CLIENT), msgspec.json.decode((d / CLIENT)"
+                     ".read_bytes())\n")
     where, parses = decisions_uses(probe)
     assert where == ["line 4", "line 6", "line 7", "line 9"]
-    assert parses == ["rows, line 4", "tail, line 12"]  # not the other file's JSON
+    assert parses == ["rows, line 4 (parse)", "tail, line 12 (parse)"]  # not d's own JSON
+    assert format_uses(probe, FORMATS["client"])[1] == [
+        "client, line 14 (write)", "client, line 15 (parse)"]
 
 
 def test_no_test_module_imports_another_test_module() -> None:

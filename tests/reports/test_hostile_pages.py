@@ -4,7 +4,6 @@ screenshot run away, and a notebook that is no notebook is one line, exit 2."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import nbformat
 import pytest
 
 from residency.cli.main import main
+from residency.records.manifest import read_manifest
 from residency.reports import banner
 from residency.reports import html as reports
 from residency.reports.sanitize import clean_html
@@ -37,7 +37,7 @@ def _received(path: Path, html: str) -> Path:
     heading, and `html` as one more output."""
     from residency import humanize
 
-    manifest = json.loads((RECORDED / "manifest.json").read_text())
+    manifest = read_manifest(RECORDED)
     shown = nbformat.v4.new_output(
         "display_data", data={"text/html": banner.banner_html(manifest),
                               "text/plain": banner.banner_line(manifest)},

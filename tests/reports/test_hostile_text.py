@@ -13,6 +13,7 @@ import pytest
 
 from residency import evidence
 from residency.notebook import paired
+from residency.records.manifest import read_manifest, write_manifest
 from residency.rundir.run import load_run
 from tests.helpers import PAIRED, reseal
 
@@ -24,13 +25,12 @@ def _renamed(tmp_path: Path, names: dict[int, str]) -> Path:
     renamed, its manifest and seal rewritten to match."""
     run = tmp_path / "run"
     shutil.copytree(PAIRED, run)
-    path = run / "manifest.json"
-    m = json.loads(path.read_text())
+    m = read_manifest(run)
     for i, name in names.items():
         entry = m["runs"][i]
         os.rename(run / entry["dir"], run / "runs" / name)
         entry["dir"] = f"runs/{name}"
-    path.write_text(json.dumps(m))
+    write_manifest(run, m)
     reseal(run)
     return run
 
@@ -38,8 +38,7 @@ def _renamed(tmp_path: Path, names: dict[int, str]) -> Path:
 @pytest.fixture(scope="module")
 def hostile_evidence(tmp_path_factory) -> evidence.Evidence:
     run = _renamed(tmp_path_factory.mktemp("h"), {
-        i: f"{i:02d}-{TAG}{i}" for i in range(len(json.loads(
-            (PAIRED / "manifest.json").read_text())["runs"]))})
+        i: f"{i:02d}-{TAG}{i}" for i in range(len(read_manifest(PAIRED)["runs"]))})
     return evidence.build(load_run(run))
 
 
@@ -55,7 +54,7 @@ def test_the_notes_quote_run_names_as_inert_text(hostile_evidence):
 
 @pytest.fixture(scope="module")
 def dollar_evidence(tmp_path_factory) -> evidence.Evidence:
-    n = len(json.loads((PAIRED / "manifest.json").read_text())["runs"])
+    n = len(read_manifest(PAIRED)["runs"])
     run = _renamed(tmp_path_factory.mktemp("d"), {i: f"{i:02d}-b$^^${i}" for i in range(n)})
     return evidence.build(load_run(run))
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from residency.records.manifest import read_manifest
 from residency.reports import html as reports
 from tests.helpers import ROOT
 from tests.reading import LABEL, repeated_sentences, too_precise, two_roundings, visible_text
@@ -349,7 +350,7 @@ def test_fresh_run_records_host_load_and_describes_each_runs_requests(
     from residency.rundir import hostload
 
     r = rendered["paired_profile_fresh"]
-    manifest = json.loads((r.out / "run" / "manifest.json").read_text())
+    manifest = read_manifest(r.out / "run")
     for entry in manifest["runs"]:
         assert entry["host_load"]["start"]["cpu_count"] == os.cpu_count()
         if entry["profiled"]:

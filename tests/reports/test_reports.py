@@ -20,6 +20,8 @@ from residency import humanize
 from residency.evidence import whatif as whatif_effect
 from residency.humanize import duration_text
 from residency.notebook.progress import RunProgress, pair_labels
+from residency.records.decisions import decisions_file
+from residency.records.manifest import read_manifest, write_manifest
 from residency.reports import banner
 from residency.reports import html as reports
 from tests.helpers import ROOT
@@ -99,7 +101,7 @@ def _recorded_ms(key: str, scale: float = 1.0) -> dict[str, str]:
 
 
 def _manifest() -> dict:
-    return json.loads((RECORDED / "manifest.json").read_text())
+    return read_manifest(RECORDED)
 
 
 def test_banner_says_the_device_kind_before_any_number() -> None:
@@ -350,7 +352,7 @@ def test_progress_lines_say_what_runs_and_the_time_left(tmp_path: Path) -> None:
                          "estimated once the first run ends")
     run = tmp_path / "runs" / "00-baseline"
     run.mkdir(parents=True)
-    (run / "decisions-rank0.jsonl").write_text(json.dumps({"request_id": "warmup-0001"})
+    (run / decisions_file(0)).write_text(json.dumps({"request_id": "warmup-0001"})
                                                + "\n" + '{"request_id": "r0002"}\n')
     clock.now += 60
     assert p.line().endswith("profiled pair, measured request r0002; 0/6 runs done; "
@@ -671,20 +673,19 @@ def _hostile_run(tmp_path: Path) -> Path:
     versions were set to markup, as a hostile author would ship it."""
     import shutil
 
-    from residency.rundir.run import artifact_hashes
-    from residency.rundir.seal import seal
+    from residency.records.manifest import artifact_hashes
+    from residency.records.seal import seal
 
     run = Path(shutil.copytree(ROOT / "data" / "runs" / "emulated-consecutive-2r2s",
                                tmp_path / "hostile"))
-    path = run / "manifest.json"
-    m = json.loads(path.read_text())
+    m = read_manifest(run)
     m.pop("seal", None)
     m["host"] = HOSTILE
     m["started_at"] = HOSTILE
     m["versions"] = {**m.get("versions", {}), "torch": HOSTILE}
     m["artifacts"] = artifact_hashes(run)
     m["seal"] = seal(m)
-    path.write_text(json.dumps(m, indent=2))
+    write_manifest(run, m)
     return run
 
 

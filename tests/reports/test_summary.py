@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from residency import evidence
+from residency.records.manifest import read_manifest
 from residency.reports import summary
 from residency.rundir import hostload
 from residency.rundir.run import load_run
@@ -72,7 +71,7 @@ def test_first_screen_of_the_recorded_run(paired_evidence: evidence.Evidence) ->
 
 def test_a_loaded_host_is_warned_about_on_the_first_screen(
         paired_evidence: evidence.Evidence) -> None:
-    manifest = json.loads((PAIRED / "manifest.json").read_text())
+    manifest = read_manifest(PAIRED)
     manifest["host_load"] = {"start": {"loadavg": [2.1, 1.8, 1.0], "cpu_count": 2},
                              "end": {"loadavg": [3.4, 2.0, 1.2], "cpu_count": 2},
                              "other_cpu_share": 0.35, "other_cpu_share_max": 0.49, "runs": 8}

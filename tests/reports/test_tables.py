@@ -13,6 +13,8 @@ import pandas as pd
 import pytest
 
 from residency import evidence
+from residency.records.decisions import decisions_file
+from residency.records.manifest import MANIFEST, read_manifest, write_manifest
 from residency.reports import tables
 from residency.rundir.run import RunDirError, load_run
 from tests.helpers import run_cli
@@ -40,10 +42,9 @@ def run_copy(tmp_path: Path) -> Path:
 
 
 def _edit_manifest(root: Path, **changes: object) -> None:
-    path = root / "manifest.json"
-    manifest = json.loads(path.read_text())
+    manifest = read_manifest(root)
     manifest.update(changes)
-    path.write_text(json.dumps(manifest))
+    write_manifest(root, manifest)
 
 
 def test_markdown_matches_expected_file() -> None:
@@ -137,7 +138,7 @@ def test_cli_prints_table_with_empty_stderr() -> None:
 def test_cli_uses_trace_analysis_and_survives_its_failure(run_copy: Path, monkeypatch) -> None:
     for name in ("00-baseline", "01-candidate"):
         (run_copy / "runs" / name / "trace").mkdir()
-    ranks = int(json.loads((run_copy / "manifest.json").read_text())["params"]["ranks"])
+    ranks = int(read_manifest(run_copy)["params"]["ranks"])
     monkeypatch.setitem(__import__("sys").modules, "residency.traces.load",
                         types.SimpleNamespace(load_traces=lambda path, **kw: types.SimpleNamespace(
                             path=path, ranks=dict.fromkeys(range(ranks)))))
@@ -172,7 +173,7 @@ def test_incomplete_manifest_is_refused_unless_allowed(run_copy: Path) -> None:
     _edit_manifest(run_copy, status="incomplete")
     with pytest.raises(RunDirError, match="field `status`: status is 'incomplete'") as info:
         load_run(run_copy)
-    assert info.value.field == "status" and info.value.path.name == "manifest.json"
+    assert info.value.field == "status" and info.value.path.name == MANIFEST
     run = load_run(run_copy, allow_incomplete=True)
     assert "INCOMPLETE" in tables.evidence_table(run).attrs["title"]
     assert _cli(str(run_copy))[0] == 2
@@ -189,7 +190,7 @@ def test_incomplete_manifest_is_refused_unless_allowed(run_copy: Path) -> None:
 ])
 def test_bad_run_directory_names_file_and_field(run_copy: Path, change: str,
                                                 message: str) -> None:
-    manifest = run_copy / "manifest.json"
+    manifest = run_copy / MANIFEST
     if change == "missing-manifest":
         manifest.unlink()
     elif change == "invalid-json":
@@ -197,9 +198,9 @@ def test_bad_run_directory_names_file_and_field(run_copy: Path, change: str,
     elif change == "wrong-schema":
         _edit_manifest(run_copy, schema="other/9")
     elif change == "no-runs":
-        data = json.loads(manifest.read_text())
+        data = read_manifest(run_copy)
         del data["runs"]
-        manifest.write_text(json.dumps(data))
+        write_manifest(run_copy, data)
     elif change == "bad-device":
         _edit_manifest(run_copy, device_kind="tpu")
     else:
@@ -209,7 +210,7 @@ def test_bad_run_directory_names_file_and_field(run_copy: Path, change: str,
 
 
 def test_invalid_decisions_line_names_file_and_line(run_copy: Path) -> None:
-    path = run_copy / "runs" / "01-candidate" / "decisions-rank1.jsonl"
+    path = run_copy / "runs" / "01-candidate" / decisions_file(1)
     path.write_text(path.read_text() + "{truncated\n")
     run = load_run(run_copy)
     with pytest.raises(RunDirError, match=r"decisions-rank1\.jsonl: line 6: invalid JSON"):

@@ -21,9 +21,12 @@ from residency.analysis import stats
 from residency.evidence import reference_pair
 from residency.notebook import outputs as nb_outputs
 from residency.notebook import paired
+from residency.records import client as client_record
+from residency.records.client import upgrade_client
+from residency.records.manifest import MANIFEST, read_manifest
 from residency.reports import figures, summary, tables, views
 from residency.reports.side_by_side import side_by_side
-from residency.rundir.run import load_run, upgrade_client
+from residency.rundir.run import load_run
 from tests.helpers import ROOT
 from tests.reading import NUMBER, repeated_sentences, two_roundings
 
@@ -31,8 +34,8 @@ RUNS = ROOT / "data" / "runs"
 EMULATED = RUNS / "emulated-paired-profile-2r50s"
 CUDA = RUNS / "cuda-paired-profile-1r50s"
 CONSECUTIVE = RUNS / "emulated-consecutive-2r2s"
-PAIRED_RUNS = sorted(p for p in RUNS.iterdir() if (p / "manifest.json").is_file()
-                     and json.loads((p / "manifest.json").read_text())["design"] in (
+PAIRED_RUNS = sorted(p for p in RUNS.iterdir() if (p / MANIFEST).is_file()
+                     and read_manifest(p)["design"] in (
                          "paired-profile", "profiled-pair", "alternating"))
 
 # ----------------------------------------------------------------------------- checkers
@@ -221,7 +224,7 @@ def test_client_fields_describe_one_thing_each() -> None:
     is not rewritten)."""
     run = load_run(EMULATED)
     entry = next(e for e in run.runs if e.name == "02-baseline")
-    raw = json.loads((entry.dir / "client.json").read_text())
+    raw = client_record.read_raw(entry.dir / client_record.CLIENT)
     c = run.client(entry)
     assert c["layout"] == 2 and c["median_e2e_s"] == raw["e2e_s"]
     assert not {"e2e_s", "e2e_ns", "request_id", "start_wall_ns", "response"} & set(c)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from residency.records import decisions as decisions_format
 from residency.rundir import attribution as at
 from residency.rundir.run import RunDirError, load_run
 from tests.helpers import ROOT
@@ -234,9 +235,9 @@ def test_run_decisions_keep_only_measured_requests_by_time(tmp_path: Path) -> No
     expected = run.decisions(entry)
     copy = tmp_path / "erased"
     shutil.copytree(src, copy)
-    for f in (copy / "runs" / entry.name).glob("decisions-rank*.jsonl"):
-        lines = [json.loads(x) for x in f.read_text().splitlines()]
-        f.write_text("".join(json.dumps({**x, "request_id": None}) + "\n" for x in lines))
+    for f in (copy / "runs" / entry.name).glob(decisions_format.DECISIONS_GLOB):
+        decisions_format.write_records(f, [{**x, "request_id": None}
+                                           for x in decisions_format.read_records(f)])
     erased = load_run(copy, verify=False)
     got = erased.decisions(erased.runs[0])
     assert len(got) == len(expected) == 18  # 3 requests x 2 ranks x (1 normal + 2 forced)

@@ -32,6 +32,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from residency.cli.main import main
+from residency.records.client import CLIENT
+from residency.records.manifest import MANIFEST
 from tests.helpers import ROOT, reseal, sealed_copy
 
 FIXTURE = ROOT / "tests" / "data" / "rundir" / "fixture-run"
@@ -90,7 +92,7 @@ ODD_NUMBERS = ["1e400", "-1e400", "NaN", "Infinity", "-Infinity", "5e-324", "-0.
 json_leaf = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
     st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20),
-    st.sampled_from(["runs/00-baseline", "../..", "/etc", "runs/../..", "manifest.json",
+    st.sampled_from(["runs/00-baseline", "../..", "/etc", "runs/../..", MANIFEST,
                      "baseline", "candidate", "complete", "incomplete", "npu", "cuda",
                      "emulated-npu", "warmup-0001", "r0001", "normal", "forced", "released",
                      "retained"]),
@@ -180,7 +182,7 @@ def _case(mutate: Callable[[Path], None]) -> None:
 @pytest.mark.slow
 def test_fuzzed_manifest(data: st.DataObject) -> None:
     def mutate(run: Path) -> None:
-        path = run / "manifest.json"
+        path = run / MANIFEST
         path.write_text(data.draw(mutated_json(path.read_text())))
 
     _case(mutate)
@@ -209,7 +211,7 @@ def test_fuzzed_decisions(data: st.DataObject, run_name: str, rank: int) -> None
 @pytest.mark.slow
 def test_fuzzed_client(data: st.DataObject, run_name: str) -> None:
     def mutate(run: Path) -> None:
-        path = run / "runs" / run_name / "client.json"
+        path = run / "runs" / run_name / CLIENT
         path.write_text(data.draw(mutated_json(path.read_text())))
         reseal(run)
 
@@ -292,7 +294,7 @@ def test_corpus_case(case: Path, tmp_path: Path) -> None:
     """Each saved case: files under it replace the fixture's (then re-sealed unless the case
     holds its own manifest.json)."""
     run = sealed_copy(FIXTURE, tmp_path / "run")
-    own_manifest = (case / "manifest.json").exists()
+    own_manifest = (case / MANIFEST).exists()
     for src in case.rglob("*"):
         if src.is_file() and src.name != "README.md":
             dst = run / src.relative_to(case)

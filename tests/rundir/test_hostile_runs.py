@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 from residency.evidence.runs import idle_from_traces, load_run_traces, reference_pair
+from residency.records.client import CLIENT
+from residency.records.decisions import DECISIONS_GLOB, decisions_file
 from residency.rundir.run import load_run, verify_run
 from residency.traces.files import TraceError
 from residency.traces.load import load_traces
@@ -69,17 +71,17 @@ def test_a_file_changed_after_verification_is_never_parsed(paired: Path) -> None
     client record swapped after that (as a hostile mount can) are never parsed: the run's
     analyses parse the bytes verified, read once (issue 44; before: read again and refused,
     issue 41 F4/F5). A file too large to keep is read again and checked against the seal."""
-    from residency.rundir import run as rundir
+    from residency.records import files as record_files
     from residency.rundir.run import RunDirError
 
     run = load_run(paired)
     entry = run.runs[0]
-    decisions = entry.dir / "decisions-rank0.jsonl"
+    decisions = entry.dir / decisions_file(0)
     honest = decisions.read_text()
     decisions.write_text("\n".join(honest.split("\n")[1:]))  # a decision gone, rest valid
     assert len(run.decisions(entry, warmup=True)) == len(
         load_run(paired, verify=False).decisions(entry, warmup=True)) + 1
-    client = entry.dir / "client.json"
+    client = entry.dir / CLIENT
     record = client.read_bytes()
     honest_client = load_run(paired, verify=False).client(entry)
     forged = record.replace(b'"e2e_s": ', b'"e2e_s": 1', 1)
@@ -90,7 +92,7 @@ def test_a_file_changed_after_verification_is_never_parsed(paired: Path) -> None
     client.write_bytes(record)
     decisions.write_text(honest)
     with pytest.MonkeyPatch.context() as mp:  # nothing kept: every read checked again
-        mp.setattr(rundir, "KEEP_BYTES", 0)
+        mp.setattr(record_files, "KEEP_BYTES", 0)
         run = load_run(paired)
         decisions.write_text("\n".join(honest.split("\n")[1:]))
         with pytest.raises(RunDirError, match="changed since the run was verified"):
@@ -223,7 +225,7 @@ def test_decisions_lines_split_on_newline_only(paired: Path) -> None:
     """A JSON string may hold U+2028 (valid JSONL); `str.splitlines` split the record there
     and the run was refused as invalid JSON."""
     entry = load_run(paired).runs[0]
-    path = entry.dir / "decisions-rank0.jsonl"
+    path = entry.dir / decisions_file(0)
     lines = path.read_text().split("\n")
     record = json.loads(lines[0])
     record["error"] = "line\u2028separator"
@@ -237,12 +239,13 @@ def test_decisions_lines_split_on_newline_only(paired: Path) -> None:
 def test_decisions_have_a_total_budget_per_service_run(paired: Path, monkeypatch) -> None:
     """Each decisions file within the per-file limit, but all of a service run's together
     over the budget: one error naming the file where it ran out (before: no total)."""
-    from residency.rundir import run as rundir
+    from residency.records import decisions as decisions_format
+    from residency.rundir.run import RunDirError
 
     entry = load_run(paired).runs[0]
-    sizes = [f.stat().st_size for f in sorted(entry.dir.glob("decisions-rank*.jsonl"))]
-    monkeypatch.setattr(rundir, "MAX_DECISIONS_BYTES", sizes[0] + sizes[1] // 2)
-    with pytest.raises(rundir.RunDirError, match=r"decisions-rank1\.jsonl: the decisions "
+    sizes = [f.stat().st_size for f in sorted(entry.dir.glob(DECISIONS_GLOB))]
+    monkeypatch.setattr(decisions_format, "MAX_DECISIONS_BYTES", sizes[0] + sizes[1] // 2)
+    with pytest.raises(RunDirError, match=r"decisions-rank1\.jsonl: the decisions "
                                                  r"files of this service run exceed"):
         load_run(paired).decisions(entry)
 

@@ -4,7 +4,6 @@ started)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from residency import evidence
 from residency.experiments.designs import run_design
 from residency.experiments.errors import ExperimentError
 from residency.experiments.servicefile import builtin_service
+from residency.records.manifest import read_manifest
 from residency.reports import summary
 from residency.rundir import neighbours
 from residency.rundir.run import load_run
@@ -133,7 +133,7 @@ def test_a_foreign_process_is_recorded_and_the_reports_warn(tmp_path, neighbour,
                          "--ranks", "1", "--steps", "2", *SMALL, "--out", str(out_dir),
                          "--no-progress")
     assert rc == 0, err
-    manifest = json.loads((out_dir / "manifest.json").read_text())
+    manifest = read_manifest(out_dir)
     for entry in manifest["runs"]:
         for when in ("start", "end"):
             (p,) = entry["neighbours"][when]["processes"]
@@ -165,6 +165,6 @@ def test_a_neighbour_arriving_during_the_run_stops_it_incomplete(tmp_path) -> No
                                               "1 foreign process"):
         run_design("profiled-pair", tmp_path / "run", spec=spec, steps=2, progress=False,
                    require_exclusive=True, lister=lister)
-    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    manifest = read_manifest(tmp_path / "run")
     assert manifest["status"] == "incomplete" and "pid 4242 (late" in manifest["error"]
     assert manifest["params"]["require_exclusive"] is True

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from residency.rundir import run as rundir
+from residency.records import files as record_files
+from residency.records.manifest import MANIFEST
 from tests.helpers import run_cli
 
 
@@ -31,7 +32,7 @@ def test_every_file_of_the_run_is_opened_once_per_command(sealed, monkeypatch, a
     rc, out, err = run_cli(argv[0], str(sealed), *argv[1:])
     assert rc == 0, err
     files = {p.relative_to(sealed).as_posix() for p in sealed.rglob("*") if p.is_file()}
-    assert set(opened) <= files and "manifest.json" in opened
+    assert set(opened) <= files and MANIFEST in opened
     assert {f: n for f, n in opened.items() if n != 1} == {}, opened
     if argv[0] == "tables":  # every file is evidence the tables read or verify: all read
         assert set(opened) == files
@@ -42,22 +43,22 @@ def test_a_manifest_swapped_between_reads_never_gives_its_figures(sealed, monkey
     changed, the honest seal kept), every later read the honest one. The figures may come
     only from a manifest that was verified: the forged E2E figure is never printed, let alone
     beside the honest digest."""
-    honest = (sealed / "manifest.json").read_bytes()
+    honest = (sealed / MANIFEST).read_bytes()
     forged = json.loads(honest)
     forged["runs"][0]["e2e_s"] = 777.777
     forged_bytes = json.dumps(forged).encode()
     reads = Counter()
-    real_read = rundir.read_regular
+    real_read = record_files.read_regular
 
     def swapping(path, *args, **kwargs):
-        if Path(path).name == "manifest.json":
-            reads["manifest.json"] += 1
-            if reads["manifest.json"] == 1:
+        if Path(path).name == MANIFEST:
+            reads[MANIFEST] += 1
+            if reads[MANIFEST] == 1:
                 return forged_bytes
         return real_read(path, *args, **kwargs)
 
-    monkeypatch.setattr(rundir, "read_regular", swapping)
+    monkeypatch.setattr(record_files, "read_regular", swapping)
     rc, out, err = run_cli("tables", str(sealed), "--format", "pr")
     assert "777.8 s" not in out  # (before: "baseline 777.8 s" beside the honest digest)
     assert rc == 2 and "failed verification" in err and "runs[0]" in err
-    assert reads["manifest.json"] == 1
+    assert reads[MANIFEST] == 1

@@ -15,6 +15,9 @@ from typing import Any
 
 import pytest
 
+from residency.records.client import CLIENT
+from residency.records.decisions import DECISIONS_GLOB, decisions_file
+from residency.records.manifest import MANIFEST
 from residency.rundir.run import (
     RunDirError,
     load_decisions,
@@ -25,7 +28,7 @@ from tests.helpers import edit_manifest, reseal
 from tests.helpers import residency as cli
 
 BASELINE = Path("runs") / "00-baseline"
-RANK0 = BASELINE / "decisions-rank0.jsonl"
+RANK0 = BASELINE / decisions_file(0)
 
 
 def edit_line(path: Path, lineno: int, change: Callable[[dict[str, Any]], None]) -> None:
@@ -79,7 +82,7 @@ def test_a_decision_contradicting_the_schema_or_its_file_is_refused(paired: Path
         with pytest.raises(RunDirError) as err:
             read()
         assert err.value.field == case.field
-        assert err.value.path.name == "decisions-rank0.jsonl"
+        assert err.value.path.name == decisions_file(0)
         assert f"line {case.lineno}:" in str(err.value)
 
 
@@ -127,7 +130,7 @@ def test_a_missing_rank_file_of_an_external_service_warns(paired: Path) -> None:
 
 def test_a_service_run_without_any_decisions_file_warns(paired: Path) -> None:
     """Recorded without decision logs: the evidence falls back to the service's response."""
-    for f in (paired / BASELINE).glob("decisions-rank*.jsonl"):
+    for f in (paired / BASELINE).glob(DECISIONS_GLOB):
         f.unlink()
     reseal(paired)
     run, entry = baseline(paired)
@@ -136,7 +139,7 @@ def test_a_service_run_without_any_decisions_file_warns(paired: Path) -> None:
 
 
 @pytest.mark.parametrize(("name", "words"), [
-    ("decisions-rank2.jsonl", r"rank 2 is not a rank of the run \(params\.ranks = 2"),
+    (decisions_file(2), r"rank 2 is not a rank of the run \(params\.ranks = 2"),
     ("decisions-rank01.jsonl", "is not a decisions file name"),
     ("decisions-rankx.jsonl", "is not a decisions file name"),
 ])
@@ -187,7 +190,7 @@ def test_a_duplicated_runs_entry_is_refused_naming_it(paired: Path, name: str,
 def test_a_manifest_with_a_duplicate_key_is_refused(paired: Path) -> None:
     """Before: the seal covers the parsed manifest, so `{"device_kind": "npu", ...,
     "device_kind": "emulated-npu"}` verified although a first-wins reader sees `npu`."""
-    path = paired / "manifest.json"
+    path = paired / MANIFEST
     text = path.read_text()
     assert text.startswith("{\n")
     path.write_text('{\n  "device_kind": "npu",\n' + text[2:])
@@ -196,20 +199,20 @@ def test_a_manifest_with_a_duplicate_key_is_refused(paired: Path) -> None:
                  lambda: load_run(paired, verify=False)):
         with pytest.raises(RunDirError, match="duplicate key 'device_kind'") as err:
             call()
-        assert err.value.path.name == "manifest.json"
+        assert err.value.path.name == MANIFEST
     proc = cli("verify", str(paired))
     assert proc.returncode == 2 and "duplicate key 'device_kind'" in proc.stderr
 
 
 def test_a_client_record_with_a_duplicate_key_is_refused(paired: Path) -> None:
-    path = paired / BASELINE / "client.json"
+    path = paired / BASELINE / CLIENT
     text = path.read_text()
     path.write_text(text.replace("{", '{"e2e_s": 0.001, ', 1))
     reseal(paired)
     run, entry = baseline(paired)
     with pytest.raises(RunDirError, match="duplicate key 'e2e_s'") as err:
         run.client(entry)
-    assert err.value.path.name == "client.json"
+    assert err.value.path.name == CLIENT
 
 
 def test_a_decision_line_with_a_duplicate_key_is_refused(paired: Path) -> None:
@@ -224,7 +227,7 @@ def test_a_decision_line_with_a_duplicate_key_is_refused(paired: Path) -> None:
 
 
 def test_a_duplicate_key_in_a_nested_object_is_refused(paired: Path) -> None:
-    path = paired / "manifest.json"
+    path = paired / MANIFEST
     text = path.read_text()
     assert '"params": {' in text
     path.write_text(text.replace('"params": {', '"params": {"ranks": 1, ', 1))

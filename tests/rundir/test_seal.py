@@ -17,8 +17,12 @@ from typing import Any
 
 import pytest
 
+from residency.records import client as client_record
+from residency.records.client import CLIENT
+from residency.records.decisions import decisions_file
+from residency.records.manifest import MANIFEST, read_manifest
+from residency.records.seal import parse_digest, run_digest, seal, seal_findings
 from residency.rundir.run import RunDirError, load_run, verify_run
-from residency.rundir.seal import parse_digest, run_digest, seal, seal_findings
 from tests.helpers import ROOT, edit_manifest, residency
 
 RECORDED = ROOT / "data" / "runs" / "emulated-paired-profile-2r50s"
@@ -44,7 +48,7 @@ def one_line_error(proc: subprocess.CompletedProcess, code: int = 2) -> str:
 
 
 def test_recorded_run_is_sealed_and_verifies(run: Path) -> None:
-    m = json.loads((run / "manifest.json").read_text())
+    m = read_manifest(run)
     assert m["seal"]["digest"] == run_digest(m)
     assert seal_findings(m) == []
     proc = cli("verify", str(run))
@@ -58,12 +62,12 @@ def test_edited_e2e_in_the_manifest_is_reported_and_refused(run: Path) -> None:
         m["runs"][1]["e2e_s"] /= 10
 
     edit_manifest(run, tenth)
-    edited = json.loads((run / "manifest.json").read_text())["runs"][1]["e2e_s"]
+    edited = read_manifest(run)["runs"][1]["e2e_s"]
     result = verify_run(run)
     assert not result.ok
     assert result.manifest == ("manifest.json field `runs[1]` changed since the run was "
                                "sealed",)
-    assert any(m.startswith(f"runs[1].e2e_s is {edited!r}") and "client.json" in m
+    assert any(m.startswith(f"runs[1].e2e_s is {edited!r}") and CLIENT in m
                for m in result.mismatched)
     proc = cli("verify", str(run))
     assert proc.returncode == 1 and "runs[1]" in proc.stdout
@@ -91,20 +95,20 @@ def test_every_manifest_field_is_covered(run: Path, field: str,
 
 
 def test_a_resealed_run_is_caught_by_the_quoted_digest(run: Path) -> None:
-    quoted = json.loads((run / "manifest.json").read_text())["seal"]["digest"]
+    quoted = read_manifest(run)["seal"]["digest"]
 
     def forge(m: dict[str, Any]) -> None:  # an attacker who recomputes the seal
         m["runs"][1]["e2e_s"] = m["runs"][0]["e2e_s"]
         m["seal"] = seal(m)
 
     edit_manifest(run, forge)
-    client = run / "runs" / "01-candidate" / "client.json"
-    c = json.loads(client.read_text())
-    c["e2e_s"] = json.loads((run / "manifest.json").read_text())["runs"][1]["e2e_s"]
-    client.write_text(json.dumps(c))
+    client = run / "runs" / "01-candidate" / CLIENT
+    c = client_record.read_raw(client)
+    c["e2e_s"] = read_manifest(run)["runs"][1]["e2e_s"]
+    client_record.write_raw(client, c)
 
     def rehash(m: dict[str, Any]) -> None:
-        from residency.rundir.run import artifact_hashes
+        from residency.records.manifest import artifact_hashes
 
         m["artifacts"] = artifact_hashes(run)
         m["seal"] = seal(m)
@@ -150,7 +154,7 @@ def _dev_zero(path: Path) -> None:
 
 @pytest.mark.parametrize("make", [_fifo, _dev_zero], ids=["fifo", "link-to-dev-zero"])
 def test_non_regular_evidence_is_an_error_never_a_hang(run: Path, make: Any) -> None:
-    target = run / "runs" / "02-baseline" / "decisions-rank2.jsonl"
+    target = run / "runs" / "02-baseline" / decisions_file(2)
     make(target)
     result = verify_run(run)
     assert not result.ok and any(u.startswith("runs/02-baseline/decisions-rank2.jsonl")
@@ -158,7 +162,7 @@ def test_non_regular_evidence_is_an_error_never_a_hang(run: Path, make: Any) -> 
     assert cli("verify", str(run)).returncode == 1
     for cmd in (("tables", str(run), "--no-verify"), ("whatif", str(run), "--no-verify")):
         err = one_line_error(cli(*cmd))
-        assert "decisions-rank2.jsonl" in err and "not a regular file" in err or \
+        assert decisions_file(2) in err and "not a regular file" in err or \
             "symbolic link" in err
 
 
@@ -174,7 +178,7 @@ def _deep(m: dict[str, Any]) -> str:
     ("nested 200000 deep", lambda t: _deep(json.loads(t)), "nested too deeply"),
 ])
 def test_malformed_manifest_is_one_line(run: Path, name: str, mutate: Any, words: str) -> None:
-    path = run / "manifest.json"
+    path = run / MANIFEST
     path.write_text(mutate(path.read_text()))
     for cmd in ("tables", "whatif"):
         assert words in one_line_error(cli(cmd, str(run), "--no-verify"))
@@ -190,14 +194,14 @@ def test_malformed_manifest_is_one_line(run: Path, name: str, mutate: Any, words
     ('[' * 100_000 + ']' * 100_000, "nested too deeply"),
 ])
 def test_malformed_decisions_are_one_line(run: Path, line: str, words: str) -> None:
-    path = run / "runs" / "00-baseline" / "decisions-rank0.jsonl"
+    path = run / "runs" / "00-baseline" / decisions_file(0)
     path.write_text(path.read_text() + line + "\n")
     for cmd in ("tables", "whatif"):
         err = one_line_error(cli(cmd, str(run), "--no-verify"))
-        assert words in err and "decisions-rank0.jsonl" in err
+        assert words in err and decisions_file(0) in err
 
 
 def test_the_evidence_table_footer_quotes_the_digest(run: Path) -> None:
-    digest = json.loads((run / "manifest.json").read_text())["seal"]["digest"]
+    digest = read_manifest(run)["seal"]["digest"]
     proc = cli("tables", str(run))
     assert proc.returncode == 0 and f"Run digest: {digest}." in proc.stdout

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from residency.records.decisions import decisions_file
+from residency.records.manifest import MANIFEST
 from residency.selftest import (
     STEP_NAMES,
     CheckFailed,
@@ -98,7 +100,7 @@ def test_every_step_passes_on_the_emulated_npu(tmp_path: Path) -> None:
     run = out / "service" / "runs" / "00-candidate"
     assert sorted(p.name for p in (run / "trace").iterdir()) == ["rank0.trace.json",
                                                                  "rank1.trace.json"]
-    assert (run / "decisions-rank1.jsonl").is_file() and (out / "pair" / "manifest.json").is_file()
+    assert (run / decisions_file(1)).is_file() and (out / "pair" / MANIFEST).is_file()
     assert (out / "policy" / "decisions.jsonl").read_text().count("\n") == 6  # 3 arms x 2 calls
 
 

@@ -16,6 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from residency.records.client import CLIENT
+from residency.records.manifest import MANIFEST
 from residency.traces import units
 from residency.traces.load import TraceError, load_traces
 from tests.helpers import copy_fixture, same_traces
@@ -121,14 +123,14 @@ def test_run_directory_with_trace_subdir(tmp_path):
     run = tmp_path / "runs" / "00-baseline"
     copy_fixture("kineto_basic", run)
     (run / "kineto_basic").rename(run / "trace")
-    (run / "client.json").write_text("{}")
+    (run / CLIENT).write_text("{}")
     assert list(load_traces(run, cache=False).ranks) == [0, 1]
 
 
 def test_run_directory_of_several_runs_is_refused(tmp_path):
     for arm in ("00-baseline", "01-candidate"):
         shutil.copytree(DATA / "kineto_basic", tmp_path / "runs" / arm / "trace")
-    (tmp_path / "manifest.json").write_text("{}")
+    (tmp_path / MANIFEST).write_text("{}")
     with pytest.raises(TraceError, match=r"traces of 2 runs \(runs/00-baseline, "):
         load_traces(tmp_path, cache=False)
     shutil.rmtree(tmp_path / "runs" / "01-candidate")

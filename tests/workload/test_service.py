@@ -10,6 +10,7 @@ import socket
 import pytest
 
 from residency.protocol import MAX_STEPS
+from residency.records.decisions import decisions_file
 from tests.servicekit import SMALL, alive, decisions, http, post_when_free, service, wait_for
 
 pytestmark = pytest.mark.slow
@@ -76,9 +77,9 @@ def test_concurrent_request_gets_429(tmp_path) -> None:
         slow.sendall(b"POST /v1/generate HTTP/1.1\r\nHost: x\r\nContent-Type: "
                      b"application/json\r\nContent-Length: " + str(len(body)).encode()
                      + b"\r\n\r\n" + body)
-        decisions_file = markers / "decisions-rank0.jsonl"
-        wait_for(lambda: decisions_file.exists()
-                 and '"request_id":"r0001"' in decisions_file.read_text(),
+        decisions_path = markers / decisions_file(0)
+        wait_for(lambda: decisions_path.exists()
+                 and '"request_id":"r0001"' in decisions_path.read_text(),
                  what="request r0001 running", proc=proc)
         code, reply = http("POST", url + "/v1/generate", {"steps": 1, "seed": 2})
         assert code == 429, reply

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from residency.records.decisions import decisions_file
 from residency.workload import http as service_http
 from residency.workload.admission import (
     MAX_HANDLERS,
@@ -176,7 +177,7 @@ def test_a_planted_link_in_the_decisions_folder_is_never_followed(tmp_path: Path
     target.write_text("keep me\n")
     folder = tmp_path / "decisions"
     folder.mkdir()
-    (folder / "decisions-rank0.jsonl").symlink_to(target)
+    (folder / decisions_file(0)).symlink_to(target)
     with pytest.raises(ValueError, match="already holds decisions-rank0.jsonl"):
         prepare_decisions_dir(folder, 1)
     assert target.read_text() == "keep me\n"
@@ -188,12 +189,12 @@ def test_stale_decisions_are_refused_and_a_fresh_folder_is_made(tmp_path: Path) 
     (folder / "service.log").write_text("the run's own log may be there\n")
     prepare_decisions_dir(folder, 2)
     assert sorted(p.name for p in folder.iterdir()) == [
-        "decisions-rank0.jsonl", "decisions-rank1.jsonl", "service.log"]
+        decisions_file(0), decisions_file(1), "service.log"]
     with pytest.raises(ValueError, match="decisions are never appended to"):
         prepare_decisions_dir(folder, 2)  # a second service into the same folder
     fresh = tmp_path / "new" / "d"
     prepare_decisions_dir(fresh, 1)
-    assert [p.name for p in fresh.iterdir()] == ["decisions-rank0.jsonl"]
+    assert [p.name for p in fresh.iterdir()] == [decisions_file(0)]
     link = tmp_path / "link"
     link.symlink_to(fresh)
     with pytest.raises(ValueError, match="is a symbolic link"):

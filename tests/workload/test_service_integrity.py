@@ -23,6 +23,7 @@ import pytest
 from residency.experiments.errors import ServiceFileError
 from residency.experiments.servicefile import load_service_file
 from residency.protocol import MAX_SEED, MAX_STEPS
+from residency.records.manifest import read_manifest
 from residency.workload.admission import MAX_HANDLERS
 from residency.workload.config import ServeConfig
 from residency.workload.front import Service
@@ -163,7 +164,7 @@ def test_kill_9_of_pair_leaves_no_process(tmp_path, launcher) -> None:
         # torch process takes its time to exit.
         _wait_for(lambda: not any(alive(p) for p in pids), "every process of the run to exit",
                   limit_s=300)
-        manifest = json.loads((out / "manifest.json").read_text())
+        manifest = read_manifest(out)
         assert manifest["status"] == "incomplete"
         # the orphaned service removed its TMPDIR and raw profiles (nobody else could)
         assert not (run / "tmp").exists() and not (run / "trace-raw").exists()

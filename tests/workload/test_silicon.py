@@ -161,7 +161,7 @@ def test_labels_say_the_injection() -> None:
 def faked_injected_cuda_run(tmp_path: Path) -> Path:
     """A recorded CUDA run with an injection record added and the run sealed again: FAKED
     for this test (that run was not injected), kept in tmp, never presented as measured."""
-    from residency.rundir.run import Manifest
+    from residency.records.manifest import Manifest
 
     run_dir = tmp_path / "cuda-faked-injected"
     shutil.copytree(CUDA_RUN, run_dir)
