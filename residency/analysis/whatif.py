@@ -55,7 +55,8 @@ import pandas as pd
 
 from residency.errors import BadInput
 from residency.policy.cache import ALWAYS_RELEASE, CANDIDATE, crossed_bounds, limit_bytes
-from residency.rundir.run import Run, RunDirError, load_decisions, load_run
+from residency.rundir.attribution import decisions_by_request
+from residency.rundir.run import Run, RunDirError, load_run
 
 Policy = Literal["bounded", "learned-budget"]
 POLICIES: tuple[str, ...] = ("bounded", "learned-budget")
@@ -177,7 +178,7 @@ def replayable(run: Run | str | os.PathLike[str], *, arm: str | None = CANDIDATE
     frames: list[pd.DataFrame] = []
     skipped: dict[str, int] = {}
     normal_total = 0
-    every = load_decisions(run)  # the one assignment of decisions to requests and warm-up
+    every = decisions_by_request(run)  # the one assignment of decisions to requests and warm-up
     for entry in entries:
         df = every[every["run"] == entry.name]
         if not warmup:

@@ -15,7 +15,7 @@ Adding an attribution is one function:
     @attributor("my_key")
     def _my_key(data: RunData) -> Attribution | None: ...
 
-`load_decisions` is the one place where decisions are assigned to runs and requests (and
+`decisions_by_request` is the one place where decisions are assigned to runs and requests (and
 marked warm-up or measured). No torch here.
 """
 
@@ -34,8 +34,8 @@ from residency.evidence.runs import (
     NORMAL_MARKER,
     PREPARE_MARKER,
     RunData,
+    decisions_by_request,
     idle_from_traces,
-    load_decisions,
     measured_requests,
     reference_pair,
     service_of,
@@ -43,5 +43,5 @@ from residency.evidence.runs import (
 
 __all__ = ["PAIRED_ARMS", "ATTRIBUTORS", "NORMAL_MARKER", "PREPARE_MARKER", "REQUEST_COLUMNS",
            "RESPONSE_SOURCE", "TRACE_SOURCE", "Attribution", "Evidence", "RunData", "Scope",
-           "attributor", "build", "idle_from_traces", "load_decisions", "measured_requests",
+           "attributor", "build", "decisions_by_request", "idle_from_traces", "measured_requests",
            "reference_pair", "service_of"]

@@ -25,7 +25,7 @@ import pandas as pd
 from residency import devices
 from residency.evidence.attributions import build
 from residency.evidence.model import PAIRED_ARMS
-from residency.evidence.runs import load_decisions
+from residency.evidence.runs import decisions_by_request
 from residency.policy.cache import BASELINE, CANDIDATE
 from residency.rundir.run import Run
 
@@ -137,7 +137,7 @@ def device_column(run: Run, *, idle: Mapping[str, Mapping[str, int]] | None = No
     """The cross-device column of one loaded run (its traces are analysed for the idle
     intersection unless `idle` replaces them, as in `residency.evidence.build`)."""
     ev = build(run, idle=idle, keys=("idle_intersection", "e2e_profiled", "e2e_unprofiled"))
-    d, scope = _scope(load_decisions(run))
+    d, scope = _scope(decisions_by_request(run))
     normal, forced = d[d["kind"] == "normal"], d[d["kind"] == "forced"]
     missing: dict[str, str] = {}
     snap = normal.dropna(subset=["reserved"])

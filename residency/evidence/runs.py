@@ -1,5 +1,5 @@
 """Loading a run once for the attributions: decisions assigned to runs and requests (the one
-place: `load_decisions`), client records, the reference pair, the traces' idle figures."""
+place: `decisions_by_request`), client records, the reference pair, the traces' idle figures."""
 
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ import pandas as pd
 from residency import markers
 from residency.evidence.model import PAIRED_ARMS
 from residency.policy.cache import BASELINE, CANDIDATE
-from residency.rundir.run import Run, RunEntry, load_decisions
+from residency.rundir.attribution import attribute_run, decisions_by_request
+from residency.rundir.run import Run, RunEntry
 
 NORMAL_MARKER = re.escape(markers.RELEASE_NORMAL)  # regular expressions for the trace loader
 PREPARE_MARKER = re.escape(markers.PHASE_PREPARE)
 
-__all__ = ["NORMAL_MARKER", "PREPARE_MARKER", "RunData", "idle_from_traces", "load_decisions",
+__all__ = ["NORMAL_MARKER", "PREPARE_MARKER", "RunData", "decisions_by_request", "idle_from_traces",
            "load_run_traces", "measured_requests", "reference_pair"]
 
 
@@ -116,8 +117,8 @@ class RunData:
 
     @cached_property
     def decisions(self) -> pd.DataFrame:
-        """`load_decisions(run)`."""
-        return load_decisions(self.run)
+        """`decisions_by_request(run)`."""
+        return decisions_by_request(self.run)
 
     @cached_property
     def measured(self) -> pd.DataFrame:
@@ -128,7 +129,7 @@ class RunData:
     @cached_property
     def attributions(self) -> dict[str, Any]:
         """Run name -> `residency.rundir.attribution.Attribution` of its decisions."""
-        return {e.name: self.run.attribution(e) for e in self.run.runs}
+        return {e.name: attribute_run(self.run, e) for e in self.run.runs}
 
     @cached_property
     def pair(self) -> tuple[RunEntry, RunEntry] | None:

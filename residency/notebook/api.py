@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from residency import devices
-from residency.evidence import load_decisions
+from residency.evidence import decisions_by_request
 from residency.humanize import md_code, md_text
 from residency.notebook.params import check_accelerator_patch, check_device
 from residency.policy.cache import BASELINE, CANDIDATE
@@ -173,7 +173,7 @@ def api_from_run(run: Run) -> dict[str, Any]:
     accelerator patch from the manifest (`params.emulated_npu.accelerator_patch`; None when
     the run did not record one). Returns a probe-shaped dict (`generic`, `registered`,
     `bug_present`, `verdict`, ...)."""
-    d = load_decisions(run)
+    d = decisions_by_request(run)
     d = d[~d["warmup"].astype(bool)]
     dec = {a: d[d["run_arm"] == a] for a in (BASELINE, CANDIDATE)}
     generic = _recorded_outcomes(dec[BASELINE])

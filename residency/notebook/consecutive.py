@@ -133,7 +133,7 @@ def fractions(run: Run, *, arm: str = CANDIDATE) -> pd.DataFrame:
     """Per normal decision of `arm`'s measured requests with a snapshot: cached fraction
     (max(0, reserved - allocated) / total), free fraction (free / total), outcome, reason,
     its bounds, rank and measured request number."""
-    d = evidence.load_decisions(run)
+    d = evidence.decisions_by_request(run)
     d = d[(d["run_arm"] == arm) & (d["kind"] == "normal") & ~d["warmup"].astype(bool)]
     d = d.dropna(subset=["reserved", "allocated", "free", "total"])
     d = d[d["total"] > 0].sort_values(["run_index", "start_ns"])

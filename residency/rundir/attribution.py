@@ -13,8 +13,10 @@ with a request. The built-in service
 also records request ids; runs recorded before the client kept wall times are attributed by
 those ids (`method="id"`), which must agree with the time attribution wherever both exist.
 
-Pure analysis: pandas and numpy only, no torch, no run-directory reading (see
-`residency.rundir.run.Run.attribution`). Timestamps are int64 ns; windows are half-open.
+The attribution itself (`attribute`) is pure analysis: pandas and numpy only, no torch, no
+file reading. The steps over a loaded run (`attribute_run`, `attributed_decisions`,
+`decisions_by_request`) take what `residency.rundir.run.Run` read, as the files hold it, and
+attribute it. Timestamps are int64 ns; windows are half-open.
 """
 
 from __future__ import annotations
@@ -30,10 +32,13 @@ import pandas as pd
 
 from residency.errors import BadInput
 from residency.policy.cache import CANDIDATE
-from residency.records.decisions import decisions_file
+from residency.records.client import CLIENT
+from residency.records.decisions import SNAPSHOT_KEYS, decisions_file
+from residency.rundir.run import DECISION_COLUMNS, Run, RunDirError, RunEntry
 
 __all__ = ["ATTRIBUTED_COLUMNS", "COUNT_COLUMNS", "RequestAttribution", "AttributionError",
-           "RequestWindow", "attribute", "attribute_by_id", "attribute_by_time",
+           "RequestWindow", "attribute", "attribute_run", "attributed_decisions",
+           "decisions_by_request", "attribute_by_id", "attribute_by_time",
            "consecutive_gates", "count_failures", "expected_calls", "has_wall_times",
            "missing_rank_message", "request_counts", "scope_note",
            "request_windows", "warmup_text"]
@@ -335,7 +340,7 @@ def attribute_by_time(decisions: pd.DataFrame, windows: Sequence[RequestWindow]
     """Assign each decision to the window containing its `wall_ns` (half-open).
 
     `decisions` is one service run's decisions (all of them, warm-up included, as
-    `Run.decisions(entry, warmup=True)` gives them), `windows` from `request_windows`.
+    `Run.decisions(entry)` gives them), `windows` from `request_windows`.
 
     Raises:
         AttributionError: a decision without an integer `wall_ns`.
@@ -531,8 +536,8 @@ def consecutive_gates(run: Any, *, arm: str = CANDIDATE) -> list[str]:
     ranks = list(range(int((run.manifest.get("params") or {}).get("ranks") or 0)))
     expect = expected_calls(run.manifest)
     for entry in entries:
-        attr = run.attribution(entry)
-        raw = run.decisions(entry, warmup=True)
+        attr = attribute_run(run, entry)
+        raw = attributed_decisions(run, entry, warmup=True)
         present = set(raw["rank"].dropna().astype(int))
         silent = {r: (entry.dir / decisions_file(r)).exists()
                   for r in ranks if r not in present}
@@ -592,3 +597,69 @@ def scope_note(attributions: Sequence[RequestAttribution]) -> str:
         text += (f"; {mismatched} decision(s) inside a request's window carry another "
                  "request id (a clock or a record is off)")
     return text + "."
+
+
+# ------------------------------------------------------------------- the steps over a run
+def attribute_run(run: Run, entry: RunEntry, *, method: str = "auto",
+                  decisions: pd.DataFrame | None = None) -> RequestAttribution:
+    """The `RequestAttribution` of one service run of `run`: which request each decision
+    belongs to (by time when the client recorded wall-clock windows, else by id), and the
+    decisions outside every request. `decisions`: the run's as `Run.decisions` gives them
+    (read when not given).
+
+    Raises:
+        RunDirError: the run cannot be attributed (e.g. decisions without request ids
+            and a client record without wall-clock windows), naming its `client.json`.
+    """
+    if decisions is None:
+        decisions = run.decisions(entry)
+    path = entry.dir / CLIENT
+    try:
+        return attribute(decisions, run.client(entry), method=method, source=str(path))
+    except AttributionError as exc:
+        raise RunDirError(path, str(exc).removeprefix(f"{path}: ")) from None
+
+
+def attributed_decisions(run: Run, entry: RunEntry, *, warmup: bool = False) -> pd.DataFrame:
+    """The decisions of one service run, each given the request it belongs to.
+
+    Without `warmup`: only the decisions attributed to a measured request (`attribute_run`),
+    each with `request` (1.. in order) and `request_id` of that request; the warm-up and
+    decisions outside every request are left out (the attribution counts them). With
+    `warmup`: every decision as recorded, with `request` (<NA> outside every request) and
+    `warmup` True for each one not attributed to a measured request (the warm-up's and
+    those outside every request)."""
+    df = run.decisions(entry)
+    attr = attribute_run(run, entry, decisions=df)
+    number = attr.numbers
+    keep = (number.notna() & (number != 0)).fillna(False).astype(bool)
+    if warmup:
+        return df.assign(request=number, warmup=~keep)
+    out = df[keep].assign(request=number[keep].astype("int64"))
+    out["request_id"] = [attr.request_id_of(int(n)) for n in out["request"]]
+    return out.reset_index(drop=True)
+
+
+def decisions_by_request(run: Run) -> pd.DataFrame:
+    """Every decision of every service run of `run`, warm-up included, one row per policy
+    call, each given its run and request.
+
+    The decisions columns plus `run` (entry name), `run_arm` (the entry's arm), `profiled`,
+    `run_index`, `warmup` (True unless the decision belongs to a measured request) and
+    `request` (1-based order of the measured request within its run; 0 for the warm-up and
+    for decisions outside every request), from `attribute_run` (by the client's wall-clock
+    windows when recorded, so for any service, else by request id); this is the one place
+    evidence reads it.
+    """
+    frames = []
+    for entry in run.runs:
+        df = attributed_decisions(run, entry, warmup=True)
+        snap = list(SNAPSHOT_KEYS)
+        df = df.astype({k: object for k in snap})  # ints stay ints across runs (no float64)
+        frames.append(df.assign(run=entry.name, run_arm=entry.arm, profiled=entry.profiled,
+                                run_index=entry.index,
+                                request=df["request"].fillna(0).astype("int64")))
+    cols = [*DECISION_COLUMNS, "run", "run_arm", "profiled", "run_index", "request"]
+    if not frames:
+        return pd.DataFrame(columns=cols)
+    return pd.concat(frames, ignore_index=True)[cols]

@@ -52,7 +52,7 @@ DECISION_COLUMNS = (
 )
 
 __all__ = ["DECISION_COLUMNS", "Run", "RunDirError", "RunEntry", "RunReading", "Verification",
-           "load_run", "load_decisions", "project_commit", "run_entries", "verify_run",
+           "load_run", "project_commit", "run_entries", "verify_run",
            "versions"]
 # (`RunDirError` and `RunReading` are `residency.records.files`'s, named here for the readers
 # of a run; the formats' own names live in their modules under `residency.records`)
@@ -170,46 +170,13 @@ class Run:
             memo[key] = read_client(path, sha256=self._sealed(path), reading=self.reading)
         return copy.deepcopy(memo[key])
 
-    def decisions(self, run: RunEntry, *, warmup: bool = False) -> pd.DataFrame:
-        """Policy decisions of all ranks of one run, one row per call, snapshot fields
-        flattened; empty frame with the columns if none.
-
-        Without `warmup`: only the decisions attributed to a measured request
-        (`residency.rundir.attribution`: by the client's wall-clock windows when recorded, else by
-        request id), each with `request` (1.. in order) and `request_id` of that request;
-        the warm-up and decisions outside every request are left out (`attribution`
-        counts them). With `warmup`: every decision as recorded, with `request` (<NA>
-        outside every request) and `warmup` True for each one not attributed to a measured
-        request (the warm-up's and those outside every request)."""
-        df = pd.DataFrame(self._read_decisions(run), columns=list(DECISION_COLUMNS))
-        attr = self.attribution(run, decisions=df)
-        number = attr.numbers
-        keep = (number.notna() & (number != 0)).fillna(False).astype(bool)
-        if warmup:
-            return df.assign(request=number, warmup=~keep)
-        out = df[keep].assign(request=number[keep].astype("int64"))
-        out["request_id"] = [attr.request_id_of(int(n)) for n in out["request"]]
-        return out.reset_index(drop=True)
-
-    def attribution(self, run: RunEntry, *, method: str = "auto",
-                    decisions: pd.DataFrame | None = None) -> Any:
-        """`residency.rundir.attribution.RequestAttribution` of one run: which request each decision
-        belongs to (by time when the client recorded wall-clock windows, else by id), and
-        the decisions outside every request.
-
-        Raises:
-            RunDirError: the run cannot be attributed (e.g. decisions without request ids
-                and a client record without wall-clock windows).
-        """
-        from residency.rundir import attribution as at
-
-        if decisions is None:
-            decisions = pd.DataFrame(self._read_decisions(run), columns=list(DECISION_COLUMNS))
-        path = run.dir / CLIENT
-        try:
-            return at.attribute(decisions, self.client(run), method=method, source=str(path))
-        except at.AttributionError as exc:
-            raise RunDirError(path, str(exc).removeprefix(f"{path}: ")) from None
+    def decisions(self, run: RunEntry) -> pd.DataFrame:
+        """The policy decisions of all ranks of one service run as the files hold them: every
+        call (warm-up included), one row per call, snapshot fields flattened, with
+        `duration_ns`, `warmup` (its recorded request id starts `warmup-`) and `file`; an
+        empty frame with the columns if none. Which request each belongs to is a step of its
+        own: `residency.rundir.attribution.attributed_decisions`."""
+        return pd.DataFrame(self._read_decisions(run), columns=list(DECISION_COLUMNS))
 
 
 def load_run(path: str | Path, *, allow_incomplete: bool = False, verify: bool = True) -> Run:
@@ -466,31 +433,6 @@ def _entry_findings(root: Path, manifest: dict[str, Any]) -> list[str]:
 # the values a decision's string fields may take (`residency.policy.cache`, the one writer)
 _DECISION_VALUES: dict[str, tuple[str, ...]] = {
     "kind": get_args(Kind), "outcome": get_args(Outcome), "reason": get_args(Reason)}
-
-
-def load_decisions(run: Run) -> pd.DataFrame:
-    """Every decision of every run entry, warm-up included, one row per policy call.
-
-    The decisions columns plus `run` (entry name), `run_arm` (the entry's arm), `profiled`,
-    `run_index`, `warmup` (True unless the decision belongs to a measured request) and
-    `request` (1-based order of the measured request within its run; 0 for the warm-up and
-    for decisions outside every request). Which request a decision belongs to comes from
-    `Run.attribution` (`residency.rundir.attribution`: by the client's wall-clock windows when
-    recorded, so for any service, else by request id); this is the one place evidence reads
-    it.
-    """
-    frames = []
-    for entry in run.runs:
-        df = run.decisions(entry, warmup=True)
-        snap = ["reserved", "allocated", "free", "total"]
-        df = df.astype({k: object for k in snap})  # ints stay ints across runs (no float64)
-        frames.append(df.assign(run=entry.name, run_arm=entry.arm, profiled=entry.profiled,
-                                run_index=entry.index,
-                                request=df["request"].fillna(0).astype("int64")))
-    cols = [*DECISION_COLUMNS, "run", "run_arm", "profiled", "run_index", "request"]
-    if not frames:
-        return pd.DataFrame(columns=cols)
-    return pd.concat(frames, ignore_index=True)[cols]
 
 
 def project_commit(root: Path | None = None) -> str | None:

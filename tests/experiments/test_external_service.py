@@ -18,6 +18,7 @@ from residency.records.decisions import decisions_file
 from residency.records.manifest import read_manifest
 from residency.reports.tables import evidence_table
 from residency.rundir import attribution as at
+from residency.rundir.attribution import attribute_run, attributed_decisions
 from residency.rundir.run import load_run
 from tests.helpers import ROOT
 
@@ -51,9 +52,9 @@ def test_consecutive_external_run_is_attributed_by_time(consecutive: Path) -> No
     assert info["versions"]["vllm_omni"] == "0.0.0+standin" and info["versions"]["torch"]
     assert info["expect"] == {"normal_per_request": 1, "forced_per_request": 2}
     (entry,) = run.runs
-    raw = run.decisions(entry, warmup=True)
+    raw = attributed_decisions(run, entry, warmup=True)
     assert len(raw) and raw["request_id"].isna().all()  # the adapter never sees an id
-    attr = run.attribution(entry)
+    attr = attribute_run(run, entry)
     assert attr.method == "time"
     # each worker's start-up dummy run (1 normal + 2 forced) precedes every client request:
     # the service's own start-up warm-up, counted per kind, never "outside" (issue 25)
@@ -118,7 +119,7 @@ def test_paired_profile_external_run_has_traces_idle_and_counts(tmp_path: Path) 
     assert [(e.arm, e.profiled, e.trace_dir is not None) for e in run.runs] == [
         ("baseline", True, True), ("candidate", True, True)]
     for entry in run.runs:
-        attr = run.attribution(entry)
+        attr = attribute_run(run, entry)
         assert attr.method == "time" and (attr.outside_count, attr.startup_count) == (
             0, RANKS * 3)
         assert len(attr.measured) == RANKS * 3

@@ -12,6 +12,7 @@ import pytest
 
 from residency.records import decisions as decisions_format
 from residency.rundir import attribution as at
+from residency.rundir.attribution import attribute_run, attributed_decisions
 from residency.rundir.run import RunDirError, load_run
 from tests.helpers import ROOT
 
@@ -203,9 +204,9 @@ def test_recorded_builtin_runs_attribute_identically_by_id_and_by_time(path: Pat
     for entry in run.runs:
         client = run.client(entry)
         assert at.has_wall_times(client), f"{entry.name}: recorded without wall-clock windows"
-        decisions = run.decisions(entry, warmup=True)
-        by_time = run.attribution(entry, method="time")
-        by_id = run.attribution(entry, method="id")
+        decisions = attributed_decisions(run, entry, warmup=True)
+        by_time = attribute_run(run, entry, method="time")
+        by_id = attribute_run(run, entry, method="id")
         assert by_time.method == "time" and by_id.method == "id"
         pd.testing.assert_series_equal(by_time.numbers, by_id.numbers)
         cols = [c for c in at.ATTRIBUTED_COLUMNS if c != "offset_ns"]
@@ -232,14 +233,14 @@ def test_run_decisions_keep_only_measured_requests_by_time(tmp_path: Path) -> No
     src = ROOT / "data" / "runs" / "emulated-consecutive-2r2s"
     run = load_run(src)
     (entry,) = run.runs
-    expected = run.decisions(entry)
+    expected = attributed_decisions(run, entry)
     copy = tmp_path / "erased"
     shutil.copytree(src, copy)
     for f in (copy / "runs" / entry.name).glob(decisions_format.DECISIONS_GLOB):
         decisions_format.write_records(f, [{**x, "request_id": None}
                                            for x in decisions_format.read_records(f)])
     erased = load_run(copy, verify=False)
-    got = erased.decisions(erased.runs[0])
+    got = attributed_decisions(erased, erased.runs[0])
     assert len(got) == len(expected) == 18  # 3 requests x 2 ranks x (1 normal + 2 forced)
     pd.testing.assert_frame_equal(got.drop(columns=["file"]), expected.drop(columns=["file"]),
                                   check_dtype=False)
@@ -256,4 +257,23 @@ def test_ids_erased_without_windows_is_refused_naming_the_field(tmp_path: Path) 
     run = load_run(copy, verify=False)
     with pytest.raises(RunDirError, match=r"client\.json: field `warmup\.start_wall_ns` is "
                                           r"missing or not an integer"):
-        run.decisions(run.runs[0])
+        attributed_decisions(run, run.runs[0])
+
+
+def test_the_run_model_returns_the_decisions_as_the_files_hold_them() -> None:
+    """`Run.decisions` is the files' records, every line (warm-up and calls outside every
+    request included), in file order, with no request assigned; attributing them is its own
+    step (`attributed_decisions`). Before: `Run.decisions` attributed and dropped the
+    warm-up's decisions itself."""
+    run = load_run(ROOT / "data" / "runs" / "emulated-consecutive-2r2s")
+    (entry,) = run.runs
+    held = [r for rank in (0, 1)
+            for r in decisions_format.read_records(
+                entry.dir / decisions_format.decisions_file(rank))]
+    raw = run.decisions(entry)
+    assert "request" not in raw.columns
+    assert list(raw["request_id"]) == [r.get("request_id") for r in held]
+    assert list(raw["wall_ns"]) == [r["wall_ns"] for r in held]
+    measured = attributed_decisions(run, entry)
+    assert len(measured) == 18 < len(raw)  # the warm-up's decisions are in the files
+    assert set(measured["request"]) == {1, 2, 3}
