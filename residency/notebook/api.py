@@ -16,9 +16,9 @@ import pandas as pd
 from residency import devices
 from residency.evidence import decisions_by_request
 from residency.humanize import md_code, md_text
-from residency.notebook.params import check_accelerator_patch, check_device
+from residency.notebook.params import check_accelerator_patch, check_device, loaded_run
 from residency.policy.cache import BASELINE, CANDIDATE
-from residency.rundir.run import Run, load_run
+from residency.rundir.run import Run
 
 __all__ = ["api_from_run", "api_reproduction", "api_results",
            "arms_table", "probe", "probe_table", "row_label", "verdict_markdown",
@@ -222,7 +222,7 @@ def api_reproduction(source: str, device: str = "auto", *, accelerator_patch: st
     if str(source) == "run":
         return probe(device, accelerator_patch=accelerator_patch)
     check_accelerator_patch(accelerator_patch)
-    entry = api_from_run(load_run(source))
+    entry = api_from_run(loaded_run(source))
     return {row_label(entry): entry}
 
 

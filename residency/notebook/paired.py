@@ -45,18 +45,22 @@ def cross_device(run: Run, compare: list[str]) -> tuple[pd.DataFrame, Any, list[
     table (`residency.reports.cross_device`), its normal-call figure (log scale) and the
     columns for `results.json`."""
     from residency.evidence.crossdevice import cross_device as columns_of
+    from residency.notebook.params import loaded_run
     from residency.reports.cross_device import cross_device_table, normal_call_figure
-    from residency.rundir.run import load_run
 
-    cols = columns_of([run, *(load_run(c) for c in compare)], published=True)
+    cols = columns_of([run, *(loaded_run(c) for c in compare)], published=True)
     return cross_device_table(cols), normal_call_figure(cols), [c.to_dict() for c in cols]
 
 
 def paired_profile(run: Run, aa: Run | str | None = None) -> Evidence:
     """The evidence of a paired-profile run (`residency.evidence.build`, traces analysed);
     with `aa` (an A/A run or its directory) also its E2E noise, which the unprofiled E2E
-    delta is read against."""
-    return evidence.build(run) if aa is None else evidence.build(run, aa=aa)
+    delta is read against; a directory is taken as this execution read it, `loaded_run`)."""
+    from residency.notebook.params import loaded_run
+
+    if aa is None:
+        return evidence.build(run)
+    return evidence.build(run, aa=aa if isinstance(aa, Run) else loaded_run(aa))
 
 
 def first_screen(ev: Evidence, run: Run) -> str:

@@ -1,5 +1,9 @@
 """Notebook parameters: checked once, one sentence per bad value (`ParameterError`), and
-the run a notebook analyses (`open_source`)."""
+the run a notebook analyses (`open_source`).
+
+A notebook execution reads each recorded run once: `check_parameters` loads (reads and
+verifies) every run directory it is given, and `open_source`, the A/A and compare runs and
+the API notebook's recorded run take that reading (`loaded_run`), never the disk again."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import numpy as np
 
 from residency import devices
 from residency.errors import BadInput, RunFailed
+from residency.records.manifest import MANIFEST
 from residency.rundir.run import Run, RunDirError, load_run
 
 DEVICE_SPECS = devices.SPECS
@@ -25,7 +30,35 @@ ACCELERATOR_PATCH_CHOICES = ("none", "vllm-ascend", "both")
 
 __all__ = ["ACCELERATOR_PATCH_CHOICES", "DEVICE_SPECS", "NOTEBOOKS", "GateError",
            "ParameterError", "check_accelerator_patch", "check_parameters", "check_output_dir",
-           "check_device", "open_source"]
+           "check_device", "loaded_run", "open_source"]
+
+# the runs this notebook execution loaded, by real path, with their manifest's stat when
+# loaded (a run changed on disk since is loaded again); `check_parameters` starts afresh
+_LOADED: dict[str, tuple[tuple[int, int, int], Run]] = {}
+
+
+def _stat(path: Path) -> tuple[int, int, int]:
+    try:
+        st = os.stat(path / MANIFEST)
+    except OSError:
+        return (-1, -1, -1)
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _remember(path: str | os.PathLike[str], run: Run) -> Run:
+    _LOADED[os.path.realpath(path)] = (_stat(Path(path)), run)
+    return run
+
+
+def _remembered(path: str | os.PathLike[str]) -> Run | None:
+    got = _LOADED.get(os.path.realpath(path))
+    return got[1] if got is not None and got[0] == _stat(Path(path)) else None
+
+
+def loaded_run(source: str | os.PathLike[str]) -> Run:
+    """The complete recorded run at `source` as this notebook execution read it (loaded
+    and verified once, by `check_parameters`); loaded now (`load_run`) when it was not."""
+    return _remembered(source) or _remember(source, load_run(source))
 
 
 # ----------------------------------------------------------------------------- errors
@@ -121,7 +154,7 @@ def _check_source(value: Any, *, designs: Sequence[str] | None, name: str = "sou
         raise ParameterError(f"The value for `{name}` must be {what}, but {str(path)!r} does "
                              "not exist.")
     try:
-        run = load_run(path, allow_incomplete=True)
+        run = _remembered(path) or load_run(path, allow_incomplete=True)  # read once
     except RunDirError as exc:
         raise ParameterError(f"The value for `{name}` must be a readable run directory, but "
                              f"{exc}.") from None
@@ -133,6 +166,7 @@ def _check_source(value: Any, *, designs: Sequence[str] | None, name: str = "sou
         raise ParameterError(f"The value for `{name}` must be a run of design "
                              f"{' or '.join(repr(d) for d in designs)}, but {str(path)!r} "
                              f"has design {run.design!r}.")
+    _remember(path, run)
     return str(path.resolve())
 
 
@@ -202,6 +236,7 @@ def check_parameters(*, designs: Sequence[str] | None = None, **params: Any) -> 
     cross-device table. Returns the values, with `source` as "run" or an absolute path,
     `service` as an absolute path and `compare` as a list of absolute paths.
     """
+    _LOADED.clear()  # a new execution reads its runs afresh
     out: dict[str, Any] = {}
     for name, value in params.items():
         if name == "device":
@@ -269,7 +304,7 @@ def check_parameters(*, designs: Sequence[str] | None = None, **params: Any) -> 
             raise ParameterError(f"The value for `device` must be usable here, but {exc}."
                                  ) from None
     elif source not in (None, "run") and device != "auto":
-        kind = load_run(source).device_kind
+        kind = loaded_run(source).device_kind
         if kind != device:
             raise ParameterError(f"The value for `device` must be 'auto' or the recorded run's "
                                  f"device kind {kind!r}, but {device!r} was passed.")
@@ -293,7 +328,7 @@ def open_source(source: str | os.PathLike[str], *, output_dir: str | os.PathLike
     (`residency.analysis.sequential.SequentialRule.default`) stops once E2E is decided.
     `require_exclusive`: see `residency.experiments.designs.run_design`."""
     if str(source) != "run":
-        return load_run(source)
+        return loaded_run(source)
     from residency.experiments.designs import plan, run_pair
     from residency.notebook.progress import RunProgress
 

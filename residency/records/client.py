@@ -138,14 +138,22 @@ def _check_response(path: Path, resp: Any, where: str) -> None:
 def read_client(path: Path, *, sha256: str | None = None, reading: RunReading | None = None,
                 check: bool = True) -> dict[str, Any]:
     """The `client.json` at `path` in the current layout: read (through `reading` when
-    given; with `sha256`, the bytes must have it), its fields checked (`check_client`,
-    unless `check` is False) and upgraded (`upgrade_client`).
+    given, which parses it once a command; with `sha256`, the bytes must have it), its
+    fields checked (`check_client`, unless `check` is False) and upgraded
+    (`upgrade_client`).
 
     Raises:
         RunDirError: the file is missing, unsafe, not strict JSON, or a field has the wrong
             type (naming the file and field).
     """
-    raw = read_json(path, sha256, reading=reading)
+    key = (CLIENT, os.path.abspath(path))
+    raw = None if reading is None else reading.parsed.get(key)
+    if raw is None:
+        raw = read_json(path, sha256, reading=reading)
+        if reading is not None:
+            reading.parsed[key] = raw
+    elif sha256 is not None:
+        reading.read(path, sha256)  # the bytes parsed must have the sealed digest
     return upgrade_client(check_client(path, raw) if check else raw)
 
 
