@@ -148,7 +148,7 @@ class Manifest:
 
     def complete(self, root: str | os.PathLike[str]) -> str:
         """Hash every artifact, mark the run `complete` with its end time, seal the manifest
-        (`residency.rundir.seal`) and write; returns the run's digest (`sha256:...`)."""
+        (`residency.records.seal`) and write; returns the run's digest (`sha256:...`)."""
         self.artifacts = artifact_hashes(root)
         self.ended_at, self.status, self.seal = _now(), "complete", None
         self.seal = seal_manifest(self.to_dict())

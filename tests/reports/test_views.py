@@ -238,10 +238,19 @@ def test_client_fields_describe_one_thing_each() -> None:
     assert upgrade_client(up) == up
 
 
-def test_the_writer_writes_layout_2() -> None:
-    source = (ROOT / "residency" / "experiments" / "arms.py").read_text()
-    assert '"layout": CLIENT_LAYOUT' in source and '"median_e2e_s": median_s' in source
-    assert '"request_id": first["request_id"], "e2e_ns"' not in source
+def test_the_writer_writes_layout_2(tmp_path: Path) -> None:
+    """The one writer of `client.json` (`records.client.write_client`, which the arms call)
+    writes the current layout: the run's median and one record per request, no top-level
+    request."""
+    request = {"request_id": "r0001", "e2e_ns": 2_000_000_000, "e2e_s": 2.0,
+               "start_wall_ns": 10, "end_wall_ns": 20, "response": None}
+    path = client_record.write_client(tmp_path, arm="candidate", index=1,
+                                      request={"steps": 2, "seed": 1},
+                                      median_e2e_ns=2_000_000_000, warmup={}, requests=[request])
+    raw = client_record.read_raw(path)
+    assert raw["layout"] == client_record.CLIENT_LAYOUT == 2 and raw["median_e2e_s"] == 2.0
+    assert "request_id" not in raw and "e2e_ns" not in raw and raw["requests"] == [request]
+    assert client_record.read_client(path) == raw
 
 
 # ----------------------------------------------------------------------------- OOM cell
