@@ -387,13 +387,15 @@ DECISIONS_USERS = {
     "residency/selftest/steps.py": "finds the files its steps wrote; reads them via the owner",
 }
 FORGERS = {  # test functions that write or parse bytes the owner never would, on purpose
-    "tests/test_hostile_runs.py": {"test_decisions_lines_split_on_newline_only":
-                                   "a raw U+2028 inside a line (the writer escapes it)"},
-    "tests/test_run_read_once.py": {
+    "tests/rundir/test_hostile_runs.py": {
+        "test_decisions_lines_split_on_newline_only":
+            "a raw U+2028 inside a line (the writer escapes it)"},
+    "tests/rundir/test_run_read_once.py": {
         "test_a_manifest_swapped_between_reads_never_gives_its_figures":
             "forged manifest bytes handed to the reader"},
-    "tests/test_run_validation.py": {"test_a_manifest_with_a_duplicate_key_is_refused":
-                                     "shows a last-wins parser reading a duplicate key"},
+    "tests/rundir/test_run_validation.py": {
+        "test_a_manifest_with_a_duplicate_key_is_refused":
+            "shows a last-wins parser reading a duplicate key"},
 }
 _PARSE = {("json", "loads"), ("json", "load"), ("decode", None), ("read_json", None)}
 _WRITE = {("json", "dump"), ("json", "dumps"), ("write_json_atomic", None)}
@@ -490,9 +492,11 @@ def test_each_record_format_is_read_and_written_only_by_its_owner(name: str) -> 
     file), in the package or in the tests, fails here."""
     fmt = FORMATS[name]
     found = {}
-    for path in sorted([*PACKAGE.rglob("*.py"), *(ROOT / "tests").glob("*.py")]):
+    tests = [p for p in (ROOT / "tests").rglob("*.py")
+             if "data" not in p.relative_to(ROOT / "tests").parts]
+    for path in sorted([*PACKAGE.rglob("*.py"), *tests]):
         rel = path.relative_to(ROOT).as_posix()
-        if rel != fmt.owner and rel != "tests/test_architecture.py":
+        if rel != fmt.owner and rel != "tests/project/test_architecture.py":
             forgers = FORGERS.get(rel, {})
             uses = [u for u in format_uses(path, fmt)[1] if u.split(",")[0] not in forgers]
             if uses:
