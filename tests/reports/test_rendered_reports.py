@@ -368,16 +368,20 @@ def test_fresh_run_records_host_load_and_describes_each_runs_requests(
 @pytest.mark.parametrize("name", NAMES)
 def test_each_figure_has_one_text_and_each_sentence_is_said_once(
         rendered: dict[str, Rendered], name: str) -> None:
-    """Issue 40 over the rendered reports of the recorded runs: no figure shown with two
-    roundings (published figures aside: their own precision), no sentence twice on a page,
-    no remote script, and nothing between the title and the verdict."""
+    """Issue 40 over the rendered reports: no figure shown with two roundings (published
+    figures aside: their own precision), no sentence twice on a page, no remote script, and
+    nothing between the title and the verdict. The roundings are read on the recorded runs
+    only: text cannot tell one figure at two roundings from two figures that happen to agree
+    to 3 digits ("0.0874" and "0.08744" ms), and a fresh run's figures are new each time, so
+    there such a coincidence would fail the check now and then; a recorded run's are fixed."""
     from residency.reports.summary import published_figures
 
     r = rendered[name]
     texts = visible_text(r.text)
     published = {m.group(0).lstrip("+-") for m in re.finditer(
         r"[+-]?\d+\.\d+", json.dumps(list(published_figures()["rows"].values())))}
-    assert two_roundings(texts, exempt=published) == []
+    if isinstance(SOURCES[name], Path):
+        assert two_roundings(texts, exempt=published) == []
     lines = [" ".join(t.split()) for t in texts]
     prose = visible_text(re.sub(r"(?s)<table.*?</table>", "", r.text))  # rows repeat by design
     assert repeated_sentences("\n".join(" ".join(t.split()) for t in prose)) == []
