@@ -3,6 +3,7 @@ place: `decisions_by_request`), client records, the reference pair, the traces' 
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -56,13 +57,19 @@ def load_run_traces(run: Run, entry: RunEntry) -> Any:
     run's `params.ranks` (0..N-1): a trace folder with another rank set (a planted file
     read as an extra rank, a rank missing) is a `TraceError` naming the folder. A verified
     run's traces are read under its seal: only sealed files, each checked against its sha256
-    as it is parsed (`residency.traces.files.sealed_reads`)."""
+    as it is parsed (`residency.traces.files.sealed_reads`). Loaded once per reading of the
+    run (`run.reading`: one command's): the evidence, the timeline, idle by cause and the
+    trace diff of a notebook execution share it."""
     from residency.traces.files import Sealed, TraceError
     from residency.traces.load import load_traces
 
     folder = entry.trace_dir
     if folder is None:
         raise TraceError(entry.dir / "trace", "no such directory: the run recorded no traces")
+    key = (os.path.abspath(folder), "trace set")
+    got = run.reading.parsed.get(key)
+    if got is not None:
+        return got
     sealed = run.sealed_artifacts
     traces = load_traces(folder, seal=None if sealed is None else Sealed(run.path, sealed))
     ranks = (run.manifest.get("params") or {}).get("ranks")
@@ -70,6 +77,7 @@ def load_run_traces(run: Run, entry: RunEntry) -> Any:
             set(traces.ranks) != set(range(ranks)):
         raise TraceError(folder, f"holds the traces of ranks {sorted(traces.ranks)}, but the "
                          f"run had params.ranks = {ranks} (ranks 0..{ranks - 1})")
+    run.reading.parsed[key] = traces
     return traces
 
 

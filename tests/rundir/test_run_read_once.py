@@ -96,9 +96,37 @@ def test_a_notebook_execution_reads_each_run_file_once(paired, tmp_path, monkeyp
     records = {f: n for f, n in opened.items() if "/trace/" not in f}  # (traces: see below)
     assert {f: n for f, n in records.items() if n != 1} == {}, opened
     assert parsed and {f: n for f, n in parsed.items() if n != 1} == {}, parsed
-    # Not yet: the trace loader (`traces.load.load_traces`) opens each trace to sniff, to
-    # stat and to parse, and the evidence loads a pair's traces more than once; traces are
-    # read under the seal each time, not through the run's one reading.
+    # (the trace loader, `traces.load.load_traces`, opens each trace to sniff, to stat and to
+    # parse under the seal: one load per trace folder, the next test)
+
+
+def test_a_notebook_execution_loads_each_trace_folder_once(paired, tmp_path, monkeypatch):
+    """The evidence (idle figures), the timeline, idle by cause and the trace diff of one
+    paired-profile execution share one load of each trace folder (before: four loads of each
+    of the pair's folders, every one parsing every rank again)."""
+    from residency import notebook as nb
+    from residency.evidence.runs import reference_pair
+    from residency.reports import views
+    from residency.traces import load as trace_load
+
+    loads: Counter[str] = Counter()
+    real = trace_load.load_traces
+
+    def counting(path, *args, **kwargs):
+        loads[str(path)] += 1
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(trace_load, "load_traces", counting)
+    params = nb.check_parameters(designs=("paired-profile", "profiled-pair", "alternating"),
+                                 device="emulated-npu", source=str(paired))
+    run = nb.open_source(params["source"], output_dir=tmp_path, design="paired-profile",
+                         device=params["device"])
+    nb.paired_profile(run)  # its idle figures from the pair's traces
+    pair = reference_pair(run)
+    views.write_timeline(run, pair, tmp_path)
+    views.write_causes(run, pair, tmp_path)
+    views.write_trace_diff(run, pair, tmp_path)
+    assert len(loads) == 2 and set(loads.values()) == {1}, loads
 
 
 def test_a_manifest_swapped_between_reads_never_gives_its_figures(sealed, monkeypatch):
