@@ -4,6 +4,7 @@ the finding stands between the change and the analysis."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from residency.evidence.runs import idle_from_traces, load_run_traces, reference_pair
 from residency.records.client import CLIENT
 from residency.records.decisions import DECISIONS_GLOB, decisions_file
+from residency.records.files import RunReading
 from residency.rundir.attribution import attributed_decisions
 from residency.rundir.run import load_run, verify_run
 from residency.traces.files import TraceError
@@ -127,6 +129,12 @@ def test_a_trace_changed_after_verification_is_never_analysed(paired: Path) -> N
     before = load_run_traces(run, candidate)  # fills the user cache for the intact bytes
     assert before.seal is not None and sorted(before.ranks) == [0, 1]
     _edit_in_place(candidate.dir / "trace" / "rank1.trace.json")
+    # (the same reading keeps the parse of the verified bytes: `load_run_traces` loads a
+    # folder once per reading; the next command's reading parses the changed file again)
+    assert load_run_traces(run, candidate) is before
+    # a new reading of the verified run (as the next analysis of a run verified earlier):
+    # the trace is parsed again, from the changed bytes, and refused, user cache or not
+    run = dataclasses.replace(run, reading=RunReading())
     with pytest.raises(TraceError, match=r"rank1\.trace\.json: changed since the run was "
                                          r"verified"):
         load_run_traces(run, candidate)
