@@ -12,7 +12,8 @@ One entry point, `load_traces`, for both formats the brief names:
   Each device task keeps its ``args["Task Type"]`` and each host range its lane (process
   name), as codes (`RankTimeline.device_task_type`, `range_task_type`, `range_lane`); the
   derived slices are set apart (`RankTimeline.overlap`). torch-npu layouts (sessions,
-  vLLM-Omni groups, ranks, the SQLite export, relative times) are `residency.traces.ascend`'s.
+  vLLM-Omni groups, ranks, relative times) are `residency.traces.ascend`'s, its SQLite export
+  `residency.traces.ascend_db`'s.
 
 Which format a file holds is read from its content (`residency.traces.sniff`), the path being
 only a hint: a ``trace_view.json`` copied anywhere is torch-npu's, an execution trace beside
@@ -669,15 +670,15 @@ _COLUMNS = ("device", "ranges", "device_task_type", "range_task_type", "range_la
 
 
 def parse_source(fmt: str, source: Path, **job: Any) -> Parsed:
-    """`parse_trace` (keywords as it takes them), or `residency.traces.ascend.read_db` for
+    """`parse_trace` (keywords as it takes them), or `residency.traces.ascend_db.read_db` for
     torch-npu's SQLite export."""
     return _parse_one(fmt, source, **job)
 
 
 def _parse_one(fmt: str, source: Path, **job: Any) -> Parsed:
-    """`parse_trace`, or `residency.traces.ascend.read_db` for torch-npu's SQLite export."""
+    """`parse_trace`, or `residency.traces.ascend_db.read_db` for torch-npu's SQLite export."""
     if source.suffix == ".db" or _is_sqlite(source):
-        from residency.traces.ascend import read_db
+        from residency.traces.ascend_db import read_db
 
         return read_db(source, digest=bool(job.get("digest")))
     if fmt != "kineto":

@@ -14,7 +14,7 @@ Sources, read for each rank of a loaded `TraceSet`:
   ``torch_npu/profiler/analysis/prof_view/_memory_view_parser.py`` writes them all).
 * torch-npu's SQLite export (``ExportType.Db``): the ``MEMORY_RECORD`` table of
   ``ascend_pytorch_profiler_<rank>.db`` (ns, bytes; read by
-  `residency.traces.ascend.read_db_memory`).
+  `residency.traces.ascend_db.read_db_memory`).
 
 Release markers (`release_markers`) are the host ranges matching ``residency.release[...]``.
 `release_drops` says, per release marker, how much reserved memory the allocator handed back
@@ -252,7 +252,7 @@ def _rank_frame(pd: Any, rank: int, t: Any, fmt: str, max_trace_bytes: int) -> A
     if fmt == "kineto":
         rows, source = _kineto_rows(t.source, max_bytes=max_trace_bytes), t.source
     elif t.source.suffix == ".db":  # the SQLite export: its MEMORY_RECORD table
-        from residency.traces.ascend import read_db_memory
+        from residency.traces.ascend_db import read_db_memory
 
         rows, source = read_db_memory(t.source), t.source
     else:

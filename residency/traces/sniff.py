@@ -224,7 +224,7 @@ def _describe_json(head: bytes) -> str:
 
 
 def _sniff_db(path: Path) -> Sniffed:
-    from residency.traces.ascend import profiler_db_problem
+    from residency.traces.ascend_db import profiler_db_problem
 
     problem = profiler_db_problem(path)
     return Sniffed("ascend_db") if problem is None else Sniffed("skip", problem)

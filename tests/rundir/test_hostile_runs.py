@@ -348,7 +348,7 @@ def _db(path: Path, *, tasks: int = 3, strings: int = 1, value_sql: str | None =
 def test_a_wal_database_is_read_without_writing_beside_it(tmp_path: Path) -> None:
     """Before: `mode=ro` alone made SQLite create `-shm`/`-wal` in the run directory (then
     `verify` listed them and `tables` refused the run)."""
-    from residency.traces.ascend import read_db
+    from residency.traces.ascend_db import read_db
 
     folder = tmp_path / "run"
     folder.mkdir()
@@ -359,7 +359,7 @@ def test_a_wal_database_is_read_without_writing_beside_it(tmp_path: Path) -> Non
 
 
 def test_a_database_value_over_the_length_limit_is_refused(tmp_path: Path) -> None:
-    from residency.traces.ascend import read_db
+    from residency.traces.ascend_db import read_db
 
     path = _db(tmp_path / "big.db", value_sql="hex(zeroblob(10000000))")  # 20 MB of text
     with pytest.raises(TraceError, match=r"big\.db: a value is longer than 16777216 bytes"):
@@ -369,7 +369,7 @@ def test_a_database_value_over_the_length_limit_is_refused(tmp_path: Path) -> No
 def test_a_join_multiplied_by_repeated_ids_is_stopped(tmp_path: Path) -> None:
     """400 tasks x 400 strings of one id: 160,000 rows out of a 20 KB file (before: read;
     the issue's 12 KB database reached 2.97 GB this way)."""
-    from residency.traces.ascend import read_db
+    from residency.traces.ascend_db import read_db
 
     path = _db(tmp_path / "dup.db", tasks=400, strings=400)
     with pytest.raises(TraceError, match=r"dup\.db: a query returned more than 100000 rows"):
@@ -380,7 +380,7 @@ def test_a_query_past_its_time_budget_is_stopped(tmp_path: Path, monkeypatch) ->
     """The budget is a constant (600 s): set to 0 here, so the first progress check stops
     the query, whatever the machine's speed (no wall-clock threshold)."""
     from residency.traces import sqlitedb
-    from residency.traces.ascend import read_db
+    from residency.traces.ascend_db import read_db
 
     path = _db(tmp_path / "slow.db", tasks=5000)
     monkeypatch.setattr(sqlitedb, "QUERY_BUDGET_S", 0.0)
@@ -391,7 +391,7 @@ def test_a_query_past_its_time_budget_is_stopped(tmp_path: Path, monkeypatch) ->
 def test_a_database_name_is_not_read_as_uri_parameters(tmp_path: Path) -> None:
     """`file:{path}?mode=ro` put the name into the URI unquoted: `#` or `?` in a folder name
     cut the path there."""
-    from residency.traces.ascend import read_db
+    from residency.traces.ascend_db import read_db
 
     folder = tmp_path / "a#b?mode=rwc"
     folder.mkdir()

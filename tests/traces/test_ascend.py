@@ -572,7 +572,7 @@ def test_the_database_lookups_are_not_quadratic_in_the_tasks(tmp_path, monkeypat
     """Each task's COMPUTE_TASK_INFO row is found through an index, never a scan per task:
     SQLite's VM instructions (counted by the connection's progress handler, which runs every
     fixed number of them) grow about as the tasks do (before: 8 x 27.5k tasks took 480 s)."""
-    from residency.traces import ascend
+    from residency.traces import ascend_db
     from residency.traces.sqlitedb import UntrustedDatabase
 
     steps = [0]
@@ -585,7 +585,7 @@ def test_the_database_lookups_are_not_quadratic_in_the_tasks(tmp_path, monkeypat
     counts = {}
     for n in (1000, 4000):
         steps[0] = 0
-        parsed = ascend.read_db(_task_db(tmp_path / f"t{n}.db", n))
+        parsed = ascend_db.read_db(_task_db(tmp_path / f"t{n}.db", n))
         assert len(parsed.device) == n and set(parsed.device_names.tolist()) == {"MatMul"}
         counts[n] = steps[0]
     assert counts[4000] < 6 * counts[1000], counts  # quadratic: about 16x
@@ -604,7 +604,7 @@ def _statements(monkeypatch) -> list[str]:
         return db
 
     monkeypatch.setattr(sqlitedb, "open_untrusted", tracing)
-    monkeypatch.setattr("residency.traces.ascend.open_untrusted", tracing)
+    monkeypatch.setattr("residency.traces.ascend_db.open_untrusted", tracing)
     return seen
 
 
@@ -612,16 +612,16 @@ def test_a_usual_database_is_read_by_plain_scans(monkeypatch):
     """torch-npu's database is read one plain scan per table, joined on numpy columns (before:
     indexed temporary copies and a correlated lookup per task, 3-5x the bare read of the same
     rows); the answer is the row-by-row reading's."""
-    from residency.traces import ascend
+    from residency.traces import ascend_db
 
     seen = _statements(monkeypatch)
     for db in sorted((DATA / "ascend_real_db").rglob("*.db")):
         seen.clear()
-        parsed = ascend.read_db(db)
+        parsed = ascend_db.read_db(db)
         assert seen and not [s for s in seen if "JOIN" in s.upper() or "TEMP" in s.upper()], seen
-        con = ascend._open_db(db)
+        con = ascend_db._open_db(db)
         try:
-            rows = ascend._read_rows(db, con, ascend._tables(con))
+            rows = ascend_db._read_rows(db, con, ascend_db._tables(con))
         finally:
             con.close()
         _same_parse(parsed, rows)
@@ -671,7 +671,7 @@ def _odd_database(draw) -> dict:
 def test_the_column_reading_is_the_row_reading_on_odd_databases(tmp_path, tables):
     """NULLs, text ids, repeated ids and keys, NULL and 'N/A' values, text times, ends before
     starts: wherever the column reading answers, it is the row-by-row reading's answer."""
-    from residency.traces import ascend
+    from residency.traces import ascend_db
 
     path = tmp_path / "odd.db"
     path.unlink(missing_ok=True)
@@ -683,16 +683,16 @@ def test_the_column_reading_is_the_row_reading_on_odd_databases(tmp_path, tables
                             rows)
     con.commit()
     con.close()
-    db = ascend._open_db(path)
+    db = ascend_db._open_db(path)
     try:
-        have = ascend._tables(db)
+        have = ascend_db._tables(db)
         try:
-            want = ascend._read_rows(path, db, have)
+            want = ascend_db._read_rows(path, db, have)
         except (TraceError, TypeError) as exc:
             want = exc
         try:
-            got = ascend._read_columns(db, have)
-        except ascend._Unusual:
+            got = ascend_db._read_columns(db, have)
+        except ascend_db._Unusual:
             return
     finally:
         db.close()
@@ -703,7 +703,7 @@ def test_the_column_reading_is_the_row_reading_on_odd_databases(tmp_path, tables
 def test_a_database_is_digested_in_place_not_copied(tmp_path, monkeypatch):
     """For the cache, the database's digest is taken of the file itself (before: a private
     copy of every byte was written first, 1 GB a rank), and is the file's content digest."""
-    from residency.traces import ascend, sqlitedb
+    from residency.traces import ascend_db, sqlitedb
     from residency.traces.files import file_digest
 
     def no_copy(*args, **kwargs):
@@ -711,17 +711,17 @@ def test_a_database_is_digested_in_place_not_copied(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sqlitedb, "hashed_copy", no_copy)
     db = next((DATA / "ascend_real_db").rglob("*.db"))
-    assert ascend.read_db(db, digest=True).digest == file_digest(db)
+    assert ascend_db.read_db(db, digest=True).digest == file_digest(db)
 
 
 def test_a_database_written_while_read_is_refused(tmp_path, monkeypatch):
     """A digest taken in place vouches for the bytes read only if the file did not change
     meanwhile: a write during the read (its status changes) is an error, never a cache entry."""
-    from residency.traces import ascend
+    from residency.traces import ascend_db
 
     db = tmp_path / "ascend_pytorch_profiler_0.db"
     shutil.copyfile(next((DATA / "ascend_real_db").rglob("*.db")), db)
-    read = ascend._read_columns
+    read = ascend_db._read_columns
 
     def read_then_write(con, tables):
         got = read(con, tables)
@@ -729,7 +729,7 @@ def test_a_database_written_while_read_is_refused(tmp_path, monkeypatch):
             f.write(b"\0")
         return got
 
-    monkeypatch.setattr(ascend, "_read_columns", read_then_write)
+    monkeypatch.setattr(ascend_db, "_read_columns", read_then_write)
     with pytest.raises(TraceError, match=r"ascend_pytorch_profiler_0\.db: changed while it "
                                          r"was read"):
-        ascend.read_db(db, digest=True)
+        ascend_db.read_db(db, digest=True)

@@ -198,9 +198,9 @@ def test_a_database_swapped_after_its_parse_is_not_recorded_as_parsed(tmp_path, 
     con.close()
     assert other.stat().st_size == db.stat().st_size
     swapped = other.read_bytes()
-    from residency.traces import ascend
+    from residency.traces import ascend_db
 
-    read_db = ascend.read_db
+    read_db = ascend_db.read_db
 
     def read_then_swap(path, **kwargs):
         got = read_db(path, **kwargs)
@@ -208,9 +208,9 @@ def test_a_database_swapped_after_its_parse_is_not_recorded_as_parsed(tmp_path, 
             _swap_keeping_status(path, swapped)
         return got
 
-    monkeypatch.setattr(ascend, "read_db", read_then_swap)
+    monkeypatch.setattr(ascend_db, "read_db", read_then_swap)
     idle_summary_at(d, workers=1)
-    monkeypatch.setattr(ascend, "read_db", read_db)
+    monkeypatch.setattr(ascend_db, "read_db", read_db)
     truth = idle_summary_at(d, cache=False, workers=1)
     assert idle_summary_at(d, workers=1) == truth
 

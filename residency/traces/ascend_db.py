@@ -1,0 +1,441 @@
+"""torch-npu's SQLite database export (``ExportType.Db``): ``ascend_pytorch_profiler_<rank>.db``
+in a session's ``ASCEND_PROFILER_OUTPUT/``; its schema, file names and reader.
+
+SQLite schema (`read_db`): tables and columns as torch-npu writes them (Ascend/pytorch
+``torch_npu/profiler/analysis/prof_common_func/_constant.py``: ``DbConstant``,
+``TableColumnsManager``: ``STRING_IDS``, ``RANK_DEVICE_MAP``, ``PYTORCH_API``, ``CANN_API``)
+and msprof's database (Ascend/msprof ``analysis/csrc/application/database/msprof_db.cpp``:
+``TASK(startNs, endNs, deviceId, connectionId, globalTaskId, globalPid, taskType, contextId,
+streamId, taskId, modelId)``, ``COMPUTE_TASK_INFO(name, globalTaskId, blockNum, mixBlockNum,
+taskType, opType, ...)``, ``COMMUNICATION_TASK_INFO``, ``COMMUNICATION_OP``, ``MSTX_EVENTS``;
+``TASK.taskType`` a ``STRING_IDS`` id of ``TaskProcessor::GetTaskType``'s type: the host task
+type, or the device SQE type for FFTS+ / unknown host types; ``COMPUTE_TASK_INFO.taskType``
+the GE task type the text export shows), read the way msprof-analyze's cluster_time_summary
+recipe reads them (``prof_exports/cluster_time_summary_export.py``: computing = ``TASK`` joined with
+``COMPUTE_TASK_INFO``, communication = ``COMMUNICATION_OP``, memory = ``MEMCPY_ASYNC`` tasks).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from residency.traces.columns import Parsed
+from residency.traces.files import TraceError
+from residency.traces.sqlitedb import UntrustedDatabase, open_untrusted
+
+__all__ = ["DB_GLOB", "DB_RE", "profiler_db_problem", "read_db", "read_db_memory"]
+
+DB_RE = re.compile(r"ascend_pytorch_profiler_(\d+)\.db")  # the export's name; group 1: rank
+DB_GLOB = "ascend_pytorch_profiler*.db"  # the files a session's output folder is searched for
+
+
+def profiler_db_problem(path: Path) -> str | None:
+    """Why the SQLite file `path` is not a torch-npu profiler database (None: it is one, with
+    the tables `read_db` needs)."""
+    try:
+        con = _open_db(path)
+        try:
+            tables = _tables(con)
+        finally:
+            con.close()
+    except (TraceError, sqlite3.Error) as exc:
+        return f"a SQLite file that cannot be read ({exc})"
+    missing = [t for t in _REQUIRED if t not in tables]
+    if missing:
+        return (f"a SQLite database without the table(s) {', '.join(missing)}: not a torch-npu "
+                "profiler database")
+    return None
+
+
+_REQUIRED = ("STRING_IDS", "TASK")
+# the type: the compute task's GE task type (AI_CORE, ...) when it has one, else the TASK's,
+# as msprof's text export chooses it (AscendHardwareAssembler::GetTaskType; module doc)
+_DEVICE_SQL = """
+SELECT t.startNs, t.endNs,
+       COALESCE((SELECT s.value FROM {compute} ci JOIN {strings} s ON s.id = ci.name
+                 WHERE ci.globalTaskId = t.globalTaskId LIMIT 1),
+                (SELECT s.value FROM {comm} c JOIN {strings} s ON s.id = c.name
+                 WHERE c.globalTaskId = t.globalTaskId LIMIT 1), tt.value, ''),
+       COALESCE((SELECT s.value FROM {compute} ci JOIN {strings} s ON s.id = ci.taskType
+                 WHERE ci.globalTaskId = t.globalTaskId AND s.value != 'N/A' LIMIT 1),
+                tt.value, ''),
+       EXISTS (SELECT 1 FROM {comm} c WHERE c.globalTaskId = t.globalTaskId)
+FROM TASK t
+LEFT JOIN {strings} tt ON tt.id = t.taskType
+"""
+# The lookups above run once per task: without an index on the looked-up column each is a
+# scan, quadratic in the tasks (8 x 27.5k tasks took 480 s). torch-npu's tables have no
+# index and the file is opened immutable, so the columns read are copied into indexed
+# temporary tables first (the connection's own temp database; scan order kept, so "the
+# first row" is the same one). name: (source, columns, indexed column)
+_LOOKUPS = {"strings": ("STRING_IDS", "id, value", "id"),
+            "compute": ("COMPUTE_TASK_INFO", "globalTaskId, name, taskType", "globalTaskId"),
+            "comm": ("COMMUNICATION_TASK_INFO", "globalTaskId, name", "globalTaskId")}
+
+
+def _indexed_lookups(con: UntrustedDatabase, tables: set[str]) -> dict[str, str]:
+    """The tables `_DEVICE_SQL` looks rows up in, as indexed temporary copies (an absent
+    optional table: an empty stand-in); their names by placeholder."""
+    names = {}
+    for key, (table, columns, column) in _LOOKUPS.items():
+        if table not in tables:
+            names[key] = ("(SELECT NULL AS globalTaskId, NULL AS name, NULL AS taskType "
+                          "WHERE 0)")
+            continue
+        temp = f"residency_{key}"
+        con.execute(f"CREATE TEMP TABLE {temp} AS SELECT {columns} FROM main.{table}")
+        con.execute(f"CREATE INDEX temp.{temp}_{column} ON {temp}({column})")
+        names[key] = f"temp.{temp}"
+    return names
+_COMM_OP_SQL = """
+SELECT o.startNs, o.endNs, COALESCE(s.value, '') FROM COMMUNICATION_OP o
+LEFT JOIN STRING_IDS s ON s.id = o.opName
+"""
+_HOST_SQL = {  # table -> (lane, its host ranges); times CAST: PYTORCH_API's are TEXT
+    table: (lane, f"SELECT CAST(a.startNs AS INTEGER), CAST(a.endNs AS INTEGER), "
+                  f"COALESCE(s.value, '') FROM {table} a LEFT JOIN STRING_IDS s ON "
+                  f"s.id = a.{name} WHERE a.startNs IS NOT NULL AND a.endNs IS NOT NULL")
+    for table, name, lane in (("PYTORCH_API", "name", "Python"), ("CANN_API", "name", "CANN"),
+                              ("MSTX_EVENTS", "message", "MsTx"))
+}
+_COMM_LANE = "Communication"
+
+
+def _open_db(path: Path, *, digest: bool = False) -> UntrustedDatabase:
+    """`path` opened read-only and immutable, schema untrusted, every query bounded
+    (`residency.traces.sqlitedb`; with `digest`, a private copy hashed as it is made);
+    TraceError when it cannot be."""
+    return open_untrusted(path, digest=digest)
+
+
+def _tables(con: UntrustedDatabase) -> set[str]:
+    return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+def read_db(path: Path, *, digest: bool = False) -> Parsed:
+    """Read a torch-npu ``ascend_pytorch_profiler_<rank>.db`` (or msprof database) with the
+    standard library, into the columns a text export gives: every ``TASK`` row a device task
+    (type: its ``COMPUTE_TASK_INFO.taskType`` when it has one, else ``TASK.taskType``, both
+    through ``STRING_IDS``, as the text export's ``Task Type``; its name, from
+    ``COMPUTE_TASK_INFO``, kept as ``device_names``), except those listed in
+    ``COMMUNICATION_TASK_INFO``, which with the ``COMMUNICATION_OP`` operations are ranges of
+    the ``Communication`` lane as in the text export; ``PYTORCH_API`` (lane ``Python``),
+    ``CANN_API`` (``CANN``) and ``MSTX_EVENTS`` (``MsTx``) rows host ranges; the rank from
+    ``RANK_DEVICE_MAP``. With `digest`, SQLite reads a private copy of the file and the
+    parse's `digest` is the content digest of exactly those bytes.
+
+    Raises:
+        TraceError: not a SQLite database, or a required table (``STRING_IDS``, ``TASK``)
+            missing, named in the message.
+    """
+    con = _open_db(path, digest=digest)
+    try:
+        tables = _tables(con)
+        for table in _REQUIRED:
+            if table not in tables:
+                raise TraceError(path, f"no table {table}: not a torch-npu profiler database "
+                                 f"(tables: {', '.join(sorted(tables)) or 'none'})")
+        try:
+            parsed = _read_columns(con, tables)
+        except (_Unusual, sqlite3.DatabaseError):  # (an odd schema or odd values, or an
+            # error: SQLite's own joins, row by row, which name it as they always did)
+            parsed = _read_rows(path, con, tables)
+        rank = None
+        if "RANK_DEVICE_MAP" in tables:
+            found = {r[0] for r in con.execute("SELECT rankId FROM RANK_DEVICE_MAP")}
+            valid = {r for r in found if type(r) is int and 0 <= r < 2**31}  # -1: no rank
+            rank = valid.pop() if len(valid) == 1 else None
+    except sqlite3.DatabaseError as exc:
+        raise TraceError(path, f"cannot read the database: {exc}") from None
+    finally:
+        con.close()
+    parsed.rank = rank
+    parsed.digest = con.digest
+    return parsed
+
+
+def _read_rows(path: Path, con: UntrustedDatabase, tables: set[str]) -> Parsed:
+    """`read_db`'s reading by SQLite's joins, row by row in Python: the reference semantics,
+    used where `_read_columns` declines (`_Unusual`)."""
+    rows = con.execute(_DEVICE_SQL.format(**_indexed_lookups(con, tables))).fetchall()
+    device = [(s, e, n, t) for s, e, n, t, c in rows if not c]
+    host = [(s, e, n, lane) for table, (lane, sql) in _HOST_SQL.items() if table in tables
+            for s, e, n in con.execute(sql).fetchall()]
+    if "COMMUNICATION_OP" in tables:
+        host += [(s, e, n, _COMM_LANE) for s, e, n in con.execute(_COMM_OP_SQL).fetchall()]
+    host += [(s, e, n, _COMM_LANE) for s, e, n, _, c in rows if c]
+    device.sort(key=lambda r: r[0])
+    host.sort(key=lambda r: r[0])
+    types: dict[str, int] = {}
+    lanes: dict[str, int] = {}
+    task = np.array([types.setdefault(r[3], len(types)) for r in device], np.int16)
+    lane = np.array([lanes.setdefault(r[3], len(lanes)) for r in host], np.int16)
+    return Parsed(None, _times(path, [r[:2] for r in device]),
+                  _times(path, [r[:2] for r in host]), _texts([r[2] for r in host]), 0,
+                  task, np.full(len(host), -1, np.int16), lane, tuple(types), tuple(lanes),
+                  device_names=_texts([r[2] for r in device]))
+
+
+# -- the same reading, by columns ------------------------------------------------------------
+# Each table is scanned once, plainly (no join, no subquery, no temporary table), in batches
+# turned into int64 columns at once; the joins are done on the columns (sorted keys, first
+# rows by scan order), as `_DEVICE_SQL`'s lookups and the LEFT JOINs of `_HOST_SQL` do them.
+# That equivalence holds when every id is an integer that appears once in STRING_IDS, every
+# id column has INTEGER affinity (so no text is converted to match a number), the string
+# values are text or NULL and the times the SQL does not CAST are integers in order; in
+# any other case `_Unusual` sends the file to `_read_rows`.
+
+_NO_ID = -(2**63)  # an id column's NULL or non-integer: matches no STRING_IDS id
+_ABSENT, _NULL = -1, -2  # lookups: no such id; the id's value is NULL
+_ID_COLUMNS = {"STRING_IDS": ("id",), "TASK": ("taskType", "globalTaskId"),
+               "COMPUTE_TASK_INFO": ("globalTaskId", "name", "taskType"),
+               "COMMUNICATION_TASK_INFO": ("globalTaskId", "name"),
+               "PYTORCH_API": ("name",), "CANN_API": ("name",), "MSTX_EVENTS": ("message",),
+               "COMMUNICATION_OP": ("opName",)}
+_HOST_COLUMNS = (("PYTORCH_API", "name", "Python"), ("CANN_API", "name", "CANN"),
+                 ("MSTX_EVENTS", "message", "MsTx"))
+
+
+class _Unusual(Exception):
+    """The database is outside what `_read_columns` reads exactly (see above)."""
+
+
+def _integer_affinity(con: UntrustedDatabase, table: str, columns: tuple[str, ...]) -> bool:
+    declared = {r[1]: str(r[2] or "").upper()
+                for r in con.execute(f"PRAGMA main.table_info({table})")}
+    return all(c in declared and "INT" in declared[c] for c in columns)
+
+
+def _columns(con: UntrustedDatabase, table: str, columns: list[str], kinds: str,
+             where: str = "") -> list[np.ndarray]:
+    """Int64 columns of `table`, per `kinds` letter: ``t`` an integer (else `_Unusual`), ``c``
+    one CAST to an integer, ``i`` an id (NULL or not an integer: `_NO_ID`), ``k`` a key
+    (NULL: `_NO_ID`; another non-integer, or the integer `_NO_ID` itself: `_Unusual`).
+    SQLite's typeof() decides in the query, so every value fetched is an int (or NULL where
+    the table is unusual), and each batch goes into numpy in one pass."""
+    exprs = []
+    for c, k in zip(columns, kinds, strict=True):
+        exprs.append(f"CAST({c} AS INTEGER)" if k == "c" else
+                     f"CASE typeof({c}) WHEN 'integer' THEN {c} END" if k == "t" else
+                     f"CASE typeof({c}) WHEN 'integer' THEN {c} ELSE {_NO_ID} END" if k == "i"
+                     else f"CASE typeof({c}) WHEN 'integer' THEN {c} WHEN 'null' THEN {_NO_ID} "
+                     "END")
+    width = len(kinds)
+    parts: list[list[np.ndarray]] = [[] for _ in kinds]
+    for batch in con.batches(f"SELECT {', '.join(exprs)} FROM main.{table}{where}"):
+        try:
+            block = np.fromiter(itertools.chain.from_iterable(batch), np.int64,
+                                len(batch) * width).reshape(-1, width)
+        except (TypeError, ValueError, OverflowError):  # a NULL: a value of another type
+            raise _Unusual from None
+        for j, part in enumerate(parts):
+            part.append(block[:, j].copy())
+    out = []
+    for part in parts:  # (each column's batches freed as it is joined)
+        out.append(np.concatenate(part) if part else np.empty(0, np.int64))
+        part.clear()
+    for c, k, col in zip(columns, kinds, out, strict=True):
+        if k == "k" and bool((col == _NO_ID).any()) and con.execute(
+                f"SELECT 1 FROM main.{table} WHERE {c} = {_NO_ID} LIMIT 1").fetchall():
+            raise _Unusual  # (that integer itself, not a NULL)
+    return out
+
+
+class _Strings:
+    """STRING_IDS as sorted ids beside value codes into `table` (distinct text values;
+    `_NULL` for a NULL value)."""
+
+    def __init__(self, con: UntrustedDatabase) -> None:
+        rows = con.execute("SELECT id, value FROM STRING_IDS").fetchall()
+        if not all(type(i) is int and i != _NO_ID and (v is None or type(v) is str)
+                   for i, v in rows):
+            raise _Unusual
+        ids = np.array([i for i, _ in rows], np.int64)
+        order = np.argsort(ids, kind="stable")
+        self.ids = ids[order]
+        if len(self.ids) > 1 and bool((self.ids[1:] == self.ids[:-1]).any()):
+            raise _Unusual  # a repeated id multiplies SQLite's joins: `_read_rows` says so
+        distinct: dict[str, int] = {}
+        codes = [_NULL if v is None else distinct.setdefault(v, len(distinct)) for _, v in rows]
+        self.codes = np.array(codes, np.int64)[order]
+        self.empty = distinct.setdefault("", len(distinct))
+        self.na = distinct.get("N/A", _ABSENT)
+        self.table = np.empty(len(distinct), dtype=object)
+        self.table[:] = list(distinct)
+
+    def code(self, ids: np.ndarray) -> np.ndarray:
+        """Each id's value code; `_ABSENT` where no row has the id."""
+        if not len(self.ids):
+            return np.full(len(ids), _ABSENT, np.int64)
+        at = np.minimum(np.searchsorted(self.ids, ids), len(self.ids) - 1)
+        return np.where(self.ids[at] == ids, self.codes[at], _ABSENT)
+
+
+def _first_by_key(keys: np.ndarray, values: np.ndarray, keep: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Per distinct key (`_NO_ID` left out) the value of its first kept row, in scan order."""
+    keep = keep & (keys != _NO_ID)
+    unique, first = np.unique(keys[keep], return_index=True)
+    return unique, values[keep][first]
+
+
+def _lookup(unique: np.ndarray, values: np.ndarray, keys: np.ndarray,
+            missing: int = _ABSENT) -> np.ndarray:
+    if not len(unique):
+        return np.full(len(keys), missing, np.int64)
+    at = np.minimum(np.searchsorted(unique, keys), len(unique) - 1)
+    return np.where((unique[at] == keys) & (keys != _NO_ID), values[at], missing)
+
+
+def _coalesce(*codes: np.ndarray) -> np.ndarray:
+    """The first value code that is a value (neither `_ABSENT` nor `_NULL`), row by row."""
+    out = codes[-1]
+    for c in reversed(codes[:-1]):
+        out = np.where(c >= 0, c, out)
+    return out
+
+
+def _first_codes(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Codes renumbered by first appearance (as a dict filled row by row numbers them): the
+    new codes and the old code of each new one."""
+    if not len(codes):
+        return np.empty(0, np.int16), np.empty(0, np.int64)
+    codes = codes.astype(np.int64, copy=False)
+    present = np.flatnonzero(np.bincount(codes))  # (codes are small: a table's positions)
+    first = np.array([int(np.argmax(codes == c)) for c in present.tolist()], np.int64)
+    old = present[np.argsort(first, kind="stable")]
+    new = np.zeros(int(present[-1]) + 1, np.int16)
+    new[old] = np.arange(len(old))
+    return new[codes], old
+
+
+def _drain(parts: list[np.ndarray]) -> np.ndarray:
+    out = np.concatenate(parts)
+    parts.clear()
+    return out
+
+
+def _read_columns(con: UntrustedDatabase, tables: set[str]) -> Parsed:
+    """`_read_rows`' result, read by columns (see above); `_Unusual` where it cannot be."""
+    if not all(_integer_affinity(con, t, cols) for t, cols in _ID_COLUMNS.items()
+               if t in tables):
+        raise _Unusual
+    strings = _Strings(con)
+    start, end, ttype, gid = _columns(con, "TASK", ["startNs", "endNs", "taskType",
+                                                    "globalTaskId"], "ttik")
+    task_type = strings.code(ttype)
+    none = np.full(len(gid), _ABSENT, np.int64)
+    ci_name, ci_type = none, none
+    if "COMPUTE_TASK_INFO" in tables:
+        ckey, cname, ctype = _columns(con, "COMPUTE_TASK_INFO",
+                                      ["globalTaskId", "name", "taskType"], "kii")
+        cname, ctype = strings.code(cname), strings.code(ctype)
+        ci_name = _lookup(*_first_by_key(ckey, cname, cname != _ABSENT), gid)
+        ci_type = _lookup(*_first_by_key(ckey, ctype, (ctype >= 0) & (ctype != strings.na)),
+                          gid)
+        del ckey, cname, ctype
+    comm_name, comm = none, np.zeros(len(gid), bool)
+    if "COMMUNICATION_TASK_INFO" in tables:
+        mkey, mname = _columns(con, "COMMUNICATION_TASK_INFO", ["globalTaskId", "name"],
+                               "ki")
+        mname = strings.code(mname)
+        comm_name = _lookup(*_first_by_key(mkey, mname, mname != _ABSENT), gid)
+        comm = _lookup(*_first_by_key(mkey, mkey, np.ones(len(mkey), bool)), gid) != _ABSENT
+    empty = np.full(len(gid), strings.empty, np.int64)
+    name = _coalesce(ci_name, comm_name, task_type, empty)
+    kind = _coalesce(ci_type, task_type, empty)
+    del ci_name, ci_type, comm_name, task_type, empty, ttype, gid, none
+    lanes: list[str] = []
+    hs: list[np.ndarray] = []  # the host rows' starts, ends, value codes, lanes, by table
+    he: list[np.ndarray] = []
+    hn: list[np.ndarray] = []
+    hl: list[np.ndarray] = []
+
+    def add(s: np.ndarray, e: np.ndarray, n: np.ndarray, lane: str) -> None:
+        if lane not in lanes:
+            lanes.append(lane)
+        hs.append(s)
+        he.append(e)
+        hn.append(n.astype(np.int32))  # (a table's positions)
+        hl.append(np.full(len(s), lanes.index(lane), np.int8))
+
+    for table, column, lane in _HOST_COLUMNS:
+        if table in tables:
+            s, e, n = _columns(con, table, ["startNs", "endNs", column], "cci",
+                               " WHERE startNs IS NOT NULL AND endNs IS NOT NULL")
+            add(s, e, _coalesce(strings.code(n), np.full(len(n), strings.empty)), lane)
+    if "COMMUNICATION_OP" in tables:
+        s, e, n = _columns(con, "COMMUNICATION_OP", ["startNs", "endNs", "opName"], "tti")
+        add(s, e, _coalesce(strings.code(n), np.full(len(n), strings.empty)), _COMM_LANE)
+    add(start[comm], end[comm], name[comm], _COMM_LANE)
+    s = e = n = None  # type: ignore[assignment]  (held only by the lists, freed as drained)
+    dev = ~comm
+    start, end, name, kind = start[dev], end[dev], name[dev], kind[dev]
+    h_start, h_end, h_name, h_lane = _drain(hs), _drain(he), _drain(hn), _drain(hl)
+    if bool((end < start).any()) or bool((h_end < h_start).any()):
+        raise _Unusual  # (`_read_rows` names the first such row)
+    order = np.argsort(start, kind="stable")
+    horder = np.argsort(h_start, kind="stable")
+    task, type_codes = _first_codes(kind[order])
+    lane, lane_codes = _first_codes(h_lane[horder])
+    table = strings.table
+    h_name = h_name[horder]
+    return Parsed(None, np.column_stack([start[order], end[order]]),
+                  np.column_stack([h_start[horder], h_end[horder]]), table[h_name], 0, task,
+                  np.full(len(horder), -1, np.int16), lane, tuple(table[type_codes]),
+                  tuple(lanes[i] for i in lane_codes.tolist()),
+                  device_names=table[name[order]])
+
+
+_MEMORY_SQL = """
+SELECT m.timestamp, m.totalAllocated, m.totalReserved, COALESCE(s.value, '')
+FROM MEMORY_RECORD m LEFT JOIN STRING_IDS s ON s.id = m.component
+ORDER BY m.timestamp
+"""
+
+
+def read_db_memory(path: Path) -> list[tuple[int, int, int, str]]:
+    """The ``MEMORY_RECORD`` rows of a torch-npu database (``profile_memory=True``), as
+    ``(ts_ns, allocated_bytes, reserved_bytes, component)``: torch-npu writes ``timestamp`` in
+    ns and the totals in bytes, ``component`` a ``STRING_IDS`` id of PTA, GE, PTA+GE or
+    WORKSPACE (``prof_view/prof_db_parse/_memory_db_parser.py``, ``TableColumnsManager``).
+    No such table: no rows. Rows whose values are not integers are left out.
+
+    Raises:
+        TraceError: not a SQLite database, or the table cannot be read.
+    """
+    con = _open_db(path)
+    try:
+        if "MEMORY_RECORD" not in _tables(con):
+            return []
+        rows = con.execute(_MEMORY_SQL).fetchall()
+    except sqlite3.DatabaseError as exc:
+        raise TraceError(path, f"cannot read the table MEMORY_RECORD: {exc}") from None
+    finally:
+        con.close()
+    return [(t, a, r, str(c)) for t, a, r, c in rows
+            if type(t) is int and type(a) is int and type(r) is int]
+
+
+def _times(path: Path, rows: list[tuple[Any, Any]]) -> np.ndarray:
+    if not rows:
+        return np.empty((0, 2), np.int64)
+    bad = next((r for r in rows if type(r[0]) is not int or type(r[1]) is not int
+                or r[1] < r[0]), None)
+    if bad is not None:
+        raise TraceError(path, f"a row's startNs/endNs are not ordered integer nanoseconds: "
+                         f"{bad!r}")
+    return np.array(rows, np.int64).reshape(-1, 2)
+
+
+def _texts(values: list[str]) -> np.ndarray:
+    distinct: dict[str, str] = {}
+    out = np.empty(len(values), dtype=object)
+    out[:] = [distinct.setdefault(v, v) for v in map(str, values)]
+    return out
