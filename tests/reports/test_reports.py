@@ -21,6 +21,7 @@ from residency.evidence import whatif as whatif_effect
 from residency.humanize import duration_text
 from residency.notebook.progress import RunProgress, pair_labels
 from residency.records.decisions import decisions_file
+from residency.records.files import RunReading
 from residency.records.manifest import read_manifest, write_manifest
 from residency.reports import banner
 from residency.reports import html as reports
@@ -563,7 +564,7 @@ def test_views_memory_timeline_of_the_profiled_pair(tmp_path: Path, shown: list,
         held[arm] = record(trace_dir / "rank0.trace.json", release=release)
         pair.append(SimpleNamespace(arm=arm, trace_dir=trace_dir))
     run = SimpleNamespace(device_kind="emulated-npu", manifest={"params": {"ranks": 1}},
-                          sealed_artifacts=None, injection="none")
+                          sealed_artifacts=None, injection="none", reading=RunReading())
     out = tmp_path / "out"
     out.mkdir()
     assert rv.write_memory_timeline(run, pair, out) == out / "memory_timeline.png"
@@ -599,7 +600,8 @@ def test_views_memory_timeline_of_the_profiled_pair(tmp_path: Path, shown: list,
     shown.clear()
     # (the copies lie outside the run)
     unsealed = SimpleNamespace(device_kind=recorded.device_kind, manifest=recorded.manifest,
-                               sealed_artifacts=None, injection=recorded.injection)
+                               sealed_artifacts=None, injection=recorded.injection,
+                               reading=RunReading())
     assert rv.write_memory_timeline(unsealed, bare, tmp_path / "bare") is None
     assert "hold no device-memory records" in capsys.readouterr().out and not shown
 
@@ -619,7 +621,8 @@ def test_views_memory_timeline_of_a_torch_npu_database_pair(tmp_path: Path,
                             tmp_path / arm, ignore=shutil.ignore_patterns("*.parquet.cache"))
         pair.append(SimpleNamespace(arm=arm, trace_dir=Path(d)))
     assert rv.write_memory_timeline(SimpleNamespace(device_kind="npu", manifest={},
-                                                    sealed_artifacts=None, injection="none"),
+                                                    sealed_artifacts=None, injection="none",
+                                                    reading=RunReading()),
                                     pair,
                                     tmp_path) == tmp_path / "memory_timeline.png"
     fig, table = shown
