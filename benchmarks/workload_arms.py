@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from residency.experiments.designs import run_pair
-from residency.rundir.attribution import attributed_decisions
+from residency.rundir.assignment import assigned_decisions
 from residency.rundir.run import load_run
 
 
@@ -37,7 +37,7 @@ def main() -> None:
         print(f"emulated NPU (not an NPU measurement), {args.ranks} ranks, {args.steps} steps, "
               f"scale {args.scale}; one unprofiled pair, order {run.manifest['order']}")
         for entry in run.runs:
-            df = attributed_decisions(run, entry)
+            df = assigned_decisions(run, entry)
             normal = df[df["kind"] == "normal"].sort_values("rank")
             ms = (normal["duration_ns"] / 1e6).tolist()
             medians[entry.arm] = statistics.median(ms)

@@ -55,7 +55,7 @@ import pandas as pd
 
 from residency.errors import BadInput
 from residency.policy.cache import ALWAYS_RELEASE, CANDIDATE, crossed_bounds, limit_bytes
-from residency.rundir.attribution import decisions_by_request
+from residency.rundir.assignment import decisions_by_request
 from residency.rundir.run import Run, RunDirError, load_run
 
 Policy = Literal["bounded", "learned-budget"]

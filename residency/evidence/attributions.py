@@ -65,15 +65,15 @@ def build(run: Run, *, idle: Mapping[str, Mapping[str, int]] | None = None,
     pair = data.pair
     needs_idle = keys is None or any(k in keys for k in ("idle_intersection", "all_rank_idle",
                                                           "preparation_window"))
-    from residency.rundir.attribution import scope_note
+    from residency.rundir.assignment import scope_note
 
-    attrs = data.attributions
+    assigned = data.assignments
     return Evidence(run_dir=run.path, device_kind=run.device_kind, design=run.design,
                     status=run.status, injection=run.injection,
                     reference_pair=(pair[0].name, pair[1].name) if pair else None,
                     attributions=tuple(out), idle_error=data.idle_error if needs_idle else None,
-                    attribution_note=scope_note(list(attrs.values())),
-                    request_attribution=tuple(
+                    assignment_note=scope_note(list(assigned.values())),
+                    request_assignment=tuple(
                         MappingProxyType({"run": name, "method": a.method,
                                           "outside_count": a.outside_count,
                                           "outside_first_wall_ns": a.outside_first_wall_ns,
@@ -82,7 +82,7 @@ def build(run: Run, *, idle: Mapping[str, Mapping[str, int]] | None = None,
                                           "warmup_by_kind": a.warmup_by_kind,
                                           "id_mismatch_count": len(a.id_mismatches),
                                           "note": a.outside_note()})
-                        for name, a in attrs.items()),
+                        for name, a in assigned.items()),
                     service=MappingProxyType(service_of(run.manifest)),
                     digest=(run.manifest.get("seal") or {}).get("digest"))
 
@@ -626,8 +626,8 @@ def _request_gates(data: RunData) -> Attribution | None:
     """The consecutive-request gates of the candidate from the attribution of decisions to
     requests (by time for any service): every rank wrote decisions, the normal and forced
     calls per rank and measured request the service declares, no telemetry error, no OOM
-    (`residency.rundir.attribution.consecutive_gates`)."""
-    from residency.rundir.attribution import consecutive_gates, expected_calls
+    (`residency.rundir.assignment.consecutive_gates`)."""
+    from residency.rundir.assignment import consecutive_gates, expected_calls
 
     entries = data.entries(CANDIDATE)
     if not entries:

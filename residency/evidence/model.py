@@ -129,13 +129,14 @@ class Evidence:
     attributions: tuple[Attribution, ...]
     idle_error: str | None = None
     digest: str | None = None  # the run's seal digest (`sha256:...`), None when unsealed
-    attribution_note: str = "Warm-up requests excluded."
-    """How decisions were attributed to requests (by time or id), that warm-ups are excluded,
-    and how many decisions lay outside every request (`residency.rundir.attribution.scope_note`)."""
-    request_attribution: tuple[Mapping[str, Any], ...] = ()
+    assignment_note: str = "Warm-up requests excluded."
+    """How decisions were assigned to requests (by time or id), that warm-ups are excluded,
+    and how many decisions lay outside every request (`residency.rundir.assignment.scope_note`);
+    JSON key `attribution_note`."""
+    request_assignment: tuple[Mapping[str, Any], ...] = ()
     """Per service run: `run`, `method`, `outside_count`, `outside_first_wall_ns`,
     `outside_last_wall_ns`, `startup_count`, `warmup_by_kind`, `id_mismatch_count` (decisions
-    inside a window that carry another request's id), `note`."""
+    inside a window that carry another request's id), `note`; JSON key `request_attribution`."""
     service: Mapping[str, Any] = field(default_factory=dict)
     """Which service ran: `kind` (builtin|external), `name`, `file`, `command`, `versions`
     (what it reported), `expect` (the manifest's `service_info`)."""
@@ -180,8 +181,8 @@ class Evidence:
                 "design": self.design, "status": self.status,
                 "reference_pair": list(self.reference_pair) if self.reference_pair else None,
                 "idle_error": self.idle_error, "service": plain(dict(self.service)),
-                "attribution_note": self.attribution_note,
-                "request_attribution": [dict(r) for r in self.request_attribution],
+                "attribution_note": self.assignment_note,
+                "request_attribution": [dict(r) for r in self.request_assignment],
                 "attributions": {a.key: a.to_dict() for a in self.attributions}}
 
     def __repr__(self) -> str:

@@ -15,7 +15,7 @@ import pandas as pd
 from residency import markers
 from residency.evidence.model import PAIRED_ARMS
 from residency.policy.cache import BASELINE, CANDIDATE
-from residency.rundir.attribution import attribute_run, decisions_by_request
+from residency.rundir.assignment import assign_run, decisions_by_request
 from residency.rundir.run import Run, RunEntry
 
 NORMAL_MARKER = re.escape(markers.RELEASE_NORMAL)  # regular expressions for the trace loader
@@ -135,9 +135,9 @@ class RunData:
         return d[~d["warmup"].astype(bool)].reset_index(drop=True)
 
     @cached_property
-    def attributions(self) -> dict[str, Any]:
-        """Run name -> `residency.rundir.attribution.Attribution` of its decisions."""
-        return {e.name: attribute_run(self.run, e) for e in self.run.runs}
+    def assignments(self) -> dict[str, Any]:
+        """Run name -> `residency.rundir.assignment.RequestAssignment` of its decisions."""
+        return {e.name: assign_run(self.run, e) for e in self.run.runs}
 
     @cached_property
     def pair(self) -> tuple[RunEntry, RunEntry] | None:

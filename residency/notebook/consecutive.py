@@ -61,8 +61,8 @@ def consecutive_summary(run: Run | Evidence, table: pd.DataFrame | None = None, 
             "telemetry_errors": int(t["telemetry_errors"].sum()),
             "oom": None if not ooms or any(o is None for o in ooms) else int(sum(ooms)),
             "service": ev.to_dict()["service"],
-            "request_attribution": [dict(r) for r in ev.request_attribution],
-            "attribution_note": ev.attribution_note, **extra}
+            "request_attribution": [dict(r) for r in ev.request_assignment],
+            "attribution_note": ev.assignment_note, **extra}
 
 
 def consecutive_notes(summary: Mapping[str, Any]) -> dict[str, str]:

@@ -160,13 +160,13 @@ def describe_service(run: Run, *, attribution: bool = True) -> str:
     versions = info["versions"]
     reported = (", ".join(f"{k} {v}" for k, v in versions.items() if v is not None)
                 if isinstance(versions, Mapping) and versions else "none reported")
-    from residency.rundir.attribution import attribute_run, scope_note
+    from residency.rundir.assignment import assign_run, scope_note
 
     text = (f"**Service** {md_code(name)}{where} ({md_text(info['kind'] or '?')}): command "
             f"{md_code(command)}; versions: {md_text(reported)}.")
     if not attribution:
         return text
-    summary = scope_note([attribute_run(run, e) for e in run.runs]) if run.runs else "no runs"
+    summary = scope_note([assign_run(run, e) for e in run.runs]) if run.runs else "no runs"
     return f"{text} **Attribution of decisions to requests**: {md_text(summary)}"
 
 

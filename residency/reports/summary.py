@@ -430,7 +430,7 @@ def summarize(ev: Evidence, *, manifest: Mapping[str, Any] | None = None) -> Sum
                         + md_text(near_text.removeprefix("Device neighbours: ")))
     return Summary(run=ev.name, device_kind=ev.device_kind, label=ev.label, rows=tuple(rows),
                    e2e=e2e, npu=_npu_line(ev.device_kind, ev.injection), warnings=tuple(warnings),
-                   shares=shares, host=host, digest=ev.digest, scope=ev.attribution_note,
+                   shares=shares, host=host, digest=ev.digest, scope=ev.assignment_note,
                    host_load=load, neighbours=near_text)
 
 

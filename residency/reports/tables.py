@@ -247,11 +247,11 @@ def evidence_table(run: Run | Evidence, *, idle: Mapping[str, Mapping[str, float
               "compares; the other arm's column is empty by design." if ev.design == "aa"
               and aa is not None else "")
     table = _frame(rows, _title(ev.name, ev.device_kind, ev.injection), ev.device_kind,
-                   _footer(used, ev.attribution_note + design
+                   _footer(used, ev.assignment_note + design
                            + (f" Run digest: {ev.digest}." if ev.digest else
                               " The run is not sealed.")), docs)
     table.attrs["full_rows"] = full  # the same cells at full precision: CSV and JSON
-    # the footer without the runs' attribution note, for a page that says that note already
+    # the footer without the runs' assignment note, for a page that says that note already
     table.attrs["legend"] = _footer(used, (f"Run digest: {ev.digest}." if ev.digest else
                                            "The run is not sealed."))
     return table

@@ -285,9 +285,9 @@ def write_memory_timeline(run: Run, pair: Sequence[RunEntry] | None,
 def decisions_frame(run: Run, *, warmup: bool = False) -> pd.DataFrame:
     """Every recorded policy call of the run's measured runs (warm-up requests only with
     `warmup`), one row each, with the run's name in `run`."""
-    from residency.rundir.attribution import attributed_decisions
+    from residency.rundir.assignment import assigned_decisions
 
-    frames = [attributed_decisions(run, e, warmup=warmup).assign(run=e.name, arm=e.arm)
+    frames = [assigned_decisions(run, e, warmup=warmup).assign(run=e.name, arm=e.arm)
               for e in run.runs]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
         columns=["run", "arm", "rank", "kind", "outcome", "start_ns", "reserved", "allocated",

@@ -1,2 +1,2 @@
 """The run directory: its layout and manifest, the seal, loading and verification, and the
-attribution of decisions to requests."""
+assignment of decisions to requests."""

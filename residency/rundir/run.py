@@ -4,7 +4,7 @@ One entry point, `load_run`, goes: read manifest -> check fields (`Manifest.from
 check status -> verify artifacts -> build `Run`. Decisions and client records are read on
 demand from a `Run`, each file once a command (`RunReading`), through its format's own module
 (`residency.records`). `Run.decisions` returns the records as the files hold them; which
-request each belongs to is a separate step (`residency.rundir.attribution.attributed`).
+request each belongs to is a separate step (`residency.rundir.assignment.assigned_decisions`).
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ class Run:
         call (warm-up included), one row per call, snapshot fields flattened, with
         `duration_ns`, `warmup` (its recorded request id starts `warmup-`) and `file`; an
         empty frame with the columns if none. Which request each belongs to is a step of its
-        own: `residency.rundir.attribution.attributed_decisions`."""
+        own: `residency.rundir.assignment.assigned_decisions`."""
         return pd.DataFrame(self._read_decisions(run), columns=list(DECISION_COLUMNS))
 
 

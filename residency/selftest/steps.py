@@ -400,7 +400,7 @@ def step_profiler(ctx: Context) -> StepOutput:
 def step_paired(ctx: Context) -> StepOutput:
     """A tiny profiled-pair run directory, then `residency verify` on it."""
     from residency.experiments.designs import run_design
-    from residency.rundir.attribution import attributed_decisions
+    from residency.rundir.assignment import assigned_decisions
     from residency.rundir.run import load_run, verify_run
 
     out = ctx.out / "pair"
@@ -421,7 +421,7 @@ def step_paired(ctx: Context) -> StepOutput:
     if injected:  # the injection took: the baseline's normal calls met the failure
         errors = {}
         for r in run.runs:
-            calls = attributed_decisions(run, r)
+            calls = assigned_decisions(run, r)
             errors[r.arm] = int(((calls["kind"] == "normal")
                                  & (calls["reason"] == "telemetry-unavailable")).sum())
         if not errors.get(BASELINE) or errors.get(CANDIDATE):

@@ -1,5 +1,5 @@
 """The external-service flow end to end on the stand-in (`tests/standin/`): start, health,
-warm-up, measured requests, profile start/stop, stop, attribution by time, gates, tables;
+warm-up, measured requests, profile start/stop, stop, assignment by time, gates, tables;
 and the bad inputs of the external mode (slow: real service processes)."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from residency.experiments.errors import ExperimentError, ServiceFileError
 from residency.records.decisions import decisions_file
 from residency.records.manifest import read_manifest
 from residency.reports.tables import evidence_table
-from residency.rundir import attribution as at
-from residency.rundir.attribution import attribute_run, attributed_decisions
+from residency.rundir import assignment as at
+from residency.rundir.assignment import assign_run, assigned_decisions
 from residency.rundir.run import load_run
 from tests.helpers import ROOT
 
@@ -43,7 +43,7 @@ def consecutive(tmp_path_factory: pytest.TempPathFactory) -> Path:
                     progress=False)
 
 
-def test_consecutive_external_run_is_attributed_by_time(consecutive: Path) -> None:
+def test_consecutive_external_run_is_assigned_by_time(consecutive: Path) -> None:
     run = load_run(consecutive)
     m = run.manifest
     assert m["status"] == "complete" and m["service"] == "external"
@@ -52,9 +52,9 @@ def test_consecutive_external_run_is_attributed_by_time(consecutive: Path) -> No
     assert info["versions"]["vllm_omni"] == "0.0.0+standin" and info["versions"]["torch"]
     assert info["expect"] == {"normal_per_request": 1, "forced_per_request": 2}
     (entry,) = run.runs
-    raw = attributed_decisions(run, entry, warmup=True)
+    raw = assigned_decisions(run, entry, warmup=True)
     assert len(raw) and raw["request_id"].isna().all()  # the adapter never sees an id
-    attr = attribute_run(run, entry)
+    attr = assign_run(run, entry)
     assert attr.method == "time"
     # each worker's start-up dummy run (1 normal + 2 forced) precedes every client request:
     # the service's own start-up warm-up, counted per kind, never "outside" (issue 25)
@@ -119,13 +119,13 @@ def test_paired_profile_external_run_has_traces_idle_and_counts(tmp_path: Path) 
     assert [(e.arm, e.profiled, e.trace_dir is not None) for e in run.runs] == [
         ("baseline", True, True), ("candidate", True, True)]
     for entry in run.runs:
-        attr = attribute_run(run, entry)
+        attr = assign_run(run, entry)
         assert attr.method == "time" and (attr.outside_count, attr.startup_count) == (
             0, RANKS * 3)
         assert len(attr.measured) == RANKS * 3
     ev = build_evidence(run)
     assert ev.idle_error is None and ev.get("idle_intersection") is not None
-    assert [(r["outside_count"], r["startup_count"]) for r in ev.request_attribution] == [
+    assert [(r["outside_count"], r["startup_count"]) for r in ev.request_assignment] == [
         (0, RANKS * 3)] * 2
     table = evidence_table(ev)
     rows = dict(zip(table["metric"], zip(table["baseline"], table["candidate"], strict=True),

@@ -378,7 +378,7 @@ FORMATS = {
 }
 DECISIONS_USERS = {
     "residency/records/decisions.py": "the owner: names, writes and reads the records",
-    "residency/rundir/attribution.py": "notes a rank whose file exists but holds no decision",
+    "residency/rundir/assignment.py": "notes a rank whose file exists but holds no decision",
     "residency/workload/service.py": "the service: creates each rank's file, refuses stale ones",
     "residency/workload/ranks.py": "a rank opens its file with `JsonlRecorder`",
     "residency/adapters/vllm_omni.py": "a patched process opens its file with `JsonlRecorder`",

@@ -25,7 +25,7 @@ from residency.records.files import RunReading
 from residency.records.manifest import read_manifest, write_manifest
 from residency.reports import banner
 from residency.reports import html as reports
-from residency.rundir.attribution import attributed_decisions
+from residency.rundir.assignment import assigned_decisions
 from tests.helpers import ROOT
 from tests.reading import LABEL, BodyTags, too_precise, visible_text
 
@@ -262,7 +262,7 @@ def test_memory_figure_from_recorded_decisions() -> None:
     from residency.rundir.run import load_run
 
     run = load_run(RECORDED)
-    dec = pd.concat([attributed_decisions(run, e).assign(run=e.name) for e in run.runs],
+    dec = pd.concat([assigned_decisions(run, e).assign(run=e.name) for e in run.runs],
                     ignore_index=True)
     fig = memory_figure(dec, device_kind=run.device_kind)
     assert "n = 8 calls with a snapshot, 2 ranks; measured requests" in fig._suptitle.get_text()

@@ -16,7 +16,7 @@ from residency import evidence
 from residency.records.decisions import decisions_file
 from residency.records.manifest import MANIFEST, read_manifest, write_manifest
 from residency.reports import tables
-from residency.rundir.attribution import attributed_decisions
+from residency.rundir.assignment import assigned_decisions
 from residency.rundir.run import RunDirError, load_run
 from tests.helpers import run_cli
 
@@ -215,13 +215,13 @@ def test_invalid_decisions_line_names_file_and_line(run_copy: Path) -> None:
     path.write_text(path.read_text() + "{truncated\n")
     run = load_run(run_copy)
     with pytest.raises(RunDirError, match=r"decisions-rank1\.jsonl: line 6: invalid JSON"):
-        attributed_decisions(run, run.runs[1])
+        assigned_decisions(run, run.runs[1])
 
 
 def test_decisions_frame_excludes_warmup_unless_asked() -> None:
     run = load_run(FIXTURE)
-    assert len(attributed_decisions(run, run.runs[0])) == 6
-    full = attributed_decisions(run, run.runs[0], warmup=True)
+    assert len(assigned_decisions(run, run.runs[0])) == 6
+    full = assigned_decisions(run, run.runs[0], warmup=True)
     assert len(full) == 10 and full["warmup"].sum() == 4
     assert full.loc[full["kind"] == "normal", "duration_ns"].tolist()[1] == 99_123_456
 

@@ -15,7 +15,7 @@ from residency.evidence.runs import idle_from_traces, load_run_traces, reference
 from residency.records.client import CLIENT
 from residency.records.decisions import DECISIONS_GLOB, decisions_file
 from residency.records.files import RunReading
-from residency.rundir.attribution import attributed_decisions
+from residency.rundir.assignment import assigned_decisions
 from residency.rundir.run import load_run, verify_run
 from residency.traces.files import TraceError
 from residency.traces.load import load_traces
@@ -82,8 +82,8 @@ def test_a_file_changed_after_verification_is_never_parsed(paired: Path) -> None
     decisions = entry.dir / decisions_file(0)
     honest = decisions.read_text()
     decisions.write_text("\n".join(honest.split("\n")[1:]))  # a decision gone, rest valid
-    assert len(attributed_decisions(run, entry, warmup=True)) == len(
-        attributed_decisions(load_run(paired, verify=False), entry, warmup=True)) + 1
+    assert len(assigned_decisions(run, entry, warmup=True)) == len(
+        assigned_decisions(load_run(paired, verify=False), entry, warmup=True)) + 1
     client = entry.dir / CLIENT
     record = client.read_bytes()
     honest_client = load_run(paired, verify=False).client(entry)
@@ -99,9 +99,9 @@ def test_a_file_changed_after_verification_is_never_parsed(paired: Path) -> None
         run = load_run(paired)
         decisions.write_text("\n".join(honest.split("\n")[1:]))
         with pytest.raises(RunDirError, match="changed since the run was verified"):
-            attributed_decisions(run, entry)
+            assigned_decisions(run, entry)
     unverified = load_run(paired, verify=False)  # --no-verify reads what is there
-    assert len(attributed_decisions(unverified, entry, warmup=True)) > 0
+    assert len(assigned_decisions(unverified, entry, warmup=True)) > 0
 
 
 def _edit_in_place(path: Path) -> None:
@@ -241,7 +241,7 @@ def test_decisions_lines_split_on_newline_only(paired: Path) -> None:
     lines[0] = json.dumps(record, ensure_ascii=False)
     path.write_text("\n".join(lines), encoding="utf-8")
     reseal(paired)
-    rows = attributed_decisions(load_run(paired), entry, warmup=True)
+    rows = assigned_decisions(load_run(paired), entry, warmup=True)
     assert "line\u2028separator" in set(rows["error"])
 
 
@@ -256,7 +256,7 @@ def test_decisions_have_a_total_budget_per_service_run(paired: Path, monkeypatch
     monkeypatch.setattr(decisions_format, "MAX_DECISIONS_BYTES", sizes[0] + sizes[1] // 2)
     with pytest.raises(RunDirError, match=r"decisions-rank1\.jsonl: the decisions "
                                                  r"files of this service run exceed"):
-        attributed_decisions(load_run(paired), entry)
+        assigned_decisions(load_run(paired), entry)
 
 
 # ------------------------------------------------------------ the memory-timeline reader

@@ -18,7 +18,7 @@ import pytest
 from residency.records.client import CLIENT
 from residency.records.decisions import DECISIONS_GLOB, decisions_file
 from residency.records.manifest import MANIFEST
-from residency.rundir.attribution import attributed_decisions, decisions_by_request
+from residency.rundir.assignment import assigned_decisions, decisions_by_request
 from residency.rundir.run import (
     RunDirError,
     load_run,
@@ -77,8 +77,8 @@ def test_a_decision_contradicting_the_schema_or_its_file_is_refused(paired: Path
     edit_line(paired / RANK0, case.lineno, lambda rec: rec.update(case.change))
     reseal(paired)
     run, entry = baseline(paired)  # sealed: verification alone cannot catch it
-    for read in (lambda: attributed_decisions(run, entry),
-                 lambda: attributed_decisions(run, entry, warmup=True),
+    for read in (lambda: assigned_decisions(run, entry),
+                 lambda: assigned_decisions(run, entry, warmup=True),
                  lambda: decisions_by_request(run)):
         with pytest.raises(RunDirError) as err:
             read()
@@ -93,7 +93,7 @@ def test_the_recorded_decisions_pass_and_the_adapters_device_type_is_accepted(
     edit_line(paired / RANK0, 2, lambda rec: rec.update(device_kind="npu"))
     reseal(paired)
     run, entry = baseline(paired)
-    assert len(attributed_decisions(run, entry, warmup=True)) == 18  # 9 per rank
+    assert len(assigned_decisions(run, entry, warmup=True)) == 18  # 9 per rank
     assert len(decisions_by_request(run)) > 0
 
 
@@ -114,7 +114,7 @@ def test_a_missing_rank_file_of_the_builtin_service_is_an_error(paired: Path) ->
     assert verify_run(paired).ok
     run, entry = baseline(paired)
     with pytest.raises(RunDirError, match=r"decisions-rank0\.jsonl missing.*params\.ranks = 2"):
-        attributed_decisions(run, entry)
+        assigned_decisions(run, entry)
 
 
 def test_a_missing_rank_file_of_an_external_service_warns(paired: Path) -> None:
@@ -125,7 +125,7 @@ def test_a_missing_rank_file_of_an_external_service_warns(paired: Path) -> None:
     reseal(paired)
     run, entry = baseline(paired)
     with pytest.warns(UserWarning, match=r"decisions-rank0\.jsonl missing"):
-        df = attributed_decisions(run, entry, warmup=True)
+        df = assigned_decisions(run, entry, warmup=True)
     assert set(df["rank"]) == {1}
 
 
@@ -136,7 +136,7 @@ def test_a_service_run_without_any_decisions_file_warns(paired: Path) -> None:
     reseal(paired)
     run, entry = baseline(paired)
     with pytest.warns(UserWarning, match="no decisions file"):
-        assert attributed_decisions(run, entry, warmup=True).empty
+        assert assigned_decisions(run, entry, warmup=True).empty
 
 
 @pytest.mark.parametrize(("name", "words"), [
@@ -151,7 +151,7 @@ def test_a_decisions_file_of_no_rank_of_the_run_is_an_error(paired: Path, name: 
     reseal(paired)
     run, entry = baseline(paired)
     with pytest.raises(RunDirError, match=words) as err:
-        attributed_decisions(run, entry)
+        assigned_decisions(run, entry)
     assert err.value.path.name == name
 
 
@@ -159,7 +159,7 @@ def test_all_ranks_present_reads_without_warnings(paired: Path) -> None:
     run, entry = baseline(paired)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert sorted(set(attributed_decisions(run, entry, warmup=True)["rank"])) == [0, 1]
+        assert sorted(set(assigned_decisions(run, entry, warmup=True)["rank"])) == [0, 1]
 
 
 # ------------------------------------------------------------------ 2. unique runs[] entries
@@ -224,7 +224,7 @@ def test_a_decision_line_with_a_duplicate_key_is_refused(paired: Path) -> None:
     reseal(paired)
     run, entry = baseline(paired)
     with pytest.raises(RunDirError, match="line 4: duplicate key 'outcome'"):
-        attributed_decisions(run, entry)
+        assigned_decisions(run, entry)
 
 
 def test_a_duplicate_key_in_a_nested_object_is_refused(paired: Path) -> None:

@@ -1,4 +1,4 @@
-"""Attribution of decisions to requests by wall-clock time (and by id), and its gates."""
+"""Assignment of decisions to requests by wall-clock time (and by id), and its gates."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from residency.records import decisions as decisions_format
-from residency.rundir import attribution as at
-from residency.rundir.attribution import attribute_run, attributed_decisions
+from residency.rundir import assignment as at
+from residency.rundir.assignment import assign_run, assigned_decisions
 from residency.rundir.run import RunDirError, load_run
 from tests.helpers import ROOT
 
@@ -48,7 +48,7 @@ CASES = [  # windows are half-open [start, end)
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: str(c.wall_ns))
 def test_time_windows_are_half_open(case: Case) -> None:
-    attr = at.attribute(frame([(0, "normal", case.wall_ns, None)]), CLIENT)
+    attr = at.assign(frame([(0, "normal", case.wall_ns, None)]), CLIENT)
     assert attr.method == "time"
     got = attr.numbers.iloc[0]
     assert (None if pd.isna(got) else int(got)) == case.request
@@ -59,7 +59,7 @@ def test_time_windows_are_half_open(case: Case) -> None:
 def test_outside_decisions_are_counted_with_first_and_last_time() -> None:
     dec = frame([(0, "normal", 50, None), (1, "forced", 60, None), (0, "normal", 150, None),
                  (0, "normal", 250, None), (1, "forced", 260, None), (1, "forced", 305, None)])
-    attr = at.attribute(dec, CLIENT)
+    attr = at.assign(dec, CLIENT)
     # issue 25: what precedes the client's first request is the service's start-up warm-up,
     # counted per kind as a warm-up; only the call between two requests lies outside
     assert (attr.outside_count, attr.outside_first_wall_ns, attr.outside_last_wall_ns) == (
@@ -71,7 +71,7 @@ def test_outside_decisions_are_counted_with_first_and_last_time() -> None:
     assert list(attr.measured["wall_ns"]) == [250, 260]
     assert list(attr.warmup["wall_ns"]) == [150]
     assert list(attr.measured["offset_ns"]) == [50, 60]
-    assert set(attr.decisions.columns) == set(at.ATTRIBUTED_COLUMNS)
+    assert set(attr.decisions.columns) == set(at.ASSIGNED_COLUMNS)
     note = attr.outside_note()
     assert note.startswith("Attributed by time") and "1 decision(s) (1 forced) lay outside" in note
     assert "warm-ups excluded: service start-up 2 (1 forced, 1 normal), client warm-up 1" in note
@@ -90,7 +90,7 @@ def test_a_decision_inside_a_window_with_another_requests_id_is_flagged() -> Non
     dec = frame([(0, "normal", 150, "warmup-1"), (0, "normal", 250, "r1"),
                  (1, "normal", 260, "r2"), (0, "normal", 320, "r9"), (1, "normal", 330, None),
                  (0, "forced", 340, "r2")])
-    attr = at.attribute(dec, client)
+    attr = at.assign(dec, client)
     assert attr.method == "time" and attr.outside_count == 0
     off = attr.id_mismatches
     # (a missing id is not a mismatch: the vLLM-Omni adapter records none)
@@ -102,9 +102,9 @@ def test_a_decision_inside_a_window_with_another_requests_id_is_flagged() -> Non
     assert "rank 1 recorded 'r2' inside request 1, 'r1'" in note
     assert "2 decision(s) inside a request's window carry another request id" in \
         at.scope_note([attr])
-    long = at.attribute(frame([(0, "normal", 250, "x" * 10**5 + "\x1b[2J")]), client)
+    long = at.assign(frame([(0, "normal", 250, "x" * 10**5 + "\x1b[2J")]), client)
     assert len(long.outside_note()) < 600 and "\x1b" not in long.outside_note()
-    clean = at.attribute(frame([(0, "normal", 250, "r1")]), client)
+    clean = at.assign(frame([(0, "normal", 250, "r1")]), client)
     assert clean.id_mismatches.empty and "another request id" not in clean.outside_note()
     assert "another request id" not in at.scope_note([clean])
 
@@ -117,18 +117,18 @@ def test_a_decision_inside_a_window_with_another_requests_id_is_flagged() -> Non
     ({**CLIENT, "requests": [{"start_wall_ns": 300, "end_wall_ns": 300}]},
      "field `requests[0].end_wall_ns` (300) is not after"),
 ])
-def test_unattributable_client_records_name_the_field(client: dict, words: str) -> None:
-    with pytest.raises(at.AttributionError) as err:
-        at.attribute(frame([(0, "normal", 150, None)]), client, source="x/client.json")
+def test_unassignable_client_records_name_the_field(client: dict, words: str) -> None:
+    with pytest.raises(at.AssignmentError) as err:
+        at.assign(frame([(0, "normal", 150, None)]), client, source="x/client.json")
     assert str(err.value).startswith("x/client.json: ") and words in str(err.value)
     assert "\n" not in str(err.value)
 
 
-def test_without_windows_ids_attribute_and_unknown_ids_lie_outside() -> None:
+def test_without_windows_ids_assign_and_unknown_ids_lie_outside() -> None:
     client = {"warmup": {"request_id": "warmup-1"}, "request_id": "r2"}
     dec = frame([(0, "normal", 1, "warmup-service"), (0, "normal", 2, "warmup-1"),
                  (0, "normal", 3, "r2"), (0, "forced", 4, "r2"), (0, "forced", 5, "r9")])
-    attr = at.attribute(dec, client)
+    attr = at.assign(dec, client)
     # the service's start-up request is a warm-up, never "outside every request"
     assert attr.method == "id" and attr.outside_count == 1 and attr.startup_count == 1
     assert attr.startup_ids == ("warmup-service",)
@@ -141,14 +141,14 @@ def test_without_windows_ids_attribute_and_unknown_ids_lie_outside() -> None:
 def test_client_without_ids_falls_back_to_the_warmup_prefix() -> None:
     dec = frame([(0, "normal", 1, "warmup-service"), (0, "normal", 2, "warmup-0001"),
                  (0, "normal", 3, "r0002"), (1, "forced", 4, "r0003")])
-    attr = at.attribute(dec, {"arm": "candidate", "index": 0})
+    attr = at.assign(dec, {"arm": "candidate", "index": 0})
     assert attr.method == "id"
     assert list(attr.numbers.fillna(-1)) == [-1, 0, 1, 2]
     assert list(attr.measured["request_id"]) == ["r0002", "r0003"]
 
 
 def test_silent_rank_names_the_likely_cause() -> None:
-    counts = at.request_counts(at.attribute(frame([(0, "normal", 250, None)]), CLIENT), [0, 1])
+    counts = at.request_counts(at.assign(frame([(0, "normal", 250, None)]), CLIENT), [0, 1])
     failures = at.count_failures(counts, run_name="00-candidate", ranks=[0, 1],
                                  silent_ranks={1: False}, expected_normal=1, expected_forced=2)
     assert failures[0] == (
@@ -198,18 +198,18 @@ def test_declared_counts_stay_exact() -> None:
 
 # ----------------------------------------------------------------------------- recorded runs
 @pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.name)
-def test_recorded_builtin_runs_attribute_identically_by_id_and_by_time(path: Path) -> None:
+def test_recorded_builtin_runs_assign_identically_by_id_and_by_time(path: Path) -> None:
     run = load_run(path)
     assert run.manifest["service"] == "builtin"
     for entry in run.runs:
         client = run.client(entry)
         assert at.has_wall_times(client), f"{entry.name}: recorded without wall-clock windows"
-        decisions = attributed_decisions(run, entry, warmup=True)
-        by_time = attribute_run(run, entry, method="time")
-        by_id = attribute_run(run, entry, method="id")
+        decisions = assigned_decisions(run, entry, warmup=True)
+        by_time = assign_run(run, entry, method="time")
+        by_id = assign_run(run, entry, method="id")
         assert by_time.method == "time" and by_id.method == "id"
         pd.testing.assert_series_equal(by_time.numbers, by_id.numbers)
-        cols = [c for c in at.ATTRIBUTED_COLUMNS if c != "offset_ns"]
+        cols = [c for c in at.ASSIGNED_COLUMNS if c != "offset_ns"]
         pd.testing.assert_frame_equal(by_time.decisions[cols], by_id.decisions[cols])
         # the service's own start-up request (warmup-service) is a warm-up, issue 25
         assert by_time.outside_count == by_id.outside_count == 0
@@ -229,18 +229,18 @@ def test_recorded_builtin_runs_attribute_identically_by_id_and_by_time(path: Pat
 
 def test_run_decisions_keep_only_measured_requests_by_time(tmp_path: Path) -> None:
     """A built-in run with its ids erased (as the vLLM-Omni adapter writes them) still gives
-    the same measured decisions, attributed by time."""
+    the same measured decisions, assigned by time."""
     src = ROOT / "data" / "runs" / "emulated-consecutive-2r2s"
     run = load_run(src)
     (entry,) = run.runs
-    expected = attributed_decisions(run, entry)
+    expected = assigned_decisions(run, entry)
     copy = tmp_path / "erased"
     shutil.copytree(src, copy)
     for f in (copy / "runs" / entry.name).glob(decisions_format.DECISIONS_GLOB):
         decisions_format.write_records(f, [{**x, "request_id": None}
                                            for x in decisions_format.read_records(f)])
     erased = load_run(copy, verify=False)
-    got = attributed_decisions(erased, erased.runs[0])
+    got = assigned_decisions(erased, erased.runs[0])
     assert len(got) == len(expected) == 18  # 3 requests x 2 ranks x (1 normal + 2 forced)
     pd.testing.assert_frame_equal(got.drop(columns=["file"]), expected.drop(columns=["file"]),
                                   check_dtype=False)
@@ -257,13 +257,13 @@ def test_ids_erased_without_windows_is_refused_naming_the_field(tmp_path: Path) 
     run = load_run(copy, verify=False)
     with pytest.raises(RunDirError, match=r"client\.json: field `warmup\.start_wall_ns` is "
                                           r"missing or not an integer"):
-        attributed_decisions(run, run.runs[0])
+        assigned_decisions(run, run.runs[0])
 
 
 def test_the_run_model_returns_the_decisions_as_the_files_hold_them() -> None:
     """`Run.decisions` is the files' records, every line (warm-up and calls outside every
-    request included), in file order, with no request assigned; attributing them is its own
-    step (`attributed_decisions`). Before: `Run.decisions` attributed and dropped the
+    request included), in file order, with no request assigned; assigning them is its own
+    step (`assigned_decisions`). Before: `Run.decisions` assigned and dropped the
     warm-up's decisions itself."""
     run = load_run(ROOT / "data" / "runs" / "emulated-consecutive-2r2s")
     (entry,) = run.runs
@@ -274,6 +274,6 @@ def test_the_run_model_returns_the_decisions_as_the_files_hold_them() -> None:
     assert "request" not in raw.columns
     assert list(raw["request_id"]) == [r.get("request_id") for r in held]
     assert list(raw["wall_ns"]) == [r["wall_ns"] for r in held]
-    measured = attributed_decisions(run, entry)
+    measured = assigned_decisions(run, entry)
     assert len(measured) == 18 < len(raw)  # the warm-up's decisions are in the files
     assert set(measured["request"]) == {1, 2, 3}

@@ -1,7 +1,7 @@
 """Which request each policy decision belongs to: by wall-clock time, for any service.
 
 The vLLM-Omni adapter writes `request_id: null` (its workers never see a request id), so
-decisions are attributed by time: the client records each request's window
+decisions are assigned by time: the client records each request's window
 `[start_wall_ns, end_wall_ns)` (`time.time_ns()`, warm-up included) in `client.json`, and
 a decision belongs to the request whose window contains its `wall_ns`. Decisions of the
 service's own start-up warm-up (a recorded request id starting `warmup-`, such as the
@@ -10,13 +10,15 @@ request) are warm-ups, counted per kind; the client's warm-up request is request
 rest, decisions truly outside every window (calls between or after requests), are "outside
 every request": counted with their first and last time. Both are excluded, never pooled
 with a request. The built-in service
-also records request ids; runs recorded before the client kept wall times are attributed by
-those ids (`method="id"`), which must agree with the time attribution wherever both exist.
+also records request ids; runs recorded before the client kept wall times are assigned by
+those ids (`method="id"`), which must agree with the assignment by time wherever both exist.
+(The word "attribution" belongs to `residency.evidence.attributions`, the figures users see;
+the messages and notes this module prints for people still say "attributed".)
 
-The attribution itself (`attribute`) is pure analysis: pandas and numpy only, no torch, no
-file reading. The steps over a loaded run (`attribute_run`, `attributed_decisions`,
+The assignment itself (`assign`) is pure analysis: pandas and numpy only, no torch, no
+file reading. The steps over a loaded run (`assign_run`, `assigned_decisions`,
 `decisions_by_request`) take what `residency.rundir.run.Run` read, as the files hold it, and
-attribute it. Timestamps are int64 ns; windows are half-open.
+assign it. Timestamps are int64 ns; windows are half-open.
 """
 
 from __future__ import annotations
@@ -36,20 +38,20 @@ from residency.records.client import CLIENT
 from residency.records.decisions import SNAPSHOT_KEYS, decisions_file
 from residency.rundir.run import DECISION_COLUMNS, Run, RunDirError, RunEntry
 
-__all__ = ["ATTRIBUTED_COLUMNS", "COUNT_COLUMNS", "RequestAttribution", "AttributionError",
-           "RequestWindow", "attribute", "attribute_run", "attributed_decisions",
-           "decisions_by_request", "attribute_by_id", "attribute_by_time",
+__all__ = ["ASSIGNED_COLUMNS", "COUNT_COLUMNS", "RequestAssignment", "AssignmentError",
+           "RequestWindow", "assign", "assign_run", "assigned_decisions",
+           "decisions_by_request", "assign_by_id", "assign_by_time",
            "consecutive_gates", "count_failures", "expected_calls", "has_wall_times",
            "missing_rank_message", "request_counts", "scope_note",
            "request_windows", "warmup_text"]
 
-ATTRIBUTED_COLUMNS = (
+ASSIGNED_COLUMNS = (
     "request", "request_id", "warmup", "rank", "kind", "outcome", "reason", "error",
     "wall_ns", "offset_ns", "duration_ns", "reserved_bytes", "allocated_bytes", "free_bytes",
     "total_bytes", "max_cached_fraction", "min_free_fraction", "recorded_request_id", "arm",
     "device_kind", "file",
 )
-"""Columns of `RequestAttribution.decisions`: `request` 0 for the warm-up, 1.. for the measured
+"""Columns of `RequestAssignment.decisions`: `request` 0 for the warm-up, 1.. for the measured
 requests in order; `request_id` the client's id of that request (None when the service
 returned none); `offset_ns` = `wall_ns` - the window's start; `recorded_request_id` what the
 decision itself carried (null from the vLLM-Omni adapter)."""
@@ -65,8 +67,8 @@ _SNAPSHOT = {"reserved": "reserved_bytes", "allocated": "allocated_bytes", "free
              "total": "total_bytes"}
 
 
-class AttributionError(BadInput):
-    """Decisions that cannot be attributed as asked; the message names the file and field."""
+class AssignmentError(BadInput):
+    """Decisions that cannot be assigned as asked; the message names the file and field."""
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ def request_windows(client: Mapping[str, Any], *, source: str = "client.json"
     """The warm-up's and each measured request's window from a client record, in order.
 
     Raises:
-        AttributionError: a window is missing, not int64 ns, empty, or overlaps the one
+        AssignmentError: a window is missing, not int64 ns, empty, or overlaps the one
             before it (`source` names the file in the message).
     """
     records = [("warmup", client.get("warmup") or {})]
@@ -121,16 +123,16 @@ def request_windows(client: Mapping[str, Any], *, source: str = "client.json"
         for key in ("start_wall_ns", "end_wall_ns"):
             value = rec.get(key)
             if isinstance(value, bool) or not isinstance(value, int):
-                raise AttributionError(
+                raise AssignmentError(
                     f"{source}: field `{prefix}{key}` is missing or not an integer, so "
                     "decisions cannot be attributed by time (the run was recorded before the "
                     "client kept wall-clock windows: record it again)")
         start, end = int(rec["start_wall_ns"]), int(rec["end_wall_ns"])
         if end <= start:
-            raise AttributionError(f"{source}: field `{prefix}end_wall_ns` ({end}) is not after "
+            raise AssignmentError(f"{source}: field `{prefix}end_wall_ns` ({end}) is not after "
                                    f"`{prefix}start_wall_ns` ({start})")
         if windows and start < windows[-1].end_wall_ns:
-            raise AttributionError(f"{source}: field `{prefix}start_wall_ns` ({start}) lies "
+            raise AssignmentError(f"{source}: field `{prefix}start_wall_ns` ({start}) lies "
                                    "inside the previous request's window: requests overlap")
         rid = rec.get("request_id")
         windows.append(RequestWindow(number, None if rid is None else str(rid), start, end))
@@ -146,12 +148,12 @@ def _iso(wall_ns: int | None) -> str:
 
 
 @dataclass(frozen=True)
-class RequestAttribution:
+class RequestAssignment:
     """Decisions of one service run assigned to its requests, and what lay outside them."""
 
     method: str  # "time" or "id"
     windows: tuple[RequestWindow, ...]
-    decisions: pd.DataFrame = field(repr=False)  # ATTRIBUTED_COLUMNS, in a window
+    decisions: pd.DataFrame = field(repr=False)  # ASSIGNED_COLUMNS, in a window
     outside_count: int = 0
     outside_first_wall_ns: int | None = None
     outside_last_wall_ns: int | None = None
@@ -181,7 +183,7 @@ class RequestAttribution:
 
     @functools.cached_property
     def id_mismatches(self) -> pd.DataFrame:
-        """Decisions attributed by time whose recorded request id is a string other than the
+        """Decisions assigned by time whose recorded request id is a string other than the
         id of the request whose window holds them (a clock off between the client and a
         rank, or a record edited): `request`, `request_id`, `recorded_request_id`, `rank`,
         `wall_ns`. Empty where either id is missing (the vLLM-Omni adapter records none)."""
@@ -242,19 +244,19 @@ class RequestAttribution:
                 f"outside every request ({span}) and are excluded.{mismatch}")
 
     def __repr__(self) -> str:
-        return (f"RequestAttribution(by {self.method}: {len(self.windows)} windows, "
+        return (f"RequestAssignment(by {self.method}: {len(self.windows)} windows, "
                 f"{len(self.decisions)} decisions inside, {self.outside_count} outside)")
 
 
-def _empty_attributed() -> pd.DataFrame:
-    return pd.DataFrame(columns=list(ATTRIBUTED_COLUMNS))
+def _empty_assigned() -> pd.DataFrame:
+    return pd.DataFrame(columns=list(ASSIGNED_COLUMNS))
 
 
-def _attributed(decisions: pd.DataFrame, number: np.ndarray, windows: Sequence[RequestWindow]
+def _assigned(decisions: pd.DataFrame, number: np.ndarray, windows: Sequence[RequestWindow]
                 ) -> pd.DataFrame:
-    """`decisions` (the rows inside a window) in ATTRIBUTED_COLUMNS; `number` per row."""
+    """`decisions` (the rows inside a window) in ASSIGNED_COLUMNS; `number` per row."""
     if decisions.empty:
-        return _empty_attributed()
+        return _empty_assigned()
     by_number = {w.number: w for w in windows}
     out = pd.DataFrame({
         "request": number.astype("int64"),
@@ -269,7 +271,7 @@ def _attributed(decisions: pd.DataFrame, number: np.ndarray, windows: Sequence[R
     for raw, name in _SNAPSHOT.items():
         out[name] = decisions.get(raw)
     out["recorded_request_id"] = decisions.get("request_id")
-    return out[list(ATTRIBUTED_COLUMNS)].reset_index(drop=True)
+    return out[list(ASSIGNED_COLUMNS)].reset_index(drop=True)
 
 
 def warmup_text(by_source: Mapping[str, Mapping[str, int]],
@@ -301,7 +303,7 @@ def _startup_mask(rows: pd.DataFrame, method: str, windows: tuple[RequestWindow,
 
 
 def _outside(rows: pd.DataFrame, method: str, windows: tuple[RequestWindow, ...],
-             inside: pd.DataFrame, numbers: pd.Series) -> RequestAttribution:
+             inside: pd.DataFrame, numbers: pd.Series) -> RequestAssignment:
     startup = _startup_mask(rows, method, windows)
     boot, rows = rows[startup], rows[~startup]
     walls = pd.to_numeric(rows.get("wall_ns"), errors="coerce").dropna() \
@@ -311,12 +313,12 @@ def _outside(rows: pd.DataFrame, method: str, windows: tuple[RequestWindow, ...]
                   if len(boot) else {})
     boot_ids = tuple(sorted({str(r) for r in boot["request_id"] if isinstance(r, str)})) \
         if len(boot) and "request_id" in boot else ()
-    return RequestAttribution(method=method, windows=windows, decisions=inside,
-                       outside_count=len(rows),
-                       outside_first_wall_ns=int(walls.min()) if len(walls) else None,
-                       outside_last_wall_ns=int(walls.max()) if len(walls) else None,
-                       outside_by_kind=kinds, numbers=numbers, startup_count=len(boot),
-                       startup_by_kind=boot_kinds, startup_ids=boot_ids)
+    return RequestAssignment(method=method, windows=windows, decisions=inside,
+                             outside_count=len(rows),
+                             outside_first_wall_ns=int(walls.min()) if len(walls) else None,
+                             outside_last_wall_ns=int(walls.max()) if len(walls) else None,
+                             outside_by_kind=kinds, numbers=numbers, startup_count=len(boot),
+                             startup_by_kind=boot_kinds, startup_ids=boot_ids)
 
 
 def _numbers(decisions: pd.DataFrame) -> pd.Series:
@@ -329,25 +331,25 @@ def _check_wall(decisions: pd.DataFrame) -> pd.Series:
     bad = wall.isna()
     if bad.any():
         row = decisions[bad].iloc[0]
-        raise AttributionError(f"{row.get('file', 'decisions')}: a decision of rank "
+        raise AssignmentError(f"{row.get('file', 'decisions')}: a decision of rank "
                                f"{row.get('rank')} has no integer `wall_ns`, so it cannot be "
                                "attributed by time")
     return wall.astype("int64")
 
 
-def attribute_by_time(decisions: pd.DataFrame, windows: Sequence[RequestWindow]
-                      ) -> RequestAttribution:
+def assign_by_time(decisions: pd.DataFrame, windows: Sequence[RequestWindow]
+                   ) -> RequestAssignment:
     """Assign each decision to the window containing its `wall_ns` (half-open).
 
     `decisions` is one service run's decisions (all of them, warm-up included, as
     `Run.decisions(entry)` gives them), `windows` from `request_windows`.
 
     Raises:
-        AttributionError: a decision without an integer `wall_ns`.
+        AssignmentError: a decision without an integer `wall_ns`.
     """
     windows = tuple(windows)
     if decisions.empty:
-        return _outside(decisions, "time", windows, _empty_attributed(), _numbers(decisions))
+        return _outside(decisions, "time", windows, _empty_assigned(), _numbers(decisions))
     wall = _check_wall(decisions).to_numpy()
     starts = np.array([w.start_wall_ns for w in windows], dtype="int64")
     ends = np.array([w.end_wall_ns for w in windows], dtype="int64")
@@ -355,37 +357,37 @@ def attribute_by_time(decisions: pd.DataFrame, windows: Sequence[RequestWindow]
     idx = np.searchsorted(starts, wall, side="right") - 1
     ok = idx >= 0
     ok[ok] = wall[ok] < ends[idx[ok]]
-    inside = _attributed(decisions[ok], numbers[idx[ok]], windows)
+    inside = _assigned(decisions[ok], numbers[idx[ok]], windows)
     per_row = _numbers(decisions)
     per_row[ok] = numbers[idx[ok]]
     return _outside(decisions[~ok], "time", windows, inside, per_row)
 
 
-def attribute_by_id(decisions: pd.DataFrame, windows: Sequence[RequestWindow]
-                    ) -> RequestAttribution:
+def assign_by_id(decisions: pd.DataFrame, windows: Sequence[RequestWindow]
+                 ) -> RequestAssignment:
     """Assign each decision to the request whose client id it carries (the built-in
     service's ids; decisions with any other id, or none, lie outside)."""
     windows = tuple(windows)
     if decisions.empty:
-        return _outside(decisions, "id", windows, _empty_attributed(), _numbers(decisions))
+        return _outside(decisions, "id", windows, _empty_assigned(), _numbers(decisions))
     ids = {w.request_id: w.number for w in windows if w.request_id is not None}
     number = decisions["request_id"].map(lambda r: ids.get(r) if isinstance(r, str) else None)
     ok = number.notna().to_numpy()
-    inside = _attributed(decisions[ok], number[ok].to_numpy(dtype="int64"), windows)
+    inside = _assigned(decisions[ok], number[ok].to_numpy(dtype="int64"), windows)
     return _outside(decisions[~ok], "id", windows, inside,
                     number.astype("Int64").rename(None))
 
 
 def _id_windows(client: Mapping[str, Any]) -> tuple[RequestWindow, ...]:
-    """Windows without times (0, 0), for id attribution of runs recorded without them."""
+    """Windows without times (0, 0), for assignment by id of runs recorded without them."""
     records = [client.get("warmup") or {}, *_measured_records(client)]
     return tuple(RequestWindow(i, None if r.get("request_id") is None else
                                str(r.get("request_id")), 0, 0) for i, r in enumerate(records))
 
 
-def attribute(decisions: pd.DataFrame, client: Mapping[str, Any], *, method: str = "auto",
-              source: str = "client.json") -> RequestAttribution:
-    """Attribute one service run's decisions to its requests.
+def assign(decisions: pd.DataFrame, client: Mapping[str, Any], *, method: str = "auto",
+           source: str = "client.json") -> RequestAssignment:
+    """Assign one service run's decisions to its requests.
 
     `method`: "time" (needs the client's wall-clock windows), "id" (needs request ids in
     the decisions; a client record without ids falls back to the original convention:
@@ -394,19 +396,19 @@ def attribute(decisions: pd.DataFrame, client: Mapping[str, Any], *, method: str
     carries an id.
 
     Raises:
-        AttributionError: `method` unknown, or the run cannot be attributed that way.
+        AssignmentError: `method` unknown, or the run cannot be assigned that way.
     """
     if method not in ("auto", *METHODS):
-        raise AttributionError(f"The value for `method` must be one of ['auto', 'time', 'id'], "
+        raise AssignmentError(f"The value for `method` must be one of ['auto', 'time', 'id'], "
                                f"but {method!r} was passed.")
     if method == "time" or (method == "auto" and has_wall_times(client)):
-        return attribute_by_time(decisions, request_windows(client, source=source))
+        return assign_by_time(decisions, request_windows(client, source=source))
     if method == "auto" and len(decisions) and decisions["request_id"].isna().any():
         request_windows(client, source=source)  # raises: explains the missing windows
     windows = _id_windows(client)
     if all(w.request_id is None for w in windows):  # a client record without ids
         windows = _prefix_windows(decisions)
-    return attribute_by_id(decisions, windows)
+    return assign_by_id(decisions, windows)
 
 
 def _prefix_windows(decisions: pd.DataFrame) -> tuple[RequestWindow, ...]:
@@ -423,12 +425,12 @@ def _prefix_windows(decisions: pd.DataFrame) -> tuple[RequestWindow, ...]:
 
 
 # ----------------------------------------------------------------------------- gates
-def request_counts(attribution: RequestAttribution, ranks: Sequence[int]) -> pd.DataFrame:
+def request_counts(assignment: RequestAssignment, ranks: Sequence[int]) -> pd.DataFrame:
     """Per measured request x rank (every rank in `ranks`, zero rows included): normal
     checks (retained / released), forced calls (released) and telemetry errors."""
-    dec = attribution.measured
+    dec = assignment.measured
     rows = []
-    for w in (w for w in attribution.windows if not w.warmup):
+    for w in (w for w in assignment.windows if not w.warmup):
         mine = dec[dec["request"] == w.number]
         for rank in sorted({*map(int, ranks), *mine["rank"].astype(int)}):
             d = mine[mine["rank"].astype(int) == rank]
@@ -519,7 +521,7 @@ def _oom_by_rank(response: Any) -> dict[int, int]:
 
 def consecutive_gates(run: Any, *, arm: str = CANDIDATE) -> list[str]:
     """One sentence per failed consecutive-request gate of `arm` (empty when all pass), from
-    the attribution of every decision to its request (by time for any service):
+    the assignment of every decision to its request (by time for any service):
 
     * every rank wrote decisions (else the adapter most likely did not load);
     * per rank and measured request, the normal and forced calls the service declares
@@ -536,17 +538,17 @@ def consecutive_gates(run: Any, *, arm: str = CANDIDATE) -> list[str]:
     ranks = list(range(int((run.manifest.get("params") or {}).get("ranks") or 0)))
     expect = expected_calls(run.manifest)
     for entry in entries:
-        attr = attribute_run(run, entry)
-        raw = attributed_decisions(run, entry, warmup=True)
+        assigned = assign_run(run, entry)
+        raw = assigned_decisions(run, entry, warmup=True)
         present = set(raw["rank"].dropna().astype(int))
         silent = {r: (entry.dir / decisions_file(r)).exists()
                   for r in ranks if r not in present}
-        counts = request_counts(attr, ranks or sorted(present))
+        counts = request_counts(assigned, ranks or sorted(present))
         failures += count_failures(
             counts, run_name=entry.name, ranks=ranks or sorted(present), silent_ranks=silent,
             expected_normal=None if expect is None else expect.get("normal_per_request"),
             expected_forced=None if expect is None else expect.get("forced_per_request"))
-        measured = attr.measured
+        measured = assigned.measured
         errors = measured[measured["reason"] == "telemetry-unavailable"]
         if len(errors):
             failures.append(f"{entry.name}: the {arm} arm had {len(errors)} telemetry error(s) "
@@ -560,28 +562,28 @@ def consecutive_gates(run: Any, *, arm: str = CANDIDATE) -> list[str]:
     return failures
 
 
-def scope_note(attributions: Sequence[RequestAttribution]) -> str:
+def scope_note(assignments: Sequence[RequestAssignment]) -> str:
     """One summary for a table footer (never one sentence per run): how many service runs,
-    how their decisions were attributed to requests, the warm-up decisions per source and
+    how their decisions were assigned to requests, the warm-up decisions per source and
     kind (excluded), and how many decisions lay truly outside every request (and when)."""
-    if not attributions:
+    if not assignments:
         return "Warm-up requests excluded."
-    methods = sorted({a.method for a in attributions})
+    methods = sorted({a.method for a in assignments})
     how = " and ".join("by time (client wall-clock windows)" if m == "time" else "by request id"
                        for m in methods)
     warm: dict[str, dict[str, int]] = {}
     ids: set[str] = set()
-    for a in attributions:
+    for a in assignments:
         ids.update(a.startup_ids)
         for source, kinds in a.warmup_by_kind.items():
             for k, n in kinds.items():
                 warm.setdefault(source, {})[k] = warm.get(source, {}).get(k, 0) + n
-    outside = sum(a.outside_count for a in attributions)
-    firsts = [a.outside_first_wall_ns for a in attributions if a.outside_first_wall_ns]
-    lasts = [a.outside_last_wall_ns for a in attributions if a.outside_last_wall_ns]
+    outside = sum(a.outside_count for a in assignments)
+    firsts = [a.outside_first_wall_ns for a in assignments if a.outside_first_wall_ns]
+    lasts = [a.outside_last_wall_ns for a in assignments if a.outside_last_wall_ns]
     span = (f" (first at {_iso(min(firsts))}, last at {_iso(max(lasts))})"
             if firsts and lasts else "")
-    runs = len(attributions)
+    runs = len(assignments)
     text = ("1 service run after its warm-up; " if runs == 1 else
             f"{runs} service runs, each after its own warm-up; ")
     text += f"decisions attributed to requests {how}"
@@ -592,7 +594,7 @@ def scope_note(attributions: Sequence[RequestAttribution]) -> str:
         text += f"; {outside} decision(s) outside every request excluded{span}"
     else:
         text += "; no decision outside every request"
-    mismatched = sum(len(a.id_mismatches) for a in attributions)
+    mismatched = sum(len(a.id_mismatches) for a in assignments)
     if mismatched:
         text += (f"; {mismatched} decision(s) inside a request's window carry another "
                  "request id (a clock or a record is off)")
@@ -600,43 +602,43 @@ def scope_note(attributions: Sequence[RequestAttribution]) -> str:
 
 
 # ------------------------------------------------------------------- the steps over a run
-def attribute_run(run: Run, entry: RunEntry, *, method: str = "auto",
-                  decisions: pd.DataFrame | None = None) -> RequestAttribution:
-    """The `RequestAttribution` of one service run of `run`: which request each decision
+def assign_run(run: Run, entry: RunEntry, *, method: str = "auto",
+               decisions: pd.DataFrame | None = None) -> RequestAssignment:
+    """The `RequestAssignment` of one service run of `run`: which request each decision
     belongs to (by time when the client recorded wall-clock windows, else by id), and the
     decisions outside every request. `decisions`: the run's as `Run.decisions` gives them
     (read when not given).
 
     Raises:
-        RunDirError: the run cannot be attributed (e.g. decisions without request ids
+        RunDirError: the run cannot be assigned (e.g. decisions without request ids
             and a client record without wall-clock windows), naming its `client.json`.
     """
     if decisions is None:
         decisions = run.decisions(entry)
     path = entry.dir / CLIENT
     try:
-        return attribute(decisions, run.client(entry), method=method, source=str(path))
-    except AttributionError as exc:
+        return assign(decisions, run.client(entry), method=method, source=str(path))
+    except AssignmentError as exc:
         raise RunDirError(path, str(exc).removeprefix(f"{path}: ")) from None
 
 
-def attributed_decisions(run: Run, entry: RunEntry, *, warmup: bool = False) -> pd.DataFrame:
+def assigned_decisions(run: Run, entry: RunEntry, *, warmup: bool = False) -> pd.DataFrame:
     """The decisions of one service run, each given the request it belongs to.
 
-    Without `warmup`: only the decisions attributed to a measured request (`attribute_run`),
+    Without `warmup`: only the decisions assigned to a measured request (`assign_run`),
     each with `request` (1.. in order) and `request_id` of that request; the warm-up and
-    decisions outside every request are left out (the attribution counts them). With
+    decisions outside every request are left out (the assignment counts them). With
     `warmup`: every decision as recorded, with `request` (<NA> outside every request) and
-    `warmup` True for each one not attributed to a measured request (the warm-up's and
+    `warmup` True for each one not assigned to a measured request (the warm-up's and
     those outside every request)."""
     df = run.decisions(entry)
-    attr = attribute_run(run, entry, decisions=df)
-    number = attr.numbers
+    assigned = assign_run(run, entry, decisions=df)
+    number = assigned.numbers
     keep = (number.notna() & (number != 0)).fillna(False).astype(bool)
     if warmup:
         return df.assign(request=number, warmup=~keep)
     out = df[keep].assign(request=number[keep].astype("int64"))
-    out["request_id"] = [attr.request_id_of(int(n)) for n in out["request"]]
+    out["request_id"] = [assigned.request_id_of(int(n)) for n in out["request"]]
     return out.reset_index(drop=True)
 
 
@@ -647,13 +649,13 @@ def decisions_by_request(run: Run) -> pd.DataFrame:
     The decisions columns plus `run` (entry name), `run_arm` (the entry's arm), `profiled`,
     `run_index`, `warmup` (True unless the decision belongs to a measured request) and
     `request` (1-based order of the measured request within its run; 0 for the warm-up and
-    for decisions outside every request), from `attribute_run` (by the client's wall-clock
+    for decisions outside every request), from `assign_run` (by the client's wall-clock
     windows when recorded, so for any service, else by request id); this is the one place
     evidence reads it.
     """
     frames = []
     for entry in run.runs:
-        df = attributed_decisions(run, entry, warmup=True)
+        df = assigned_decisions(run, entry, warmup=True)
         snap = list(SNAPSHOT_KEYS)
         df = df.astype({k: object for k in snap})  # ints stay ints across runs (no float64)
         frames.append(df.assign(run=entry.name, run_arm=entry.arm, profiled=entry.profiled,
