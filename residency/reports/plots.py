@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from residency.evidence.derived import retention_rate
 from residency.humanize import (
     bytes_text,
     count_text,
@@ -518,11 +519,6 @@ def _pair_labels(group: str, n: int) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- what-if
-def _rate(frame: pd.DataFrame, calls: str, retained: str) -> pd.Series:
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return frame[retained].astype(float) / frame[calls].astype(float)
-
-
 def neighbour_rows(frame: pd.DataFrame, own: tuple[float, float], *, radius: int = 1
                    ) -> pd.DataFrame:
     """The rows of a per-setting `frame` (columns `max_cached_fraction`,
@@ -553,7 +549,7 @@ def neighbour_table(totals: pd.DataFrame, own: tuple[float, float], *, radius: i
         "min free fraction": sel["min_free_fraction"].to_numpy(),
         "retained / calls": [f"{int(r)}/{int(c)}" for r, c in
                              zip(sel[retained], sel[calls], strict=True)],
-        "retention rate": _rate(sel, calls, retained).to_numpy(),
+        "retention rate": retention_rate(sel, calls, retained).to_numpy(),
         "own setting": ["yes" if (np.isclose(c, cs[ci]) and np.isclose(f, fs[fi])) else ""
                         for c, f in zip(sel["max_cached_fraction"], sel["min_free_fraction"],
                                         strict=True)],

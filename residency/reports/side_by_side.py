@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from residency.evidence import Evidence
+from residency.evidence import Evidence, derived
 from residency.evidence import published as published_row
 from residency.humanize import (
     MISSING,
@@ -87,29 +87,25 @@ def _label(kind: str) -> str:
 
 # ----------------------------------------------------------------------------- this run
 _s, _signed, _pct, _ratio = quantity, signed, change_percent, ratio_text  # the one owner
-
-
-def _run_e2e(ev: Evidence, profiled: bool) -> float | None:
-    a = ev.get("e2e_profiled" if profiled else "e2e_unprofiled")
-    return None if a is None else float(a.result.baseline_median)
+_pct_of_e2e = derived.percent_of_e2e_ms  # computed in evidence
 
 
 def _run_cells(ev: Evidence, key: str) -> tuple[str, str, str] | None:
     a = ev.get(key)
     if a is None:
         return None
-    e2e_prof = _run_e2e(ev, True) or _run_e2e(ev, False)
+    e2e_prof = derived.e2e_baseline_s(ev, True) or derived.e2e_baseline_s(ev, False)
     if key == "normal_call_per_rank":
         b, c = a.values[BASELINE], a.values[CANDIDATE]
         med = a.detail["medians"]
-        rel = (f"baseline per call {sig(100 * min(b) / 1e3 / e2e_prof)}–"
-               f"{sig(100 * max(b) / 1e3 / e2e_prof)} % of E2E" if e2e_prof else MISSING)
+        rel = (f"baseline per call {sig(_pct_of_e2e(min(b), e2e_prof))}–"
+               f"{sig(_pct_of_e2e(max(b), e2e_prof))} % of E2E" if e2e_prof else MISSING)
         return (f"{span_text(min(b), max(b), 'ms')} → {span_text(min(c), max(c), 'ms')}",
                 f"{_ratio(med[BASELINE], med[CANDIDATE])} (medians over ranks)", rel)
     if key == "normal_call_per_run":
         r = a.result
-        e2e = _run_e2e(ev, False) or e2e_prof
-        rel = (f"baseline per call {sig(100 * r.baseline_median / 1e3 / e2e)} % of E2E"
+        e2e = derived.e2e_baseline_s(ev, False) or e2e_prof
+        rel = (f"baseline per call {sig(_pct_of_e2e(r.baseline_median, e2e))} % of E2E"
                if e2e else MISSING)
         return (f"median {_s(r.baseline_median, 'ms')} → {_s(r.candidate_median, 'ms')} "
                 f"({r.n[0]} vs {r.n[1]} runs)", _ratio(r.baseline_median, r.candidate_median),
@@ -125,8 +121,8 @@ def _run_cells(ev: Evidence, key: str) -> tuple[str, str, str] | None:
                 "unchanged" if pp == 0 else f"{'+' if pp > 0 else ''}{sig(pp)} pp", MISSING)
     if a.kind == "single":
         r = a.result
-        scale = 1e3 if a.unit == "ms" else 1.0
-        rel = (f"{_pct(r.delta / scale / e2e_prof)} of E2E" if e2e_prof else MISSING)
+        rel = (f"{_pct(derived.fraction_of_e2e(r.delta, a.unit, e2e_prof))} of E2E"
+               if e2e_prof else MISSING)
         return (f"{_s(r.baseline)} → {_s(r.candidate, a.unit)}",
                 f"{_signed(r.delta, a.unit)} ({_pct(r.relative)})", rel)
     if a.kind == "pairs":
@@ -149,8 +145,8 @@ def _published_cells(row: Mapping[str, Any], e2e_s: float | None) -> tuple[str, 
     kind = row["kind"]
     if kind == "range":
         speedup = published_row.speedup_range(row)
-        rel = (f"baseline per call {sig(100 * b[0] / 1e3 / e2e_s)}–"
-               f"{sig(100 * b[1] / 1e3 / e2e_s)} % of E2E" if e2e_s and unit == "ms"
+        rel = (f"baseline per call {sig(_pct_of_e2e(b[0], e2e_s))}–"
+               f"{sig(_pct_of_e2e(b[1], e2e_s))} % of E2E" if e2e_s and unit == "ms"
                else MISSING)
         return (f"{_fixed(b[0], d)}–{_fixed(b[1], d)} {unit} → {_fixed(c[0], d)}–"
                 f"{_fixed(c[1], d)} {unit}", f"{sig(speedup[0])}x–{sig(speedup[1])}x faster "

@@ -15,7 +15,6 @@ significant digits. No torch.
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +23,8 @@ from typing import Any
 
 from residency import devices, humanize
 from residency.analysis import stats
-from residency.evidence import PAIRED_ARMS, Attribution, Evidence
+from residency.evidence import PAIRED_ARMS, Attribution, Evidence, derived
+from residency.evidence.derived import Share
 from residency.humanize import md_code, md_text
 from residency.policy.cache import BASELINE, CANDIDATE
 from residency.rundir import hostload, neighbours
@@ -51,24 +51,6 @@ class Row:
     n: str
     verdict: str
     note: str
-
-
-@dataclass(frozen=True)
-class Share:
-    """One quantity as a share of the baseline's E2E, here and in the published run."""
-
-    name: str
-    emulated: float  # fraction of E2E in this run
-    published: float  # fraction of E2E in the published run
-    published_scope: str  # e.g. "isolated pair", "full stack"
-
-    @property
-    def factor(self) -> float:
-        """How many times larger (or smaller) this run's share is: >= 1."""
-        a, b = self.emulated, self.published
-        if a <= 0 or b <= 0:
-            return math.inf
-        return max(a / b, b / a)
 
 
 @dataclass(frozen=True)
@@ -322,32 +304,6 @@ def _e2e_note(a: Attribution) -> str:
 
 
 # ----------------------------------------------------------------------------- shares
-def _shares(ev: Evidence) -> tuple[Share, ...]:
-    """This run's release cost and all-rank idle as shares of the profiled baseline's E2E,
-    beside the published run's."""
-    e2e = ev.get("e2e_profiled") or ev.get("e2e_unprofiled")
-    if e2e is None or not e2e.result.baseline_median:
-        return ()
-    base_e2e = e2e.result.baseline_median
-    out = []
-    idle = ev.get("idle_intersection")
-    pub = _published("normal-release markers")
-    pub_e2e = _published("client E2E, one isolated pair")
-    if idle is not None and pub and pub_e2e:
-        out.append(Share("normal releases' idle cost (markers ∩ all-rank idle)",
-                         idle.result.baseline / 1e3 / base_e2e,
-                         float(pub[BASELINE]) / 1e3 / float(pub_e2e[BASELINE]),
-                         "isolated pair"))
-    whole = ev.get("all_rank_idle")
-    pub = _published("full stack, profiled pair, all-rank")
-    pub_e2e = _published("full stack, 3 alternating")
-    if whole is not None and pub and pub_e2e:
-        out.append(Share("all-rank no-device-task time", whole.result.baseline / base_e2e,
-                         float(pub[BASELINE]) / float(pub_e2e[BASELINE]),
-                         "full stack, not this change alone"))
-    return tuple(out)
-
-
 def _share_text(s: Share) -> str:
     return (f"{s.name}: {humanize.percent(s.emulated)} of the baseline's E2E here, "
             f"{humanize.percent(s.published)} in the published NPU run ({s.published_scope})")
@@ -408,7 +364,7 @@ def summarize(ev: Evidence, *, manifest: Mapping[str, Any] | None = None) -> Sum
         e2e = (f"**E2E** ({a.result.n} {word} pair{'s' if a.result.n != 1 else ''}; "
                f"{_scope(ev, a, m)}; {ev.label}): {sentence}")
     warnings = []
-    shares = _shares(ev) if devices.emulated(ev.device_kind) else ()
+    shares = derived.shares(ev, _published) if devices.emulated(ev.device_kind) else ()
     far = [s for s in shares if s.factor > TRANSFER_FACTOR]
     if far:
         warnings.append("**The emulated E2E effect does not transfer to the NPU**: "

@@ -141,9 +141,8 @@ def write_causes(run: Run, pair: Sequence[RunEntry] | None,
     row gives each arm's total (its all-rank no-device-task time), so the shown rows add up
     to it. Every cause of both arms is saved as `<name>.csv` and the difference as
     `<name>_diff.csv`; None without traces."""
-    import numpy as np
-
     from residency.analysis.causes import cause_diff, idle_by_cause
+    from residency.evidence.derived import cause_sums, ranked_causes
 
     traces = _pair_traces(run, pair)
     if traces is None or pair is None:
@@ -157,15 +156,13 @@ def write_causes(run: Run, pair: Sequence[RunEntry] | None,
     humanize.write_csv(diff, Path(output_dir) / f"{name}_diff.csv")
     columns = {"baseline_idle_ms": "baseline (ms)", "candidate_idle_ms": "candidate (ms)",
                "delta_idle_ms": "candidate − baseline (ms)"}
-    ranked = diff.iloc[np.argsort(-diff["delta_idle_ns"].abs().to_numpy(), kind="stable")]
-    shown = ranked.head(rows)
-    rest = ranked.iloc[rows:]
+    shown, rest = ranked_causes(diff, rows)
     extra = []
     if len(rest):
         extra.append({"cause": f"({len(rest)} other causes)", "kind": "",
-                      **{c: float(rest[c].sum()) for c in columns}})
+                      **cause_sums(rest, columns)})
     extra.append({"cause": "total (all-rank no-device-task time)", "kind": "",
-                  **{c: float(diff[c].sum()) for c in columns}})
+                  **cause_sums(diff, columns)})
     table = pd.concat([shown[["cause", "kind", *columns]], pd.DataFrame(extra)],
                       ignore_index=True).rename(columns=columns)
     label = devices.label(run.device_kind, run.injection)
