@@ -30,6 +30,7 @@ from residency.traces.columns import (
     Names,
     Parsed,
     Reader,
+    add_run,
     any_names,
     concat,
     decoded_names,
@@ -124,15 +125,7 @@ class AscendColumns:
 
     def add(self, data: bytes, index: int = 0) -> int:
         """Decode one run of events (a JSON array) and keep its columns."""
-        try:
-            events = _A_FAST.decode(data)
-            if self.add_fast(events):
-                return len(events)
-        except msgspec.ValidationError:
-            pass
-        events = _A_EXACT.decode(data)
-        self.add_exact(events)
-        return len(events)
+        return add_run(self, data, _A_FAST, _A_EXACT)
 
     def add_fast(self, events: list[Any]) -> bool:
         """Keep the columns of fast-path events; False (nothing kept) when a duration is not

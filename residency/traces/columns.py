@@ -74,6 +74,22 @@ GET_CAT, GET_TS, GET_DUR, GET_NAME, GET_PID, GET_TASK = (
 
 # -- columns ----------------------------------------------------------------------------------
 
+def add_run(columns: Any, data: bytes, fast: msgspec.json.Decoder,
+            exact: msgspec.json.Decoder) -> int:
+    """Decode one run of events (a JSON array) into `columns` (a format's column builder):
+    by the `fast` typed decoder where `columns.add_fast` keeps the events (every time exact
+    as float64), else by the `exact` one (`columns.add_exact`); the number of events."""
+    try:
+        events = fast.decode(data)
+        if columns.add_fast(events):
+            return len(events)
+    except msgspec.ValidationError:
+        pass
+    events = exact.decode(data)
+    columns.add_exact(events)
+    return len(events)
+
+
 def concat(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty(0, dtype)
 

@@ -35,6 +35,7 @@ from residency.traces.columns import (
     Names,
     Parsed,
     Reader,
+    add_run,
     any_names,
     concat,
     decoded_names,
@@ -141,15 +142,7 @@ class KinetoColumns:
         if scanned is not None:
             self.add_scanned(scanned)
             return scanned.events
-        try:
-            events = _K_FAST.decode(data)
-            if self.add_fast(events):
-                return len(events)
-        except msgspec.ValidationError:
-            pass
-        events = _K_EXACT.decode(data)
-        self.add_exact(events)
-        return len(events)
+        return add_run(self, data, _K_FAST, _K_EXACT)
 
     def add_fast(self, events: list[Any]) -> bool:
         """Keep the columns of fast-path events; False (nothing kept) when a time is not
