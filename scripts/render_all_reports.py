@@ -211,7 +211,7 @@ def main() -> int:
     ap.add_argument("--relist", action="store_true",
                     help="only write the listing of the existing folder OUT again")
     ap.add_argument("--work", type=Path, default=Path("/tmp/residency-render-all-reports"),
-                    help="the fixed folder everything is made in (must not exist)")
+                    help="the fixed folder everything is made in (must not exist; made 0700)")
     args = ap.parse_args()
     if args.relist:
         lines = listing(args.out)
@@ -223,7 +223,7 @@ def main() -> int:
         ap.error(f"{final} is not empty")
     out = args.work
     try:
-        out.mkdir(parents=True)
+        out.mkdir(mode=0o700)  # (this user's only; an entry planted at the fixed name: refused)
     except FileExistsError:
         ap.error(f"{out} exists: another rendering running, or one that was stopped (remove it)")
     runs = sorted(p.name for p in RUNS.iterdir() if (p / "manifest.json").is_file())
