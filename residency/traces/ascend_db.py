@@ -17,7 +17,6 @@ recipe reads them (``prof_exports/cluster_time_summary_export.py``: computing = 
 
 from __future__ import annotations
 
-import itertools
 import re
 import sqlite3
 from pathlib import Path
@@ -218,7 +217,7 @@ def _columns(con: UntrustedDatabase, table: str, columns: list[str], kinds: str,
     one CAST to an integer, ``i`` an id (NULL or not an integer: `_NO_ID`), ``k`` a key
     (NULL: `_NO_ID`; another non-integer, or the integer `_NO_ID` itself: `_Unusual`).
     SQLite's typeof() decides in the query, so every value fetched is an int (or NULL where
-    the table is unusual), and each batch goes into numpy in one pass."""
+    the table is unusual; `UntrustedDatabase.int_columns` reads them)."""
     exprs = []
     for c, k in zip(columns, kinds, strict=True):
         exprs.append(f"CAST({c} AS INTEGER)" if k == "c" else
@@ -226,20 +225,10 @@ def _columns(con: UntrustedDatabase, table: str, columns: list[str], kinds: str,
                      f"CASE typeof({c}) WHEN 'integer' THEN {c} ELSE {_NO_ID} END" if k == "i"
                      else f"CASE typeof({c}) WHEN 'integer' THEN {c} WHEN 'null' THEN {_NO_ID} "
                      "END")
-    width = len(kinds)
-    parts: list[list[np.ndarray]] = [[] for _ in kinds]
-    for batch in con.batches(f"SELECT {', '.join(exprs)} FROM main.{table}{where}"):
-        try:
-            block = np.fromiter(itertools.chain.from_iterable(batch), np.int64,
-                                len(batch) * width).reshape(-1, width)
-        except (TypeError, ValueError, OverflowError):  # a NULL: a value of another type
-            raise _Unusual from None
-        for j, part in enumerate(parts):
-            part.append(block[:, j].copy())
-    out = []
-    for part in parts:  # (each column's batches freed as it is joined)
-        out.append(np.concatenate(part) if part else np.empty(0, np.int64))
-        part.clear()
+    got = con.int_columns(f"SELECT {', '.join(exprs)} FROM main.{table}{where}", len(kinds))
+    if got is None:  # a NULL: a value of another type
+        raise _Unusual
+    out = got
     for c, k, col in zip(columns, kinds, out, strict=True):
         if k == "k" and bool((col == _NO_ID).any()) and con.execute(
                 f"SELECT 1 FROM main.{table} WHERE {c} = {_NO_ID} LIMIT 1").fetchall():

@@ -7,11 +7,17 @@ schema, views and generated columns refused), length limits (strings and blobs, 
 and every query bounded in time (a progress handler stops it past the budget) and in rows
 (a database of B bytes cannot hold more than about B / 8 rows of distinct facts: a join that
 multiplies duplicate ids is stopped). Errors are `TraceError` naming the file and saying which
-bound was met. Analysis-side: standard library only.
+bound was met. Analysis-side: standard library and numpy.
+
+`UntrustedDatabase.int_columns` reads a query's integer columns with the compiled reader
+(``_sqlite_scan.c``, built where SQLite's header is; the same guards on a connection of its
+own, no Python object a value), else by batches of Python rows; ``RESIDENCY_PURE_PYTHON=1``
+turns the compiled reader off, as it does the Kineto one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sqlite3
@@ -20,6 +26,8 @@ import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from residency.traces.files import (
     MAX_TRACE_BYTES,
@@ -32,13 +40,46 @@ from residency.traces.files import (
     verified_copy,
 )
 
-__all__ = ["MAX_VALUE_BYTES", "QUERY_BUDGET_S", "UntrustedDatabase", "open_untrusted"]
+__all__ = ["MAX_VALUE_BYTES", "QUERY_BUDGET_S", "UntrustedDatabase", "compiled_reader",
+           "open_untrusted", "python_reader"]
 
 QUERY_BUDGET_S = 600.0   # one query of one database; far beyond a real profile's
 MAX_VALUE_BYTES = 16 << 20  # the longest string or blob a row may hold (SQLITE_LIMIT_LENGTH)
 _MAX_SQL_BYTES = 1 << 20
 _PROGRESS_EVERY = 10_000  # VM instructions between two checks of the budget
 _MIN_ROWS = 100_000  # rows any query may return, whatever the file's size
+
+try:
+    from residency.traces import _sqlite_scan as _ext
+except ImportError:  # not built (no compiler or no SQLite header at install time)
+    _ext = None
+
+
+def _compiled_on() -> bool:
+    from residency.traces.kineto_scan import DISABLE_ENV
+
+    return _ext is not None and os.environ.get(DISABLE_ENV, "") in ("", "0")
+
+
+_int_columns = _ext.int_columns if _compiled_on() else None  # type: ignore[union-attr]
+_SQLITE_INTERRUPT, _SQLITE_TOOBIG = 9, 18  # SQLite's primary result codes
+
+
+def compiled_reader() -> bool:
+    """Whether `UntrustedDatabase.int_columns` reads with the compiled reader here."""
+    return _int_columns is not None
+
+
+@contextlib.contextmanager
+def python_reader() -> Iterator[None]:
+    """Within: every `UntrustedDatabase.int_columns` reads by Python rows (comparisons of the
+    two readers, counts of SQLite's work on the connection)."""
+    global _int_columns
+    saved, _int_columns = _int_columns, None
+    try:
+        yield
+    finally:
+        _int_columns = saved
 
 
 class Rows:
@@ -59,8 +100,9 @@ class UntrustedDatabase:
     """A read-only, immutable connection whose `execute` is bounded (module doc)."""
 
     def __init__(self, path: Path, con: sqlite3.Connection, *, max_rows: int,
-                 budget_s: float, copy: Path | None = None) -> None:
+                 budget_s: float, copy: Path | None = None, uri: str | None = None) -> None:
         self.path, self._con, self.max_rows, self.budget_s = path, con, max_rows, budget_s
+        self._uri = uri  # the read-only, immutable URI `con` was opened with
         self._copy = copy  # a sealed file's private copy, removed on close
         self.digest: str | None = None  # of the bytes SQLite reads, when asked for
         self.unchanged: os.stat_result | None = None  # the status `digest` was taken at
@@ -120,6 +162,59 @@ class UntrustedDatabase:
         except (sqlite3.OperationalError, sqlite3.DataError) as exc:
             _raise_bound(self, exc)
             raise
+
+    def int_columns(self, sql: str, width: int, *, compiled: bool | None = None
+                    ) -> list[np.ndarray] | None:
+        """The `width` int64 columns of one query, within the bounds `execute` keeps; None
+        where a value is not an integer (NULL, real, text, blob). By the compiled reader where
+        it is built (`compiled_reader`), else by batches of Python rows; `compiled` False
+        forces the Python reading (True: the compiled one, or ValueError where unavailable).
+
+        Raises:
+            as `execute`.
+        """
+        use = _int_columns is not None if compiled is None else compiled
+        if use and (_int_columns is None or self._uri is None):
+            raise ValueError("the compiled SQLite reader is not available here")
+        if not use:
+            return self._int_columns_python(sql, width)
+        self._deadline = time.monotonic() + self.budget_s
+        status, payload = _int_columns(self._uri, sql, width, self.max_rows, self.budget_s,
+                                       MAX_VALUE_BYTES, _MAX_SQL_BYTES)
+        if status == 0:
+            return [np.frombuffer(b, np.int64) for b in payload]
+        if status == 1:
+            return None
+        if status == 2:
+            raise TraceError(self.path, f"a query returned more than {self.max_rows} "
+                             "rows, more than a database of this size holds (ids "
+                             "repeated to multiply a join?); not read")
+        code, message = payload
+        exc = sqlite3.OperationalError(message)
+        if code == _SQLITE_INTERRUPT:
+            exc = sqlite3.OperationalError("interrupted")
+        elif code == _SQLITE_TOOBIG:
+            exc = sqlite3.DataError("string or blob too big")
+        _raise_bound(self, exc)
+        raise exc
+
+    def _int_columns_python(self, sql: str, width: int) -> list[np.ndarray] | None:
+        import itertools
+
+        parts: list[list[np.ndarray]] = [[] for _ in range(width)]
+        for batch in self.batches(sql):
+            try:
+                block = np.fromiter(itertools.chain.from_iterable(batch), np.int64,
+                                    len(batch) * width).reshape(-1, width)
+            except (TypeError, ValueError, OverflowError):  # a value of another type
+                return None
+            for j, part in enumerate(parts):
+                part.append(block[:, j].copy())
+        out = []
+        for part in parts:  # (each column's batches freed as it is joined)
+            out.append(np.concatenate(part) if part else np.empty(0, np.int64))
+            part.clear()
+        return out
 
     def close(self) -> None:
         """Close the connection (and remove a sealed file's private copy).
@@ -184,7 +279,7 @@ def open_untrusted(path: Path, *, budget_s: float | None = None,
         raise TraceError(path, f"cannot open the database: {exc}") from None
     db = UntrustedDatabase(Path(path), con, max_rows=max(_MIN_ROWS, st.st_size // 8),
                            budget_s=QUERY_BUDGET_S if budget_s is None else budget_s,
-                           copy=copy)
+                           copy=copy, uri=uri)
     db.digest, db.unchanged = hashed, unchanged
     return db
 
