@@ -10,7 +10,7 @@ multiplies duplicate ids is stopped). Errors are `TraceError` naming the file an
 bound was met. Analysis-side: standard library and numpy.
 
 `UntrustedDatabase.int_columns` reads a query's integer columns with the compiled reader
-(``_sqlite_scan.c``, built where SQLite's header is; the same guards on a connection of its
+(``_sqlitedb.c``, built where SQLite's header is; the same guards on a connection of its
 own, no Python object a value), else by batches of Python rows; ``RESIDENCY_PURE_PYTHON=1``
 turns the compiled reader off, as it does the Kineto one.
 """
@@ -50,7 +50,7 @@ _PROGRESS_EVERY = 10_000  # VM instructions between two checks of the budget
 _MIN_ROWS = 100_000  # rows any query may return, whatever the file's size
 
 try:
-    from residency.traces import _sqlite_scan as _ext
+    from residency.traces import _sqlitedb as _ext
 except ImportError:  # not built (no compiler or no SQLite header at install time)
     _ext = None
 

@@ -161,10 +161,10 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef moduledef = {
-    PyModuleDef_HEAD_INIT, "residency.traces._sqlite_scan",
+    PyModuleDef_HEAD_INIT, "residency.traces._sqlitedb",
     "Integer columns of one query of an untrusted SQLite file.", -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__sqlite_scan(void) {
+PyMODINIT_FUNC PyInit__sqlitedb(void) {
     return PyModule_Create(&moduledef);
 }

@@ -1,4 +1,4 @@
-"""The compiled column reader of SQLite files (`_sqlite_scan.c`) against the Python reading:
+"""The compiled column reader of SQLite files (`_sqlitedb.c`) against the Python reading:
 the same columns, the same refusals, the same bounds."""
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def test_the_compiled_reader_is_built_where_sqlite_and_a_compiler_are():
     if not any((d / "sqlite3.h").is_file() for d in (include, Path("/usr/include"))):
         pytest.skip("no sqlite3.h here: the package installs without the SQLite reader")
     assert sqlitedb.compiled_reader(), (
-        "a C compiler and SQLite's header are here but residency.traces._sqlite_scan is not "
+        "a C compiler and SQLite's header are here but residency.traces._sqlitedb is not "
         "built: reinstall (pip install -e .) so that torch-npu databases are read at full speed")
 
 
