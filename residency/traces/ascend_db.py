@@ -117,7 +117,7 @@ def _tables(con: UntrustedDatabase) -> set[str]:
     return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
 
 
-def read_db(path: Path, *, digest: bool = False) -> Parsed:
+def read_db(path: Path, *, digest: bool = False, device_names: bool = True) -> Parsed:
     """Read a torch-npu ``ascend_pytorch_profiler_<rank>.db`` (or msprof database) with the
     standard library, into the columns a text export gives: every ``TASK`` row a device task
     (type: its ``COMPUTE_TASK_INFO.taskType`` when it has one, else ``TASK.taskType``, both
@@ -127,7 +127,8 @@ def read_db(path: Path, *, digest: bool = False) -> Parsed:
     the ``Communication`` lane as in the text export; ``PYTORCH_API`` (lane ``Python``),
     ``CANN_API`` (``CANN``) and ``MSTX_EVENTS`` (``MsTx``) rows host ranges; the rank from
     ``RANK_DEVICE_MAP``. With `digest`, SQLite reads a private copy of the file and the
-    parse's `digest` is the content digest of exactly those bytes.
+    parse's `digest` is the content digest of exactly those bytes. Without `device_names`
+    the device tasks' names may be left out (``None``), as a Kineto parse leaves them.
 
     Raises:
         TraceError: not a SQLite database, or a required table (``STRING_IDS``, ``TASK``)
@@ -141,7 +142,7 @@ def read_db(path: Path, *, digest: bool = False) -> Parsed:
                 raise TraceError(path, f"no table {table}: not a torch-npu profiler database "
                                  f"(tables: {', '.join(sorted(tables)) or 'none'})")
         try:
-            parsed = _read_columns(con, tables)
+            parsed = _read_columns(con, tables, device_names)
         except (_Unusual, sqlite3.DatabaseError):  # (an odd schema or odd values, or an
             # error: SQLite's own joins, row by row, which name it as they always did)
             parsed = _read_rows(path, con, tables)
@@ -225,10 +226,9 @@ def _columns(con: UntrustedDatabase, table: str, columns: list[str], kinds: str,
                      f"CASE typeof({c}) WHEN 'integer' THEN {c} ELSE {_NO_ID} END" if k == "i"
                      else f"CASE typeof({c}) WHEN 'integer' THEN {c} WHEN 'null' THEN {_NO_ID} "
                      "END")
-    got = con.int_columns(f"SELECT {', '.join(exprs)} FROM main.{table}{where}", len(kinds))
-    if got is None:  # a NULL: a value of another type
+    out = con.int_columns(f"SELECT {', '.join(exprs)} FROM main.{table}{where}", len(kinds))
+    if out is None:  # a NULL: a value of another type
         raise _Unusual
-    out = got
     for c, k, col in zip(columns, kinds, out, strict=True):
         if k == "k" and bool((col == _NO_ID).any()) and con.execute(
                 f"SELECT 1 FROM main.{table} WHERE {c} = {_NO_ID} LIMIT 1").fetchall():
@@ -310,21 +310,29 @@ def _drain(parts: list[np.ndarray]) -> np.ndarray:
     return out
 
 
-def _read_columns(con: UntrustedDatabase, tables: set[str]) -> Parsed:
-    """`_read_rows`' result, read by columns (see above); `_Unusual` where it cannot be."""
+def _read_columns(con: UntrustedDatabase, tables: set[str], device_names: bool = True
+                  ) -> Parsed:
+    """`_read_rows`' result, read by columns (see above); `_Unusual` where it cannot be.
+    Each table's columns are let go as soon as what they give is taken from them, and the
+    device tasks are finished (sorted, coded) before the host tables are read, so that a rank
+    is held about once, not in every intermediate form at the same time."""
     if not all(_integer_affinity(con, t, cols) for t, cols in _ID_COLUMNS.items()
                if t in tables):
         raise _Unusual
     strings = _Strings(con)
     start, end, ttype, gid = _columns(con, "TASK", ["startNs", "endNs", "taskType",
                                                     "globalTaskId"], "ttik")
-    task_type = strings.code(ttype)
-    none = np.full(len(gid), _ABSENT, np.int64)
+    if bool((end < start).any()):
+        raise _Unusual  # (`_read_rows` names the first such row)
+    task_type = strings.code(ttype).astype(np.int32)  # (codes: a table's positions)
+    del ttype
+    none = np.int32(_ABSENT)  # (a lookup that found nothing, for every row)
     ci_name, ci_type = none, none
     if "COMPUTE_TASK_INFO" in tables:
         ckey, cname, ctype = _columns(con, "COMPUTE_TASK_INFO",
                                       ["globalTaskId", "name", "taskType"], "kii")
-        cname, ctype = strings.code(cname), strings.code(ctype)
+        cname = strings.code(cname).astype(np.int32)
+        ctype = strings.code(ctype).astype(np.int32)
         ci_name = _lookup(*_first_by_key(ckey, cname, cname != _ABSENT), gid)
         ci_type = _lookup(*_first_by_key(ckey, ctype, (ctype >= 0) & (ctype != strings.na)),
                           gid)
@@ -336,10 +344,13 @@ def _read_columns(con: UntrustedDatabase, tables: set[str]) -> Parsed:
         mname = strings.code(mname)
         comm_name = _lookup(*_first_by_key(mkey, mname, mname != _ABSENT), gid)
         comm = _lookup(*_first_by_key(mkey, mkey, np.ones(len(mkey), bool)), gid) != _ABSENT
-    empty = np.full(len(gid), strings.empty, np.int64)
-    name = _coalesce(ci_name, comm_name, task_type, empty)
-    kind = _coalesce(ci_type, task_type, empty)
-    del ci_name, ci_type, comm_name, task_type, empty, ttype, gid, none
+        del mkey, mname
+    del gid
+    empty = np.int32(strings.empty)
+    name = _coalesce(ci_name, comm_name, task_type, empty).astype(np.int32, copy=False)
+    del ci_name, comm_name
+    kind = _coalesce(ci_type, task_type, empty).astype(np.int32, copy=False)
+    del ci_type, task_type, empty, none
     lanes: list[str] = []
     hs: list[np.ndarray] = []  # the host rows' starts, ends, value codes, lanes, by table
     he: list[np.ndarray] = []
@@ -354,32 +365,54 @@ def _read_columns(con: UntrustedDatabase, tables: set[str]) -> Parsed:
         hn.append(n.astype(np.int32))  # (a table's positions)
         hl.append(np.full(len(s), lanes.index(lane), np.int8))
 
-    for table, column, lane in _HOST_COLUMNS:
-        if table in tables:
-            s, e, n = _columns(con, table, ["startNs", "endNs", column], "cci",
+    # the device tasks first, finished: sorted by start, their rows and codes in final form
+    communication = (start[comm], end[comm], name[comm])
+    if bool(comm.any()):
+        dev = ~comm
+        start, end, name, kind = start[dev], end[dev], name[dev], kind[dev]
+        del dev
+    del comm
+    order = np.argsort(start, kind="stable")
+    device = _taken_pair(start, end, order)
+    del start, end
+    task, type_codes = _first_codes(kind[order])
+    del kind
+    table = strings.table
+    names_of_tasks = table[name[order]] if device_names else None
+    del name, order
+    for tab, column, lane in _HOST_COLUMNS:
+        if tab in tables:
+            s, e, n = _columns(con, tab, ["startNs", "endNs", column], "cci",
                                " WHERE startNs IS NOT NULL AND endNs IS NOT NULL")
             add(s, e, _coalesce(strings.code(n), np.full(len(n), strings.empty)), lane)
+            del s, e, n
     if "COMMUNICATION_OP" in tables:
         s, e, n = _columns(con, "COMMUNICATION_OP", ["startNs", "endNs", "opName"], "tti")
         add(s, e, _coalesce(strings.code(n), np.full(len(n), strings.empty)), _COMM_LANE)
-    add(start[comm], end[comm], name[comm], _COMM_LANE)
-    s = e = n = None  # type: ignore[assignment]  (held only by the lists, freed as drained)
-    dev = ~comm
-    start, end, name, kind = start[dev], end[dev], name[dev], kind[dev]
-    h_start, h_end, h_name, h_lane = _drain(hs), _drain(he), _drain(hn), _drain(hl)
-    if bool((end < start).any()) or bool((h_end < h_start).any()):
+        del s, e, n
+    add(*communication, _COMM_LANE)
+    del communication
+    h_start, h_end = _drain(hs), _drain(he)
+    if bool((h_end < h_start).any()):
         raise _Unusual  # (`_read_rows` names the first such row)
-    order = np.argsort(start, kind="stable")
     horder = np.argsort(h_start, kind="stable")
-    task, type_codes = _first_codes(kind[order])
-    lane, lane_codes = _first_codes(h_lane[horder])
-    table = strings.table
-    h_name = h_name[horder]
-    return Parsed(None, np.column_stack([start[order], end[order]]),
-                  np.column_stack([h_start[horder], h_end[horder]]), table[h_name], 0, task,
-                  np.full(len(horder), -1, np.int16), lane, tuple(table[type_codes]),
-                  tuple(lanes[i] for i in lane_codes.tolist()),
-                  device_names=table[name[order]])
+    ranges = _taken_pair(h_start, h_end, horder)
+    del h_start, h_end
+    lane, lane_codes = _first_codes(_drain(hl)[horder])
+    h_name = _drain(hn)[horder]
+    del horder
+    return Parsed(None, device, ranges, table[h_name], 0, task,
+                  np.full(len(h_name), -1, np.int16), lane, tuple(table[type_codes]),
+                  tuple(lanes[i] for i in lane_codes.tolist()), device_names=names_of_tasks)
+
+
+def _taken_pair(first: np.ndarray, second: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """`np.column_stack([first[order], second[order]])`, taken straight into place (`order`
+    holds valid positions: "clip" changes nothing but lets numpy write without a buffer)."""
+    out = np.empty((len(order), 2), np.int64)
+    np.take(first, order, out=out[:, 0], mode="clip")
+    np.take(second, order, out=out[:, 1], mode="clip")
+    return out
 
 
 _MEMORY_SQL = """

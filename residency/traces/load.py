@@ -680,7 +680,8 @@ def _parse_one(fmt: str, source: Path, **job: Any) -> Parsed:
     if source.suffix == ".db" or _is_sqlite(source):
         from residency.traces.ascend_db import read_db
 
-        return read_db(source, digest=bool(job.get("digest")))
+        return read_db(source, digest=bool(job.get("digest")),
+                       device_names=bool(job.get("device_names", True)))
     if fmt != "kineto":
         job = {k: v for k, v in job.items() if k != "device_names"}
     return parse_trace(fmt, source, **job)

@@ -203,11 +203,10 @@ class UntrustedDatabase:
 
         parts: list[list[np.ndarray]] = [[] for _ in range(width)]
         for batch in self.batches(sql):
-            try:
-                block = np.fromiter(itertools.chain.from_iterable(batch), np.int64,
-                                    len(batch) * width).reshape(-1, width)
-            except (TypeError, ValueError, OverflowError):  # a value of another type
-                return None
+            if not set(map(type, itertools.chain.from_iterable(batch))) <= {int}:
+                return None  # a value of another type (numpy would take a real as an int)
+            block = np.fromiter(itertools.chain.from_iterable(batch), np.int64,
+                                len(batch) * width).reshape(-1, width)
             for j, part in enumerate(parts):
                 part.append(block[:, j].copy())
         out = []

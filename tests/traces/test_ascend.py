@@ -719,18 +719,19 @@ def test_a_database_written_while_read_is_refused(tmp_path, monkeypatch):
     """A digest taken in place vouches for the bytes read only if the file did not change
     meanwhile: a write during the read (its status changes) is an error, never a cache entry."""
     from residency.traces import ascend_db
+    from residency.traces.sqlitedb import UntrustedDatabase
 
     db = tmp_path / "ascend_pytorch_profiler_0.db"
     shutil.copyfile(next((DATA / "ascend_real_db").rglob("*.db")), db)
-    read = ascend_db._read_columns
+    read = UntrustedDatabase.int_columns
 
-    def read_then_write(con, tables):
-        got = read(con, tables)
+    def read_then_write(self, *args, **kwargs):
+        got = read(self, *args, **kwargs)
         with open(db, "ab") as f:
             f.write(b"\0")
         return got
 
-    monkeypatch.setattr(ascend_db, "_read_columns", read_then_write)
+    monkeypatch.setattr(UntrustedDatabase, "int_columns", read_then_write)
     with pytest.raises(TraceError, match=r"ascend_pytorch_profiler_0\.db: changed while it "
                                          r"was read"):
         ascend_db.read_db(db, digest=True)
