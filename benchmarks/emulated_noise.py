@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from residency.analysis import stats
+from residency.evidence import notes
 from residency.evidence.verdicts import e2e_verdict
 from residency.experiments.designs import run_pair
 from residency.rundir.run import Run, RunEntry, load_run
@@ -119,7 +120,7 @@ def main() -> None:
               f"{aa_wall:.0f} s, load {aa_load} -> {_load()}):")
         print("  run E2E (s, median of its requests): "
               + ", ".join(f"{x:.3f}" for x in [*slot_a, *slot_b]))
-        print(f"  {noise.note}")
+        print(f"  {notes.note(noise)}")
         print(f"  E2E coefficient of variation {noise.cv:.2%} (target <= 2 %: "
               f"{'met' if cv_ok else 'NOT met'})")
 
@@ -186,8 +187,8 @@ def _report_ab(ab: Run, noise: stats.AANoise) -> None:
         margin = 0.02 * statistics.median(b)
         eq = stats.equivalence_pairs(b, c, margin=margin, unit="s",
                                      margin_label="2 % of the baseline median E2E")
-        print(f"  {diff.note}")
-        print(f"  {eq.note}")
+        print(f"  {notes.note(diff)}")
+        print(f"  {notes.note(eq)}")
         print(f"  {e2e_verdict(diff, eq)}")
 
 

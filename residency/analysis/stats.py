@@ -14,10 +14,10 @@ Entry points, one per shape of evidence:
 * `single`: one value per arm, no test possible.
 
 Every result carries `n`, `p_value` (float or None), `ci` (tuple or None), an effect
-(`ratio` and/or `delta`, in `unit`) and a plain-words `note`. Tests are two-sided at the 5 %
-level. Numbers shown in notes have 4 significant digits (`humanize.sig`); the fields keep
-full precision. Wording follows pyperf ("Not significant", "1.23x faster") and Google Benchmark's
-compare.py (names the test, warns below 9 repetitions). No torch here.
+(`ratio` and/or `delta`, in `unit`) and the fields its plain-words note needs; the note itself
+is written by `residency.evidence.notes` (statistics here, prose there), and `to_dict(note=)`
+puts it in its place in the `results.json` record. Tests are two-sided at the 5 % level. The
+fields keep full precision. No torch here.
 """
 
 from __future__ import annotations
@@ -27,12 +27,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from itertools import combinations
 from statistics import NormalDist
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from scipy import stats as _sps
 
-from residency import humanize
 from residency.humanize import full_number, p_text, quantity, speed_text
 from residency.policy.cache import BASELINE, CANDIDATE
 
@@ -47,29 +46,29 @@ __all__ = [
     "E2E_MARGIN_FRACTION", "AANoise", "Equivalence", "GroupComparison", "PairComparison",
     "Proportion", "Single",
     "aa_noise", "compare_groups", "compare_pairs", "equivalence_pairs",
-    "proportion", "single", "pairs_floor_note", "median_interval", "sign_flip_test",
-    "wilcoxon_signed_rank", "EQUIVALENCE_OUTCOMES", "OUTLIER_SPREADS", "PAIRED_TEST",
-    "robust_spread",
+    "proportion", "single", "median_interval", "sign_flip_test",
+    "wilcoxon_signed_rank", "EQUIVALENCE_OUTCOMES", "MIN_CI_PAIRS", "MIN_REPETITIONS",
+    "OUTLIER_SPREADS", "PAIRED_TEST", "REPLICATES", "robust_spread",
 ]
 OUTLIER_SPREADS = 3.0
 """A paired delta further than this many robust spreads (1.4826 x MAD) from the median delta
 is named an outlier in the note."""
 
 
-def _verdict(p: float) -> str:
-    if p < ALPHA:
-        return f"significant at the 5 % level (p={p_text(p)} < 0.05)"
-    return f"Not significant (p={p_text(p)} >= 0.05)"
-
-
 class _Result:
-    """Shared helpers: `to_dict()` for JSON and a readable repr."""
+    """Shared helpers: `to_dict(note=)` for JSON and a readable repr."""
 
-    note: str  # declared by every subclass
+    RECORD: ClassVar[tuple[str, ...]]
+    """The `results.json` keys of the result, in their order (`kind` follows): its fields, less
+    those only its note reads, and `note`, the note layer's sentence."""
 
-    def to_dict(self) -> dict[str, Any]:
-        """The result as plain JSON-ready values."""
-        out = asdict(self)  # type: ignore[call-overload]
+    def to_dict(self, note: str | None = None) -> dict[str, Any]:
+        """The result as plain JSON-ready values in its record's key order; `note` (the
+        sentence of `residency.evidence.notes.note`) fills the `note` key, which is left out
+        when None."""
+        values = asdict(self)  # type: ignore[call-overload]
+        out = {k: note if k == "note" else values[k] for k in self.RECORD
+               if k != "note" or note is not None}
         out["kind"] = type(self).__name__
         return out
 
@@ -77,7 +76,7 @@ class _Result:
         raise NotImplementedError
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self._summary()}>\n  {self.note}"
+        return f"<{type(self).__name__} {self._summary()}>"
 
     def __str__(self) -> str:
         return self._summary()
@@ -142,7 +141,16 @@ class GroupComparison(_Result):
     p_value: float
     test: str
     ci: None
-    note: str
+    replicate: str  # what one value is: a key of REPLICATES
+    RECORD: ClassVar[tuple[str, ...]] = (
+        "n", "baseline_range", "candidate_range", "baseline_median", "candidate_median",
+        "ratio", "delta", "unit", "p_value", "test", "ci", "note")
+
+    @property
+    def separated(self) -> bool:
+        """Every value of one arm lies below every value of the other."""
+        return (self.candidate_range[1] < self.baseline_range[0]
+                or self.baseline_range[1] < self.candidate_range[0])
 
     @property
     def min_p(self) -> float:
@@ -177,13 +185,8 @@ def _mann_whitney_exact(b: np.ndarray, c: np.ndarray) -> tuple[float, str]:
     return float(min(1.0, p)), "exact permutation with ties"
 
 
-_REPLICATES = {
-    "rank": ("The ranks of one run are not independent replicates: the claim is \"every rank, "
-             "in this run pair\", not a cross-run generalisation; no interval."),
-    "run": ("Unit: the service run (one value per run, e.g. its median per call); separate "
-            "service starts of this design on this host, so the claim is across runs of this "
-            "design, not across hosts or workloads; no interval."),
-}
+REPLICATES = ("rank", "run")
+"""What one value of `compare_groups` can be: a rank of one run pair, or one service run."""
 
 
 def compare_groups(
@@ -200,30 +203,18 @@ def compare_groups(
     Raises:
         ValueError: an input is empty or holds NaN, infinite or negative values.
     """
-    if replicate not in _REPLICATES:
-        raise ValueError(f"The value for `replicate` must be one of {list(_REPLICATES)}, but "
+    if replicate not in REPLICATES:
+        raise ValueError(f"The value for `replicate` must be one of {list(REPLICATES)}, but "
                          f"{replicate!r} was passed.")
     b, c = _values(BASELINE, baseline), _values(CANDIDATE, candidate)
     p, method = _mann_whitney_exact(b, c)
     test = f"Mann-Whitney U test ({method}, two-sided)"
     bm, cm = float(np.median(b)), float(np.median(c))
-    sep = ""
-    floor = 2 / math.comb(b.size + c.size, b.size)
-    if floor >= ALPHA:
-        sep = (f"p < 0.05 is unreachable with {b.size} vs {c.size} values whatever the data "
-               f"(smallest two-sided p = {p_text(floor)}); ")
-    elif c.max() < b.min() or b.max() < c.min():
-        sep = f"complete separation (p = 2/C({b.size + c.size},{b.size}), the smallest reachable); "
-    note = (f"{test}, {b.size} vs {c.size} {replicate}s: {sep}{_verdict(p)}. "
-            f"{_REPLICATES[replicate]}")
-    if min(b.size, c.size) < MIN_REPETITIONS:
-        note += (f" Warning: results unreliable, {MIN_REPETITIONS}+ repetitions recommended "
-                 f"(have {b.size} vs {c.size}).")
     return GroupComparison(
         n=(int(b.size), int(c.size)), baseline_range=(float(b.min()), float(b.max())),
         candidate_range=(float(c.min()), float(c.max())), baseline_median=bm,
         candidate_median=cm, ratio=_ratio(cm, bm), delta=cm - bm, unit=unit, p_value=p,
-        test=test, ci=None, note=note)
+        test=test, ci=None, replicate=replicate)
 
 
 # ----------------------------------------------------------------------------- pairs
@@ -249,11 +240,33 @@ class PairComparison(_Result):
     ci: tuple[float, float] | None  # distribution-free interval for the median delta
     pairs_needed: int | None
     test: str
-    note: str
     ci_coverage: float | None = None  # the interval's exact coverage (binomial)
     ci_order: tuple[int, int] | None = None  # its order statistics, 1-based, of n
     reversed_pairs: tuple[int, ...] = ()  # 0-based: deltas of the sign opposite the median's
     outlier_pairs: tuple[int, ...] = ()  # 0-based: beyond OUTLIER_SPREADS robust spreads
+    tested_pairs: int = 0  # pairs the test ranked: the non-zero deltas
+    spread: float | None = None  # what `pairs_needed` assumed: robust_spread, else the noise
+    noise: float | None = None  # the A/A noise given, in `unit`
+    labels: tuple[str, ...] | None = None  # the pairs' names, as given
+    RECORD: ClassVar[tuple[str, ...]] = (
+        "n", "deltas", "baseline_median", "candidate_median", "delta", "relative", "ratio",
+        "unit", "p_value", "min_p", "ci", "pairs_needed", "test", "note", "ci_coverage",
+        "ci_order", "reversed_pairs", "outlier_pairs")
+
+    @property
+    def median_difference(self) -> float:
+        """The delta of the medians (candidate - baseline), not the median delta."""
+        return self.candidate_median - self.baseline_median
+
+    @property
+    def within_noise(self) -> bool | None:
+        """|median delta| is at most the A/A noise (None without a noise estimate)."""
+        return None if self.noise is None else abs(self.delta) <= self.noise
+
+    @property
+    def noise_multiple(self) -> float | None:
+        """|median delta| / A/A noise (None without a noise estimate, or a zero one)."""
+        return abs(self.delta) / self.noise if self.noise else None
 
     def _summary(self) -> str:
         u = self.unit
@@ -265,19 +278,6 @@ class PairComparison(_Result):
         return (f"n={self.n} {pairs}: medians {quantity(self.baseline_median)} -> "
                 f"{quantity(self.candidate_median)} {u}, median delta "
                 f"{quantity(self.delta, u, sign=True)}{rel}{ci}, {p}")
-
-
-def pairs_floor_note(n: int) -> str:
-    """What an exact two-sided paired test (sign-flip or Wilcoxon signed-rank) can reach
-    with `n` pairs."""
-    if n <= 1:
-        return "Single observation: one pair, no interval or test possible."
-    floor = 2.0 ** (1 - n)
-    if floor >= ALPHA:
-        return (f"With {n} pairs p < 0.05 is unreachable whatever the data (smallest two-sided "
-                f"p = 2^(1-{n}) = {p_text(floor)}): at least 6 pairs needed, all in one "
-                f"direction.")
-    return f"Smallest two-sided p reachable with {n} pairs: 2^(1-{n}) = {p_text(floor)}."
 
 
 def _rank_sum_distribution(d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -395,12 +395,6 @@ def _unusual_pairs(d: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return rev, out
 
 
-def _name_pairs(idx: Sequence[int], d: np.ndarray, labels: Sequence[str] | None,
-                unit: str) -> str:
-    return ", ".join(f"pair {i + 1}{f' ({labels[i]})' if labels else ''} "
-                     f"{quantity(float(d[i]), unit, sign=True)}" for i in idx)
-
-
 def compare_pairs(
     baseline: Sequence[float], candidate: Sequence[float], *, unit: str = "s",
     noise: float | None = None, labels: Sequence[str] | None = None,
@@ -427,54 +421,27 @@ def compare_pairs(
     n = int(b.size)
     d = c - b
     bm, cm, md = float(np.median(b)), float(np.median(c)), float(np.median(d))
-    parts = [pairs_floor_note(n)]
     p = min_p = ci = coverage = order = None
     rev: tuple[int, ...] = ()
     out: tuple[int, ...] = ()
+    used = 0
     test = "none (single pair)"
     if n >= 2:
         p, used = _signed_rank_exact(d)
         min_p = 2.0 ** (1 - n)
         test = PAIRED_TEST
-        dropped = f" ({n - used} zero deltas dropped)" if used < n else ""
-        parts.append(f"{test[0].upper()}{test[1:]}, {n} pairs{dropped}: {_verdict(p)}.")
         found = median_interval(d) if n >= MIN_CI_PAIRS else None
         if found is not None:
             ci, coverage, order = (found[0], found[1]), found[2], (found[3], found[4])
-        parts.append(f"Median of the paired deltas {quantity(md, unit, sign=True)} (not the "
-                     f"delta of the medians, {quantity(cm - bm, unit, sign=True)}); " + (
-            f"{humanize.percent(coverage)} distribution-free interval "
-            f"{humanize.span_text(ci[0], ci[1], unit)}"
-            f" (deltas {order[0]} and {order[1]} of {n} in order; exact coverage from the "
-            f"binomial distribution)." if ci else f"no interval below {MIN_CI_PAIRS} pairs."))
         rev, out = _unusual_pairs(d)
-        if rev:
-            parts.append(f"Reversed (against the median's direction): "
-                         f"{_name_pairs(rev, d, labels, unit)}.")
-        if out:
-            parts.append(f"Outlier (more than {OUTLIER_SPREADS:g} robust spreads, 1.4826 x "
-                         f"MAD, from the median delta): {_name_pairs(out, d, labels, unit)}.")
-    if noise is not None:
-        verdict = ("within the noise: not distinguishable from A/A variation"
-                   if abs(md) <= noise else f"{humanize.sig(abs(md) / noise)}x the noise")
-        parts.append(f"A/A noise {quantity(noise, unit)}: |median delta| "
-                     f"{quantity(abs(md), unit)} is {verdict}.")
     spread = robust_spread(d) if n >= 2 else noise
-    needed = _pairs_needed(md, spread)
-    if needed is not None and spread is not None:
-        src = ("spread 1.4826 x MAD of the deltas (robust to one outlier)" if n >= 2 else
-               "A/A noise as the spread")
-        parts.append(f"Estimate: about {needed} pairs would resolve a median delta of "
-                     f"{quantity(md, unit, sign=True)} at {src} {quantity(spread, unit)} "
-                     f"(normal approximation, 80 % power, 5 % two-sided; at least 6 for the "
-                     f"exact test).")
-    elif n == 1:
-        parts.append("Spread unknown from one pair: at least 6 pairs needed.")
     return PairComparison(
         n=n, deltas=tuple(float(x) for x in d), baseline_median=bm, candidate_median=cm,
         delta=md, relative=md / bm if bm > 0 else None, ratio=_ratio(cm, bm), unit=unit,
-        p_value=p, min_p=min_p, ci=ci, pairs_needed=needed, test=test, note=" ".join(parts),
-        ci_coverage=coverage, ci_order=order, reversed_pairs=rev, outlier_pairs=out)
+        p_value=p, min_p=min_p, ci=ci, pairs_needed=_pairs_needed(md, spread), test=test,
+        ci_coverage=coverage, ci_order=order, reversed_pairs=rev, outlier_pairs=out,
+        tested_pairs=used, spread=spread, noise=noise,
+        labels=None if labels is None else tuple(str(x) for x in labels))
 
 
 # ----------------------------------------------------------------------------- equivalence
@@ -500,10 +467,16 @@ class Equivalence(_Result):
     unit: str
     test: str
     ci: None
-    note: str
     p_below: float | None = None  # one-sided p against H0 "delta >= -margin" (beyond below)
     p_above: float | None = None  # one-sided p against H0 "delta <= +margin" (beyond above)
     outcome: str = "cannot tell"  # one of EQUIVALENCE_OUTCOMES
+    margin_declared: bool = False  # `margin_label` was given (else it is the margin itself)
+    mean: float | None = None  # mean of the paired deltas (what `pairs_needed` assumed)
+    sd: float | None = None  # their standard deviation (ddof 1)
+    RECORD: ClassVar[tuple[str, ...]] = (
+        "n", "deltas", "delta", "margin", "margin_label", "p_lower", "p_upper", "p_value",
+        "equivalent", "min_p", "pairs_needed", "unit", "test", "ci", "note", "p_below",
+        "p_above", "outcome")
 
     def _summary(self) -> str:
         p = "p=None" if self.p_value is None else f"p={p_text(self.p_value)}"
@@ -567,46 +540,25 @@ def equivalence_pairs(
             n=n, deltas=tuple(float(x) for x in d), delta=md, margin=m, margin_label=label,
             p_lower=None, p_upper=None, p_value=None, equivalent=False, min_p=None,
             pairs_needed=None, unit=unit, test="none (single pair)", ci=None,
-            note=(f"Equivalence within {label}: cannot tell from one pair (no test possible; "
-                  "at least 5 pairs needed)."))
+            margin_declared=margin_label is not None, mean=mean)
     p_lower = _signed_rank_one_sided(d + m, "greater")
     p_upper = _signed_rank_one_sided(d - m, "less")
     p_below = _signed_rank_one_sided(d + m, "less")
     p_above = _signed_rank_one_sided(d - m, "greater")
     p = max(p_lower, p_upper)
-    floor = 2.0 ** -n
     sd = float(np.std(d, ddof=1))
-    needed = _equivalence_pairs_needed(mean, sd, m)
-    given = "" if margin_label is None else f" (+-{quantity(m, unit)})"
-    head = (f"{test}, {n} pairs, margin {label}{given}: median delta "
-            f"{quantity(md, unit, sign=True)}; against H0 delta <= -margin one-sided p = "
-            f"{p_text(p_lower)}, against H0 delta >= +margin p = {p_text(p_upper)}: TOST p = "
-            f"{p_text(p)}.")
     if p < ALPHA:
         outcome = "equivalent"
-        tail = f" Equivalent within {label} at the 5 % level."
     elif min(p_below, p_above) < ALPHA:
         outcome = "not equivalent"
-        side, pp = (("below -margin", p_below) if p_below <= p_above else
-                    ("above +margin", p_above))
-        tail = (f" Not equivalent: the deltas lie {side} (one-sided exact Wilcoxon "
-                f"signed-rank p = {p_text(pp)} < 0.05).")
     else:
         outcome = "cannot tell"
-        reach = ("" if floor < ALPHA else f" With {n} pairs p < 0.05 is unreachable (smallest "
-                 f"one-sided p = 2^-{n} = {p_text(floor)}).")
-        more = (f" About {needed} pairs would show equivalence if the mean delta stays "
-                f"{quantity(mean, unit, sign=True)} at SD {quantity(sd, unit)} (normal "
-                "approximation, 80 % power)." if needed is not None else
-                f" The mean delta {quantity(mean, unit, sign=True)} is outside the margin: more "
-                "pairs would not show equivalence at this margin.")
-        tail = (f" Cannot tell: neither equivalence nor non-equivalence within {label} is "
-                f"shown.{reach}{more}")
     return Equivalence(
         n=n, deltas=tuple(float(x) for x in d), delta=md, margin=m, margin_label=label,
-        p_lower=p_lower, p_upper=p_upper, p_value=p, equivalent=p < ALPHA, min_p=floor,
-        pairs_needed=needed, unit=unit, test=test, ci=None, note=head + tail,
-        p_below=p_below, p_above=p_above, outcome=outcome)
+        p_lower=p_lower, p_upper=p_upper, p_value=p, equivalent=p < ALPHA, min_p=2.0 ** -n,
+        pairs_needed=_equivalence_pairs_needed(mean, sd, m), unit=unit, test=test, ci=None,
+        p_below=p_below, p_above=p_above, outcome=outcome,
+        margin_declared=margin_label is not None, mean=mean, sd=sd)
 
 
 @dataclass(frozen=True, repr=False)
@@ -621,7 +573,8 @@ class AANoise(_Result):
     unit: str
     p_value: None
     ci: None
-    note: str
+    RECORD: ClassVar[tuple[str, ...]] = (
+        "n", "deltas", "spread", "max_abs", "cv", "unit", "p_value", "ci", "note")
 
     def _summary(self) -> str:
         cv = "" if self.cv is None else f", CV {self.cv:.2%}"
@@ -643,13 +596,8 @@ def aa_noise(slot_a: Sequence[float], slot_b: Sequence[float], *, unit: str = "s
     both = np.concatenate([a, b])
     cv = float(np.std(both, ddof=1) / np.mean(both)) if both.size > 1 and np.mean(both) else None
     spread, mx = float(np.median(np.abs(d))), float(np.max(np.abs(d)))
-    note = (f"A/A: the same arm in both slots, {a.size} pair(s): median |delta| "
-            f"{humanize.quantity(spread, unit)}, largest {humanize.quantity(mx, unit)}"
-            + ("" if cv is None else f", coefficient of variation of the runs "
-                                     f"{humanize.percent(cv)}")
-            + ". An A/B delta within this spread is not distinguishable from noise.")
     return AANoise(n=int(a.size), deltas=tuple(float(x) for x in d), spread=spread,
-                   max_abs=mx, cv=cv, unit=unit, p_value=None, ci=None, note=note)
+                   max_abs=mx, cv=cv, unit=unit, p_value=None, ci=None)
 
 
 # ----------------------------------------------------------------------------- counts
@@ -665,7 +613,8 @@ class Proportion(_Result):
     ratio: None
     delta: None
     unit: str
-    note: str
+    RECORD: ClassVar[tuple[str, ...]] = (
+        "successes", "n", "fraction", "ci", "p_value", "ratio", "delta", "unit", "note")
 
     def _summary(self) -> str:
         lo, hi = self.ci
@@ -689,10 +638,8 @@ def proportion(successes: int, n: int) -> Proportion:
     k = int(successes)
     lo = 0.0 if k == 0 else float(_sps.beta.ppf(0.025, k, n - k + 1))
     hi = 1.0 if k == n else float(_sps.beta.ppf(0.975, k + 1, n - k))
-    note = (f"{k} of {n} ({humanize.percent(k / n)}); Clopper-Pearson 95 % interval "
-            f"{humanize.percent_span(lo, hi)}: what this count supports.")
     return Proportion(successes=k, n=int(n), fraction=k / n, ci=(lo, hi), p_value=None,
-                      ratio=None, delta=None, unit="fraction", note=note)
+                      ratio=None, delta=None, unit="fraction")
 
 
 # ----------------------------------------------------------------------------- single
@@ -709,7 +656,9 @@ class Single(_Result):
     n: int
     p_value: None
     ci: None
-    note: str
+    RECORD: ClassVar[tuple[str, ...]] = (
+        BASELINE, CANDIDATE, "delta", "relative", "ratio", "unit", "n", "p_value", "ci",
+        "note")
 
     def _summary(self) -> str:
         rel = "" if self.relative is None else f" ({self.relative:+.2%})"
@@ -726,5 +675,4 @@ def single(baseline: float, candidate: float, *, unit: str = "ms") -> Single:
     b, c = _scalar(BASELINE, baseline), _scalar(CANDIDATE, candidate)
     return Single(baseline=b, candidate=c, delta=c - b,
                   relative=(c - b) / b if b > 0 else None, ratio=_ratio(c, b), unit=unit, n=1,
-                  p_value=None, ci=None,
-                  note="Single observation per arm: no interval or test possible.")
+                  p_value=None, ci=None)

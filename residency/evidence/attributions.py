@@ -12,6 +12,7 @@ import numpy as np
 
 from residency import humanize, markers
 from residency.analysis import stats
+from residency.evidence import notes
 from residency.evidence.model import PAIRED_ARMS, Attribution, Evidence, Scope
 from residency.evidence.runs import RunData, measured_requests, service_of
 from residency.evidence.verdicts import e2e_verdict
@@ -188,7 +189,7 @@ def _normal_call_per_run(data: RunData) -> Attribution | None:
     left = (f" The {other} {'unprofiled' if profiled else 'profiled'} run(s) are not pooled "
             "with these (profiling adds trace markers to every call)." if other else "")
     calls = {a: sorted({int(r[2]) for _, _, _, r in runs_of[a]}) for a in PAIRED_ARMS}
-    note = (f"{result.note} Each value is one {word} run's median over its normal calls "
+    note = (f"{notes.note(result)} Each value is one {word} run's median over its normal calls "
             f"(all ranks and measured requests: "
             + "; ".join(f"{a} {'/'.join(map(str, calls[a]))} calls per run" for a in PAIRED_ARMS)
             + f").{left}")
@@ -330,7 +331,7 @@ def _single(key: str, metric: str, unit: str, scale: float, b: float, c: float,
         n={a: 1 for a in PAIRED_ARMS}, judged_on="single observation per arm", result=result,
         scope=Scope(runs=runs, what="profiled pair" if pair and pair[0].profiled else
                     "reference pair"),
-        note=f"{result.note} Source: {source}.", source=source)
+        note=f"{notes.note(result)} Source: {source}.", source=source)
 
 
 @attributor("idle_intersection")
@@ -445,7 +446,7 @@ def _e2e_aa(data: RunData) -> Attribution | None:
     setup = (aa.manifest.get("params") or {}), (data.run.manifest.get("params") or {})
     differs = [k for k in _SAME_SETUP if not own and setup[0].get(k) != setup[1].get(k)]
     where = "this run" if own else f"A/A run {aa.path.name}"
-    note = (f"{noise.note} Source: {where} ({arm} in both slots, {len(a)} pair(s), "
+    note = (f"{notes.note(noise)} Source: {where} ({arm} in both slots, {len(a)} pair(s), "
             f"{2 * len(a)} service runs, each run's E2E the median of its measured requests).")
     if differs:
         note += (" Set up differently from this run (" + ", ".join(
@@ -498,7 +499,7 @@ def _e2e_pairs(data: RunData, profiled: bool) -> Attribution | None:
             sentence = e2e_verdict(result, eq)
             # (the verdict sentence itself is `detail["verdict"]`: the first screen's E2E line
             # says it, the note does not repeat it on the same page)
-            verdict = " " + eq.note
+            verdict = " " + notes.note(eq)
             detail = {"equivalence_margin_s": margin, "equivalence_p": eq.p_value,
                       "equivalent": eq.equivalent, "equivalence": eq.outcome,
                       "equivalence_p_below": eq.p_below, "equivalence_p_above": eq.p_above,
@@ -507,7 +508,7 @@ def _e2e_pairs(data: RunData, profiled: bool) -> Attribution | None:
             if seq is not None:  # the claim is the rule's, at its adjusted figures
                 detail.update(sequential=seq[0], verdict=seq[1])
                 verdict = (f" {seq[1]} {seq[0]['text']} Unadjusted figures of the last look "
-                           f"(not the claim): {eq.note}")
+                           f"(not the claim): {notes.note(eq)}")
     if aa is not None:
         detail["aa_spread_s"] = aa[1].spread
         detail["aa_run"] = aa[0].path.name
@@ -524,7 +525,7 @@ def _e2e_pairs(data: RunData, profiled: bool) -> Attribution | None:
         judged_on="pair (pair i: the i-th run of each arm; ABBA order)", result=result,
         scope=Scope(runs=tuple(e.name for p in pairs for e in p[:2]),
                     what="profiled runs" if profiled else "unprofiled runs"),
-        note=result.note + verdict + extra,
+        note=notes.note(result) + verdict + extra,
         detail={"deltas_s": list(result.deltas), "delta_of_medians_s":
                 result.candidate_median - result.baseline_median,
                 "median_of_deltas_s": result.delta, "relative": result.relative,

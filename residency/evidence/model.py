@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from residency import devices
+from residency.evidence import notes
 from residency.jsonio import plain
 from residency.policy.cache import BASELINE, CANDIDATE, PAIRED_ARMS
 
@@ -101,12 +102,13 @@ class Attribution:
         return {slot: float(np.median(self.values[slot])) for slot in ("A", "B")}
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: every field, the stats result as its own `to_dict()`."""
+        """JSON-ready: every field, the stats result as its record with its note
+        (`residency.evidence.notes.record`)."""
         res = self.result
         if isinstance(res, Mapping):
-            res = {k: v.to_dict() for k, v in res.items()}
+            res = {k: notes.record(v) for k, v in res.items()}
         elif res is not None:
-            res = res.to_dict()
+            res = notes.record(res)
         return {"key": self.key, "metric": self.metric, "kind": self.kind, "unit": self.unit,
                 "values": {a: list(v) for a, v in self.values.items()},
                 "labels": {a: list(v) for a, v in self.labels.items()},

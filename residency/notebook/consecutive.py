@@ -11,7 +11,7 @@ import pandas as pd
 
 from residency import evidence
 from residency.analysis import stats
-from residency.evidence import REQUEST_COLUMNS, Evidence
+from residency.evidence import REQUEST_COLUMNS, Evidence, notes
 from residency.policy.cache import CANDIDATE
 from residency.rundir.run import Run
 
@@ -75,7 +75,7 @@ def consecutive_notes(summary: Mapping[str, Any]) -> dict[str, str]:
         if not n:
             out[key] = "No calls of this kind recorded: nothing to estimate."
             continue
-        out[key] = stats.proportion(int(summary[key]), n).note
+        out[key] = notes.note(stats.proportion(int(summary[key]), n))
         if not said:  # the shared sentence once, under the first count (one page)
             out[key] += (" The calls are outcomes of a deterministic rule on each call's memory "
                          "state, clustered in ranks and requests: each interval describes these "

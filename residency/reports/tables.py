@@ -18,8 +18,7 @@ from typing import Any
 import pandas as pd
 
 from residency import devices, humanize
-from residency.analysis import stats
-from residency.evidence import PAIRED_ARMS, Attribution, Evidence, published
+from residency.evidence import PAIRED_ARMS, Attribution, Evidence, notes, published
 from residency.evidence import build as build_evidence
 from residency.humanize import csv_text, md_line, published_percent, write_markdown_table
 from residency.jsonio import plain
@@ -298,9 +297,9 @@ def _published_note(row: Mapping[str, Any]) -> str:
             f"{a} {humanize.percent_span(*p.ci)}" for a, p in ps.items()) + "."
     elif kind == "value" and row.get("pairs", 1) > 1:
         stat = (f"Medians of {row['pairs']} pairs; the pairs themselves are not published. "
-                + stats.pairs_floor_note(row["pairs"]))
+                + notes.pairs_floor_note(row["pairs"]))
     elif kind == "value":
-        stat = "Single observation per arm: no interval or test possible."
+        stat = notes.SINGLE
     else:  # tally
         ps = published.proportions(row)
         stat = "Clopper-Pearson 95 %: " + ", ".join(

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from residency.analysis import stats
+from residency.evidence.notes import note
 from residency.evidence.verdicts import e2e_verdict
 
 
@@ -46,20 +47,20 @@ def test_compare_pairs_known_answers(case: PairCase) -> None:
     else:
         assert r.p_value == pytest.approx(case.p_value)
     for text in case.note_has:
-        assert text in r.note
+        assert text in note(r)
 
 
 def test_one_pair_has_no_interval_and_no_test() -> None:
     r = stats.compare_pairs([12.3], [11.2])
     assert (r.p_value, r.ci, r.min_p) == (None, None, None)
-    assert "Single observation" in r.note
+    assert "Single observation" in note(r)
     assert r.delta == pytest.approx(-1.1)
 
 
 def test_smallest_reachable_p_and_interval_threshold() -> None:
     r9 = stats.compare_pairs(list(range(10, 19)), list(range(9, 18)))
     assert r9.min_p == 2.0 ** -8 and r9.p_value == pytest.approx(2.0 ** -8)
-    assert r9.ci is None and "no interval below 10 pairs" in r9.note
+    assert r9.ci is None and "no interval below 10 pairs" in note(r9)
     base = [100.0 + i for i in range(12)]
     r12 = stats.compare_pairs(base, [b - 1 - 0.01 * i for i, b in enumerate(base)])
     assert r12.ci is not None and r12.ci[0] <= r12.delta <= r12.ci[1]
@@ -67,9 +68,9 @@ def test_smallest_reachable_p_and_interval_threshold() -> None:
 
 def test_noise_and_pairs_needed() -> None:
     r = stats.compare_pairs([2248.795837], [2244.482967], noise=3.0)
-    assert "1.438x the noise" in r.note and r.pairs_needed == 6  # 4 significant digits
+    assert "1.438x the noise" in note(r) and r.pairs_needed == 6  # 4 significant digits
     within = stats.compare_pairs([10.0, 10.0], [9.9, 9.95], noise=0.5)
-    assert "within the noise" in within.note
+    assert "within the noise" in note(within)
     noisy = stats.compare_pairs([10, 10, 10, 10], [9, 11, 9.5, 10.4])
     assert noisy.pairs_needed is not None and noisy.pairs_needed > 6
 
@@ -81,8 +82,8 @@ def test_complete_separation_8_vs_8() -> None:
     assert r.p_value == pytest.approx(2 / 12870, rel=1e-12)
     assert r.n == (8, 8) and r.ci is None
     assert r.baseline_range == (216.822, 251.161)
-    assert "every rank, in this run pair" in r.note
-    assert "9+ repetitions recommended" in r.note
+    assert "every rank, in this run pair" in note(r)
+    assert "9+ repetitions recommended" in note(r)
     assert "faster" in repr(r)
 
 
@@ -100,14 +101,14 @@ def test_proportion_clopper_pearson() -> None:
     assert f"{r.ci[0]:.4f}" == "0.8575"
     assert stats.proportion(0, 8).ci[0] == 0.0
     assert stats.proportion(0, 8).ci[1] == pytest.approx(0.36942, abs=1e-5)
-    assert r.p_value is None and "Clopper-Pearson" in r.note
+    assert r.p_value is None and "Clopper-Pearson" in note(r)
 
 
 def test_single_is_labelled() -> None:
     r = stats.single(221.296680, 3.164550, unit="ms")
     assert r.delta == pytest.approx(-218.13213)
     assert (r.n, r.p_value, r.ci) == (1, None, None)
-    assert "Single observation" in r.note
+    assert "Single observation" in note(r)
     assert r.to_dict()["kind"] == "Single"
 
 
@@ -165,10 +166,10 @@ def test_runs_as_the_unit_4_vs_4() -> None:
     r = stats.compare_groups([112.2, 115.2, 72.0, 166.3], [0.32, 0.117, 0.119, 0.146],
                              unit="ms", replicate="run")
     assert r.p_value == pytest.approx(2 / 70, rel=1e-12)
-    assert "4 vs 4 runs" in r.note and "Unit: the service run" in r.note
-    assert "not independent replicates" not in r.note
+    assert "4 vs 4 runs" in note(r) and "Unit: the service run" in note(r)
+    assert "not independent replicates" not in note(r)
     ranks = stats.compare_groups([1.0, 2.0], [3.0, 4.0])
-    assert "2 vs 2 ranks" in ranks.note and "every rank, in this run pair" in ranks.note
+    assert "2 vs 2 ranks" in note(ranks) and "every rank, in this run pair" in note(ranks)
     with pytest.raises(ValueError, match="`replicate`"):
         stats.compare_groups([1.0], [2.0], replicate="call")
 
@@ -180,15 +181,15 @@ def test_power_estimate_uses_a_robust_spread_one_outlier_cannot_pull() -> None:
     d = [c - b for b, c in zip(base, cand, strict=True)]
     assert stats.robust_spread(d) == pytest.approx(
         1.4826 * float(np.median(np.abs(np.array(d) - np.median(d)))))
-    assert "1.4826 x MAD" in r.note and "median delta" in r.note
+    assert "1.4826 x MAD" in note(r) and "median delta" in note(r)
     assert r.pairs_needed == 6  # the SD (3.3 s, pulled by the outlier) would ask for more
-    assert "Median of the paired deltas" in r.note and "not the delta of the medians" in r.note
+    assert "Median of the paired deltas" in note(r) and "not the delta of the medians" in note(r)
 
 
 def test_power_estimate_of_a_vanishing_median_delta_is_none() -> None:
     # found by hypothesis: median delta 9e-161 against a spread of about 1
     r = stats.compare_pairs([0.0, 0.0, 1.0], [1.0, 9.45647775056107e-161, 0.0])
-    assert r.pairs_needed is None and "Estimate" not in r.note
+    assert r.pairs_needed is None and "Estimate" not in note(r)
 
 
 def test_analysis_modules_do_not_import_torch() -> None:
@@ -251,7 +252,7 @@ def test_tost_known_answers(case: TostCase) -> None:
     if case.p_lower is not None:
         assert r.p_value == pytest.approx(max(case.p_lower, case.p_upper), abs=1e-12)
     for text in case.note_has:
-        assert text in r.note
+        assert text in note(r)
     if case.name in TOST_OUTCOMES:
         assert r.outcome == TOST_OUTCOMES[case.name]
     if case.name == "mean delta outside the margin, too few pairs":
@@ -261,8 +262,8 @@ def test_tost_known_answers(case: TostCase) -> None:
 def test_tost_margin_label_and_bad_input() -> None:
     r = stats.equivalence_pairs([10] * 6, [10.1] * 6, margin=0.2,
                                 margin_label="2 % of the baseline median E2E")
-    assert "2 % of the baseline median E2E (+-0.2 s)" in r.note and r.equivalent
-    assert "p(delta" not in r.note  # one-sided p against a stated H0, not a probability
+    assert "2 % of the baseline median E2E (+-0.2 s)" in note(r) and r.equivalent
+    assert "p(delta" not in note(r)  # one-sided p against a stated H0, not a probability
     with pytest.raises(ValueError, match="`margin`"):
         stats.equivalence_pairs([1, 2], [1, 2], margin=0)
     with pytest.raises(ValueError, match="`candidate`"):
@@ -358,14 +359,14 @@ def test_pair_note_names_the_test_once_with_its_coverage_reversed_pairs_and_outl
     deltas = [-0.25, -0.3, -0.2, 0.333, -0.28, -0.22, -1.352, -0.26, -0.24, -0.27]
     r = stats.compare_pairs(base, [b + d for b, d in zip(base, deltas, strict=True)],
                             labels=[f"p{i}" for i in range(10)])
-    assert r.note.count("Wilcoxon") == 1 and "sign-flip" not in r.note
+    assert note(r).count("Wilcoxon") == 1 and "sign-flip" not in note(r)
     assert r.test == "exact Wilcoxon signed-rank test (two-sided)"
     assert r.ci_coverage == pytest.approx(1 - 22 / 1024) and r.ci_order == (2, 9)
-    assert "97.85 % distribution-free interval" in r.note and "95 %" not in r.note
+    assert "97.85 % distribution-free interval" in note(r) and "95 %" not in note(r)
     assert r.reversed_pairs == (3,) and r.outlier_pairs == (3, 6)
-    assert "Reversed (against the median's direction): pair 4 (p3) +0.3330 s" in r.note
-    assert "pair 7 (p6) -1.352 s" in r.note
-    assert too_many_digits(r.note.replace("1.4826 x MAD", "")) == []  # a constant's name
+    assert "Reversed (against the median's direction): pair 4 (p3) +0.3330 s" in note(r)
+    assert "pair 7 (p6) -1.352 s" in note(r)
+    assert too_many_digits(note(r).replace("1.4826 x MAD", "")) == []  # a constant's name
 
 
 def too_many_digits(text: str) -> list[str]:

@@ -19,6 +19,7 @@ import pytest
 from residency import devices, evidence, humanize
 from residency.analysis import stats
 from residency.evidence import reference_pair
+from residency.evidence.notes import note
 from residency.notebook import outputs as nb_outputs
 from residency.notebook import paired
 from residency.records import client as client_record
@@ -207,7 +208,7 @@ def test_pairs_have_one_numbering(built: dict) -> None:
     assert list(frame["pair"]) == ["profiled pair", "1", "2", "3"]
     r = stats.compare_pairs([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], [0.5, 1.5, 2.5, 3.5, 4.5, 6.5],
                             labels=list("abcdef"))
-    assert "pair 6 (f) +0.5 s" in r.note  # the notes' numbering: 1..K
+    assert "pair 6 (f) +0.5 s" in note(r)  # the notes' numbering: 1..K
     from residency.reports.plots import e2e_slopegraph
 
     profiled, unprofiled = views.e2e_pairs(ev)
