@@ -100,7 +100,8 @@ def pair_note(r: stats.PairComparison) -> str:
                          f"x MAD, from the median delta): {_name_pairs(r.outlier_pairs, r)}.")
     if r.noise is not None:
         verdict = ("within the noise: not distinguishable from A/A variation"
-                   if r.within_noise else f"{humanize.sig(r.noise_multiple)}x the noise")
+                   if r.within_noise else "beyond a zero noise" if r.noise_multiple is None
+                   else f"{humanize.sig(r.noise_multiple)}x the noise")
         parts.append(f"A/A noise {quantity(r.noise, unit)}: |median delta| "
                      f"{quantity(abs(md), unit)} is {verdict}.")
     if r.pairs_needed is not None and r.spread is not None:

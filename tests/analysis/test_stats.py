@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from residency.analysis import stats
-from residency.evidence.notes import note
+from residency.evidence.notes import note, record
 from residency.evidence.verdicts import e2e_verdict
 
 
@@ -374,3 +374,26 @@ def too_many_digits(text: str) -> list[str]:
 
     return [t for t in re.findall(r"\d+\.\d+", text)
             if len(t.replace(".", "").lstrip("0")) > 4]
+
+
+@pytest.mark.parametrize("result", [
+    stats.compare_groups([1.0, 2.0, 3.0], [0.1, 0.2, 0.3]),
+    stats.compare_pairs([10.0, 11.0, 12.0], [9.0, 10.5, 11.0], labels=["a", "b", "c"]),
+    stats.equivalence_pairs([10.0] * 6, [10.1] * 6, margin=0.2),
+    stats.aa_noise([10.0, 10.2], [10.1, 10.0]),
+    stats.proportion(3, 8),
+    stats.single(2.0, 1.0),
+], ids=lambda r: type(r).__name__)
+def test_a_record_holds_the_notes_sentence_in_its_place(result: object) -> None:
+    """stats computes, `evidence.notes` words: the record keeps `note` where results.json
+    always had it, and holds none of the fields only the note reads."""
+    rec = record(result)
+    assert list(rec) == [*type(result).RECORD, "kind"] and rec["note"] == note(result)
+    assert "note" not in result.to_dict() and not hasattr(result, "note")
+    assert "labels" not in rec and "replicate" not in rec and "margin_declared" not in rec
+
+
+def test_a_zero_noise_is_named_not_divided_by() -> None:
+    r = stats.compare_pairs([1.0, 2.0, 3.0], [2.0, 3.0, 4.5], noise=0.0)
+    assert r.within_noise is False and r.noise_multiple is None
+    assert "|median delta| 1 s is beyond a zero noise." in note(r)
