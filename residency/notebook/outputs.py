@@ -171,8 +171,11 @@ def describe_service(run: Run, *, attribution: bool = True) -> str:
 
 
 def statistical_note(text: str, *, what: str | None = None) -> str:
-    """`text` as the Markdown line a notebook prints under an attribution (`what`)."""
-    return f"**Statistical note{f' ({what})' if what else ''}.** {text}"
+    """`text` as the Markdown line a notebook prints under an attribution (`what`), every
+    decimal number at 4 significant digits (`humanize.round_numbers`: the evidence's notes
+    name the robust spread's constant, 1.4826, in full; the notebook has always shown it
+    at 4 digits)."""
+    return humanize.round_numbers(f"**Statistical note{f' ({what})' if what else ''}.** {text}")
 
 
 def finish(output_dir: str | os.PathLike[str], results: Mapping[str, Any]) -> Path:

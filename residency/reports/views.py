@@ -394,20 +394,21 @@ def write_effect(effect: pd.DataFrame, *, output_dir: str | os.PathLike[str],
 
 # ----------------------------------------------------------------------------- text
 def show_note(text: str) -> None:
-    """Display a Markdown note with its numbers at 4 significant digits."""
+    """Display a Markdown note as its owner wrote it (a notebook's statistical notes:
+    `residency.notebook.outputs.statistical_note`)."""
     from IPython.display import Markdown
 
-    _display(Markdown(humanize.round_numbers(text)))
+    _display(Markdown(text))
 
 
 def show_text(text: str) -> None:
-    """Display `text` as a plain paragraph (no Markdown: `*` and `_` stay characters),
-    numbers at 4 significant digits."""
+    """Display `text` as a plain paragraph (no Markdown: `*` and `_` stay characters), as its
+    owner wrote it."""
     from html import escape
 
     from IPython.display import HTML
 
-    _display(HTML(f"<p>{escape(humanize.round_numbers(text))}</p>"))
+    _display(HTML(f"<p>{escape(text)}</p>"))
 
 
 def bytes_or_text(value: Any) -> str:

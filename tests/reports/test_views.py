@@ -344,3 +344,18 @@ def test_a_rendered_report_loads_no_remote_script(tmp_path: Path) -> None:
     nbformat.write(book, src)
     html = render_html(src, tmp_path / "html").read_text()
     assert "<script" not in html.lower() and "mathjax" not in html.lower()
+
+
+def test_notes_arrive_formatted_and_views_only_show_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The notebook's note owner rounds its numbers (the constant 1.4826 included, as the
+    notebooks always showed it); `show_note`/`show_text` display the text as given."""
+    from residency.notebook.outputs import statistical_note
+
+    written = statistical_note("spread 1.4826 x MAD, 2248.795837 s", what="client E2E")
+    assert written == "**Statistical note (client E2E).** spread 1.483 x MAD, 2249 s"
+    shown: list = []
+    monkeypatch.setattr(views, "_display", lambda *objs: shown.extend(objs))
+    views.show_note("as written: 1.4826 x MAD")
+    views.show_text("as written: 216.822 ms")
+    assert [o.data for o in shown] == ["as written: 1.4826 x MAD",
+                                       "<p>as written: 216.822 ms</p>"]
