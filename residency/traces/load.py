@@ -584,15 +584,15 @@ def _parse_all(fmt: str, sources: list[Path], *, cache: bool, workers: int | Non
     cache = cache and tracecache.enabled(root)
     seal = active_seal()
     if cache:
-        from concurrent.futures import ThreadPoolExecutor
+        from residency.traces.parallel import map_threads
 
-        def cached(source: Path, st: os.stat_result) -> Parsed | None:
+        def cached(i: int) -> Parsed | None:
             with sealed_reads(seal):  # (a thread starts outside the caller's seal)
-                return tracecache.get_parsed(source, st, root=root, max_trace_bytes=max_bytes)
+                return tracecache.get_parsed(sources[i], stats[i], root=root,
+                                             max_trace_bytes=max_bytes)
 
         # hashing each trace (to check its entry) runs in threads (the hash releases the GIL)
-        with ThreadPoolExecutor(min(8, len(sources))) as pool:
-            found = list(pool.map(cached, sources, stats))
+        found = map_threads(cached, range(len(sources)))
     todo = [i for i, f in enumerate(found) if f is None]
     job = dict(root=root, chunk_bytes=chunk_bytes, max_bytes=max_bytes, digest=cache or digest,
                device_names=device_names)
@@ -633,37 +633,42 @@ def _plan_parts(sources: list[Path], sizes: list[int], todo: list[int],
 
 def _parse_pool(fmt: str, sources: list[Path], stats: list[os.stat_result], todo: list[int],
                 parts: dict[int, list[tuple[int, int]]], n: int, job: dict) -> list[Parsed]:
-    """Parse files (and parts of files) in `n` worker processes."""
+    """Parse files (and parts of files) in `n` worker processes (`parallel.map_in_order`):
+    each file's parts are joined as soon as they are parsed, in file order; a file whose parts
+    do not join is parsed again whole here (its exact error, if any); the error raised is the
+    first failing file's."""
     import tempfile
 
-    from residency.traces.parallel import process_pool  # (here: small traces start faster)
+    from residency.traces.parallel import map_in_order  # (here: small traces start faster)
 
-    part_job = dict(job)
-    # largest first: the last job to finish is a small one
-    order = sorted(todo, key=lambda i: -stats[i].st_size)
-    with tempfile.TemporaryDirectory(prefix="residency-traces-") as folder, \
-            process_pool(n) as pool:
-        futures = {i: [pool.submit(parse_part, fmt, sources[i], a, b, first=k == 0,
-                                   last=k == len(parts[i]) - 1, **part_job)
-                       for k, (a, b) in enumerate(parts[i])] if i in parts else
-                   pool.submit(_parse_to_disk, fmt, sources[i], job, folder, active_seal())
-                   for i in order}
-        out = []
-        for i in todo:
+    with tempfile.TemporaryDirectory(prefix="residency-traces-") as folder:
+        seal = active_seal()
+        calls = [[(parse_part, (fmt, sources[i], a, b),
+                   dict(first=k == 0, last=k == len(parts[i]) - 1, **job))
+                  for k, (a, b) in enumerate(parts[i])] if i in parts else
+                 [(_parse_to_disk, (fmt, sources[i], job, folder, seal), {})] for i in todo]
+
+        def joined(k: int, got: list[Any] | Exception) -> Parsed:
+            i = todo[k]
             if i not in parts:
-                out.append(_from_disk(*futures[i].result()))  # type: ignore[union-attr]
-                continue
+                if isinstance(got, Exception):
+                    raise got
+                return _from_disk(*got[0])
             try:
-                got = [f.result() for f in futures[i]]  # type: ignore[union-attr]
+                if isinstance(got, Exception):
+                    raise got
                 p = join_parts(sources[i], got)
             except (NotAligned, TraceError):  # parse it whole: the exact error, if any
-                p = parse_trace(fmt, sources[i], **job)
-            else:
-                if job["digest"]:  # of exactly the bytes the parts parsed, as they read them
-                    p.digest = parts_digest([(a, b, g[2]) for (a, b), g in
-                                             zip(parts[i], got, strict=True)])
-            out.append(p)
-    return out
+                return parse_trace(fmt, sources[i], **job)
+            if job["digest"]:  # of exactly the bytes the parts parsed, as they read them
+                p.digest = parts_digest([(a, b, g[2]) for (a, b), g in
+                                         zip(parts[i], got, strict=True)])
+            return p
+
+        # largest first: the last job to finish is a small one
+        return map_in_order(calls, joined, workers=n,
+                            submit_order=sorted(range(len(todo)),
+                                                key=lambda k: -stats[todo[k]].st_size))
 
 
 _COLUMNS = ("device", "ranges", "device_task_type", "range_task_type", "range_lane")

@@ -1,11 +1,14 @@
 """Running work over ranks in parallel: the one execution layer of every path that maps over
 ranks (`residency.traces.load` parsing files, `residency.analysis` reducing ranks).
 
-* Here: worker processes (`process_pool`, `map_local`), forked where that is safe (from a
-  process with no threads of its own: a notebook kernel has some), else spawned. Each worker
-  keeps its C heap between the runs it decodes (`keep_heap`): a parse frees and reallocates its
-  2 MiB runs, their event lists and arrays thousands of times, and glibc by default hands such
-  memory back to the kernel and maps it again, one page fault per 4 KiB. Measured here (2
+* Here: worker processes (`process_pool`; `map_local`, every item's result at the end;
+  `map_in_order`, each item's results handed on in item order while later ones run; and
+  `map_threads`, threads of this process for the cache lookups), forked
+  where that is safe (from a process with no threads of its own: a notebook kernel has
+  some), else spawned. Each worker keeps its C heap between the runs it decodes
+  (`keep_heap`): a parse frees and reallocates its 2 MiB runs, their event lists and arrays
+  thousands of times, and glibc by default hands such memory back to the kernel and maps it
+  again, one page fault per 4 KiB. Measured here (2
   cores, 8 ranks x 110k events, `residency idle --no-cache`, 6 interleaved rounds): 36.7k
   page faults and 0.61 s (median) with glibc's defaults, 20.4k and 0.48 s with the heap kept.
 * On a Dask cluster (`map_dask`): ``"local"`` starts a `distributed.LocalCluster` that accepts
@@ -32,11 +35,12 @@ from typing import Any
 
 from residency.errors import BadInput, RunFailed
 
-__all__ = ["GUIDED_SHARES", "HEAP_KEEP_BYTES", "PARALLEL_MIN_BYTES", "SCHEDULER_CONNECT_S",
-           "WORKER_START_POLL_S", "DaskTaskError", "analysis_version", "heap_kept",
-           "keep_heap", "map_dask", "map_local", "probe_scheduler", "process_pool",
-           "prompt_worker_start", "quiet_dask", "reduce_node", "run_group",
-           "scheduler_security", "start_method", "task_error", "task_groups", "usable_cpus"]
+__all__ = ["Call", "GUIDED_SHARES", "HEAP_KEEP_BYTES", "LOOKUP_THREADS", "PARALLEL_MIN_BYTES",
+           "SCHEDULER_CONNECT_S", "WORKER_START_POLL_S", "DaskTaskError", "analysis_version",
+           "heap_kept", "keep_heap", "map_dask", "map_in_order", "map_local", "map_threads",
+           "probe_scheduler", "process_pool", "prompt_worker_start", "quiet_dask",
+           "reduce_node", "run_group", "scheduler_security", "start_method", "task_error",
+           "task_groups", "usable_cpus"]
 
 PARALLEL_MIN_BYTES = 16 << 20  # below this, starting worker processes costs more than it saves
 
@@ -163,6 +167,58 @@ def map_local(task: Callable[..., Any], groups: Sequence[Sequence[int]], *, work
     if failed:
         raise min(failed, key=lambda x: x.item).exc
     return results, (ready[0] if combine is not None and ready else None)
+
+
+LOOKUP_THREADS = 8
+"""At most this many threads look cache entries up (`map_threads`)."""
+
+
+def map_threads(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+    """``fn(item)`` for every item in up to `LOOKUP_THREADS` threads of this process, the
+    results in item order: for work that releases the GIL (hashing each rank's trace to check
+    its cache entry)."""
+    if not items:
+        return []
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(LOOKUP_THREADS, len(items))) as pool:
+        return list(pool.map(fn, items))
+
+
+Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+"""One call a worker makes: ``(function, args, kwargs)``."""
+
+
+def map_in_order(calls: Sequence[Sequence[Call]], then: Callable[[int, Any], Any], *,
+                 workers: int, submit_order: Sequence[int] | None = None) -> list[Any]:
+    """Every call of every item in `workers` worker processes (the items' calls submitted
+    in `submit_order`, e.g. largest first, so that the last call to end is a small one), and
+    ``then(item, got)`` in this process, item by item in item order, as soon as that item's
+    calls have ended, while later items' calls still run: `got` is the list of the item's
+    results, one per call, or the exception of its first failing call (in call order), for
+    `then` to raise or to recover from (e.g. by doing the item again whole). Returns what
+    `then` returned, per item.
+
+    Raises:
+        Exception: what `then` raised, for the lowest item whose `then` raised (later items'
+            `then` are not called; the calls still running end first, as the pool's shutdown
+            waits for them).
+    """
+    order = range(len(calls)) if submit_order is None else list(submit_order)
+    if sorted(order) != list(range(len(calls))):
+        raise ValueError(f"The value for `submit_order` must order the {len(calls)} items "
+                         f"once each, but {order!r} was passed.")
+    out = []
+    with process_pool(workers) as pool:
+        futures = {i: [pool.submit(fn, *args, **kwargs) for fn, args, kwargs in calls[i]]
+                   for i in order}
+        for i in range(len(calls)):
+            try:
+                got: Any = [f.result() for f in futures[i]]
+            except Exception as exc:  # (the item's first failing call, for `then`)
+                got = exc
+            out.append(then(i, got))
+    return out
 
 
 # -- Dask -------------------------------------------------------------------------------------

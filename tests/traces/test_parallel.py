@@ -65,6 +65,71 @@ def test_a_local_job_error_is_the_lowest_failing_items():
                            combine=iv.union)
 
 
+def square_or_fail(x: int) -> int:
+    if x < 0:
+        raise ItemFailed(f"call {x}")
+    return x * x
+
+
+def wait_for(flag: str, x: int) -> int:
+    """A call that ends only once `flag` exists (made by the caller's `then` of an earlier
+    item): bounded, so that a caller that waits for every call first fails, not hangs."""
+    import os
+    import time
+
+    for _ in range(6000):
+        if os.path.exists(flag):
+            return x
+        time.sleep(0.01)
+    raise ItemFailed(f"{flag} never appeared: the earlier item was not handed on first")
+
+
+def test_in_order_hands_each_item_on_while_later_ones_run(tmp_path: Path) -> None:
+    """Item 1's call ends only after `then(0, ...)` ran: each item is handed on as soon as
+    its calls have ended, in item order, whatever order they were submitted in."""
+    flag = str(tmp_path / "item-0-handed-on")
+    seen: list[tuple[int, object]] = []
+
+    def then(i: int, got: object) -> int:
+        seen.append((i, got))
+        if i == 0:
+            Path(flag).touch()
+        return i
+
+    calls = [[(square_or_fail, (3,), {}), (square_or_fail, (4,), {})],
+             [(wait_for, (flag, 7), {})], [(square_or_fail, (5,), {})]]
+    out = parallel.map_in_order(calls, then, workers=2, submit_order=[1, 2, 0])
+    assert out == [0, 1, 2] and seen == [(0, [9, 16]), (1, [7]), (2, [25])]
+    with pytest.raises(ValueError, match="submit_order"):
+        parallel.map_in_order(calls, then, workers=2, submit_order=[0, 0, 1])
+
+
+def test_in_order_gives_then_the_first_failing_call_and_raises_the_first_items_error() -> None:
+    """An item's `then` receives its first failing call's error (in call order) and may
+    recover; the error raised is the lowest item's whose `then` raised, and no later item's
+    `then` runs."""
+    seen: list[tuple[int, object]] = []
+
+    def then(i: int, got: object) -> object:
+        seen.append((i, str(got) if isinstance(got, Exception) else got))
+        if isinstance(got, ItemFailed) and i >= 2:
+            raise got
+        return "recovered" if isinstance(got, Exception) else got
+
+    calls = [[(square_or_fail, (2,), {})],
+             [(square_or_fail, (1,), {}), (square_or_fail, (-1,), {}),
+              (square_or_fail, (-2,), {})],
+             [(square_or_fail, (-3,), {})], [(square_or_fail, (-4,), {})]]
+    with pytest.raises(ItemFailed, match="call -3"):
+        parallel.map_in_order(calls, then, workers=2, submit_order=[3, 2, 1, 0])
+    assert seen == [(0, [4]), (1, "call -1"), (2, "call -3")]
+
+
+def test_threads_keep_the_items_order() -> None:
+    assert parallel.map_threads(lambda i: i * i, range(20)) == [i * i for i in range(20)]
+    assert parallel.map_threads(lambda i: i, []) == []
+
+
 def reduction(rank: int, busy: np.ndarray, markers: np.ndarray,
               window: np.ndarray) -> idle.RankReduction:
     merged = iv.merge(busy)

@@ -134,14 +134,12 @@ def _here(plan: Any, job: dict[str, Any], workers: int | None
     entries are looked up here first (in threads), then the rest parsed here, one file per
     worker process while there are enough of them, or each large file in parts in the workers
     (`residency.traces.load.parse_files`) and reduced here, one rank at a time."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from residency.traces import load as tr
 
     n_items = len(plan.sources)
     stats = {i: tr.open_stat(plan.sources[i], plan.parse_root, job["max_trace_bytes"])
              for i in range(n_items)}
-    from residency.traces.parallel import PARALLEL_MIN_BYTES, usable_cpus
+    from residency.traces.parallel import PARALLEL_MIN_BYTES, map_threads, usable_cpus
 
     n = workers if workers is not None else usable_cpus()
     small = sum(st.st_size for st in stats.values()) < PARALLEL_MIN_BYTES
@@ -150,9 +148,7 @@ def _here(plan: Any, job: dict[str, Any], workers: int | None
         return _pool(plan, job, n, stats)  # (lookups in the workers: no start-up cost here)
     found: list[RankReduction | None] = [None] * n_items
     if job["cache"] and n_items:
-        with ThreadPoolExecutor(min(8, n_items)) as threads:
-            found = list(threads.map(lambda i: entries.cached(plan, i, job, stats[i]),
-                                     range(n_items)))
+        found = map_threads(lambda i: entries.cached(plan, i, job, stats[i]), range(n_items))
     todo = [i for i, r in enumerate(found) if r is None]
     done: dict[int, RankReduction] = {}
     if n <= 1 or (workers is None and small):
