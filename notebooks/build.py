@@ -387,7 +387,7 @@ PAIRED_PROFILE = [
         "(True): a fresh run refuses to measure while a process other than its own holds a "
         "device. `compare` (None or a list of recorded run folders, any device) adds the "
         "cross-device table and figure." + SERVICE_HELP),
-    new_code_cell("display(Markdown(nb.describe_run(run, attribution=False)))\n"
+    new_code_cell("display(Markdown(nb.describe_run(run, assignment=False)))\n"
                   'results = nb.finish(out, nb.paired_results(ev, source=params["source"], '
                   'notebook="paired_profile",\n'
                   "                                             parameters=params, "

@@ -113,10 +113,11 @@ def save_figure(fig: Figure, output_dir: str | os.PathLike[str], name: str) -> P
     return path
 
 
-def describe_run(run: Run, *, attribution: bool = True) -> str:
+def describe_run(run: Run, *, assignment: bool = True) -> str:
     """A Markdown paragraph: which run is analysed, on what device kind, with which
-    parameters and runs; `attribution=False` leaves out how decisions were attributed to
-    requests (for a report that says it elsewhere: no sentence twice)."""
+    parameters and runs; `assignment=False` leaves out how decisions were assigned to
+    requests (`residency.rundir.assignment`; for a report that says it elsewhere: no sentence
+    twice)."""
     m = run.manifest
     params = ", ".join(f"{k}={v}" for k, v in (m.get("params") or {}).items()
                        if v is not None and k != "emulated_npu")
@@ -140,16 +141,16 @@ def describe_run(run: Run, *, attribution: bool = True) -> str:
             f"{md_text(m.get('service', '?'))} service; parameters {md_text(params)}; measured "
             f"runs in order: {order}. Recorded {md_text(m.get('started_at'))} to "
             f"{md_text(m.get('ended_at'))} on host {md_code(m.get('host'))}.")
-    text += " " + describe_service(run, attribution=attribution)
+    text += " " + describe_service(run, assignment=assignment)
     if devices.emulated(run.device_kind):
         text += (" The emulated NPU keeps real host buffers and does its own accounting: its "
                  "durations describe this host, never an NPU.")
     return text
 
 
-def describe_service(run: Run, *, attribution: bool = True) -> str:
+def describe_service(run: Run, *, assignment: bool = True) -> str:
     """Markdown: which service ran (name, service file, command, the versions it reported)
-    and, unless `attribution` is False, how its decisions were attributed to requests, said
+    and, unless `assignment` is False, how its decisions were assigned to requests, said
     once for all runs (warm-ups per kind, decisions truly outside every request counted)."""
     from residency.evidence import service_of
 
@@ -164,7 +165,7 @@ def describe_service(run: Run, *, attribution: bool = True) -> str:
 
     text = (f"**Service** {md_code(name)}{where} ({md_text(info['kind'] or '?')}): command "
             f"{md_code(command)}; versions: {md_text(reported)}.")
-    if not attribution:
+    if not assignment:
         return text
     summary = scope_note([assign_run(run, e) for e in run.runs]) if run.runs else "no runs"
     return f"{text} **Attribution of decisions to requests**: {md_text(summary)}"

@@ -90,7 +90,7 @@ def test_a_notebook_execution_reads_each_run_file_once(paired, tmp_path, monkeyp
                          device=params["device"])
     ev = nb.paired_profile(run)
     nb.first_screen_notes(ev, run)
-    nb.describe_run(run, attribution=False)
+    nb.describe_run(run, assignment=False)
     nb.cross_device(run, params["compare"])
     assert opened[MANIFEST] == 1
     records = {f: n for f, n in opened.items() if "/trace/" not in f}  # (traces: see below)
