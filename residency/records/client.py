@@ -1,8 +1,10 @@
 """`client.json`: what the client saw of one service run, both ways.
 
-Written once per service run by the experiment (`write_client`, the current layout), read by
-analysis and `verify` (`read_client`: strict JSON, every field analysis reads checked, then
-upgraded to the current layout). Older layouts are upgraded here, in one place, on reading
+Schema: `ClientRecord` (msgspec structs down to a rank's part of the service's answer,
+`RankResponse`). Written once per service run by the experiment (`write_client`, the current
+layout, refused before writing when it does not validate), read by analysis and `verify`
+(`read_client`: strict JSON, validated against `ClientRecord`, then upgraded to the current
+layout). Older layouts are upgraded here, in one place, on reading
 (`upgrade_client`); a recorded file is never rewritten.
 """
 
@@ -10,19 +12,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+import msgspec
+from msgspec import UNSET, UnsetType
 
 from residency.jsonio import write_json_atomic
-from residency.records.files import (
-    RunDirError,
-    RunReading,
-    finite_field,
-    is_int,
-    read_json,
-)
+from residency.records.files import RunReading, read_json
+from residency.records.schema import Count, FiniteCount, Int64, validate
 
-__all__ = ["CLIENT", "CLIENT_LAYOUT", "check_client", "read_client", "read_raw",
-           "upgrade_client", "write_client", "write_raw"]
+__all__ = ["CLIENT", "CLIENT_LAYOUT", "ClientRecord", "ForcedCalls", "NormalCalls",
+           "RankResponse", "RequestRecord", "Response", "Warmup", "check_client",
+           "read_client", "read_raw", "upgrade_client", "write_client", "write_raw"]
 
 CLIENT = "client.json"
 
@@ -52,87 +53,90 @@ def upgrade_client(c: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# --------------------------------------------------------------------------------- schema
+class NormalCalls(msgspec.Struct):
+    """A rank's normal policy calls of one request, as the service counted them."""
+
+    count: Count | UnsetType = UNSET
+    retained: Count | UnsetType = UNSET
+    released: Count | UnsetType = UNSET
+    duration_ns: Count | list[Count] | None = None  # one per call, or their sum
+
+
+class ForcedCalls(msgspec.Struct):
+    """A rank's forced policy calls of one request."""
+
+    count: Count | UnsetType = UNSET
+    released: Count | UnsetType = UNSET
+
+
+class RankResponse(msgspec.Struct):
+    """One rank's part of the service's answer (`response.per_rank[i]`)."""
+
+    rank: Count | UnsetType = UNSET
+    prepare_ns: Count | UnsetType = UNSET
+    denoise_ns: Count | UnsetType = UNSET
+    decode_ns: Count | UnsetType = UNSET
+    total_ns: Count | UnsetType = UNSET
+    telemetry_errors: Count | UnsetType = UNSET
+    oom: Count | UnsetType = UNSET
+    normal: NormalCalls | None = None
+    forced: ForcedCalls | None = None
+
+
+class Response(msgspec.Struct):
+    """The service's JSON answer to a request (open: only what analysis reads is typed)."""
+
+    per_rank: list[RankResponse] | None = None
+
+
+class Warmup(msgspec.Struct):
+    """The warm-up request before the measured ones."""
+
+    request_id: Any = None  # as the service answered it
+    e2e_ns: Count | None = None
+    start_wall_ns: Int64 | None = None
+    end_wall_ns: Int64 | None = None
+
+
+class RequestRecord(msgspec.Struct):
+    """One measured request (`requests[i]`): its id, E2E, wall-clock window and answer."""
+
+    request_id: str | None = None
+    e2e_ns: Count | None = None
+    e2e_s: FiniteCount | None = None
+    start_wall_ns: Int64 | None = None
+    end_wall_ns: Int64 | None = None
+    response: Response | None = None
+
+
+class ClientRecord(msgspec.Struct):
+    """`client.json`, layout 2 (`CLIENT_LAYOUT`) and layout 1 (no `layout`; its top-level
+    request fields typed as a request's). Open: a field beyond these is kept as recorded."""
+
+    layout: Literal[2] | None = None  # (CLIENT_LAYOUT)
+    arm: str | None = None
+    index: Count | None = None
+    request: dict[str, Any] | None = None
+    median_e2e_ns: Count | None = None
+    median_e2e_s: FiniteCount | None = None
+    warmup: Warmup | None = None
+    requests: list[RequestRecord] | None = None
+    service_versions: Any = None
+    # layout 1: the first measured request at the top level, `e2e_*` the run's median
+    request_id: str | None = None
+    e2e_ns: Count | None = None
+    e2e_s: FiniteCount | None = None
+    start_wall_ns: Int64 | None = None
+    end_wall_ns: Int64 | None = None
+    response: Response | None = None
+
+
 def check_client(path: Path, c: dict[str, Any]) -> dict[str, Any]:
-    """`c` (a `client.json`) when every field analysis reads has its contract type (ints in
-    int64, finite non-negative seconds, objects and lists where the contract says);
-    `RunDirError` naming the file and field otherwise."""
-    def bad(field: str, what: str) -> RunDirError:
-        return RunDirError(path, what[:300], field=field)
-
-    layout = c.get("layout")
-    if layout is not None and layout != CLIENT_LAYOUT:
-        raise bad("layout", f"must be {CLIENT_LAYOUT} or absent (layout 1), got {layout!r}")
-    for key in ("e2e_ns", "median_e2e_ns", "index"):
-        if c.get(key) is not None and not is_int(c[key]):
-            raise bad(key, f"must be an integer in [0, 2**63), got {c[key]!r}")
-    for key in ("request_id", "arm"):
-        if c.get(key) is not None and not isinstance(c[key], str):
-            raise bad(key, f"must be a string, got {type(c[key]).__name__}")
-    finite_field(path, c.get("e2e_s"), "e2e_s")
-    finite_field(path, c.get("median_e2e_s"), "median_e2e_s")
-    warm = c.get("warmup")
-    if warm is not None:
-        if not isinstance(warm, dict):
-            raise bad("warmup", f"must be an object or null, got {type(warm).__name__}")
-        if warm.get("e2e_ns") is not None and not is_int(warm["e2e_ns"]):
-            raise bad("warmup.e2e_ns", f"must be an integer in [0, 2**63), got "
-                      f"{warm['e2e_ns']!r}")
-    _check_response(path, c.get("response"), "response.")
-    requests = c.get("requests")
-    if requests is not None:
-        if not isinstance(requests, list):
-            raise bad("requests", f"must be a list, got {type(requests).__name__}")
-        for i, r in enumerate(requests):
-            if not isinstance(r, dict):
-                raise bad(f"requests[{i}]", f"must be an object, got {type(r).__name__}")
-            if r.get("e2e_ns") is not None and not is_int(r["e2e_ns"]):
-                raise bad(f"requests[{i}].e2e_ns", f"must be an integer, got {r['e2e_ns']!r}")
-            if r.get("request_id") is not None and not isinstance(r["request_id"], str):
-                raise bad(f"requests[{i}].request_id", "must be a string")
-            finite_field(path, r.get("e2e_s"), f"requests[{i}].e2e_s")
-            _check_response(path, r.get("response"), f"requests[{i}].response.")
+    """`c` (a `client.json`) when it validates against `ClientRecord`; `RunDirError` naming
+    the file and field otherwise."""
+    validate(path, c, ClientRecord)
     return c
-
-
-def _check_response(path: Path, resp: Any, where: str) -> None:
-    def bad(field: str, what: str) -> RunDirError:
-        return RunDirError(path, what, field=f"{where}{field}")
-
-    if resp is None:
-        return
-    if not isinstance(resp, dict):
-        raise bad("", f"must be an object or null, got {type(resp).__name__}")
-    per_rank = resp.get("per_rank")
-    if per_rank is None:
-        return
-    if not isinstance(per_rank, list):
-        raise bad("per_rank", f"must be a list, got {type(per_rank).__name__}")
-    for i, pr in enumerate(per_rank):
-        at = f"per_rank[{i}]"
-        if not isinstance(pr, dict):
-            raise bad(at, f"must be an object, got {type(pr).__name__}")
-        for key in ("rank", "prepare_ns", "denoise_ns", "decode_ns", "total_ns",
-                    "telemetry_errors", "oom"):
-            if key in pr and not is_int(pr[key]):
-                raise bad(f"{at}.{key}", f"must be an integer in [0, 2**63), got "
-                          f"{pr[key]!r}"[:200])
-        for group, keys in (("normal", ("count", "retained", "released")),
-                            ("forced", ("count", "released"))):
-            g = pr.get(group)
-            if g is None:
-                continue
-            if not isinstance(g, dict):
-                raise bad(f"{at}.{group}", f"must be an object, got {type(g).__name__}")
-            for key in keys:
-                if key in g and not is_int(g[key]):
-                    raise bad(f"{at}.{group}.{key}", f"must be an integer >= 0, got "
-                              f"{g[key]!r}"[:200])
-        durations = (pr.get("normal") or {}).get("duration_ns")
-        if durations is not None and not is_int(durations) and (
-                not isinstance(durations, list) or not all(is_int(d) for d in durations)):
-            raise bad(f"{at}.normal.duration_ns", "must be integer nanoseconds or a list of "
-                      "them (one per call)")
-
 
 
 def read_client(path: Path, *, sha256: str | None = None, reading: RunReading | None = None,
@@ -176,11 +180,18 @@ def write_client(run_dir: str | os.PathLike[str], *, arm: str, index: int,
     """Write `run_dir/client.json` atomically in the current layout (`CLIENT_LAYOUT`): the
     run's median E2E over its measured requests and one record per measured request (id,
     E2E, wall-clock window, response); `service_versions` only when the service reported
-    them."""
+    them.
+
+    Raises:
+        RunDirError: the record does not validate against `ClientRecord` (naming the field;
+            e.g. a service whose answer types a per-rank count otherwise); nothing is written.
+    """
     client: dict[str, Any] = {
         "layout": CLIENT_LAYOUT, "arm": arm, "index": index, "request": request,
         "median_e2e_ns": median_e2e_ns, "median_e2e_s": median_e2e_ns / 1e9,
         "warmup": warmup, "requests": requests}
     if service_versions is not None:
         client["service_versions"] = service_versions
-    return write_json_atomic(Path(run_dir) / CLIENT, client)
+    path = Path(run_dir) / CLIENT
+    check_client(path, client)
+    return write_json_atomic(path, client)

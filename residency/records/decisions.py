@@ -1,12 +1,17 @@
 """The decisions JSONL (`decisions-rank<r>.jsonl`, docs/contracts.md): one object per policy
 call, flushed per line, one file per rank of a service run. Both ways, in one place.
 
+Schema: `DecisionRecord` (one line; its `snapshot` a `Snapshot`), msgspec structs. What
+msgspec cannot say is checked beside it, here: `end_ns` not before `start_ns`, `kind`,
+`outcome` and `reason` among the policy's values and agreeing with each other, and the line
+agreeing with its file.
 Names: `decisions_file(rank)`, `DECISIONS_GLOB`, `files_of` (a service run's files by rank).
-Writing: `DecisionsWriter` (`residency.policy.cache.JsonlRecorder` writes through it).
-Reading: `read_decisions` (a run's file, streamed, hashed while read, every line checked
-against the schema and against its file), `read_records` (a file as written, unchecked: the
-selftest's checks), `last_request_id` (the tail of a file still being written: the terminal
-progress).
+Writing: `DecisionsWriter` (`residency.policy.cache.JsonlRecorder` writes through it; a record
+that does not validate against `DecisionRecord` is refused before it is written).
+Reading: `read_decisions` (a run's file, streamed, hashed while read, every line validated
+against `DecisionRecord` and checked against its file), `read_records` (a file as written,
+unchecked: the selftest's checks), `last_request_id` (the tail of a file still being written:
+the terminal progress).
 
 The values `kind`, `outcome` and `reason` may take belong to the policy
 (`residency.policy.cache`); a reader is given them (`Expected.values`). Format history: one
@@ -18,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import os
 import re
 import threading
@@ -28,9 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from residency.records.files import (
     CHANGED_SINCE_VERIFIED,
-    INT64,
     RunDirError,
     RunReading,
     loads,
@@ -39,10 +44,12 @@ from residency.records.files import (
     read_errors,
     small,
 )
+from residency.records.schema import Count, Finite, Int64, validate
 
 __all__ = ["DECISIONS_GLOB", "MAX_DECISIONS_BYTES", "MAX_DECISION_LINE_BYTES",
-           "SNAPSHOT_KEYS", "DecisionsWriter", "Expected", "decisions_file", "files_of",
-           "last_request_id", "read_decisions", "read_records", "write_records"]
+           "SNAPSHOT_KEYS", "DecisionRecord", "DecisionsWriter", "Expected", "Snapshot",
+           "decisions_file", "files_of", "last_request_id", "read_decisions", "read_records",
+           "write_records"]
 
 DECISIONS_GLOB = "decisions-rank*.jsonl"  # every rank's decisions file in a folder
 _DECISIONS_NAME = re.compile(r"decisions-rank(0|[1-9][0-9]{0,5})\.jsonl")
@@ -50,7 +57,40 @@ _DECISIONS_NAME = re.compile(r"decisions-rank(0|[1-9][0-9]{0,5})\.jsonl")
 # writes about 10 MB); parsed records take about ten times their bytes in memory
 MAX_DECISIONS_BYTES = 32 * 1024 * 1024
 MAX_DECISION_LINE_BYTES = 1024 * 1024
-SNAPSHOT_KEYS = ("reserved", "allocated", "free", "total")
+
+
+# --------------------------------------------------------------------------------- schema
+class Snapshot(msgspec.Struct, forbid_unknown_fields=True):
+    """The allocator's memory as the policy read it (bytes; a figure it could not read is
+    null or absent)."""
+
+    reserved: Count | None = None
+    allocated: Count | None = None
+    free: Count | None = None
+    total: Count | None = None
+
+
+SNAPSHOT_KEYS = Snapshot.__struct_fields__  # ("reserved", "allocated", "free", "total")
+
+
+class DecisionRecord(msgspec.Struct):
+    """One line of a decisions file: one policy call (docs/contracts.md). Open: a key the
+    recorder's context adds beyond these is kept as written."""
+
+    rank: Count
+    kind: str
+    outcome: str
+    reason: str
+    start_ns: Int64  # monotonic
+    end_ns: Int64
+    wall_ns: Count | None = None  # time.time_ns() at the start
+    arm: str | None = None
+    snapshot: Snapshot | None = None
+    error: str | None = None
+    max_cached_fraction: Finite | None = None
+    min_free_fraction: Finite | None = None
+    device_kind: str | None = None
+    request_id: str | None = None
 
 
 def decisions_file(rank: int) -> str:
@@ -70,7 +110,17 @@ class DecisionsWriter:
         self._lock = threading.Lock()
 
     def write(self, record: dict[str, Any]) -> None:
-        """Append `record` as one compact JSON line and flush."""
+        """Append `record` as one compact JSON line (its keys in the order given) and flush.
+
+        Raises:
+            ValueError: `record` does not validate against `DecisionRecord` (naming the
+                field); nothing is written.
+        """
+        try:
+            msgspec.convert(record, DecisionRecord, strict=True)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"{self.path}: a decision that does not validate: {exc}"
+                             ) from None
         line = json.dumps(record, separators=(",", ":"))
         with self._lock:
             self._file.write(line + "\n")
@@ -184,48 +234,25 @@ def files_of(run_dir: Path, *, ranks: Any, builtin: bool) -> list[tuple[int, Pat
 
 
 def _decision(path: Path, lineno: int, rec: Any, expect: Expected) -> dict[str, Any]:
-    """One decisions line checked field by field (ints in int64, finite fractions, `kind`,
-    `outcome` and `reason` among the policy's values and agreeing with each other) and
-    against its file (rank, arm, device kind)."""
+    """One decisions line validated against `DecisionRecord`, then checked where msgspec
+    cannot (`end_ns` not before `start_ns`; `kind`, `outcome` and `reason` among the policy's
+    values and agreeing with each other) and against its file (rank, arm, device kind); the
+    line's object with its snapshot's figures at the top level, `duration_ns`, `warmup` and
+    `file` added."""
     where = f"line {lineno}"
     if not isinstance(rec, dict):
         raise RunDirError(path, f"{where}: expected a JSON object, got "
                           f"{type(rec).__name__}")
+    validate(path, rec, DecisionRecord, where=f"{where}: ")
 
     def bad(field: str, what: str) -> RunDirError:
         return RunDirError(path, f"{where}: {what}", field=field)
 
-    for key in ("start_ns", "end_ns"):
-        v = rec.get(key)
-        if isinstance(v, bool) or not isinstance(v, int) or not -INT64 <= v < INT64:
-            raise bad(key, "needs integer start_ns and end_ns (int64 nanoseconds), got "
-                      f"{v!r}"[:200])
     if rec["end_ns"] < rec["start_ns"]:
         raise bad("end_ns", "end_ns is before start_ns")
-    for key in ("rank", "wall_ns"):
-        v = rec.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int)
-                              or not 0 <= v < INT64):
-            raise bad(key, f"must be an integer in [0, 2**63), got {v!r}"[:200])
-    for key in ("max_cached_fraction", "min_free_fraction"):
-        v = rec.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
-                              or not math.isfinite(v)):
-            raise bad(key, f"must be a finite number, got {v!r}"[:200])
-    for key in ("request_id", "arm", "device_kind", "kind", "outcome", "reason"):
-        v = rec.get(key)
-        if v is not None and not isinstance(v, str):
-            raise bad(key, f"must be a string, got {type(v).__name__}")
     snap = rec.pop("snapshot", None) or {}
-    if not isinstance(snap, dict):
-        raise bad("snapshot", f"must be an object or null, got {type(snap).__name__}")
     for key in SNAPSHOT_KEYS:
-        v = snap.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int)
-                              or not 0 <= v < INT64):
-            raise bad(f"snapshot.{key}", f"must be bytes as an integer in [0, 2**63), got "
-                      f"{v!r}"[:200])
-        rec[key] = v
+        rec[key] = snap.get(key)
     for key, allowed in expect.values.items():
         if rec.get(key) not in allowed:
             raise bad(key, f"must be one of {list(allowed)}, got "

@@ -351,7 +351,7 @@ def test_run_without_normal_calls(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("field", "value", "match"), [
     ("snapshot", {"reserved": "1", "allocated": 0, "free": 1, "total": 2},
-     r"snapshot.reserved.*must be bytes as an integer"),
+     r"field `snapshot\.reserved`: line 1: expected `int \| null`, got `str`"),
     ("max_cached_fraction", None, "lacks a recorded fraction"),
     ("min_free_fraction", 1.5, "lacks a recorded fraction"),
 ])
