@@ -1,9 +1,11 @@
 """`manifest.json`: the one record of a run directory, both ways.
 
-`Manifest` is its type (fields, checks, atomic write, completion with the sha256 list and
-the seal); `read_manifest` is the one read of the raw object a command verifies and analyses
-(through a `RunReading`); `artifact_hashes` lists the evidence a seal covers (every file of
-the run but the manifest and its atomic writer's temporary file).
+`ManifestRecord` is its schema (msgspec; `Params` its `params`), which `Manifest.from_dict`
+reads through and `Manifest.write` checks before writing; `Manifest` is the run's model
+(fields, atomic write, completion with the sha256 list and the seal); `read_manifest` is
+the one read of the raw object a command verifies and analyses (through a `RunReading`);
+`artifact_hashes` lists the evidence a seal covers (every file of the run but the manifest
+and its atomic writer's temporary file).
 
 Format history: `schema` `residency.run/1` throughout; fields added over time (`seal`,
 `service_info`, `cost`, `sequential`, `host_load`, `neighbours`, ...) are optional, and
@@ -18,7 +20,9 @@ import platform
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+import msgspec
 
 from residency.devices import RECORDED_KINDS
 from residency.jsonio import write_json_atomic
@@ -29,11 +33,12 @@ from residency.records.files import (
     sha256_file,
     walk_files,
 )
+from residency.records.schema import Count, validate
 from residency.records.seal import SEAL_FIELD
 from residency.records.seal import seal as seal_manifest
 
-__all__ = ["MANIFEST", "MANIFEST_TMP", "SCHEMA", "STATUSES", "Manifest", "artifact_hashes",
-           "is_derived", "read_manifest", "write_manifest"]
+__all__ = ["MANIFEST", "MANIFEST_TMP", "SCHEMA", "STATUSES", "Manifest", "ManifestRecord",
+           "Params", "artifact_hashes", "is_derived", "read_manifest", "write_manifest"]
 
 SCHEMA = "residency.run/1"
 MANIFEST = "manifest.json"
@@ -42,6 +47,42 @@ STATUSES = ("complete", "incomplete")
 # any other: sealed, and listed by `verify` when they appear later (trace discovery never
 # reads them either).
 MANIFEST_TMP = f".{MANIFEST}.tmp"
+
+
+class Params(msgspec.Struct):
+    """`params`: what the run was asked for. Open: a parameter beyond these is kept (any
+    number in it finite: checked by `Manifest.from_dict`, which msgspec cannot say)."""
+
+    ranks: Count | None = None
+    steps: Count | None = None
+    seed: Count | None = None
+    pairs: Count | None = None
+    requests: Count | None = None
+    capacity_bytes: Count | None = None
+
+
+class ManifestRecord(msgspec.Struct):
+    """`manifest.json` (docs/contracts.md). Open: a field beyond these (`cost`, `sequential`,
+    `host_load`, `neighbours`, ...) is kept in `Manifest.extra`; `runs[]` entries are checked
+    by `residency.rundir`, the seal's shape by `residency.records.seal`."""
+
+    schema: Literal["residency.run/1"]  # (SCHEMA)
+    status: Literal["complete", "incomplete"]  # (STATUSES)
+    device_kind: Literal[RECORDED_KINDS]  # type: ignore[valid-type]
+    runs: list[Any]
+    design: str | None = None
+    service: str | None = None
+    service_name: str | None = None
+    params: Params | None = None
+    versions: dict[str, Any] | None = None
+    host: str | None = None
+    started_at: str | None = None
+    ended_at: str | None = None
+    order: list[str] | None = None
+    artifacts: dict[str, Any] | None = None
+    error: str | None = None
+    seal: dict[str, Any] | None = None
+    service_info: dict[str, Any] | None = None
 
 
 def read_manifest(root: str | os.PathLike[str], *,
@@ -98,32 +139,13 @@ class Manifest:
         """Check and read a manifest object.
 
         Raises:
-            RunDirError: a required field is missing or has the wrong value (naming it).
+            RunDirError: the object does not validate against `ManifestRecord`, or a number
+                in `params` is not finite (naming the field).
         """
         path = Path(path)
-        for key in ("schema", "status", "device_kind", "runs"):
-            if key not in data:
-                raise RunDirError(path, "missing", field=key)
-        if data["schema"] != SCHEMA:
-            raise RunDirError(path, f"expected {SCHEMA!r}, got {data['schema']!r}",
-                              field="schema")
-        if data["status"] not in STATUSES:
-            raise RunDirError(path, f"must be one of {list(STATUSES)}, got "
-                              f"{data['status']!r}", field="status")
-        if data["device_kind"] not in RECORDED_KINDS:
-            raise RunDirError(path, f"must be one of {list(RECORDED_KINDS)}, got "
-                              f"{data['device_kind']!r}", field="device_kind")
-        if not isinstance(data["runs"], list):
-            raise RunDirError(path, "must be a list", field="runs")
-        for key, types, what in _FIELD_TYPES:
-            if key in data and data[key] is not None and not isinstance(data[key], types):
-                raise RunDirError(path, f"must be {what} or null, got "
-                                  f"{type(data[key]).__name__}", field=key)
+        validate(path, data, ManifestRecord)
         if isinstance(data.get("params"), dict):
             _check_params(path, data["params"])
-        if isinstance(data.get("order"), list) and not all(
-                isinstance(a, str) for a in data["order"]):
-            raise RunDirError(path, "must be a list of arm names", field="order")
         known = {k: data[k] for k in cls._FIELDS if k in data}
         extra = {k: v for k, v in data.items() if k not in cls._FIELDS}
         return cls(**{k: v for k, v in known.items() if v is not None or k in (
@@ -138,8 +160,16 @@ class Manifest:
         return cls.from_dict(read_json(path), path=path)
 
     def write(self, root: str | os.PathLike[str]) -> Path:
-        """Write `root/manifest.json` atomically."""
-        return write_json_atomic(Path(root) / MANIFEST, self.to_dict())
+        """Write `root/manifest.json` atomically.
+
+        Raises:
+            RunDirError: the manifest does not validate against `ManifestRecord` (naming the
+                field); nothing is written.
+        """
+        path = Path(root) / MANIFEST
+        data = self.to_dict()
+        validate(path, data, ManifestRecord)
+        return write_json_atomic(path, data)
 
     def fail(self, root: str | os.PathLike[str], error: str) -> None:
         """Record `error` and the end time, status staying `incomplete`, and write."""
@@ -156,31 +186,14 @@ class Manifest:
         return str(self.seal["digest"])
 
 
-# fields of manifest.json other than the required four: the JSON type each must have
-_FIELD_TYPES = (
-    ("design", str, "a string"), ("service", str, "a string"),
-    ("service_name", str, "a string"), ("params", dict, "an object"),
-    ("versions", dict, "an object"), ("host", str, "a string"),
-    ("started_at", str, "a string"), ("ended_at", str, "a string"),
-    ("order", list, "a list"), ("artifacts", dict, "an object"), ("error", str, "a string"),
-    ("seal", dict, "an object"), ("service_info", dict, "an object"),
-)
-
-
-_INT_PARAMS = ("ranks", "steps", "seed", "pairs", "requests", "capacity_bytes")
-
-
 def _check_params(path: Path, params: dict[str, Any]) -> None:
-    """Integer parameters are int64 integers >= 0; every other number is finite."""
+    """A number among the parameters `Params` does not declare is finite (what msgspec
+    cannot say of an open object's other values)."""
     for key, value in params.items():
-        where = f"params.{key}"
-        if key in _INT_PARAMS and value is not None:
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
-                raise RunDirError(path, f"must be an integer >= 0, got {value!r}"[:200],
-                                  field=where)
-        elif isinstance(value, float) and not math.isfinite(value):
-            raise RunDirError(path, f"must be a finite number, got {value!r}", field=where)
-
+        if (key not in Params.__struct_fields__ and isinstance(value, float)
+                and not math.isfinite(value)):
+            raise RunDirError(path, f"must be a finite number, got {value!r}",
+                              field=f"params.{key}")
 
 
 def is_derived(rel: str) -> bool:

@@ -60,8 +60,33 @@ def _at(value: Any, path: str) -> tuple[bool, Any]:
     return True, value
 
 
+def _literal_values(schema: Any, path: str) -> list[Any] | None:
+    """The values the `Literal` at a msgspec path (`.a[0].b`) of `schema` allows (None when
+    the path leads to none)."""
+    import msgspec.inspect as mi
+
+    types = [mi.type_info(schema)]
+    for m in _STEP.finditer(path):
+        key = m.group(1)
+        nxt: list[Any] = []
+        for t in types:
+            for u in (t.types if isinstance(t, mi.UnionType) else (t,)):
+                if key is not None and isinstance(u, mi.StructType):
+                    nxt += [f.type for f in u.fields if f.encode_name == key]
+                elif key is None and isinstance(u, (mi.ListType, mi.TupleType)):
+                    nxt.append(u.item_type)
+                elif isinstance(u, mi.DictType):
+                    nxt.append(u.value_type)
+        types = nxt
+    for t in types:
+        for u in (t.types if isinstance(t, mi.UnionType) else (t,)):
+            if isinstance(u, mi.LiteralType):
+                return list(u.values)
+    return None
+
+
 def schema_error(path: Path, exc: msgspec.ValidationError, value: Any, *, where: str = "",
-                 prefix: str = "") -> RunDirError:
+                 prefix: str = "", schema: Any = None) -> RunDirError:
     """The `RunDirError` for `exc`, raised validating `value` (read from `path`): the field
     as a dotted path (`prefix` first), msgspec's sentence in the house's words, with the value
     found (`where`, e.g. "line 3: ", leads the message)."""
@@ -75,10 +100,12 @@ def schema_error(path: Path, exc: msgspec.ValidationError, value: Any, *, where:
         for theirs, ours in _WORDS:
             msg = msg.replace(theirs, ours)
         msg = msg[:1].lower() + msg[1:]
-        if msg.startswith("invalid enum value"):  # a Literal's value
-            msg = "invalid value" + msg[len("invalid enum value"):]
+        allowed = (_literal_values(schema, at) if schema is not None
+                   and msg.startswith("invalid enum value") else None)
+        if allowed is not None:  # a Literal's value
+            msg = f"must be one of {allowed}"
         found, got = _at(value, at)
-        if found and ", got " not in msg and not msg.startswith("invalid value"):
+        if found and ", got " not in msg:
             msg += f", got {printable(repr(got))}"[:200]
     field = (prefix + at.lstrip(".")) or None
     return RunDirError(path, f"{where}{msg}"[:400], field=field)
@@ -91,4 +118,5 @@ def validate(path: Path, value: Any, schema: type[T], *, where: str = "",
     try:
         return msgspec.convert(value, schema, strict=True)
     except msgspec.ValidationError as exc:
-        raise schema_error(path, exc, value, where=where, prefix=prefix) from None
+        raise schema_error(path, exc, value, where=where, prefix=prefix,
+                           schema=schema) from None

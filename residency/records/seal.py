@@ -7,6 +7,7 @@ covers every byte of evidence and every field analysis reads. A digest kept insi
 only catches careless edits; authors quote it (`sha256:...`) in the pull request, and
 `residency verify RUN --digest sha256:...` checks a run against the quoted value.
 
+Schema: `SealRecord` (msgspec; strict: an unknown field makes the seal malformed).
 Format history: `{"algorithm": "sha256", "digest": "sha256:<hex>", "fields": {name: hex}}`
 since sealing began; runs recorded before carry no seal (`seal_findings` says so).
 """
@@ -15,13 +16,24 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Literal
 
-__all__ = ["SEAL_ALGORITHM", "SEAL_FIELD", "canonical_json", "parse_digest", "run_digest",
-           "seal", "seal_findings"]
+import msgspec
+
+__all__ = ["SEAL_ALGORITHM", "SEAL_FIELD", "SealRecord", "canonical_json", "parse_digest",
+           "run_digest", "seal", "seal_findings"]
 
 SEAL_FIELD = "seal"
 SEAL_ALGORITHM = "sha256"
+
+
+class SealRecord(msgspec.Struct, forbid_unknown_fields=True):
+    """`manifest["seal"]`: the digest over the canonical manifest without its seal, and one
+    sha256 per manifest field (`runs[i]` each on its own)."""
+
+    algorithm: Literal["sha256"]  # (SEAL_ALGORITHM)
+    digest: str  # "sha256:<hex>"
+    fields: dict[str, str]
 
 
 def canonical_json(value: Any) -> bytes:
@@ -56,8 +68,9 @@ def _field_digests(manifest: dict[str, Any]) -> dict[str, str]:
 
 def seal(manifest: dict[str, Any]) -> dict[str, Any]:
     """The seal to store under `manifest["seal"]` once the run is complete."""
-    return {"algorithm": SEAL_ALGORITHM, "digest": run_digest(manifest),
-            "fields": _field_digests(manifest)}
+    return msgspec.to_builtins(SealRecord(algorithm=SEAL_ALGORITHM,
+                                          digest=run_digest(manifest),
+                                          fields=_field_digests(manifest)))
 
 
 def parse_digest(text: str) -> str:
@@ -77,20 +90,21 @@ def seal_findings(manifest: dict[str, Any]) -> list[str]:
     recorded = manifest.get(SEAL_FIELD)
     if recorded is None:
         return ["manifest.json carries no seal (the run never completed, or predates sealing)"]
-    if (not isinstance(recorded, dict) or not isinstance(recorded.get("fields"), dict)
-            or not isinstance(recorded.get("digest"), str)):
-        return ["manifest.json field `seal` is malformed"]
+    try:
+        record = msgspec.convert(recorded, SealRecord, strict=True)
+    except msgspec.ValidationError as exc:
+        return [f"manifest.json field `seal` is malformed ({exc})"]
     try:
         actual = _field_digests(manifest)
     except ValueError as exc:  # a non-finite number cannot have been sealed
         return [f"manifest.json holds a value that was never sealed ({exc})"]
-    sealed = recorded["fields"]
+    sealed = record.fields
     out = [f"manifest.json field `{k}` changed since the run was sealed"
            for k in sealed if k in actual and actual[k] != sealed[k]]
     out += [f"manifest.json field `{k}` removed since the run was sealed"
             for k in sealed if k not in actual]
     out += [f"manifest.json field `{k}` added since the run was sealed"
             for k in actual if k not in sealed]
-    if not out and run_digest(manifest) != recorded["digest"]:
+    if not out and run_digest(manifest) != record.digest:
         out.append("manifest.json field `seal.digest` does not match the manifest")
     return out
