@@ -28,7 +28,8 @@ from residency.traces.columns import Parsed
 from residency.traces.files import TraceError
 from residency.traces.sqlitedb import UntrustedDatabase, open_untrusted
 
-__all__ = ["DB_GLOB", "DB_RE", "profiler_db_problem", "read_db", "read_db_memory"]
+__all__ = ["DB_GLOB", "DB_RE", "READINGS", "UnusualDatabase", "profiler_db_problem", "read_db",
+           "read_db_memory"]
 
 DB_RE = re.compile(r"ascend_pytorch_profiler_(\d+)\.db")  # the export's name; group 1: rank
 DB_GLOB = "ascend_pytorch_profiler*.db"  # the files a session's output folder is searched for
@@ -117,7 +118,14 @@ def _tables(con: UntrustedDatabase) -> set[str]:
     return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
 
 
-def read_db(path: Path, *, digest: bool = False, device_names: bool = True) -> Parsed:
+READINGS = ("auto", "columns", "rows")
+"""How `read_db` reads the tables: `auto` by columns where that reading is exact, else row by
+row; `columns` by columns only (`UnusualDatabase` where it declines); `rows` row by row only
+(SQLite's joins: the reference semantics). The answer is the same wherever both answer."""
+
+
+def read_db(path: Path, *, digest: bool = False, device_names: bool = True,
+            reading: str = "auto") -> Parsed:
     """Read a torch-npu ``ascend_pytorch_profiler_<rank>.db`` (or msprof database) with the
     standard library, into the columns a text export gives: every ``TASK`` row a device task
     (type: its ``COMPUTE_TASK_INFO.taskType`` when it has one, else ``TASK.taskType``, both
@@ -129,11 +137,18 @@ def read_db(path: Path, *, digest: bool = False, device_names: bool = True) -> P
     ``RANK_DEVICE_MAP``. With `digest`, SQLite reads a private copy of the file and the
     parse's `digest` is the content digest of exactly those bytes. Without `device_names`
     the device tasks' names may be left out (``None``), as a Kineto parse leaves them.
+    `reading` (`READINGS`) chooses the column reading, the row reading, or (`auto`) the
+    first where it is exact.
 
     Raises:
         TraceError: not a SQLite database, or a required table (``STRING_IDS``, ``TASK``)
             missing, named in the message.
+        UnusualDatabase: with `reading="columns"`, a database the column reading declines.
+        ValueError: `reading` is not one of `READINGS`.
     """
+    if reading not in READINGS:
+        raise ValueError(f"The value for `reading` must be one of {list(READINGS)}, but "
+                         f"{reading!r} was passed.")
     con = _open_db(path, digest=digest)
     try:
         tables = _tables(con)
@@ -141,11 +156,16 @@ def read_db(path: Path, *, digest: bool = False, device_names: bool = True) -> P
             if table not in tables:
                 raise TraceError(path, f"no table {table}: not a torch-npu profiler database "
                                  f"(tables: {', '.join(sorted(tables)) or 'none'})")
-        try:
-            parsed = _read_columns(con, tables, device_names)
-        except (_Unusual, sqlite3.DatabaseError):  # (an odd schema or odd values, or an
-            # error: SQLite's own joins, row by row, which name it as they always did)
+        if reading == "rows":
             parsed = _read_rows(path, con, tables)
+        elif reading == "columns":
+            parsed = _read_columns(con, tables, device_names)
+        else:
+            try:
+                parsed = _read_columns(con, tables, device_names)
+            except (UnusualDatabase, sqlite3.DatabaseError):  # (an odd schema or odd values,
+                # or an error: SQLite's own joins, row by row, which name it as they always did)
+                parsed = _read_rows(path, con, tables)
         rank = None
         if "RANK_DEVICE_MAP" in tables:
             found = {r[0] for r in con.execute("SELECT rankId FROM RANK_DEVICE_MAP")}
@@ -162,7 +182,7 @@ def read_db(path: Path, *, digest: bool = False, device_names: bool = True) -> P
 
 def _read_rows(path: Path, con: UntrustedDatabase, tables: set[str]) -> Parsed:
     """`read_db`'s reading by SQLite's joins, row by row in Python: the reference semantics,
-    used where `_read_columns` declines (`_Unusual`)."""
+    used where `_read_columns` declines (`UnusualDatabase`)."""
     rows = con.execute(_DEVICE_SQL.format(**_indexed_lookups(con, tables))).fetchall()
     device = [(s, e, n, t) for s, e, n, t, c in rows if not c]
     host = [(s, e, n, lane) for table, (lane, sql) in _HOST_SQL.items() if table in tables
@@ -189,7 +209,7 @@ def _read_rows(path: Path, con: UntrustedDatabase, tables: set[str]) -> Parsed:
 # That equivalence holds when every id is an integer that appears once in STRING_IDS, every
 # id column has INTEGER affinity (so no text is converted to match a number), the string
 # values are text or NULL and the times the SQL does not CAST are integers in order; in
-# any other case `_Unusual` sends the file to `_read_rows`.
+# any other case `UnusualDatabase` sends the file to `_read_rows`.
 
 _NO_ID = -(2**63)  # an id column's NULL or non-integer: matches no STRING_IDS id
 _ABSENT, _NULL = -1, -2  # lookups: no such id; the id's value is NULL
@@ -202,8 +222,9 @@ _HOST_COLUMNS = (("PYTORCH_API", "name", "Python"), ("CANN_API", "name", "CANN")
                  ("MSTX_EVENTS", "message", "MsTx"))
 
 
-class _Unusual(Exception):
-    """The database is outside what `_read_columns` reads exactly (see above)."""
+class UnusualDatabase(Exception):
+    """The database is outside what the column reading reads exactly (see above): `read_db`
+    reads it row by row instead (`reading="columns"` raises this)."""
 
 
 def _integer_affinity(con: UntrustedDatabase, table: str, columns: tuple[str, ...]) -> bool:
@@ -214,9 +235,10 @@ def _integer_affinity(con: UntrustedDatabase, table: str, columns: tuple[str, ..
 
 def _columns(con: UntrustedDatabase, table: str, columns: list[str], kinds: str,
              where: str = "") -> list[np.ndarray]:
-    """Int64 columns of `table`, per `kinds` letter: ``t`` an integer (else `_Unusual`), ``c``
-    one CAST to an integer, ``i`` an id (NULL or not an integer: `_NO_ID`), ``k`` a key
-    (NULL: `_NO_ID`; another non-integer, or the integer `_NO_ID` itself: `_Unusual`).
+    """Int64 columns of `table`, per `kinds` letter: ``t`` an integer (else
+    `UnusualDatabase`), ``c`` one CAST to an integer, ``i`` an id (NULL or not an integer:
+    `_NO_ID`), ``k`` a key (NULL: `_NO_ID`; another non-integer, or the integer `_NO_ID`
+    itself: `UnusualDatabase`).
     SQLite's typeof() decides in the query, so every value fetched is an int (or NULL where
     the table is unusual; `UntrustedDatabase.int_columns` reads them)."""
     exprs = []
@@ -228,11 +250,11 @@ def _columns(con: UntrustedDatabase, table: str, columns: list[str], kinds: str,
                      "END")
     out = con.int_columns(f"SELECT {', '.join(exprs)} FROM main.{table}{where}", len(kinds))
     if out is None:  # a NULL: a value of another type
-        raise _Unusual
+        raise UnusualDatabase
     for c, k, col in zip(columns, kinds, out, strict=True):
         if k == "k" and bool((col == _NO_ID).any()) and con.execute(
                 f"SELECT 1 FROM main.{table} WHERE {c} = {_NO_ID} LIMIT 1").fetchall():
-            raise _Unusual  # (that integer itself, not a NULL)
+            raise UnusualDatabase  # (that integer itself, not a NULL)
     return out
 
 
@@ -244,12 +266,12 @@ class _Strings:
         rows = con.execute("SELECT id, value FROM STRING_IDS").fetchall()
         if not all(type(i) is int and i != _NO_ID and (v is None or type(v) is str)
                    for i, v in rows):
-            raise _Unusual
+            raise UnusualDatabase
         ids = np.array([i for i, _ in rows], np.int64)
         order = np.argsort(ids, kind="stable")
         self.ids = ids[order]
         if len(self.ids) > 1 and bool((self.ids[1:] == self.ids[:-1]).any()):
-            raise _Unusual  # a repeated id multiplies SQLite's joins: `_read_rows` says so
+            raise UnusualDatabase  # a repeated id multiplies SQLite's joins: `_read_rows` says so
         distinct: dict[str, int] = {}
         codes = [_NULL if v is None else distinct.setdefault(v, len(distinct)) for _, v in rows]
         self.codes = np.array(codes, np.int64)[order]
@@ -312,18 +334,18 @@ def _drain(parts: list[np.ndarray]) -> np.ndarray:
 
 def _read_columns(con: UntrustedDatabase, tables: set[str], device_names: bool = True
                   ) -> Parsed:
-    """`_read_rows`' result, read by columns (see above); `_Unusual` where it cannot be.
+    """`_read_rows`' result, read by columns (see above); `UnusualDatabase` where it cannot be.
     Each table's columns are let go as soon as what they give is taken from them, and the
     device tasks are finished (sorted, coded) before the host tables are read, so that a rank
     is held about once, not in every intermediate form at the same time."""
     if not all(_integer_affinity(con, t, cols) for t, cols in _ID_COLUMNS.items()
                if t in tables):
-        raise _Unusual
+        raise UnusualDatabase
     strings = _Strings(con)
     start, end, ttype, gid = _columns(con, "TASK", ["startNs", "endNs", "taskType",
                                                     "globalTaskId"], "ttik")
     if bool((end < start).any()):
-        raise _Unusual  # (`_read_rows` names the first such row)
+        raise UnusualDatabase  # (`_read_rows` names the first such row)
     task_type = strings.code(ttype).astype(np.int32)  # (codes: a table's positions)
     del ttype
     none = np.int32(_ABSENT)  # (a lookup that found nothing, for every row)
@@ -394,7 +416,7 @@ def _read_columns(con: UntrustedDatabase, tables: set[str], device_names: bool =
     del communication
     h_start, h_end = _drain(hs), _drain(he)
     if bool((h_end < h_start).any()):
-        raise _Unusual  # (`_read_rows` names the first such row)
+        raise UnusualDatabase  # (`_read_rows` names the first such row)
     horder = np.argsort(h_start, kind="stable")
     ranges = _taken_pair(h_start, h_end, horder)
     del h_start, h_end

@@ -620,12 +620,17 @@ def test_a_usual_database_is_read_by_plain_scans(monkeypatch):
         seen.clear()
         parsed = ascend_db.read_db(db)
         assert seen and not [s for s in seen if "JOIN" in s.upper() or "TEMP" in s.upper()], seen
-        con = ascend_db._open_db(db)
-        try:
-            rows = ascend_db._read_rows(db, con, ascend_db._tables(con))
-        finally:
-            con.close()
-        _same_parse(parsed, rows)
+        _same_parse(parsed, ascend_db.read_db(db, reading="columns"))
+        _same_parse(parsed, ascend_db.read_db(db, reading="rows"))
+
+
+def test_the_reading_of_a_database_is_one_of_the_readings():
+    from residency.traces import ascend_db
+
+    db = next((DATA / "ascend_real_db").rglob("*.db"))
+    with pytest.raises(ValueError, match=r"`reading` must be one of \['auto', 'columns', "
+                                         r"'rows'\], but 'sql' was passed"):
+        ascend_db.read_db(db, reading="sql")
 
 
 def _same_parse(a, b) -> None:
@@ -684,19 +689,14 @@ def test_the_column_reading_is_the_row_reading_on_odd_databases(tmp_path, tables
                             rows)
     con.commit()
     con.close()
-    db = ascend_db._open_db(path)
     try:
-        have = ascend_db._tables(db)
-        try:
-            want = ascend_db._read_rows(path, db, have)
-        except (TraceError, TypeError) as exc:
-            want = exc
-        try:
-            got = ascend_db._read_columns(db, have)
-        except ascend_db._Unusual:
-            return
-    finally:
-        db.close()
+        want = ascend_db.read_db(path, reading="rows")
+    except (TraceError, TypeError) as exc:
+        want = exc
+    try:
+        got = ascend_db.read_db(path, reading="columns")
+    except ascend_db.UnusualDatabase:
+        return
     assert not isinstance(want, Exception), want
     _same_parse(got, want)
 
