@@ -53,8 +53,8 @@ MAX_PNG_HEIGHT_PX = 16384  # taller pages are cut into slices of this height
 # notebook's doing (one output with ``padding-top:99999999px`` made 297 slices, 29 MB, 123 s)
 MAX_PAGE_HEIGHT_PX = 4 * MAX_PNG_HEIGHT_PX
 
-__all__ = ["INDEX", "MAX_PAGE_HEIGHT_PX", "MAX_PNG_HEIGHT_PX", "NotebookError", "ReportError",
-           "Screenshot",
+__all__ = ["INDEX", "MAX_PAGE_HEIGHT_PX", "MAX_PNG_HEIGHT_PX", "DevToolsSession",
+           "NotebookError", "ReportError", "Screenshot",
            "banner_of", "capture", "find_chromium", "find_notebooks", "output_names",
            "png_size", "render_html", "screenshot", "write_index"]
 
@@ -334,7 +334,7 @@ def _sandbox_flags() -> tuple[str, ...]:
     return ("--no-sandbox",) if os.geteuid() == 0 else ()
 
 
-class _Cdp:
+class DevToolsSession:
     """A Chrome DevTools Protocol session over `--remote-debugging-pipe` (Chromium reads
     NUL-terminated JSON commands on fd 3 and answers on fd 4): no websocket, no extra
     dependency."""
@@ -493,7 +493,7 @@ class Screenshot:
         return self.page_height_px > sum(self.heights_px)
 
 
-def _page_size(cdp: _Cdp, session: str) -> tuple[int, int]:
+def _page_size(cdp: DevToolsSession, session: str) -> tuple[int, int]:
     """The laid-out page's (width, height) in CSS pixels, from the browser's layout (no
     script runs in the page)."""
     size = cdp.call("Page.getLayoutMetrics", session=session)["cssContentSize"]
@@ -537,7 +537,7 @@ def capture(html_path: str | os.PathLike[str], png_path: str | os.PathLike[str],
         old.unlink(missing_ok=True)
     paths: list[Path] = []
     with tempfile.TemporaryDirectory(prefix="residency-chromium-") as profile:
-        cdp = _Cdp(exe, profile, timeout_s=timeout_s)
+        cdp = DevToolsSession(exe, profile, timeout_s=timeout_s)
         cdp.page = html.read_bytes()
         try:
             target = cdp.call("Target.createTarget", {"url": "about:blank"})["targetId"]

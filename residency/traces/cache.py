@@ -55,8 +55,8 @@ from residency.traces.files import (
     open_regular,
 )
 
-__all__ = ["PARSER_VERSION", "cache_dir", "enabled", "get", "get_parsed", "max_bytes", "put",
-           "put_parsed"]
+__all__ = ["PARSER_VERSION", "cache_dir", "enabled", "get", "get_parsed", "max_bytes",
+           "payload_digest", "put", "put_parsed"]
 
 # 8: SHA-256 trace digests of the bytes parsed (was xxh3-128); 7: distributedInfo.world_size
 # kept; 6: the payload digest covers the trace digest and status; 5: user cache
@@ -197,7 +197,7 @@ def get(kind: str, source: Path, stat: os.stat_result, options: dict[str, Any], 
         header, payload = _split(data)
         if header.get("key") != key:
             return None
-        if header.get("payload_digest") != _payload_digest(header, [payload]):
+        if header.get("payload_digest") != payload_digest(header, [payload]):
             return None  # edited or truncated: never trusted
         recorded = header.get("trace_digest")
         if not isinstance(recorded, str) or recorded.split(":", 1)[0] not in _DIGESTS:
@@ -237,7 +237,7 @@ def _vouched(header: dict[str, Any], stat: os.stat_result, entry: os.stat_result
             and stat.st_ctime_ns < entry.st_mtime_ns - RACY_NS)
 
 
-def _payload_digest(header: dict[str, Any], blobs: list[Any]) -> str:
+def payload_digest(header: dict[str, Any], blobs: list[Any]) -> str:
     """The digest of what the entry asserts: the trace's digest and status, and the arrays."""
     h = content_hash()
     h.update(json.dumps([header.get("trace_digest"), header.get("trace_stat")]).encode())
@@ -298,7 +298,7 @@ def put(kind: str, source: Path, stat: os.stat_result, options: dict[str, Any],
             offset += a.nbytes
         asserted = {"trace_digest": trace_digest, "trace_stat": _fingerprint(stat)}
         header = json.dumps({"key": key, **asserted,
-                             "payload_digest": _payload_digest(asserted, blobs), "meta": meta,
+                             "payload_digest": payload_digest(asserted, blobs), "meta": meta,
                              "arrays": specs}).encode()
         write_bytes_atomic(path, [_MAGIC + struct.pack("<Q", len(header)) + header, *blobs],
                            tmp=tmp, mode=0o600, fsync=False)

@@ -15,13 +15,14 @@ import).
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["DISABLE_ENV", "Scanned", "available", "scan"]
+__all__ = ["DISABLE_ENV", "Scanned", "available", "msgspec_only", "scan"]
 
 DISABLE_ENV = "RESIDENCY_PURE_PYTHON"
 
@@ -48,6 +49,18 @@ class Scanned:
 def available() -> bool:
     """Whether runs are read by the compiled reader in this process."""
     return _scan is not None
+
+
+@contextlib.contextmanager
+def msgspec_only() -> Iterator[None]:
+    """Within: every run is decoded by msgspec, as without the compiled reader (comparisons of
+    the two readers in one process)."""
+    global _scan
+    saved, _scan = _scan, None
+    try:
+        yield
+    finally:
+        _scan = saved
 
 
 def scan(data: bytes, kind_of: Callable[[bytes], int], names: int) -> Scanned | None:

@@ -300,14 +300,7 @@ def test_nothing_uses_another_modules_private_names() -> None:
 # test modules that still reach a private name of the package, each with why (every other test
 # goes through public names: a test that needs a seam gets a public one, e.g.
 # `ascend_db.read_db(reading=...)`)
-TEST_PRIVATE_USES_ALLOWED = {
-    "tests/reports/test_hostile_pages.py": "fails Chromium's second screenshot inside the "
-                                           "private DevTools client (`reports._Cdp`)",
-    "tests/traces/test_kineto_scan.py": "removes the compiled reader (`kineto_scan._scan`) to "
-                                        "compare it with the msgspec reading in one process",
-    "tests/traces/test_tracecache.py": "forges a cache entry, so it recomputes the entry's "
-                                       "payload digest (`tracecache._payload_digest`)",
-}
+TEST_PRIVATE_USES_ALLOWED: dict[str, str] = {}
 
 
 def test_tests_use_no_private_names_but_the_listed() -> None:

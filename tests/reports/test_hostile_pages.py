@@ -107,7 +107,7 @@ def test_a_page_taller_than_the_cap_is_captured_to_the_cap(tmp_path: Path, capsy
 
 def _fail_at_second_slice(monkeypatch: pytest.MonkeyPatch, exc: BaseException) -> None:
     calls = []
-    real = reports._Cdp.call
+    real = reports.DevToolsSession.call
 
     def call(self, method, params=None, *, session=None):
         if method == "Page.captureScreenshot":
@@ -116,7 +116,7 @@ def _fail_at_second_slice(monkeypatch: pytest.MonkeyPatch, exc: BaseException) -
                 raise exc
         return real(self, method, params, session=session)
 
-    monkeypatch.setattr(reports._Cdp, "call", call)
+    monkeypatch.setattr(reports.DevToolsSession, "call", call)
 
 
 @needs_chromium

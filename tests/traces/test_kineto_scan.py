@@ -10,11 +10,9 @@ without it (the streamed-versus-whole tests of test_trace_stream compare the two
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import sysconfig
-from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -33,13 +31,7 @@ needs_reader = pytest.mark.skipif(not kineto_scan.available(),
                                   reason="the compiled reader is not built here")
 
 
-@contextlib.contextmanager
-def msgspec_only() -> Iterator[None]:
-    saved, kineto_scan._scan = kineto_scan._scan, None
-    try:
-        yield
-    finally:
-        kineto_scan._scan = saved
+msgspec_only = kineto_scan.msgspec_only
 
 
 def outcome(data: bytes, names: bool) -> tuple:

@@ -622,7 +622,7 @@ def forge(entry: Path) -> bytes:
     (offset,) = [a[3] for a in header["arrays"] if a[0] in ("busy", "device")]
     end = struct.unpack_from("<q", payload, offset + 8)[0]
     struct.pack_into("<q", payload, offset + 8, end + 3_000_000_000)
-    header["payload_digest"] = tracecache._payload_digest(header, [bytes(payload)])
+    header["payload_digest"] = tracecache.payload_digest(header, [bytes(payload)])
     head = json.dumps(header).encode()
     return bytes(data[:magic]) + struct.pack("<Q", len(head)) + head + bytes(payload)
 
