@@ -38,6 +38,26 @@ class Parsed:
     digest: str | None = None  # content digest of the trace file as stored, when asked for
     device_names: np.ndarray | None = None  # (n,) object array of str beside `device`
     world_size: int | None = None  # from the file's content (Kineto distributedInfo)
+    # a parse with the device tasks folded (`device` then empty): their union and figures
+    device_folded: FoldedDevice | None = None
+
+
+@dataclass(frozen=True)
+class FoldedDevice:
+    """The device tasks of a parse that folded them into their union as they were read
+    (`residency.traces.intervals.Folded`) instead of keeping their rows: what a rank's busy
+    reduction needs of them. Times absolute, in ns."""
+
+    union: Any  # residency.traces.intervals.Packed: the merged rows
+    tasks: int  # rows folded in
+    first_start: int  # earliest start (meaningless when `tasks` is 0)
+    last_end: int  # latest end
+    first_end: int  # earliest end
+
+
+class NotFoldable(Exception):
+    """A folded parse would have dropped device rows its fold no longer holds (a start out of
+    range once ``baseTimeNanoseconds`` is added): parse again without folding."""
 
 
 @dataclass(frozen=True)

@@ -60,9 +60,13 @@ class _Skeleton(msgspec.Struct, gc=False):
 
 def parse_trace(fmt: str, source: Path, *, root: Path | None = None,
                 chunk_bytes: int = CHUNK_BYTES, max_bytes: int = MAX_TRACE_BYTES,
-                digest: bool = False, device_names: bool = True) -> Parsed:
+                digest: bool = False, device_names: bool = True,
+                fold_device: bool = False) -> Parsed:
     """Stream `source` (format `fmt`: "kineto" or "ascend") into columns; without
-    `device_names`, a Kineto parse leaves the device tasks' names out (``None``).
+    `device_names`, a Kineto parse leaves the device tasks' names out (``None``); with
+    `fold_device` (Kineto, without `device_names`), it folds the device tasks into their union
+    as they are read (`Parsed.device_folded`) and keeps no rows of them, or raises
+    `residency.traces.columns.NotFoldable`.
 
     Raises:
         TraceError: the file cannot be read (module `residency.traces.files`), is not valid JSON
@@ -72,6 +76,8 @@ def parse_trace(fmt: str, source: Path, *, root: Path | None = None,
             source, root=root, chunk_bytes=chunk_bytes, max_bytes=max_bytes,
             digest=digest) as stream:
         cols = READERS[fmt].columns(device_names)
+        if fold_device:
+            cols.fold_device()
         got = split_events(stream, cols.add, source)
         if isinstance(got, Skeleton):
             doc = _skeleton(source, got)

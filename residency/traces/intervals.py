@@ -21,7 +21,7 @@ BLOCK_ROWS = 1 << 18  # rows per block where work goes block by block (memory: o
 SWEEP_ROWS = 1 << 16  # rows of the largest set per block of `measure_union` (each set's rows
 # in a block are copied, merged and sorted there: ~6 MB for two device-dense ranks)
 
-__all__ = ["Intervals", "Packed", "as_intervals", "complement", "intersection",
+__all__ = ["Folded", "Intervals", "Packed", "as_intervals", "complement", "intersection",
            "is_normalised", "measure", "measure_union", "merge", "merge_in_place", "pack",
            "union", "unpack", "unpacked"]
 
@@ -439,3 +439,115 @@ class Packed:
 def unpacked(x: Intervals | Packed) -> Intervals:
     """`x` itself, or the set a `Packed` stands for."""
     return x.unpack() if isinstance(x, Packed) else x
+
+
+class _Column:
+    """A 1-D column of positive int64 values held in the narrowest dtype of `pack` that holds
+    every value so far. Its room is reserved, not touched: `ROOM_BYTES` at first (mapped by the
+    allocator on its own, its pages resident only once written), so growing it neither copies
+    it nor leaves a freed copy in the heap (a worker keeps freed heap, `parallel.keep_heap`);
+    the unused room is given back by `take`."""
+
+    ROOM_BYTES = 64 << 20
+
+    def __init__(self) -> None:
+        self.a = np.empty(0, np.uint8)
+        self.n = 0
+
+    def add(self, values: np.ndarray) -> None:
+        k = len(values)
+        if not k:
+            return
+        top = int(values.max())
+        dtype = self.a.dtype
+        if dtype != np.int64 and top > np.iinfo(dtype).max:  # (rare: widened once a dtype)
+            dtype = _narrowest(top)
+        if dtype != self.a.dtype or self.n + k > len(self.a):
+            room = max(self.ROOM_BYTES // dtype.itemsize, 2 * (self.n + k))
+            a = np.empty(room, dtype)  # (np.resize would write zeros over the room)
+            a[:self.n] = self.a[:self.n]
+            self.a = a
+        self.a[self.n:self.n + k] = values
+        self.n += k
+
+    def take(self) -> np.ndarray:
+        a, self.a = self.a, np.empty(0, np.uint8)
+        if len(a) == self.n:
+            return a
+        a.resize(self.n, refcheck=False)  # (shrunk where it lies: no copy)
+        return a
+
+
+class Folded:
+    """The union of rows given run by run (`add`), held packed as `pack` would pack it (6 bytes
+    a device-dense row instead of 16), never the rows themselves: `packed` gives the parts.
+
+    Rows recorded in time order (each run starting no earlier than the previous run's
+    earliest start) are folded in as they come: the union of the rows so far is kept as its
+    finished rows (packed) and an open tail (the rows reaching the earliest start of the last
+    run, which a later row may still touch). A run starting earlier than that gives the
+    folding up: the union so far and every later row are held whole (16 bytes a row) and
+    merged at the end. Either way the union is exactly `merge` of every row added."""
+
+    def __init__(self) -> None:
+        self.head: tuple[int, int] | None = None  # the first finished row
+        self.last_end = 0  # the end of the last finished row
+        self.lengths = _Column()  # of the finished rows after the first
+        self.gaps = _Column()  # before each of them
+        self.open = np.empty((0, 2), np.int64)  # normalised, after the finished rows
+        self.floor: int | None = None  # every later row must start at or after it
+        self.loose: list[Intervals] | None = None  # rows held whole (folding given up)
+
+    def add(self, rows: Intervals) -> None:
+        """Fold in the rows of one run (an ``(n, 2)`` int64 array, any order; not kept)."""
+        if not len(rows):
+            return
+        if self.loose is not None:
+            self.loose.append(rows)
+            return
+        lo = int(rows[:, 0].min())
+        if self.floor is not None and lo < self.floor:  # out of order: hold the rows whole
+            self.loose = [self._unfolded(), rows]
+            return
+        u = union(self.open, rows) if len(self.open) else union(rows)
+        done = int(np.searchsorted(u[:, 1], lo, "left"))  # rows ending before `lo`: finished
+        self._finish(u[:done])
+        self.open = np.array(u[done:])
+        self.floor = lo
+
+    def _finish(self, x: Intervals) -> None:
+        if not len(x):
+            return
+        if self.head is None:
+            self.head = (int(x[0, 0]), int(x[0, 1]))
+            self.last_end = self.head[1]
+            x = x[1:]
+            if not len(x):
+                return
+        self.lengths.add(x[:, 1] - x[:, 0])
+        gaps = np.empty(len(x), np.int64)
+        gaps[0] = int(x[0, 0]) - self.last_end
+        np.subtract(x[1:, 0], x[:-1, 1], out=gaps[1:])
+        self.gaps.add(gaps)
+        self.last_end = int(x[-1, 1])
+
+    def _unfolded(self) -> Intervals:
+        """The union so far as one ``(n, 2)`` array; the folded state emptied."""
+        head = np.array([self.head] if self.head is not None else [], np.int64).reshape(-1, 2)
+        done = unpack(head, self.lengths.take(), self.gaps.take())
+        out = np.concatenate((done, self.open)) if len(self.open) else done
+        self.head, self.open = None, np.empty((0, 2), np.int64)
+        return out
+
+    def packed(self) -> tuple[Intervals, np.ndarray, np.ndarray]:
+        """The union of every row added, as `pack` gives it (the folded state given up)."""
+        if self.loose is not None:
+            rows, self.loose = self.loose, None
+            return pack(union(*rows))
+        self._finish(self.open)
+        self.open = np.empty((0, 2), np.int64)
+        if self.head is None:
+            return np.empty((0, 2), np.int64), np.empty(0, np.uint8), np.empty(0, np.uint8)
+        head = np.array([self.head], np.int64)
+        self.head = None
+        return head, self.lengths.take(), self.gaps.take()

@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from residency.traces import intervals as iv
 from residency.traces import kineto_scan
 from residency.traces.categories import DEVICE_CATEGORIES, HOST_CATEGORIES
 from residency.traces.columns import (
@@ -31,8 +32,10 @@ from residency.traces.columns import (
     GET_NAME,
     GET_TS,
     NO_CODE,
+    FoldedDevice,
     Named,
     Names,
+    NotFoldable,
     Parsed,
     Reader,
     add_run,
@@ -100,6 +103,13 @@ class KinetoColumns:
         self.rejected = 0
         self._raw_kinds: dict[bytes, int] = {}
         self._kinds = _CategoryKinds()
+        self.fold: _DeviceFold | None = None
+
+    def fold_device(self) -> None:
+        """Fold the device rows into their union as they are read, never holding them
+        (`residency.traces.columns.FoldedDevice`; a parse without device names, whole)."""
+        assert not self.want_names and not self.dev.n
+        self.fold = _DeviceFold()
 
     def kind_of(self, raw: bytes) -> int:
         """The kind (`_category_kinds`) of a category given as its raw JSON string."""
@@ -119,6 +129,7 @@ class KinetoColumns:
 
     def compact(self) -> None:
         """Trim the grown arrays (before pickling)."""
+        assert self.fold is None
         self.dev.rows = self.dev.take()
         self.dev.n = len(self.dev.rows)
 
@@ -193,7 +204,10 @@ class KinetoColumns:
         self.rejected += int((~ok).sum())
         dev, host = ok & (kinds == 1), np.flatnonzero(ok & (kinds == 2))
         start = ts_ns[dev]
-        self.dev.add(start, start + dur_ns[dev])
+        if self.fold is not None:
+            self.fold.add(start, start + dur_ns[dev])
+        else:
+            self.dev.add(start, start + dur_ns[dev])
         if self.want_names:
             at = np.flatnonzero(dev)
             self.dev_name.append(codes_of(at) if codes_of is not None else
@@ -227,10 +241,15 @@ class KinetoColumns:
             raise TraceError(source, f"distributedInfo.rank must be a non-negative integer, "
                              f"not {reprlib.repr(rank)}")
         base = base or 0
-        rows = self.dev.take()
-        device, rejected, dev_codes = _finish_rows(
-            rows, base, drain_parts(self.dev_name, np.int32) if self.want_names
-            else np.zeros(len(rows), np.int32))
+        folded = None
+        if self.fold is not None:
+            folded = self.fold.finish(base)
+            device, rejected = np.empty((0, 2), np.int64), 0
+        else:
+            rows = self.dev.take()
+            device, rejected, dev_codes = _finish_rows(
+                rows, base, drain_parts(self.dev_name, np.int32) if self.want_names
+                else np.zeros(len(rows), np.int32))
         ranges, order, host_rejected = intervals(drain_parts(self.host_ts, np.int64),
                                                  drain_parts(self.host_dur, np.int64), base)
         codes = take_rows(concat(self.host_name, np.int32), order)
@@ -242,7 +261,41 @@ class KinetoColumns:
                       self.rejected + rejected + host_rejected,
                       np.full(len(device), NO_CODE, np.int16), none, none.copy(),
                       device_names=table[dev_codes] if self.want_names else None,
-                      world_size=world)
+                      world_size=world, device_folded=folded)
+
+
+class _DeviceFold:
+    """Device rows ([start, end) relative to the base) folded into their union as they come
+    (`residency.traces.intervals.Folded`), with the figures `FoldedDevice` keeps."""
+
+    def __init__(self) -> None:
+        self.union = iv.Folded()
+        self.tasks = 0
+        self.starts = [0, 0]  # earliest and latest start
+        self.ends = [0, 0]  # earliest and latest end
+
+    def add(self, start: np.ndarray, end: np.ndarray) -> None:
+        if not len(start):
+            return
+        lo, hi = int(start.min()), int(start.max())
+        e_lo, e_hi = int(end.min()), int(end.max())
+        if self.tasks:
+            lo, hi = min(lo, self.starts[0]), max(hi, self.starts[1])
+            e_lo, e_hi = min(e_lo, self.ends[0]), max(e_hi, self.ends[1])
+        self.starts, self.ends = [lo, hi], [e_lo, e_hi]
+        self.tasks += len(start)
+        self.union.add(np.column_stack((start, end)))
+
+    def finish(self, base: int) -> FoldedDevice:
+        """The folded rows made absolute (`base` added); NotFoldable where a start leaves the
+        range (`_finish_rows` would drop that row, which the union no longer tells apart)."""
+        if self.tasks and not (self.starts[0] + base > -LIMIT_NS
+                               and self.starts[1] + base < LIMIT_NS):
+            raise NotFoldable
+        head, lengths, gaps = self.union.packed()
+        head += base
+        return FoldedDevice(iv.Packed.of_parts(head, lengths, gaps), self.tasks,
+                            self.starts[0] + base, self.ends[1] + base, self.ends[0] + base)
 
 
 class _Rows:

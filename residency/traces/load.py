@@ -688,7 +688,7 @@ def _parse_one(fmt: str, source: Path, **job: Any) -> Parsed:
         return read_db(source, digest=bool(job.get("digest")),
                        device_names=bool(job.get("device_names", True)))
     if fmt != "kineto":
-        job = {k: v for k, v in job.items() if k != "device_names"}
+        job = {k: v for k, v in job.items() if k not in ("device_names", "fold_device")}
     return parse_trace(fmt, source, **job)
 
 

@@ -243,3 +243,44 @@ def test_unpack_refuses_what_pack_cannot_give(damage):
         head = arr([[0, 5], [10, 12]])
     with pytest.raises(ValueError):
         iv.unpack(head, lengths, gaps)
+
+
+# -- folding rows into their union run by run (a rank's device tasks as they are parsed) ------
+
+def _runs(rows, cuts):
+    """`rows` split into consecutive runs at the sorted positions `cuts`."""
+    bounds = [0, *sorted(c % (len(rows) + 1) for c in cuts), len(rows)]
+    return [rows[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(interval_sets, wide_sets.map(lambda x: x.tolist())),
+       st.lists(st.integers(0, 40), max_size=5), st.booleans())
+def test_folded_runs_pack_exactly_as_the_merge_of_every_row(rows, cuts, in_order):
+    rows = arr(sorted(rows) if in_order else rows)
+    f = iv.Folded()
+    for run in _runs(rows, cuts):
+        f.add(run.copy())
+    head, lengths, gaps = f.packed()
+    want = iv.pack(iv.merge(rows))
+    for got, w in zip((head, lengths, gaps), want, strict=True):
+        assert got.dtype == w.dtype and np.array_equal(got, w)
+    assert np.array_equal(iv.unpack(head, lengths, gaps), iv.merge(rows).reshape(-1, 2))
+
+
+def test_rows_in_order_are_folded_never_held_whole():
+    rng = np.random.default_rng(3)
+    starts = np.cumsum(rng.integers(0, 3_000, 200_000))
+    rows = np.stack([starts, starts + rng.integers(0, 5_000, len(starts))], 1)
+    f = iv.Folded()
+    held = 0
+    for lo in range(0, len(rows), 5_000):
+        f.add(rows[lo:lo + 5_000].copy())
+        held = max(held, len(f.open))
+    assert f.loose is None and held < 5_000  # (the open tail: about a run's union at most)
+    assert np.array_equal(iv.unpack(*f.packed()), iv.merge(rows))
+    g = iv.Folded()  # a run that starts before the last one: held whole from there, exact
+    for run in (rows[100:200], rows[:50], rows[200:300], rows[50:100]):
+        g.add(run.copy())
+    assert g.loose is not None
+    assert np.array_equal(iv.unpack(*g.packed()), iv.merge(rows[:300]))

@@ -47,7 +47,8 @@ def record(plan: Any, i: int, job: dict[str, Any], stat: os.stat_result, digest:
     digest is `digest`) in the user's cache."""
     from residency.traces import cache as tracecache
 
-    head, lengths, gaps = iv.pack(r.busy)  # ("busy": its first row; the rest packed)
+    busy: Any = r.busy  # (packed already where the parse folded the rank's device rows)
+    head, lengths, gaps = busy.parts if isinstance(busy, iv.Packed) else iv.pack(busy)
     arrays = {"busy": head, "busy_lengths": lengths, "busy_gaps": gaps,
               "markers": r.markers, "window_ranges": r.window_ranges}
     if r.free is not None:

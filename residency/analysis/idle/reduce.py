@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -89,28 +90,36 @@ def reduce_rank(t: RankTimeline, definition: busydef.BusyDefinition, fmt: str,
 
 def rank_reduction(plan: Any, i: int, *, busy: str, marker: str | None,
                    window_marker: str | None, cache: bool, chunk_bytes: int,
-                   max_trace_bytes: int, parsed: Any = None) -> RankReduction:
+                   max_trace_bytes: int, parsed: Any = None,
+                   packed: bool = False) -> RankReduction:
     """The reduction of `plan`'s item `i` (a `residency.traces.load.TracePlan`): from the user's
-    cache when an entry matches, else parsed (or from `parsed`, its parse) and recorded."""
+    cache when an entry matches, else parsed (or from `parsed`, its parse) and recorded. With
+    `packed`, its busy union may come as an `iv.Packed` (as a parse folded it)."""
     job = {"busy": busy, "marker": marker, "window_marker": window_marker, "cache": cache,
            "chunk_bytes": chunk_bytes, "max_trace_bytes": max_trace_bytes}
     hit = entries.cached(plan, i, job) if parsed is None else None
-    return hit if hit is not None else _computed(plan, i, job, parsed)
+    return hit if hit is not None else _computed(plan, i, job, parsed, packed=packed)
 
 
-def _computed(plan: Any, i: int, job: dict[str, Any], parsed: Any) -> RankReduction:
+def _computed(plan: Any, i: int, job: dict[str, Any], parsed: Any, *,
+              packed: bool = False) -> RankReduction:
     from residency.traces import cache as tracecache
     from residency.traces import load as tr
+    from residency.traces.columns import NotFoldable
 
     source, root, limit = plan.sources[i], plan.parse_root, job["max_trace_bytes"]
     stat = tr.open_stat(source, root, limit)
     cache = job["cache"] and tracecache.enabled(root, source)
     own = parsed is None  # parsed here for this reduction alone: its arrays can be reused
-    if parsed is None:
-        parsed = tr.parse_source(plan.format, source, root=root,
-                                 chunk_bytes=job["chunk_bytes"], max_bytes=limit,
-                                 digest=cache, device_names=False)
+    if parsed is None:  # (Kineto: device rows folded into their union as they are read)
+        kw = dict(root=root, chunk_bytes=job["chunk_bytes"], max_bytes=limit, digest=cache,
+                  device_names=False)
+        try:
+            parsed = tr.parse_source(plan.format, source, fold_device=True, **kw)
+        except NotFoldable:  # (a start out of range once the base is added: rows needed)
+            parsed = tr.parse_source(plan.format, source, **kw)
     content_rank, digest, parsed_world = parsed.rank, parsed.digest, parsed.world_size
+    folded = parsed.device_folded
     rank = tr.rank_of(plan, i, content_rank, warn=False)  # warned once, where gathered
     t = tr.timeline_of(parsed, -1 if rank is None else rank, source, plan.sessions[i])
     del parsed
@@ -121,9 +130,27 @@ def _computed(plan: Any, i: int, job: dict[str, Any], parsed: Any) -> RankReduct
     r = dataclasses.replace(reduce_rank(t, definition, plan.format, rx, wrx, consume=own),
                             rank=rank, content_rank=content_rank, world_size=parsed_world)
     del t
+    if folded is not None:
+        r = _with_folded(r, folded)
     if cache:  # (digest: of exactly the bytes parsed; none, nothing is recorded)
         entries.record(plan, i, job, stat, digest, r)
+    if isinstance(r.busy, iv.Packed) and not packed:
+        r = dataclasses.replace(r, busy=r.busy.unpack())
     return r
+
+
+def _with_folded(r: RankReduction, f: Any) -> RankReduction:
+    """`r`, reduced from a timeline without device rows (a Kineto parse that folded them,
+    every one of them busy: `busydef.busy_tasks`), with what `reduce_rank` takes of those
+    rows from their fold `f` (a `residency.traces.columns.FoldedDevice`); the union packed."""
+    if not f.tasks:
+        return r
+    span = ((f.first_start, f.last_end) if r.span is None else
+            (min(r.span[0], f.first_start), max(r.span[1], f.last_end)))
+    end = max(-f.first_end, f.last_end)  # the largest |end| of a device row
+    return dataclasses.replace(r, device_tasks=f.tasks, busy=f.union,
+                               busy_bounds=(f.first_start, f.last_end), span=span,
+                               end_abs=end if r.end_abs is None else max(r.end_abs, end))
 
 
 def _here(plan: Any, job: dict[str, Any], workers: int | None
@@ -190,18 +217,45 @@ def reductions_at(plan: Any, job: dict[str, Any], *, scheduler: str | None = Non
                              root=plan.root, leaf=busy_union, combine=iv.union)
 
 
-def packed_reduction(plan: Any, i: int, **job: Any) -> RankReduction:
+def packed_reduction(plan: Any, i: int, *, spill: str | None = None, **job: Any
+                     ) -> RankReduction:
     """`rank_reduction` with its busy union packed (`residency.traces.intervals.Packed`) for
-    the trip from a worker process: 6 bytes a device-dense row instead of 16."""
-    r = rank_reduction(plan, i, **job)
-    return dataclasses.replace(r, busy=iv.Packed(r.busy))  # type: ignore[arg-type]
+    the trip from a worker process: 6 bytes a device-dense row instead of 16; with `spill` (a
+    folder), written to a file there (`Spilled`) instead of being pickled."""
+    r = rank_reduction(plan, i, packed=True, **job)
+    busy: Any = r.busy if isinstance(r.busy, iv.Packed) else iv.Packed(r.busy)
+    if spill is not None:
+        busy = Spilled(busy, spill)
+    return dataclasses.replace(r, busy=busy)
+
+
+class Spilled:
+    """A rank's packed busy union written to a file in a folder the receiver owns: the trip
+    from a worker process without a pickle of its columns (pickled, an array is copied twice
+    more in the worker, 30 MB for a 2.5M-row device-dense union); `unpacked` reads it back
+    (once: the file is removed) and unpacks it."""
+
+    __slots__ = ("path",)
+
+    def __init__(self, busy: iv.Packed, folder: str) -> None:
+        fd, self.path = tempfile.mkstemp(suffix=".npy", dir=folder)
+        with os.fdopen(fd, "wb") as f:
+            for a in busy.parts:
+                np.save(f, a, allow_pickle=False)
+
+    def unpacked(self) -> iv.Intervals:
+        with open(self.path, "rb") as f:
+            parts = [np.load(f, allow_pickle=False) for _ in range(3)]
+        os.unlink(self.path)
+        return iv.Packed.of_parts(*parts).unpack()
 
 
 def _pool(plan: Any, job: dict[str, Any], n: int, stats: dict[int, os.stat_result]
           ) -> tuple[list[RankReduction], iv.Intervals | None]:
     """The reductions of the items of `stats`, in their order, by `n` worker processes in jobs
     of a few ranks (`residency.traces.parallel.task_groups`, largest first). Each rank's union
-    comes back packed and is unpacked here after the workers are gone, one at a time; the
+    comes back packed, through a file (`Spilled`), and is unpacked here after the workers are
+    gone, one at a time; the
     all-rank union is not built (`summarize` sweeps the ranks' unions): on one machine a tree
     of unions through the workers sent each union twice more and doubled the peak (732 MB
     against 351 MB on 2 x 2.5M device-dense ranks)."""
@@ -210,12 +264,15 @@ def _pool(plan: Any, job: dict[str, Any], n: int, stats: dict[int, os.stat_resul
     items = list(stats)
     groups = [tuple(items[k] for k in g) for g in
               parallel.task_groups([stats[i].st_size for i in items], n)]
-    got, _ = parallel.map_local(packed_reduction, groups, workers=n, args=(plan,), kwargs=job)
     out = []
-    for i in items:
-        r = got.pop(i)
-        out.append(dataclasses.replace(r, busy=iv.unpacked(r.busy)))
-        del r
+    with tempfile.TemporaryDirectory(prefix="residency-idle-") as folder:
+        got, _ = parallel.map_local(packed_reduction, groups, workers=n, args=(plan,),
+                                    kwargs={**job, "spill": folder})
+        for i in items:
+            r = got.pop(i)
+            busy = r.busy.unpacked() if isinstance(r.busy, Spilled) else iv.unpacked(r.busy)
+            out.append(dataclasses.replace(r, busy=busy))
+            del r
     return out, None
 
 
