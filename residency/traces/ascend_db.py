@@ -274,7 +274,7 @@ class _Strings:
             raise UnusualDatabase  # a repeated id multiplies SQLite's joins: `_read_rows` says so
         distinct: dict[str, int] = {}
         codes = [_NULL if v is None else distinct.setdefault(v, len(distinct)) for _, v in rows]
-        self.codes = np.array(codes, np.int64)[order]
+        self.codes = np.array(codes, np.int32)[order]  # (codes: int32 columns throughout)
         self.empty = distinct.setdefault("", len(distinct))
         self.na = distinct.get("N/A", _ABSENT)
         self.table = np.empty(len(distinct), dtype=object)
@@ -283,7 +283,7 @@ class _Strings:
     def code(self, ids: np.ndarray) -> np.ndarray:
         """Each id's value code; `_ABSENT` where no row has the id."""
         if not len(self.ids):
-            return np.full(len(ids), _ABSENT, np.int64)
+            return np.full(len(ids), _ABSENT, np.int32)
         at = np.minimum(np.searchsorted(self.ids, ids), len(self.ids) - 1)
         return np.where(self.ids[at] == ids, self.codes[at], _ABSENT)
 
@@ -299,7 +299,7 @@ def _first_by_key(keys: np.ndarray, values: np.ndarray, keep: np.ndarray
 def _lookup(unique: np.ndarray, values: np.ndarray, keys: np.ndarray,
             missing: int = _ABSENT) -> np.ndarray:
     if not len(unique):
-        return np.full(len(keys), missing, np.int64)
+        return np.full(len(keys), missing, values.dtype)
     at = np.minimum(np.searchsorted(unique, keys), len(unique) - 1)
     return np.where((unique[at] == keys) & (keys != _NO_ID), values[at], missing)
 
@@ -312,18 +312,27 @@ def _coalesce(*codes: np.ndarray) -> np.ndarray:
     return out
 
 
+_BLOCK_ROWS = 1 << 20  # rows a block where a column is rewritten block by block
+
+
 def _first_codes(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Codes renumbered by first appearance (as a dict filled row by row numbers them): the
     new codes and the old code of each new one."""
     if not len(codes):
         return np.empty(0, np.int16), np.empty(0, np.int64)
-    codes = codes.astype(np.int64, copy=False)
-    present = np.flatnonzero(np.bincount(codes))  # (codes are small: a table's positions)
+    n, block = len(codes), _BLOCK_ROWS  # (block by block: no int64 copy of a narrow column)
+    counts = np.zeros(int(codes.max()) + 1, np.int64)  # (codes are small: a table's positions)
+    for lo in range(0, n, block):
+        counts += np.bincount(codes[lo:lo + block].astype(np.int64), minlength=len(counts))
+    present = np.flatnonzero(counts)
     first = np.array([int(np.argmax(codes == c)) for c in present.tolist()], np.int64)
     old = present[np.argsort(first, kind="stable")]
     new = np.zeros(int(present[-1]) + 1, np.int16)
     new[old] = np.arange(len(old))
-    return new[codes], old
+    out = np.empty(n, np.int16)
+    for lo in range(0, n, block):
+        out[lo:lo + block] = new[codes[lo:lo + block]]
+    return out, old
 
 
 def _drain(parts: list[np.ndarray]) -> np.ndarray:
@@ -384,7 +393,7 @@ def _read_columns(con: UntrustedDatabase, tables: set[str], device_names: bool =
             lanes.append(lane)
         hs.append(s)
         he.append(e)
-        hn.append(n.astype(np.int32))  # (a table's positions)
+        hn.append(n.astype(np.int32, copy=False))  # (a table's positions)
         hl.append(np.full(len(s), lanes.index(lane), np.int8))
 
     # the device tasks first, finished: sorted by start, their rows and codes in final form
@@ -429,11 +438,11 @@ def _read_columns(con: UntrustedDatabase, tables: set[str], device_names: bool =
 
 
 def _taken_pair(first: np.ndarray, second: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """`np.column_stack([first[order], second[order]])`, taken straight into place (`order`
-    holds valid positions: "clip" changes nothing but lets numpy write without a buffer)."""
+    """`np.column_stack([first[order], second[order]])`, written straight into place."""
     out = np.empty((len(order), 2), np.int64)
-    np.take(first, order, out=out[:, 0], mode="clip")
-    np.take(second, order, out=out[:, 1], mode="clip")
+    for j, col in enumerate((first, second)):  # block by block: np.take into a column of
+        for lo in range(0, len(order), _BLOCK_ROWS):  # `out` (strided) buffers a whole copy
+            out[lo:lo + _BLOCK_ROWS, j] = col[order[lo:lo + _BLOCK_ROWS]]
     return out
 
 

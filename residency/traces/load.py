@@ -316,10 +316,14 @@ def timeline_of(p: Parsed, rank: int, source: Path, session: str | None) -> Rank
     """The timeline of one parse: derived torch-npu slices set apart, arrays read-only."""
     derived = np.isin(p.range_lane, [k for k, n in enumerate(p.lanes)
                                      if n in ASCEND_DERIVED_PROCESSES])
-    host = ~derived
-    arrays = (p.device, p.ranges[host], p.names[host], p.device_task_type,
-              p.range_task_type[host], p.range_lane[host], p.ranges[derived],
-              p.names[derived])
+    if derived.any():
+        host = ~derived
+        arrays = (p.device, p.ranges[host], p.names[host], p.device_task_type,
+                  p.range_task_type[host], p.range_lane[host], p.ranges[derived],
+                  p.names[derived])
+    else:  # (the parse's own arrays: no copy of every host range, 260 MB for 10M of them)
+        arrays = (p.device, p.ranges, p.names, p.device_task_type, p.range_task_type,
+                  p.range_lane, p.ranges[:0], p.names[:0])
     for a in arrays:
         a.setflags(write=False)
     names = p.device_names if p.device_names is not None else np.empty(0, object)

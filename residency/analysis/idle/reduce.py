@@ -68,23 +68,25 @@ def reduce_rank(t: RankTimeline, definition: busydef.BusyDefinition, fmt: str,
         overlap_span = (int(t.overlap[:, 0].min()), int(t.overlap[:, 1].max()))
     ends = [max(-int(a[:, 1].min()), int(a[:, 1].max()))  # largest |end|, no copy
             for a in (t.device, t.ranges, t.overlap) if len(a)]
+    if consume and rows is t.device and rows.base is None:  # (ours alone: parsed for this)
+        rows.setflags(write=True)  # (Kineto: every device row chosen, nothing reads them on)
+        busy = iv.merge_in_place(rows)
+    else:
+        busy = iv.merge(rows)
+    excluded, unknown, confirmed = chosen.excluded, chosen.unknown, chosen.confirmed
+    del chosen, rows  # (torch-npu: the chosen rows, a copy, freed before the next two)
     computing = work = None
     if fmt == "ascend":
         computing = iv.merge(busydef.class_rows(t, frozenset({"compute", "unknown"})))
         work = iv.merge(busydef.class_rows(t, frozenset({"compute", "unknown",
                                                          "communication"})))
-    if consume and rows is t.device and rows.base is None:  # (ours alone: parsed for this)
-        rows.setflags(write=True)
-        busy = iv.merge_in_place(rows)
-    else:
-        busy = iv.merge(rows)
     return RankReduction(
         t.rank, t.source, t.device_tasks, t.rejected_events, busy, bounds,
-        dict(chosen.excluded), dict(chosen.unknown),
+        dict(excluded), dict(unknown),
         np.ascontiguousarray(matching(t, marker)) if marker is not None else _NONE,
         np.ascontiguousarray(matching(t, window_marker)) if window_marker is not None
         else _NONE, free, overlap_span, span,
-        int(max(ends)) if ends else None, content_rank, frozenset(chosen.confirmed),
+        int(max(ends)) if ends else None, content_rank, frozenset(confirmed),
         len(t.ranges), computing, work)
 
 
