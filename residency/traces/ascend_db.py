@@ -28,8 +28,8 @@ from residency.traces.columns import Parsed
 from residency.traces.files import TraceError
 from residency.traces.sqlitedb import UntrustedDatabase, open_untrusted
 
-__all__ = ["DB_GLOB", "DB_RE", "READINGS", "UnusualDatabase", "profiler_db_problem", "read_db",
-           "read_db_memory"]
+__all__ = ["BLOCK_ROWS", "DB_GLOB", "DB_RE", "READINGS", "UnusualDatabase", "first_codes",
+           "profiler_db_problem", "read_db", "read_db_memory", "taken_pair"]
 
 DB_RE = re.compile(r"ascend_pytorch_profiler_(\d+)\.db")  # the export's name; group 1: rank
 DB_GLOB = "ascend_pytorch_profiler*.db"  # the files a session's output folder is searched for
@@ -312,15 +312,15 @@ def _coalesce(*codes: np.ndarray) -> np.ndarray:
     return out
 
 
-_BLOCK_ROWS = 1 << 20  # rows a block where a column is rewritten block by block
+BLOCK_ROWS = 1 << 20  # rows a block where a column is rewritten block by block
 
 
-def _first_codes(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def first_codes(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Codes renumbered by first appearance (as a dict filled row by row numbers them): the
     new codes and the old code of each new one."""
     if not len(codes):
         return np.empty(0, np.int16), np.empty(0, np.int64)
-    n, block = len(codes), _BLOCK_ROWS  # (block by block: no int64 copy of a narrow column)
+    n, block = len(codes), BLOCK_ROWS  # (block by block: no int64 copy of a narrow column)
     counts = np.zeros(int(codes.max()) + 1, np.int64)  # (codes are small: a table's positions)
     for lo in range(0, n, block):
         counts += np.bincount(codes[lo:lo + block].astype(np.int64), minlength=len(counts))
@@ -404,9 +404,9 @@ def _read_columns(con: UntrustedDatabase, tables: set[str], device_names: bool =
         del dev
     del comm
     order = np.argsort(start, kind="stable")
-    device = _taken_pair(start, end, order)
+    device = taken_pair(start, end, order)
     del start, end
-    task, type_codes = _first_codes(kind[order])
+    task, type_codes = first_codes(kind[order])
     del kind
     table = strings.table
     names_of_tasks = table[name[order]] if device_names else None
@@ -427,9 +427,9 @@ def _read_columns(con: UntrustedDatabase, tables: set[str], device_names: bool =
     if bool((h_end < h_start).any()):
         raise UnusualDatabase  # (`_read_rows` names the first such row)
     horder = np.argsort(h_start, kind="stable")
-    ranges = _taken_pair(h_start, h_end, horder)
+    ranges = taken_pair(h_start, h_end, horder)
     del h_start, h_end
-    lane, lane_codes = _first_codes(_drain(hl)[horder])
+    lane, lane_codes = first_codes(_drain(hl)[horder])
     h_name = _drain(hn)[horder]
     del horder
     return Parsed(None, device, ranges, table[h_name], 0, task,
@@ -437,12 +437,12 @@ def _read_columns(con: UntrustedDatabase, tables: set[str], device_names: bool =
                   tuple(lanes[i] for i in lane_codes.tolist()), device_names=names_of_tasks)
 
 
-def _taken_pair(first: np.ndarray, second: np.ndarray, order: np.ndarray) -> np.ndarray:
+def taken_pair(first: np.ndarray, second: np.ndarray, order: np.ndarray) -> np.ndarray:
     """`np.column_stack([first[order], second[order]])`, written straight into place."""
     out = np.empty((len(order), 2), np.int64)
     for j, col in enumerate((first, second)):  # block by block: np.take into a column of
-        for lo in range(0, len(order), _BLOCK_ROWS):  # `out` (strided) buffers a whole copy
-            out[lo:lo + _BLOCK_ROWS, j] = col[order[lo:lo + _BLOCK_ROWS]]
+        for lo in range(0, len(order), BLOCK_ROWS):  # `out` (strided) buffers a whole copy
+            out[lo:lo + BLOCK_ROWS, j] = col[order[lo:lo + BLOCK_ROWS]]
     return out
 
 

@@ -15,19 +15,21 @@ import pytest
 from residency.analysis.idle import idle_summary, idle_summary_at
 from residency.analysis.idle import reduce as idle_reduce
 from residency.traces import intervals as iv
-from residency.traces import kineto, kineto_scan
+from residency.traces import kineto_scan, load
 from residency.traces.columns import NotFoldable
 from residency.traces.load import load_traces, parse_source
 from tests.helpers import MARKER, many_ranks
 
 
 @pytest.fixture(params=["compiled", "pure"])
-def reader(request, monkeypatch):
+def reader(request):
     if request.param == "pure":
-        monkeypatch.setattr(kineto_scan, "_scan", None)
-    elif not kineto_scan.available():
+        with kineto_scan.msgspec_only():
+            yield request.param
+        return
+    if not kineto_scan.available():
         pytest.skip("the compiled reader is not built")
-    return request.param
+    yield request.param
 
 
 def _parse(path: Path, **kw):
@@ -83,21 +85,21 @@ def test_folded_reductions_equal_the_whole_timeline_path(tmp_path, reader, shape
                            "ts": 1e14, "dur": 1.0})
         _kineto(d, events, base, rank)
     seen: dict[str, int] = {"loose": 0, "refused": 0}
-    add, finish = iv.Folded.add, kineto._DeviceFold.finish
+    add, parse = iv.Folded.add, load.parse_source
 
     def spy_add(self, rows):
         add(self, rows)
         seen["loose"] += self.loose is not None
 
-    def spy_finish(self, b):
+    def spy_parse(*args, **kw):
         try:
-            return finish(self, b)
+            return parse(*args, **kw)
         except NotFoldable:
             seen["refused"] += 1
             raise
 
     monkeypatch.setattr(iv.Folded, "add", spy_add)
-    monkeypatch.setattr(kineto._DeviceFold, "finish", spy_finish)
+    monkeypatch.setattr(load, "parse_source", spy_parse)
     whole = idle_summary(load_traces(d, cache=False), marker=MARKER)
     if shape == "a start out of range":
         assert whole.rejected_events == 1

@@ -1,5 +1,5 @@
 """The torch-npu database reader's columns are built without a second copy of a rank's rows
-(`ascend_db._taken_pair`, `_first_codes` block by block, `load.timeline_of` keeping the
+(`ascend_db.taken_pair`, `first_codes` block by block, `load.timeline_of` keeping the
 parse's own arrays where no lane is derived): the same values as before, to the row."""
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ def test_first_codes_number_by_first_appearance_in_any_block_size(codes, block, 
     seen: dict[int, int] = {}
     want = [seen.setdefault(c, len(seen)) for c in codes]
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ascend_db, "_BLOCK_ROWS", block)
-        new, old = ascend_db._first_codes(np.array(codes, dtype))
+        mp.setattr(ascend_db, "BLOCK_ROWS", block)
+        new, old = ascend_db.first_codes(np.array(codes, dtype))
     assert new.dtype == np.int16 and new.tolist() == want and old.tolist() == list(seen)
 
 
@@ -37,11 +37,11 @@ def test_taken_pairs_are_written_in_place_without_a_copy_of_a_column(monkeypatch
     end = start + rng.integers(0, 9, len(start))
     order = np.argsort(start, kind="stable")
     want = np.column_stack([start[order], end[order]])
-    monkeypatch.setattr(ascend_db, "_BLOCK_ROWS", 1000)
+    monkeypatch.setattr(ascend_db, "BLOCK_ROWS", 1000)
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        got = ascend_db._taken_pair(start, end, order)
+        got = ascend_db.taken_pair(start, end, order)
         extra = tracemalloc.get_traced_memory()[1] - before - got.nbytes
     finally:
         tracemalloc.stop()
