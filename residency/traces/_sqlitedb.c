@@ -1,15 +1,16 @@
 /* Integer columns of one query of an untrusted SQLite file, read without a Python object a value.
  *
- * `int_columns(uri, sql, width, max_rows, budget_s, max_value_bytes, max_sql_bytes)` opens
+ * `int_columns(uri, sql, rules, max_rows, budget_s, max_value_bytes, max_sql_bytes)` opens
  * `uri` (a ``file:`` URI, read-only and immutable as residency.traces.sqlitedb builds it) with
  * the same guards as that module's connection: read-only, ``PRAGMA trusted_schema=OFF``, the
  * length limits (values, SQL text), no attached databases, and the query stopped once
- * `budget_s` seconds have passed (a progress handler). It runs `sql`, which must give `width`
- * columns, and returns:
+ * `budget_s` seconds have passed (a progress handler). It runs `sql`, which must give one
+ * column per letter of `rules`, each value taken by its column's rule (by SQLite's storage
+ * class, as typeof() tells it): ``v`` an integer, else the read stops (status 1); ``i`` an
+ * integer, else INT64_MIN; ``k`` an integer, NULL as INT64_MIN, else the read stops. Returns:
  *
- *   (0, [bytearray, ...])  every value an integer: one bytearray of native int64 per column;
- *   (1, None)              a value that is not an integer (NULL, real, text, blob): the caller
- *                          reads the table another way;
+ *   (0, [bytearray, ...])  one bytearray of native int64 per column;
+ *   (1, None)              a value its rule refuses: the caller reads the table another way;
  *   (2, None)              more than `max_rows` rows;
  *   (3, (code, message))   SQLite's error (its primary result code and message), e.g.
  *                          SQLITE_INTERRUPT past the budget, SQLITE_TOOBIG past a length limit.
@@ -65,16 +66,17 @@ static PyObject *sqlite_error(sqlite3 *db, int rc) {
 }
 
 static PyObject *int_columns(PyObject *self, PyObject *args) {
-    const char *uri, *sql;
+    const char *uri, *sql, *rules;
     int width, max_value, max_sql;
     long long max_rows;
     double budget_s;
     (void)self;
-    if (!PyArg_ParseTuple(args, "ssiLdii", &uri, &sql, &width, &max_rows, &budget_s,
+    if (!PyArg_ParseTuple(args, "sssLdii", &uri, &sql, &rules, &max_rows, &budget_s,
                           &max_value, &max_sql))
         return NULL;
-    if (width < 1 || width > 64) {
-        PyErr_SetString(PyExc_ValueError, "width must be 1 to 64");
+    width = (int)strlen(rules);
+    if (width < 1 || width > 64 || strspn(rules, "vik") != (size_t)width) {
+        PyErr_SetString(PyExc_ValueError, "rules must be 1 to 64 of the letters v, i, k");
         return NULL;
     }
     sqlite3 *db = NULL;
@@ -119,11 +121,15 @@ static PyObject *int_columns(PyObject *self, PyObject *args) {
             goto done;
         }
         for (int j = 0; j < width; j++) {
-            if (sqlite3_column_type(stmt, j) != SQLITE_INTEGER) {
+            int type = sqlite3_column_type(stmt, j);
+            int64_t v = INT64_MIN;
+            if (type == SQLITE_INTEGER)
+                v = (int64_t)sqlite3_column_int64(stmt, j);
+            else if (rules[j] == 'v' || (rules[j] == 'k' && type != SQLITE_NULL)) {
                 out = Py_BuildValue("(iO)", 1, Py_None);
                 goto done;
             }
-            if (column_push(&cols[j], (int64_t)sqlite3_column_int64(stmt, j)) < 0)
+            if (column_push(&cols[j], v) < 0)
                 goto done;
         }
     }
@@ -155,7 +161,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"int_columns", int_columns, METH_VARARGS,
-     "int_columns(uri, sql, width, max_rows, budget_s, max_value_bytes, max_sql_bytes) -> "
+     "int_columns(uri, sql, rules, max_rows, budget_s, max_value_bytes, max_sql_bytes) -> "
      "(status, payload): the int64 columns of one query (module doc)."},
     {NULL, NULL, 0, NULL},
 };

@@ -26,7 +26,7 @@ import numpy as np
 
 from residency.traces.columns import Parsed
 from residency.traces.files import TraceError
-from residency.traces.sqlitedb import UntrustedDatabase, open_untrusted
+from residency.traces.sqlitedb import NO_INTEGER, UntrustedDatabase, open_untrusted
 
 __all__ = ["BLOCK_ROWS", "DB_GLOB", "DB_RE", "READINGS", "UnusualDatabase", "first_codes",
            "profiler_db_problem", "read_db", "read_db_memory", "taken_pair"]
@@ -211,7 +211,7 @@ def _read_rows(path: Path, con: UntrustedDatabase, tables: set[str]) -> Parsed:
 # values are text or NULL and the times the SQL does not CAST are integers in order; in
 # any other case `UnusualDatabase` sends the file to `_read_rows`.
 
-_NO_ID = -(2**63)  # an id column's NULL or non-integer: matches no STRING_IDS id
+_NO_ID = NO_INTEGER  # an id column's NULL or non-integer: matches no STRING_IDS id
 _ABSENT, _NULL = -1, -2  # lookups: no such id; the id's value is NULL
 _ID_COLUMNS = {"STRING_IDS": ("id",), "TASK": ("taskType", "globalTaskId"),
                "COMPUTE_TASK_INFO": ("globalTaskId", "name", "taskType"),
@@ -239,17 +239,13 @@ def _columns(con: UntrustedDatabase, table: str, columns: list[str], kinds: str,
     `UnusualDatabase`), ``c`` one CAST to an integer, ``i`` an id (NULL or not an integer:
     `_NO_ID`), ``k`` a key (NULL: `_NO_ID`; another non-integer, or the integer `_NO_ID`
     itself: `UnusualDatabase`).
-    SQLite's typeof() decides in the query, so every value fetched is an int (or NULL where
-    the table is unusual; `UntrustedDatabase.int_columns` reads them)."""
-    exprs = []
-    for c, k in zip(columns, kinds, strict=True):
-        exprs.append(f"CAST({c} AS INTEGER)" if k == "c" else
-                     f"CASE typeof({c}) WHEN 'integer' THEN {c} END" if k == "t" else
-                     f"CASE typeof({c}) WHEN 'integer' THEN {c} ELSE {_NO_ID} END" if k == "i"
-                     else f"CASE typeof({c}) WHEN 'integer' THEN {c} WHEN 'null' THEN {_NO_ID} "
-                     "END")
-    out = con.int_columns(f"SELECT {', '.join(exprs)} FROM main.{table}{where}", len(kinds))
-    if out is None:  # a NULL: a value of another type
+    Each value's storage class decides, as typeof() tells it (`UntrustedDatabase.int_columns`:
+    ``t`` and ``c`` its rule ``v``, ``i`` and ``k`` its own)."""
+    exprs = [f"CAST({c} AS INTEGER)" if k == "c" else c for c, k in zip(columns, kinds,
+                                                                          strict=True)]
+    rules = kinds.replace("t", "v").replace("c", "v")
+    out = con.int_columns(exprs, f"FROM main.{table}{where}", rules)
+    if out is None:  # a value of another type
         raise UnusualDatabase
     for c, k, col in zip(columns, kinds, out, strict=True):
         if k == "k" and bool((col == _NO_ID).any()) and con.execute(

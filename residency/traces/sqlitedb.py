@@ -23,7 +23,7 @@ import shutil
 import sqlite3
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +40,8 @@ from residency.traces.files import (
     verified_copy,
 )
 
-__all__ = ["MAX_VALUE_BYTES", "QUERY_BUDGET_S", "UntrustedDatabase", "compiled_reader",
-           "open_untrusted", "python_reader"]
+__all__ = ["MAX_VALUE_BYTES", "NO_INTEGER", "QUERY_BUDGET_S", "UntrustedDatabase",
+           "compiled_reader", "open_untrusted", "python_reader"]
 
 QUERY_BUDGET_S = 600.0   # one query of one database; far beyond a real profile's
 MAX_VALUE_BYTES = 16 << 20  # the longest string or blob a row may hold (SQLITE_LIMIT_LENGTH)
@@ -63,6 +63,7 @@ def _compiled_on() -> bool:
 
 _int_columns = _ext.int_columns if _compiled_on() else None  # type: ignore[union-attr]
 _SQLITE_INTERRUPT, _SQLITE_TOOBIG = 9, 18  # SQLite's primary result codes
+NO_INTEGER = -(2**63)  # `UntrustedDatabase.int_columns`: a value its rule maps to "none"
 
 
 def compiled_reader() -> bool:
@@ -163,24 +164,31 @@ class UntrustedDatabase:
             _raise_bound(self, exc)
             raise
 
-    def int_columns(self, sql: str, width: int, *, compiled: bool | None = None
-                    ) -> list[np.ndarray] | None:
-        """The `width` int64 columns of one query, within the bounds `execute` keeps; None
-        where a value is not an integer (NULL, real, text, blob). By the compiled reader where
-        it is built (`compiled_reader`), else by batches of Python rows; `compiled` False
-        forces the Python reading (True: the compiled one, or ValueError where unavailable).
+    def int_columns(self, columns: Sequence[str], rest: str, rules: str | None = None, *,
+                    compiled: bool | None = None) -> list[np.ndarray] | None:
+        """The int64 columns of ``SELECT <columns> <rest>`` (`rest`: from FROM on), within the
+        bounds `execute` keeps, each value taken by its column's letter of `rules` (default:
+        every one ``v``), by SQLite's storage class: ``v`` an integer, else None (the whole
+        read refused); ``i`` an integer, else `NO_INTEGER`; ``k`` an integer, NULL as
+        `NO_INTEGER`, else None. By the compiled reader where it is built (`compiled_reader`),
+        else by batches of Python rows; `compiled` False forces the Python reading (True: the
+        compiled one, or ValueError where unavailable).
 
         Raises:
-            as `execute`.
+            as `execute`; ValueError: `rules` not one letter of v, i, k per column.
         """
+        rules = "v" * len(columns) if rules is None else rules
+        if len(rules) != len(columns) or not 0 < len(rules) <= 64 or set(rules) - set("vik"):
+            raise ValueError(f"rules must be one of the letters v, i, k per column, not {rules!r}")
         use = _int_columns is not None if compiled is None else compiled
         if use and (_int_columns is None or self._uri is None):
             raise ValueError("the compiled SQLite reader is not available here")
         if not use:
-            return self._int_columns_python(sql, width)
+            return self._int_columns_python(columns, rest, rules)
         self._deadline = time.monotonic() + self.budget_s
-        status, payload = _int_columns(self._uri, sql, width, self.max_rows, self.budget_s,
-                                       MAX_VALUE_BYTES, _MAX_SQL_BYTES)
+        status, payload = _int_columns(self._uri, f"SELECT {', '.join(columns)} {rest}", rules,
+                                       self.max_rows, self.budget_s, MAX_VALUE_BYTES,
+                                       _MAX_SQL_BYTES)
         if status == 0:
             return [np.frombuffer(b, np.int64) for b in payload]
         if status == 1:
@@ -198,9 +206,16 @@ class UntrustedDatabase:
         _raise_bound(self, exc)
         raise exc
 
-    def _int_columns_python(self, sql: str, width: int) -> list[np.ndarray] | None:
+    def _int_columns_python(self, columns: Sequence[str], rest: str, rules: str
+                            ) -> list[np.ndarray] | None:
         import itertools
 
+        # the rules in the query: what a rule refuses becomes NULL, which no batch may hold
+        exprs = [c if r == "v" else
+                 f"CASE typeof({c}) WHEN 'integer' THEN {c} ELSE {NO_INTEGER} END" if r == "i"
+                 else f"CASE typeof({c}) WHEN 'integer' THEN {c} WHEN 'null' THEN {NO_INTEGER} "
+                 "END" for c, r in zip(columns, rules, strict=True)]
+        sql, width = f"SELECT {', '.join(exprs)} {rest}", len(rules)
         parts: list[list[np.ndarray]] = [[] for _ in range(width)]
         for batch in self.batches(sql):
             if not set(map(type, itertools.chain.from_iterable(batch))) <= {int}:
