@@ -18,6 +18,7 @@ turns the compiled reader off, as it does the Kineto one.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import sqlite3
@@ -112,6 +113,11 @@ class UntrustedDatabase:
         self._limited = hasattr(con, "setlimit")
         con.set_progress_handler(self._past_budget, _PROGRESS_EVERY)
 
+    def _too_many_rows(self) -> TraceError:
+        return TraceError(self.path, f"a query returned more than {self.max_rows} rows, more "
+                          "than a database of this size holds (ids repeated to multiply a "
+                          "join?); not read")
+
     def _past_budget(self) -> int:
         return int(time.monotonic() > self._deadline)
 
@@ -131,9 +137,7 @@ class UntrustedDatabase:
                     _check_lengths(self.path, batch)
                 rows += batch
                 if len(rows) > self.max_rows:
-                    raise TraceError(self.path, f"a query returned more than {self.max_rows} "
-                                     "rows, more than a database of this size holds (ids "
-                                     "repeated to multiply a join?); not read")
+                    raise self._too_many_rows()
         except (sqlite3.OperationalError, sqlite3.DataError) as exc:
             _raise_bound(self, exc)
             raise
@@ -156,9 +160,7 @@ class UntrustedDatabase:
                     _check_lengths(self.path, batch)
                 seen += len(batch)
                 if seen > self.max_rows:
-                    raise TraceError(self.path, f"a query returned more than {self.max_rows} "
-                                     "rows, more than a database of this size holds (ids "
-                                     "repeated to multiply a join?); not read")
+                    raise self._too_many_rows()
                 yield batch
         except (sqlite3.OperationalError, sqlite3.DataError) as exc:
             _raise_bound(self, exc)
@@ -185,7 +187,6 @@ class UntrustedDatabase:
             raise ValueError("the compiled SQLite reader is not available here")
         if not use:
             return self._int_columns_python(columns, rest, rules)
-        self._deadline = time.monotonic() + self.budget_s
         status, payload = _int_columns(self._uri, f"SELECT {', '.join(columns)} {rest}", rules,
                                        self.max_rows, self.budget_s, MAX_VALUE_BYTES,
                                        _MAX_SQL_BYTES)
@@ -194,9 +195,7 @@ class UntrustedDatabase:
         if status == 1:
             return None
         if status == 2:
-            raise TraceError(self.path, f"a query returned more than {self.max_rows} "
-                             "rows, more than a database of this size holds (ids "
-                             "repeated to multiply a join?); not read")
+            raise self._too_many_rows()
         code, message = payload
         exc = sqlite3.OperationalError(message)
         if code == _SQLITE_INTERRUPT:
@@ -208,8 +207,6 @@ class UntrustedDatabase:
 
     def _int_columns_python(self, columns: Sequence[str], rest: str, rules: str
                             ) -> list[np.ndarray] | None:
-        import itertools
-
         # the rules in the query: what a rule refuses becomes NULL, which no batch may hold
         exprs = [c if r == "v" else
                  f"CASE typeof({c}) WHEN 'integer' THEN {c} ELSE {NO_INTEGER} END" if r == "i"
