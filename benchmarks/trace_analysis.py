@@ -3,7 +3,9 @@ idle` (the default path a user gets: cold, i.e. the first time, which writes the
 ``--no-cache``) against a bare read of the same files (a typed msgspec decode of the JSON; the
 needed rows of a database, fetched with sqlite3), against HolisticTraceAnalysis
 (`traceinsight` 0.6.1) in its own venv, and the Dask path against the local one; then, on
-paper, 1,024 ranks x 1 GB from the per-rank figures; last, one line per case.
+paper, 1,024 ranks x 1 GB from the per-rank figures; one line per case (`--markdown FILE`:
+the same table as Markdown, for the README); and (`--scaling-ranks N`) the speedup of
+`--workers` 1, 2, 4, ... over one worker.
 
     python benchmarks/trace_analysis.py [--repeat 3] [--hta-python /tmp/ti/bin/python]
                                         [--shapes kineto,kineto-dense,kineto-host,ascend,ascend-db]
@@ -368,8 +370,8 @@ def against_bare(label: str, d: Path, total: int, ranks: int, args: argparse.Nam
         print(f"writing the cache: CPU (cold - no-cache) / cold = {statistics.median(write):.1%}"
               f" ({min(write):.1%}-{max(write):.1%}; target <= 10 %); entries "
               f"{entry_bytes / 1e6:.2f} MB ({entry_bytes / max(1, ranks) / 1e3:.0f} kB per rank)")
-    out = {"cold": cold, "bare": bare, "warm": warm, "entry_bytes": entry_bytes, "mb": mb,
-           "label": label, "fmt": fmt, "ranks": ranks}
+    out = {"cold": cold, "bare": bare, "warm": warm, "nocache": nocache,
+           "entry_bytes": entry_bytes, "mb": mb, "label": label, "fmt": fmt, "ranks": ranks}
     if runs["hta"]:
         h = runs["hta"]
         print(f"HTA (traceinsight) temporal breakdown  {show(h)}  CPU {show(h, 'cpu_s')}  peak "
@@ -427,6 +429,52 @@ def dask_case(args: argparse.Namespace, base: Path, env: dict[str, str]) -> dict
           f"path imports, in a process of its own): no LocalCluster run can be under "
           f"{statistics.median(floor):.2f}x of this local path")
     return {"local": local, "cluster": cluster, "ranks": args.dask_ranks}
+
+
+def scaling_case(args: argparse.Namespace, base: Path, env: dict[str, str]) -> dict:
+    """`--scaling-ranks` ranks (Kineto, `--dask-events` events each) read with `--workers` 1,
+    2, 4, ... up to this machine's CPUs, `--no-cache`, interleaved rounds: the speedup over one
+    worker (target: at least 10x on 16 workers), and Amdahl's serial fraction from the widest
+    run, with what it projects for 16 workers where fewer CPUs are here (a projection, not a
+    measurement)."""
+    d = base / f"kineto-{args.scaling_ranks}x{args.dask_events}"
+    total = tracegen.generate(d, args.scaling_ranks, args.dask_events, args.seed)
+    cpus = usable_cpus()
+    widths = sorted({w for w in (1, 2, 4, 8, 16, 32, 64) if w <= cpus} | {cpus})
+    mine = {**env, "RESIDENCY_NO_CACHE": "1"}
+    runs: dict[int, list[dict]] = {w: [] for w in widths}
+    for _ in range(args.repeat):
+        for w in widths:
+            runs[w].append(measure(ours(d, "--workers", str(w)), mine))
+    assert all(r["out"] == runs[1][0]["out"] for rs in runs.values() for r in rs), \
+        "answers differ"
+    print(f"\n== Workers: {args.scaling_ranks} ranks x {args.dask_events} events, "
+          f"{total / 1e6:.0f} MB, --no-cache, {cpus} CPUs here ({load()}); identical JSON "
+          "at every width")
+    for w in widths:
+        speed = _paired(runs[1], runs[w])
+        print(f"--workers {w:<3} {show(runs[w])}  CPU {show(runs[w], 'cpu_s')}  speedup over "
+              f"one worker {speed[0]:.2f}x (n={speed[1]})")
+    wide = widths[-1]
+    out = {"widths": widths, "runs": runs, "ranks": args.scaling_ranks}
+    if wide >= 16:
+        print("(measured above: the target is >= 10x at 16 workers)")
+        return out
+    # the fixed cost at this width: the same number of ranks of 1,000 events each (start-up,
+    # imports, workers started, each rank's plan and reduction handed back, the summary)
+    tiny = base / f"kineto-{args.scaling_ranks}x1000"
+    tracegen.generate(tiny, args.scaling_ranks, 1000, args.seed)
+    fixed = [measure(ours(tiny, "--workers", str(wide)), mine) for _ in range(args.repeat)]
+    t1, f = med(runs[1], "wall_s"), med(fixed, "wall_s")
+    at16 = t1 / (f + max(0.0, t1 - f) / 16)
+    out["projected_16"] = at16
+    print(f"fixed cost at --workers {wide}: {show(fixed)} (the same {args.scaling_ranks} ranks "
+          f"of 1,000 events each); projected on 16 workers, the rest divided by 16: "
+          f"{t1:.2f} s / ({f:.2f} s + {max(0.0, t1 - f):.2f} s / 16) = {at16:.1f}x (target "
+          ">= 10x; a projection from this machine's one-worker run and fixed cost, not a "
+          "measurement: starting 16 workers costs more than starting "
+          f"{wide}; run this on a 16-core host)")
+    return out
 
 
 def on_paper(per: dict, dask: dict | None) -> None:
@@ -487,25 +535,89 @@ SCALED = {  # 1gb: the issue's 2 x 2.5M device-dense case and ~1.2 GB of the oth
 }
 
 
-def summary(cases: list[dict]) -> None:
-    """One line per case: every target on every shape."""
-    if not cases:
-        return
-    print("\n== Every case (median ratios of paired rounds; targets: cold <= 1.2x the bare "
-          "read, warm <= 0.2x cold, peak <= 25 % of the input)")
-    print(f"{'case':<44} {'input':>9} {'cold/bare':>10} {'warm/cold':>10} {'peak':>16}")
+def _paired(num: list[dict], den: list[dict], key: str = "wall_s") -> tuple[float, int]:
+    """The median ratio of paired rounds and their number."""
+    r = [n[key] / d[key] for n, d in zip(num, den, strict=True)]
+    return statistics.median(r), len(r)
+
+
+def case_rows(cases: list[dict]) -> list[dict[str, str]]:
+    """One row per case: every target on every shape, as the table prints it."""
+    rows = []
     for c in cases:
-        cold_bare = statistics.median(a["wall_s"] / b["wall_s"]
-                                      for a, b in zip(c["cold"], c["bare"], strict=True))
-        warm_cold = statistics.median(a["wall_s"] / b["wall_s"]
-                                      for a, b in zip(c["warm"], c["cold"], strict=True))
+        cold_bare, n = _paired(c["cold"], c["bare"])
+        cold_bare_cpu, _ = _paired(c["cold"], c["bare"], "cpu_s")
+        warm_cold, _ = _paired(c["warm"], c["cold"])
         peak = max(med(c["cold"], "rss_mb"), med(c["warm"], "rss_mb"))
-        print(f"{c['label']:<44} {c['mb']:>6.0f} MB {cold_bare:>9.2f}x {warm_cold:>9.2f}x "
-              f"{peak:>6.0f} MB {peak / c['mb']:>6.1%}")
+        write = "-"
+        if c.get("nocache"):
+            write = format(statistics.median(max(0.0, a["cpu_s"] - b["cpu_s"]) / a["cpu_s"]
+                                             for a, b in zip(c["cold"], c["nocache"],
+                                                             strict=True)), ".1%")
+        row = {"case": c["label"], "input": f"{c['mb']:,.0f} MB", "n": str(n),
+               "cold / bare, wall": f"{cold_bare:.2f}x",
+               "cold / bare, CPU": f"{cold_bare_cpu:.2f}x",
+               "warm / cold, wall": f"{warm_cold:.2f}x", "writing the cache, CPU": write,
+               "peak of the tree": f"{peak:,.0f} MB = {peak / c['mb']:.1%}",
+               "msprof-analyze / ours": "-"}
         if "msprof" in c:
             m = c["msprof"]
-            print(f"  msprof-analyze free_analysis / ours cold: {ratio(m['theirs'], m['ours'])}; "
-                  f"figures identical on {m['agree']} of {m['ranks']} ranks")
+            wall, k = _paired(m["theirs"], m["ours"])
+            cpu, _ = _paired(m["theirs"], m["ours"], "cpu_s")
+            row["msprof-analyze / ours"] = (f"{wall:.2f}x wall, {cpu:.2f}x CPU (n={k}); "
+                                            f"{m['agree']} of {m['ranks']} ranks identical")
+        rows.append(row)
+    return rows
+
+
+TARGETS = ("targets: cold <= 1.2x the bare read, warm <= 0.2x cold, writing the cache <= 10 % "
+           "of the cold CPU, peak <= 25 % of the input, msprof-analyze goal >= 10x")
+
+
+def summary(cases: list[dict], markdown: Path | None = None, started: str = "") -> None:
+    """One line per case: every target on every shape; with `markdown`, the same table
+    written there as Markdown (with the commit, the time and the load it ran under)."""
+    if not cases:
+        return
+    rows = case_rows(cases)
+    print(f"\n== Every case (median ratios of paired rounds; {TARGETS})")
+    print(f"{'case':<44} {'input':>9} {'cold/bare':>10} {'CPU':>7} {'warm/cold':>10} "
+          f"{'cache':>7} {'peak':>20}")
+    for r in rows:
+        print(f"{r['case']:<44} {r['input']:>9} {r['cold / bare, wall']:>10} "
+              f"{r['cold / bare, CPU']:>7} {r['warm / cold, wall']:>10} "
+              f"{r['writing the cache, CPU']:>7} {r['peak of the tree']:>20}")
+        if r["msprof-analyze / ours"] != "-":
+            print(f"  msprof-analyze free_analysis / ours cold: {r['msprof-analyze / ours']}")
+    if markdown is not None:
+        head = list(rows[0])
+        ended = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        lines = [f"One run of `python benchmarks/trace_analysis.py {' '.join(sys.argv[1:])}` "
+                 f"at {commit()}, {started} to {ended} ({usable_cpus()} CPUs, {load()} at the "
+                 f"end); medians of n paired rounds; {TARGETS}.", "",
+                 "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(r[k].replace("|", "\\|") for k in head) + " |" for r in rows]
+        markdown.write_text("\n".join(lines) + "\n")
+        print(f"(the table, as Markdown: {markdown})")
+
+
+def commit() -> str:
+    """The checked-out commit of this tree (``+changes`` where the tree differs), or
+    ``unknown``."""
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain",
+                                "--untracked-files=no"], capture_output=True, text=True,
+                               check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+changes" if dirty else "")
+
+
+def usable_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
 
 
 def main() -> None:
@@ -525,6 +637,12 @@ def main() -> None:
     ap.add_argument("--dask-ranks", type=int, default=64)
     ap.add_argument("--dask-events", type=int, default=110_000,
                     help="events per rank (Dask; default: the standard case's rank)")
+    ap.add_argument("--scaling-ranks", type=int, default=0,
+                    help="also read this many Kineto ranks (--dask-events events each) with "
+                         "--workers 1, 2, 4, ... up to the CPUs here: the speedup over one "
+                         "worker (0: skipped)")
+    ap.add_argument("--markdown", type=Path,
+                    help="write the table of every case here, as Markdown (for the README)")
     ap.add_argument("--skip-standard", action="store_true",
                     help="only the --scale cases (and Dask)")
     ap.add_argument("--dir", type=Path, help="keep the generated traces here")
@@ -547,6 +665,7 @@ def main() -> None:
         ap.error(f"The value for --shapes must name shapes of {list(tracegen.SHAPES)}, but "
                  f"{unknown} was passed.")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    started = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     if compile_bytecode():
         print("residency's bytecode compiled first (PYTHONDONTWRITEBYTECODE is set here: "
               "without it every run would compile our modules again, ~0.05 s, while an "
@@ -606,8 +725,10 @@ def main() -> None:
                 per = case
             if scale and args.dir is None:  # (a large case's disk, back before the next)
                 shutil.rmtree(d, ignore_errors=True)
-        summary(cases)
+        summary(cases, args.markdown, started)
         dask = dask_case(args, base, env) if args.dask_ranks else None
+        if args.scaling_ranks:
+            scaling_case(args, base, env)
         if per is not None:
             on_paper(per, dask)
     finally:

@@ -46,6 +46,7 @@ import numpy as np
 from residency.jsonio import write_bytes_atomic
 from residency.traces.columns import Parsed, object_array
 from residency.traces.files import (
+    CONTENT_DIGEST,
     MAX_TRACE_BYTES,
     PARTS_DIGEST,
     TraceError,
@@ -58,14 +59,15 @@ from residency.traces.files import (
 __all__ = ["PARSER_VERSION", "cache_dir", "enabled", "get", "get_parsed", "max_bytes",
            "payload_digest", "put", "put_parsed"]
 
-# 8: SHA-256 trace digests of the bytes parsed (was xxh3-128); 7: distributedInfo.world_size
+# 9: BLAKE3 trace digests (was SHA-256); 8: SHA-256 trace digests of the bytes parsed (was
+# xxh3-128); 7: distributedInfo.world_size
 # kept; 6: the payload digest covers the trace digest and status; 5: user cache
-PARSER_VERSION = 8
+PARSER_VERSION = 9
 _MAGIC = b"RESIDENCY-TRACE-CACHE/1\n"
 _DTYPES = frozenset({"<i8", "<i4", "<i2", "|i1", "|b1", "|u1", "<u2", "<u4"})
 _DEFAULT_MAX = 4 << 30
 _ENTRY_SUFFIX = ".entry"
-_DIGESTS = frozenset({"sha256", PARTS_DIGEST})  # the trace digests an entry may record
+_DIGESTS = frozenset({CONTENT_DIGEST, PARTS_DIGEST})  # the trace digests an entry may record
 
 
 def cache_dir() -> Path:

@@ -5,7 +5,6 @@ only us, the trace cache trusts nothing it did not write, every name printed is 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import sqlite3
@@ -14,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import blake3
 import pytest
 
 from residency.analysis.idle import idle_summary_at
@@ -133,15 +133,15 @@ def _cache() -> Path:
     return tracecache.cache_dir()
 
 
-def test_the_cache_key_is_the_sha256_of_the_bytes_parsed(tmp_path):
-    """F3: the digest an entry is checked against is SHA-256 (a cryptographic digest) of the
+def test_the_cache_key_is_a_cryptographic_digest_of_the_bytes_parsed(tmp_path):
+    """F3: the digest an entry is checked against is BLAKE3 (a cryptographic digest) of the
     trace's bytes, not xxh3-128, for which two traces sharing one were built."""
     d = many_ranks(tmp_path / "t", 2)
     load_traces(d)
     for source in (d / "rank0" / "trace.json", d / "rank1" / "trace.json.gz"):
         got = tracecache.get_parsed(source, os.stat(source), root=d)
         assert got is not None
-        assert got.digest == "sha256:" + hashlib.sha256(source.read_bytes()).hexdigest()
+        assert got.digest == "blake3:" + blake3.blake3(source.read_bytes()).hexdigest()
 
 
 def _same_size_other_figures(path: Path) -> bytes:
