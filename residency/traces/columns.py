@@ -40,6 +40,8 @@ class Parsed:
     world_size: int | None = None  # from the file's content (Kineto distributedInfo)
     # a parse with the device tasks folded (`device` then empty): their union and figures
     device_folded: FoldedDevice | None = None
+    # a parse that kept only the host ranges it was asked for: what the others were
+    host_folded: FoldedHost | None = None
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,17 @@ class FoldedDevice:
     union: Any  # residency.traces.intervals.Packed: the merged rows
     tasks: int  # rows folded in
     first_start: int  # earliest start (meaningless when `tasks` is 0)
+    last_end: int  # latest end
+    first_end: int  # earliest end
+
+
+@dataclass(frozen=True)
+class FoldedHost:
+    """The host ranges a parse counted but did not keep (their names matched nothing it was
+    asked to keep): what a rank's reduction needs of them. Times absolute, in ns."""
+
+    ranges: int  # rows counted, not kept
+    first_start: int  # earliest start (meaningless when `ranges` is 0)
     last_end: int  # latest end
     first_end: int  # earliest end
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +61,14 @@ class _Skeleton(msgspec.Struct, gc=False):
 def parse_trace(fmt: str, source: Path, *, root: Path | None = None,
                 chunk_bytes: int = CHUNK_BYTES, max_bytes: int = MAX_TRACE_BYTES,
                 digest: bool = False, device_names: bool = True,
-                fold_device: bool = False) -> Parsed:
+                fold_device: bool = False,
+                keep_host: Callable[[str], bool] | None = None) -> Parsed:
     """Stream `source` (format `fmt`: "kineto" or "ascend") into columns; without
     `device_names`, a Kineto parse leaves the device tasks' names out (``None``); with
     `fold_device` (Kineto, without `device_names`), it folds the device tasks into their union
-    as they are read (`Parsed.device_folded`) and keeps no rows of them, or raises
-    `residency.traces.columns.NotFoldable`.
+    as they are read (`Parsed.device_folded`) and keeps no rows of them; with `keep_host`
+    (Kineto), it keeps only the host ranges whose name `keep_host` wants and counts the others
+    (`Parsed.host_folded`). Either may raise `residency.traces.columns.NotFoldable`.
 
     Raises:
         TraceError: the file cannot be read (module `residency.traces.files`), is not valid JSON
@@ -78,6 +80,8 @@ def parse_trace(fmt: str, source: Path, *, root: Path | None = None,
         cols = READERS[fmt].columns(device_names)
         if fold_device:
             cols.fold_device()
+        if keep_host is not None:
+            cols.keep_host(keep_host)
         got = split_events(stream, cols.add, source)
         if isinstance(got, Skeleton):
             doc = _skeleton(source, got)

@@ -12,6 +12,7 @@ number's decimal text (`residency.traces.columns.EXACT`). The document-level fie
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import operator
 import reprlib
@@ -33,6 +34,7 @@ from residency.traces.columns import (
     GET_TS,
     NO_CODE,
     FoldedDevice,
+    FoldedHost,
     Named,
     Names,
     NotFoldable,
@@ -104,12 +106,19 @@ class KinetoColumns:
         self._raw_kinds: dict[bytes, int] = {}
         self._kinds = _CategoryKinds()
         self.fold: _DeviceFold | None = None
+        self.host_filter: _HostFilter | None = None
 
     def fold_device(self) -> None:
         """Fold the device rows into their union as they are read, never holding them
         (`residency.traces.columns.FoldedDevice`; a parse without device names, whole)."""
         assert not self.want_names and not self.dev.n
         self.fold = _DeviceFold()
+
+    def keep_host(self, wanted: Callable[[str], bool]) -> None:
+        """Keep only the host ranges whose name is `wanted` (asked once per distinct name) and
+        count the others (`residency.traces.columns.FoldedHost`), never holding their rows."""
+        assert not self.host_ts
+        self.host_filter = _HostFilter(wanted)
 
     def kind_of(self, raw: bytes) -> int:
         """The kind (`_category_kinds`) of a category given as its raw JSON string."""
@@ -129,7 +138,7 @@ class KinetoColumns:
 
     def compact(self) -> None:
         """Trim the grown arrays (before pickling)."""
-        assert self.fold is None
+        assert self.fold is None and self.host_filter is None
         self.dev.rows = self.dev.take()
         self.dev.n = len(self.dev.rows)
 
@@ -212,17 +221,27 @@ class KinetoColumns:
             at = np.flatnonzero(dev)
             self.dev_name.append(codes_of(at) if codes_of is not None else
                                  self.names.code(names_of(at)[0]))
-        self.host_ts.append(ts_ns[host])
-        self.host_dur.append(dur_ns[host])
+        bad = None
         if host_codes_of is not None:
-            self.host_name.append(host_codes_of(host))
-            self.host_bad.append(np.zeros(len(host), bool))
-            return
-        assert names_of is not None
-        names, bad, error = names_of(host)
-        self.host_name.append(self.names.code(names))
-        self.host_bad.append(np.zeros(len(host), bool) if bad is None else bad)
-        self.name_error = self.name_error or error
+            codes = host_codes_of(host)
+        else:
+            assert names_of is not None
+            names, bad, error = names_of(host)
+            codes = self.names.code(names)
+            self.name_error = self.name_error or error
+        ts, dur = ts_ns[host], dur_ns[host]
+        if self.host_filter is not None:  # (an undecodable name is kept: `finish` names it)
+            kept = self.host_filter.wanted(codes, self.names)
+            if bad is not None:
+                kept |= bad
+            if not kept.all():
+                self.host_filter.count(ts[~kept], dur[~kept])
+                ts, dur, codes = ts[kept], dur[kept], codes[kept]
+                bad = None if bad is None else bad[kept]
+        self.host_ts.append(ts)
+        self.host_dur.append(dur)
+        self.host_name.append(codes)
+        self.host_bad.append(np.zeros(len(ts), bool) if bad is None else bad)
 
     def finish(self, source: Path, doc: Any) -> Parsed:
         """The timeline, once the document-level fields are known."""
@@ -261,7 +280,9 @@ class KinetoColumns:
                       self.rejected + rejected + host_rejected,
                       np.full(len(device), NO_CODE, np.int16), none, none.copy(),
                       device_names=table[dev_codes] if self.want_names else None,
-                      world_size=world, device_folded=folded)
+                      world_size=world, device_folded=folded,
+                      host_folded=None if self.host_filter is None else
+                      self.host_filter.finish(base))
 
 
 class _DeviceFold:
@@ -296,6 +317,45 @@ class _DeviceFold:
         head += base
         return FoldedDevice(iv.Packed.of_parts(head, lengths, gaps), self.tasks,
                             self.starts[0] + base, self.ends[1] + base, self.ends[0] + base)
+
+
+class _HostFilter:
+    """Which host ranges a parse keeps (`KinetoColumns.keep_host`), and the figures of those it
+    only counts ([start, end) relative to the base until `finish`)."""
+
+    def __init__(self, wanted: Callable[[str], bool]) -> None:
+        self._wanted = wanted
+        self._by_code = np.zeros(0, bool)  # per name code, whether wanted
+        self.ranges = 0
+        self.starts = [0, 0]  # earliest and latest start
+        self.ends = [0, 0]  # earliest and latest end
+
+    def wanted(self, codes: np.ndarray, names: Names) -> np.ndarray:
+        """Whether each row of name `codes` (into `names`) is kept."""
+        known = len(self._by_code)
+        if len(names.codes) > known:  # (dicts keep their order: the codes' order)
+            new = [bool(self._wanted(n)) for n in
+                   itertools.islice(names.codes, known, None)]
+            self._by_code = np.concatenate([self._by_code, np.array(new, bool)])
+        return self._by_code[codes]
+
+    def count(self, ts: np.ndarray, dur: np.ndarray) -> None:
+        end = ts + dur  # (no wrap: both were checked below 2**62)
+        lo, hi, e_lo, e_hi = int(ts.min()), int(ts.max()), int(end.min()), int(end.max())
+        if self.ranges:
+            lo, hi = min(lo, self.starts[0]), max(hi, self.starts[1])
+            e_lo, e_hi = min(e_lo, self.ends[0]), max(e_hi, self.ends[1])
+        self.starts, self.ends = [lo, hi], [e_lo, e_hi]
+        self.ranges += len(ts)
+
+    def finish(self, base: int) -> FoldedHost:
+        """The counted rows' figures made absolute; NotFoldable where a start leaves the range
+        once `base` is added (`intervals` would drop that row, which a count cannot tell)."""
+        if self.ranges and not (self.starts[0] + base > -LIMIT_NS
+                                and self.starts[1] + base < LIMIT_NS):
+            raise NotFoldable
+        return FoldedHost(self.ranges, self.starts[0] + base, self.ends[1] + base,
+                          self.ends[0] + base)
 
 
 class _Rows:

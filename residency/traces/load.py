@@ -692,7 +692,8 @@ def _parse_one(fmt: str, source: Path, **job: Any) -> Parsed:
         return read_db(source, digest=bool(job.get("digest")),
                        device_names=bool(job.get("device_names", True)))
     if fmt != "kineto":
-        job = {k: v for k, v in job.items() if k not in ("device_names", "fold_device")}
+        job = {k: v for k, v in job.items() if k not in ("device_names", "fold_device",
+                                                           "keep_host")}
     return parse_trace(fmt, source, **job)
 
 

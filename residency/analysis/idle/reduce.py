@@ -9,7 +9,7 @@ import dataclasses
 import os
 import re
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -113,25 +113,29 @@ def _computed(plan: Any, i: int, job: dict[str, Any], parsed: Any, *,
     stat = tr.open_stat(source, root, limit)
     cache = job["cache"] and tracecache.enabled(root, source)
     own = parsed is None  # parsed here for this reduction alone: its arrays can be reused
-    if parsed is None:  # (Kineto: device rows folded into their union as they are read)
-        kw = dict(root=root, chunk_bytes=job["chunk_bytes"], max_bytes=limit, digest=cache,
-                  device_names=False)
-        try:
-            parsed = tr.parse_source(plan.format, source, fold_device=True, **kw)
-        except NotFoldable:  # (a start out of range once the base is added: rows needed)
-            parsed = tr.parse_source(plan.format, source, **kw)
-    content_rank, digest, parsed_world = parsed.rank, parsed.digest, parsed.world_size
-    folded = parsed.device_folded
-    rank = tr.rank_of(plan, i, content_rank, warn=False)  # warned once, where gathered
-    t = tr.timeline_of(parsed, -1 if rank is None else rank, source, plan.sessions[i])
-    del parsed
     wrx = None if job["window_marker"] is None else compile_pattern(job["window_marker"],
                                                              "window_marker")
     rx = None if job["marker"] is None else compile_pattern(job["marker"], "marker")
+    if parsed is None:  # (Kineto: device rows folded into their union as they are read, and
+        # only the host ranges the patterns match kept)
+        kw = dict(root=root, chunk_bytes=job["chunk_bytes"], max_bytes=limit, digest=cache,
+                  device_names=False)
+        try:
+            parsed = tr.parse_source(plan.format, source, fold_device=True,
+                                     keep_host=_wanted(rx, wrx), **kw)
+        except NotFoldable:  # (a start out of range once the base is added: rows needed)
+            parsed = tr.parse_source(plan.format, source, **kw)
+    content_rank, digest, parsed_world = parsed.rank, parsed.digest, parsed.world_size
+    folded, host_folded = parsed.device_folded, parsed.host_folded
+    rank = tr.rank_of(plan, i, content_rank, warn=False)  # warned once, where gathered
+    t = tr.timeline_of(parsed, -1 if rank is None else rank, source, plan.sessions[i])
+    del parsed
     definition = busydef.resolve(job["busy"], plan.format)
     r = dataclasses.replace(reduce_rank(t, definition, plan.format, rx, wrx, consume=own),
                             rank=rank, content_rank=content_rank, world_size=parsed_world)
     del t
+    if host_folded is not None:
+        r = _with_host_folded(r, host_folded)
     if folded is not None:
         r = _with_folded(r, folded)
     if cache:  # (digest: of exactly the bytes parsed; none, nothing is recorded)
@@ -139,6 +143,27 @@ def _computed(plan: Any, i: int, job: dict[str, Any], parsed: Any, *,
     if isinstance(r.busy, iv.Packed) and not packed:
         r = dataclasses.replace(r, busy=r.busy.unpack())
     return r
+
+
+def _wanted(marker: re.Pattern[str] | None, window_marker: re.Pattern[str] | None
+            ) -> Callable[[str], bool]:
+    """Whether a host range of this name is one `reduce_rank` looks at (as `matching` tells
+    it): the others it only counts."""
+    patterns = [p for p in (marker, window_marker) if p is not None]
+    return lambda name: any(p.search(name) is not None for p in patterns)
+
+
+def _with_host_folded(r: RankReduction, f: Any) -> RankReduction:
+    """`r`, reduced from a timeline without the host ranges a parse only counted, with what
+    `reduce_rank` takes of those rows from their figures `f` (a
+    `residency.traces.columns.FoldedHost`)."""
+    if not f.ranges:
+        return r
+    span = ((f.first_start, f.last_end) if r.span is None else
+            (min(r.span[0], f.first_start), max(r.span[1], f.last_end)))
+    end = max(-f.first_end, f.last_end)  # the largest |end| of a counted row
+    return dataclasses.replace(r, span=span, host_ranges=r.host_ranges + f.ranges,
+                               end_abs=end if r.end_abs is None else max(r.end_abs, end))
 
 
 def _with_folded(r: RankReduction, f: Any) -> RankReduction:

@@ -1,0 +1,126 @@
+"""`residency idle` keeps, of a Kineto rank's host ranges, only those its patterns (`--marker`,
+`--window-marker`) match, and counts the others (`residency.traces.columns.FoldedHost`): the
+same reduction to the nanosecond as from the whole timeline, whichever rows are the rank's
+extremes, with the compiled reader or not, and where a counted row would be dropped once
+``baseTimeNanoseconds`` is added (parsed again, whole)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from residency.analysis.idle import idle_summary, idle_summary_at
+from residency.analysis.idle.reduce import rank_reduction
+from residency.traces import kineto_scan
+from residency.traces.load import load_traces, parse_source, plan_traces
+
+MARKER = r"residency\.release\[normal\]"
+WINDOW = r"^step \d+$"
+NAMES = ["residency.release[normal]", "residency.release[forced]", "step 1", "step 22",
+         "aten::mm", "ünïcode \"quoted\"", "", "step x", "a\\b"]
+
+
+@pytest.fixture(params=["compiled", "pure"])
+def reader(request):
+    if request.param == "pure":
+        with kineto_scan.msgspec_only():
+            yield request.param
+        return
+    if not kineto_scan.available():
+        pytest.skip("the compiled reader is not built")
+    yield request.param
+
+
+def _events(seed: int, n: int = 500) -> list[dict]:
+    """Kernels and host ranges of the `NAMES`; a host range that no pattern matches starts
+    first and another ends last (the rank's span and largest end come from counted rows)."""
+    rng = random.Random(seed)
+    out: list[dict] = [{"ph": "X", "cat": "cpu_op", "name": "aten::first", "pid": 1, "tid": 1,
+                        "ts": -50.0, "dur": 1.0}]
+    t = 0.0
+    for i in range(n):
+        t += rng.uniform(0.0, 3.0)
+        if rng.random() < 0.5:
+            out.append({"ph": "X", "cat": "kernel", "name": f"k{i % 3}", "pid": 0, "tid": 7,
+                        "ts": round(t, 3), "dur": round(rng.uniform(0.0, 4.0), 3)})
+        else:
+            out.append({"ph": "X", "cat": rng.choice(["cpu_op", "user_annotation"]),
+                        "name": rng.choice(NAMES), "pid": 1, "tid": 1, "ts": round(t, 3),
+                        "dur": round(rng.uniform(0.0, 20.0), 3)})
+    out.append({"ph": "X", "cat": "python_function", "name": "last", "pid": 1, "tid": 1,
+                "ts": round(t, 3), "dur": 5000.0})
+    return out
+
+
+def _trace(d: Path, events: list[dict], base: int, rank: int) -> Path:
+    (d / f"rank{rank}").mkdir(parents=True, exist_ok=True)
+    path = d / f"rank{rank}" / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events, "baseTimeNanoseconds": base,
+                                "distributedInfo": {"rank": rank, "world_size": 2}}))
+    return path
+
+
+def _parse(path: Path, **kw):
+    return parse_source("kineto", path, root=path.parent, chunk_bytes=512, max_bytes=1 << 30,
+                        device_names=False, **kw)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_parse_keeps_the_wanted_host_ranges_and_counts_the_rest(tmp_path, reader, seed):
+    path = _trace(tmp_path, _events(seed), 1_764_500_000_000_000_000, 0)
+    rx = re.compile(MARKER)
+    whole, kept = _parse(path), _parse(path, keep_host=lambda n: rx.search(n) is not None)
+    wanted = np.array([rx.search(n) is not None for n in whole.names], bool)
+    assert 0 < wanted.sum() < len(wanted)  # (neither all nor none: the test can fail)
+    assert np.array_equal(kept.ranges, whole.ranges[wanted])
+    assert list(kept.names) == list(whole.names[wanted])
+    other = whole.ranges[~wanted]
+    f = kept.host_folded
+    assert whole.host_folded is None
+    assert (f.ranges, f.first_start, f.last_end, f.first_end) == (
+        len(other), other[:, 0].min(), other[:, 1].max(), other[:, 1].min())
+    assert kept.rejected == whole.rejected and np.array_equal(kept.device, whole.device)
+
+
+def _fields(r) -> dict:
+    out = {}
+    for k, v in dataclasses.asdict(r).items():
+        out[k] = np.asarray(v).tolist() if isinstance(v, np.ndarray) else v
+    return out
+
+
+@pytest.mark.parametrize("marker,window", [(MARKER, None), (None, WINDOW), (MARKER, WINDOW),
+                                           (None, None), ("$^", None)])
+def test_a_filtered_reduction_equals_the_whole_timelines(tmp_path, reader, marker, window):
+    d = tmp_path / "t"
+    for rank in (0, 1):
+        _trace(d, _events(10 + rank), 1_764_500_000_000_000_000, rank)
+    plan = plan_traces(d)
+    job = dict(busy=None, marker=marker, window_marker=window, cache=False, chunk_bytes=2048,
+               max_trace_bytes=1 << 30)
+    for i, source in enumerate(plan.sources):
+        whole = rank_reduction(plan, i, parsed=_parse(source), **job)
+        filtered = rank_reduction(plan, i, **job)
+        assert _fields(filtered) == _fields(whole)
+        assert whole.host_ranges > len(filtered.markers) + len(filtered.window_ranges)
+
+
+def test_a_counted_row_out_of_range_once_based_is_parsed_again_whole(tmp_path, reader):
+    d = tmp_path / "t"
+    base = 4_520_000_000_000_000_000
+    for rank in (0, 1):
+        events = _events(20 + rank)
+        if rank == 1:  # a host range starting beyond 2**62 ns once based: dropped, counted
+            events.append({"ph": "X", "cat": "cpu_op", "name": "late", "pid": 1, "tid": 1,
+                           "ts": 1e14, "dur": 1.0})
+        _trace(d, events, base, rank)
+    whole = idle_summary(load_traces(d, cache=False), marker=MARKER)
+    assert whole.rejected_events == 1
+    for kw in (dict(cache=False, workers=1), dict(cache=True, workers=2)):
+        assert idle_summary_at(d, marker=MARKER, chunk_bytes=2048, **kw) == whole
