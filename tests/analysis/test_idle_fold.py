@@ -115,3 +115,23 @@ def test_a_spilled_union_comes_back_once_exactly(tmp_path):
     s = idle_reduce.Spilled(iv.Packed(x), str(tmp_path))
     assert Path(s.path).parent == tmp_path
     assert np.array_equal(s.unpacked(), x) and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("spill_min", [0, 1 << 40])
+def test_unions_come_back_through_files_or_pickles_alike(tmp_path, monkeypatch, spill_min):
+    """A worker's packed union of `SPILL_MIN_BYTES` or more comes back through a file
+    (`Spilled`), a smaller one pickled: the same figures either way."""
+    d = tmp_path / "t"
+    for rank in (0, 1):
+        _kineto(d, _events(rank), 1_764_500_000_000_000_000, rank)
+    whole = idle_summary(load_traces(d, cache=False), marker=MARKER)
+    monkeypatch.setattr(idle_reduce, "SPILL_MIN_BYTES", spill_min)  # (the workers fork)
+    read, unpacked = [], idle_reduce.Spilled.unpacked
+
+    def spy(self):
+        read.append(self.path)
+        return unpacked(self)
+
+    monkeypatch.setattr(idle_reduce.Spilled, "unpacked", spy)
+    assert idle_summary_at(d, marker=MARKER, cache=False, workers=2) == whole
+    assert len(read) == (2 if spill_min == 0 else 0)

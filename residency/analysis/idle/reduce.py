@@ -248,12 +248,17 @@ def packed_reduction(plan: Any, i: int, *, spill: str | None = None, **job: Any
                      ) -> RankReduction:
     """`rank_reduction` with its busy union packed (`residency.traces.intervals.Packed`) for
     the trip from a worker process: 6 bytes a device-dense row instead of 16; with `spill` (a
-    folder), written to a file there (`Spilled`) instead of being pickled."""
+    folder), written to a file there (`Spilled`) instead of being pickled where it packs to
+    `SPILL_MIN_BYTES` or more."""
     r = rank_reduction(plan, i, packed=True, **job)
     busy: Any = r.busy if isinstance(r.busy, iv.Packed) else iv.Packed(r.busy)
-    if spill is not None:
+    if spill is not None and sum(a.nbytes for a in busy.parts) >= SPILL_MIN_BYTES:
         busy = Spilled(busy, spill)
     return dataclasses.replace(r, busy=busy)
+
+
+SPILL_MIN_BYTES = 1 << 20  # a smaller packed union is pickled: a file a rank cost the client
+# ~0.3 ms to read back and remove (64 small ranks: 20 ms of its serial time)
 
 
 class Spilled:
