@@ -257,6 +257,8 @@ def measure_union(*sets: npt.ArrayLike, within: npt.ArrayLike | None = None,
         return 0
     lo = min(int(p[0, 0]) for p in parts)
     hi = max(int(p[-1, 1]) for p in parts)
+    if len(parts) == 1 and (w is None or (len(w) == 1 and w[0, 0] <= lo and hi <= w[0, 1])):
+        return _union_length(parts)  # (one set, inside one window interval: nothing to clip)
     if w is not None:
         lo, hi = max(lo, int(w[0, 0])), min(hi, int(w[-1, 1]))
         if lo >= hi:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from residency.traces import intervals as iv
@@ -171,6 +171,11 @@ def test_a_normalised_set_comes_back_read_only_and_unsorted_input_is_still_sorte
 @settings(max_examples=300, deadline=None)
 @given(st.lists(interval_sets, max_size=4), st.one_of(st.none(), interval_sets),
        st.integers(1, 4))
+# one set inside one window interval (measured without a sweep), at and past its bounds
+@example([[[0, 3], [5, 9]]], [[0, 9]], 1)
+@example([[[0, 3], [5, 9]]], [[1, 9]], 1)
+@example([[[0, 3], [5, 9]]], [[0, 8]], 2)
+@example([[[0, 3], [2, 9]]], [[-5, 20]], 1)
 def test_measure_union_matches_naive_in_any_block_size(sets, within, block_rows):
     got = iv.measure_union(*(arr(s) for s in sets),
                            within=None if within is None else arr(within),
