@@ -402,15 +402,22 @@ static inline uint64_t name_hash(cp p, Py_ssize_t n) {
     return h ^ (h >> 29);
 }
 
+/* Distinct raw JSON values of a run, numbered in order of first appearance; `text` is the JSON
+ * array of them (opened by "[", closed by the caller). */
+typedef struct {
+    Name *slots; /* open addressing, `mask + 1` slots */
+    Py_ssize_t mask, distinct;
+    Buf text;
+} Table;
+
 typedef struct {
     PyObject *kind_of;
     Cat cats[MAX_CATS];
     int ncats;
-    Buf kinds, ts, dur, ok, names;
+    Buf kinds, ts, dur, ok;
     int want_names;
     Buf name_ids; /* int32 per named event: its name's number among the distinct ones */
-    Name *table;  /* open addressing over the distinct raw names, `mask + 1` slots */
-    Py_ssize_t mask, distinct;
+    Table names;  /* the distinct raw names */
     int failed; /* a Python error is set */
 } Scan;
 
@@ -466,13 +473,13 @@ static inline int key_of(cp k, Py_ssize_t n) {
     }
 }
 
-static int table_grow(Scan *s) {
-    Py_ssize_t cap = s->table ? (s->mask + 1) * 2 : 1024;
+static int table_grow(Table *s) {
+    Py_ssize_t cap = s->slots ? (s->mask + 1) * 2 : 1024;
     Name *t = PyMem_Calloc((size_t)cap, sizeof(Name));
     if (!t)
         return -1;
-    for (Py_ssize_t i = 0; s->table && i <= s->mask; i++) {
-        Name *e = &s->table[i];
+    for (Py_ssize_t i = 0; s->slots && i <= s->mask; i++) {
+        Name *e = &s->slots[i];
         if (!e->start)
             continue;
         Py_ssize_t j = (Py_ssize_t)(e->hash & (uint64_t)(cap - 1));
@@ -480,32 +487,30 @@ static int table_grow(Scan *s) {
             j = (j + 1) & (cap - 1);
         t[j] = *e;
     }
-    PyMem_Free(s->table);
-    s->table = t;
+    PyMem_Free(s->slots);
+    s->slots = t;
     s->mask = cap - 1;
     return 0;
 }
 
-/* The number of the raw name `start[:len]` among the run's distinct names (a new one is
- * appended to the names array). -2: no memory (s->failed); -1: too many collisions. */
-static int32_t name_id(Scan *s, cp start, Py_ssize_t len) {
-    if (!s->table || (s->distinct + 1) * 2 > s->mask + 1) {
+/* The number of the raw value `start[:len]` among the table's distinct values (a new one is
+ * appended to its text). -2: no memory (a Python error is set); -1: too many collisions. */
+static int32_t table_id(Table *s, cp start, Py_ssize_t len) {
+    if (!s->slots || (s->distinct + 1) * 2 > s->mask + 1) {
         if (table_grow(s) < 0) {
             PyErr_NoMemory();
-            s->failed = 1;
             return -2;
         }
     }
     uint64_t h = name_hash(start, len);
     Py_ssize_t j = (Py_ssize_t)(h & (uint64_t)s->mask);
     for (int probe = 0; probe < MAX_PROBES; probe++, j = (j + 1) & s->mask) {
-        Name *e = &s->table[j];
+        Name *e = &s->slots[j];
         if (!e->start) {
             if (s->distinct >= INT32_MAX ||
-                (s->distinct && buf_put(&s->names, ",", 1) < 0) ||
-                buf_put(&s->names, start, len) < 0) {
+                (s->distinct && buf_put(&s->text, ",", 1) < 0) ||
+                buf_put(&s->text, start, len) < 0) {
                 PyErr_NoMemory();
-                s->failed = 1;
                 return -2;
             }
             e->start = start;
@@ -518,6 +523,19 @@ static int32_t name_id(Scan *s, cp start, Py_ssize_t len) {
             return e->id;
     }
     return -1;
+}
+
+static void table_free(Table *t) {
+    PyMem_Free(t->slots);
+    PyMem_Free(t->text.data);
+}
+
+/* The raw name's number in the run (table_id). -2: no memory (s->failed). */
+static int32_t name_id(Scan *s, cp start, Py_ssize_t len) {
+    int32_t id = table_id(&s->names, start, len);
+    if (id == -2)
+        s->failed = 1;
+    return id;
 }
 
 static const unsigned char EMPTY_NAME[] = "\"\"";
@@ -641,6 +659,482 @@ static int read_event(Reader *r, Scan *s) {
     return 0;
 }
 
+/* -- torch-npu's text export (`scan_ascend`) --------------------------------------------- */
+
+/* A value as the ascend reader classifies it. */
+enum { V_MISSING = 0, V_STRING, V_NUMBER, V_NULL, V_OBJECT, V_OTHER };
+
+typedef struct {
+    cp start, end;
+    int type, esc;
+    Number num;
+} Val;
+
+static int read_val(Reader *r, int depth, Val *v) {
+    if (r->p >= r->end)
+        return -1;
+    v->start = r->p;
+    unsigned char c = *r->p;
+    if (c == '"') {
+        v->type = V_STRING;
+        if (read_string(r, &v->esc) < 0)
+            return -1;
+    } else if (c == '-' || is_digit(c)) {
+        v->type = V_NUMBER;
+        if (read_number(r, &v->num) < 0)
+            return -1;
+    } else if (c == 'n') {
+        v->type = V_NULL;
+        if (literal(r, "null", 4) < 0)
+            return -1;
+    } else {
+        v->type = c == '{' ? V_OBJECT : V_OTHER;
+        if (skip_value(r, depth) < 0)
+            return -1;
+    }
+    v->end = r->p;
+    return 0;
+}
+
+/* An args object at r->p (its "{"), an event's member: its "Task Type" in *task; *odd set
+ * where a key is escaped or "Task Type" repeats (msgspec decides those). */
+static int read_args(Reader *r, Val *task, int *odd) {
+    r->p++;
+    skip_ws(r);
+    if (r->p < r->end && *r->p == '}') {
+        r->p++;
+        return 0;
+    }
+    for (;;) {
+        if (r->p >= r->end || *r->p != '"')
+            return -1;
+        cp k = r->p + 1;
+        int esc;
+        if (read_string(r, &esc) < 0)
+            return -1;
+        Py_ssize_t klen = (r->p - 1) - k;
+        skip_ws(r);
+        if (r->p >= r->end || *r->p != ':')
+            return -1;
+        r->p++;
+        skip_ws(r);
+        if (esc)
+            *odd = 1;
+        if (!esc && klen == 9 && memcmp(k, "Task Type", 9) == 0) {
+            if (task->type != V_MISSING)
+                *odd = 1;
+            if (read_val(r, 2, task) < 0)
+                return -1;
+        } else if (skip_value(r, 2) < 0) {
+            return -1;
+        }
+        skip_ws(r);
+        if (r->p >= r->end)
+            return -1;
+        if (*r->p == '}') {
+            r->p++;
+            return 0;
+        }
+        if (*r->p != ',')
+            return -1;
+        r->p++;
+        skip_ws(r);
+    }
+}
+
+typedef struct {
+    Buf pid, ts, dur, ok, name_ids, task_ids;
+    Table pids, names, tasks;
+    PyObject *metas; /* list of (raw pid, raw args) of the process_name events */
+    int exact;         /* msgspec's typed path rejects the run: its any-type path reads it */
+    int maybe_inexact; /* a kept duration the typed path may not take as exact float64 */
+    int odd_name;      /* a kept event's name is not a string */
+} AScan;
+
+#define INT64_US_OK 9223372036854775LL /* |us| below 2**63 // 1000: an int time's ns fit */
+#define LIMIT_NS (1LL << 62)
+
+/* A pid as msgspec's two paths read it. 1: an int (at most 18 digits) or a string; 0: missing
+ * or null; 2: true, false, an array or an object (no pid, but only the any-type path reads
+ * it: s->exact); -1: not handled (a float is text on the any-type path, a big int). */
+static int pid_kind(const Val *v) {
+    if (v->type == V_MISSING || v->type == V_NULL)
+        return 0;
+    if (v->type == V_STRING)
+        return 1;
+    if (v->type == V_NUMBER)
+        return !v->num.fraction && !v->num.exponent && v->num.int_end - v->num.int_start <= 18
+                   ? 1 : -1;
+    return 2;
+}
+
+static int64_t int_value(const Number *num) {
+    int64_t v = 0;
+    for (cp d = num->int_start; d < num->int_end; d++)
+        v = v * 10 + (*d - '0');
+    return num->neg ? -v : v;
+}
+
+/* Decimal text `-?d+(.d+)?` (between p and end) to ns: nearest, ties away from zero. -1:
+ * another form, or beyond 9e15 us. */
+static int text_ns(cp p, cp end, int64_t *out) {
+    int neg = p < end && *p == '-';
+    p += neg;
+    cp d = p;
+    int64_t us = 0;
+    while (p < end && is_digit(*p)) {
+        us = us * 10 + (*p++ - '0');
+        if (us > MAX_INT_US)
+            return -1;
+    }
+    if (p == d)
+        return -1;
+    int64_t ns = us * 1000;
+    if (p < end) {
+        if (*p != '.')
+            return -1;
+        cp f = ++p;
+        while (p < end && is_digit(*p))
+            p++;
+        if (p == f || p != end)
+            return -1;
+        Py_ssize_t nf = p - f;
+        int64_t scale = 100;
+        for (Py_ssize_t k = 0; k < 3; k++, scale /= 10)
+            if (k < nf)
+                ns += (int64_t)(f[k] - '0') * scale;
+        if (nf > 3 && f[3] >= '5')
+            ns += 1;
+    }
+    *out = neg ? -ns : ns;
+    return 0;
+}
+
+static int put_id(Buf *b, int32_t id) {
+    return buf_put(b, &id, 4);
+}
+
+/* The id of a raw value in `t`; -1 with no error: not handled; -2: an error is set. */
+static int32_t ascend_id(Table *t, cp start, Py_ssize_t len) {
+    return table_id(t, start, len);
+}
+
+/* A time of a kept event as us_to_ns reads it on either msgspec path: *ns and *ok. `is_dur`:
+ * a number must be exact decimal ns (floats_to_ns agrees where the typed path keeps it). Sets
+ * *exact where only the any-type path reads the value (a float ts, a text dur, null or another
+ * type as dur, a bool, array or object as either). -1: not handled. */
+static int time_ns(const Val *v, int is_dur, int kept, int64_t *ns, int *ok, int *exact) {
+    *ns = 0;
+    *ok = 0;
+    switch (v->type) {
+    case V_MISSING:
+        return 0;
+    case V_NULL:
+        *exact |= is_dur;
+        return 0;
+    case V_STRING:
+        *exact |= is_dur;
+        if (!kept)
+            return 0;
+        if (v->esc || text_ns(v->start + 1, v->end - 1, ns) < 0)
+            return -1; /* Decimal decides every other text */
+        *ok = 1;
+        return 0;
+    case V_NUMBER:
+        if (v->num.exponent)
+            return -1;
+        if (!is_dur && !v->num.fraction) { /* an int: _ints_to_ns */
+            if (v->num.int_end - v->num.int_start > 18)
+                return -1;
+            int64_t us = int_value(&v->num);
+            *ok = us < INT64_US_OK && us > -INT64_US_OK;
+            *ns = *ok ? us * 1000 : 0;
+            return 0;
+        }
+        *exact |= !is_dur; /* a float ts: text on the any-type path */
+        if (number_ns(&v->num, ns) < 0)
+            return -1; /* beyond 9e15 us */
+        *ok = 1;
+        return 0;
+    default:
+        *exact = 1;
+        return 0;
+    }
+}
+
+/* A complete event (ph "X"), kept if it has a pid. -1: not handled; -2: an error is set. */
+static int ascend_x(AScan *s, Val *pid, Val *ts, Val *dur, Val *name, Val *args, Val *task,
+                    int odd_args) {
+    int has_pid = pid_kind(pid);
+    if (has_pid < 0)
+        return -1;
+    if (has_pid == 2)
+        s->exact = 1;
+    int kept = has_pid == 1;
+    int64_t dns, tns;
+    int dok, tok;
+    if (time_ns(ts, 0, kept, &tns, &tok, &s->exact) < 0 ||
+        time_ns(dur, 1, kept, &dns, &dok, &s->exact) < 0)
+        return -1;
+    if (args->type == V_OBJECT) {
+        if (odd_args)
+            return -1; /* an escaped or repeated key: msgspec decides */
+        if (task->type != V_MISSING && task->type != V_NULL && task->type != V_STRING)
+            s->exact = 1; /* no Task Type on the any-type path */
+    } else if (args->type != V_MISSING) {
+        s->exact = 1; /* args null or no object: no Task Type */
+    }
+    if (!kept)
+        return 0;
+    if (dok && dur->type == V_NUMBER) {
+        /* float64 gives these ns only where exact_floats holds: where it may not, the
+         * msgspec path reads the run as any-type events */
+        const Number *n = &dur->num;
+        Py_ssize_t nf = n->frac_end - n->frac_start;
+        if (n->int_end - n->int_start >= 12 ||
+            (nf > 3 && n->frac_start[3] >= '2' && n->frac_start[3] <= '7'))
+            s->maybe_inexact = 1;
+    }
+    uint8_t ok = tok && dok && tns < LIMIT_NS && tns > -LIMIT_NS && dns >= 0 && dns < LIMIT_NS;
+    int32_t pid_id = ascend_id(&s->pids, pid->start, pid->end - pid->start);
+    if (pid_id < 0)
+        return pid_id;
+    if (name->type != V_MISSING && name->type != V_STRING)
+        s->odd_name = 1;
+    int32_t name_id_ = name->type == V_MISSING ? ascend_id(&s->names, EMPTY_NAME, 2)
+                                               : ascend_id(&s->names, name->start,
+                                                           name->end - name->start);
+    if (name_id_ < 0)
+        return name_id_;
+    int32_t task_id = -1;
+    if (args->type == V_OBJECT && task->type == V_STRING) {
+        task_id = ascend_id(&s->tasks, task->start, task->end - task->start);
+        if (task_id < 0)
+            return task_id;
+    }
+    if (put_id(&s->pid, pid_id) < 0 || buf_put(&s->ts, &tns, 8) < 0 ||
+        buf_put(&s->dur, &dns, 8) < 0 || buf_put(&s->ok, &ok, 1) < 0 ||
+        put_id(&s->name_ids, name_id_) < 0 || put_id(&s->task_ids, task_id) < 0) {
+        PyErr_NoMemory();
+        return -2;
+    }
+    return 0;
+}
+
+/* A metadata event (ph "M"): a process_name's (raw pid, raw args) kept. */
+static int ascend_m(AScan *s, Val *pid, Val *name, Val *args) {
+    int kind = pid_kind(pid);
+    if (kind < 0)
+        return -1;
+    if (kind == 2)
+        s->exact = 1;
+    if (name->type == V_MISSING)
+        return 0;
+    if (name->type != V_STRING) {
+        s->exact = 1; /* no str: the any-type path reads it as no process_name */
+        return 0;
+    }
+    if (name->esc)
+        return -1;
+    if (!(name->end - name->start == 14 && memcmp(name->start + 1, "process_name", 12) == 0))
+        return 0;
+    PyObject *p = pid->type == V_MISSING
+                      ? PyBytes_FromStringAndSize("null", 4)
+                      : PyBytes_FromStringAndSize((const char *)pid->start, pid->end - pid->start);
+    PyObject *a = args->type == V_MISSING
+                      ? PyBytes_FromStringAndSize("", 0)
+                      : PyBytes_FromStringAndSize((const char *)args->start,
+                                                  args->end - args->start);
+    PyObject *t = p && a ? PyTuple_Pack(2, p, a) : NULL;
+    Py_XDECREF(p);
+    Py_XDECREF(a);
+    if (!t || PyList_Append(s->metas, t) < 0) {
+        Py_XDECREF(t);
+        return -2;
+    }
+    Py_DECREF(t);
+    return 0;
+}
+
+enum { A_OTHER, A_PH, A_PID, A_TS, A_DUR, A_NAME, A_ARGS };
+
+static inline int ascend_key(cp k, Py_ssize_t n) {
+    switch (n) {
+    case 2:
+        return k[0] == 'p' && k[1] == 'h' ? A_PH : k[0] == 't' && k[1] == 's' ? A_TS : A_OTHER;
+    case 3:
+        return memcmp(k, "pid", 3) == 0 ? A_PID : memcmp(k, "dur", 3) == 0 ? A_DUR : A_OTHER;
+    case 4:
+        return memcmp(k, "name", 4) == 0 ? A_NAME : memcmp(k, "args", 4) == 0 ? A_ARGS : A_OTHER;
+    default:
+        return A_OTHER;
+    }
+}
+
+static const char OTHER_PHASES[] = "BEiICbnesftPNODVvRc()";
+
+/* One event object at r->p. -1: not handled; -2: an error is set. */
+static int read_ascend_event(Reader *r, AScan *s) {
+    Val v[7], task; /* v: by key (A_*; v[A_OTHER] unused); task: args["Task Type"] */
+    memset(v, 0, sizeof v);
+    memset(&task, 0, sizeof task);
+    int odd_args = 0;
+    if (r->p >= r->end || *r->p != '{')
+        return -1;
+    r->p++;
+    skip_ws(r);
+    if (r->p < r->end && *r->p == '}')
+        return -1; /* no ph: msgspec decides */
+    for (;;) {
+        if (r->p >= r->end || *r->p != '"')
+            return -1;
+        cp k = r->p + 1;
+        int esc;
+        if (read_string(r, &esc) < 0)
+            return -1;
+        Py_ssize_t klen = (r->p - 1) - k;
+        skip_ws(r);
+        if (r->p >= r->end || *r->p != ':')
+            return -1;
+        r->p++;
+        skip_ws(r);
+        if (esc)
+            return -1; /* an escaped key may name a field: msgspec decodes it */
+        int key = ascend_key(k, klen);
+        if (key == A_OTHER) {
+            if (skip_value(r, 1) < 0)
+                return -1;
+        } else {
+            Val *val = &v[key];
+            if (val->type != V_MISSING)
+                return -1; /* a repeated key */
+            if (key == A_ARGS && r->p < r->end && *r->p == '{') {
+                val->start = r->p;
+                val->type = V_OBJECT;
+                if (read_args(r, &task, &odd_args) < 0)
+                    return -1;
+                val->end = r->p;
+            } else if (read_val(r, 1, val) < 0) {
+                return -1;
+            }
+        }
+        skip_ws(r);
+        if (r->p >= r->end)
+            return -1;
+        if (*r->p == '}') {
+            r->p++;
+            break;
+        }
+        if (*r->p != ',')
+            return -1;
+        r->p++;
+        skip_ws(r);
+    }
+    Val *ph = &v[A_PH];
+    if (ph->type == V_STRING && ph->esc)
+        return -1; /* an escaped ph may read "X" */
+    if (ph->type != V_STRING || ph->end - ph->start != 3) {
+        s->exact = 1; /* no phase of the typed path: the any-type path ignores the event */
+        return 0;
+    }
+    unsigned char c = ph->start[1];
+    if (c == 'X')
+        return ascend_x(s, &v[A_PID], &v[A_TS], &v[A_DUR], &v[A_NAME], &v[A_ARGS], &task,
+                        odd_args);
+    if (c == 'M')
+        return ascend_m(s, &v[A_PID], &v[A_NAME], &v[A_ARGS]);
+    if (!(c && memchr(OTHER_PHASES, c, sizeof OTHER_PHASES - 1)))
+        s->exact = 1; /* an unknown phase: the any-type path ignores the event */
+    return 0; /* a phase whose fields the msgspec path ignores */
+}
+
+static void ascan_free(AScan *s) {
+    PyMem_Free(s->pid.data);
+    PyMem_Free(s->ts.data);
+    PyMem_Free(s->dur.data);
+    PyMem_Free(s->ok.data);
+    PyMem_Free(s->name_ids.data);
+    PyMem_Free(s->task_ids.data);
+    table_free(&s->pids);
+    table_free(&s->names);
+    table_free(&s->tasks);
+    Py_XDECREF(s->metas);
+}
+
+#define DATA_OR_EMPTY(b) ((b).data ? (b).data : ""), (b).len
+
+static PyObject *scan_ascend(PyObject *module, PyObject *args) {
+    Py_buffer view;
+    if (!PyArg_ParseTuple(args, "y*:scan_ascend", &view))
+        return NULL;
+    AScan s;
+    memset(&s, 0, sizeof s);
+    s.metas = PyList_New(0);
+    if (!s.metas || buf_put(&s.pids.text, "[", 1) < 0 || buf_put(&s.names.text, "[", 1) < 0 ||
+        buf_put(&s.tasks.text, "[", 1) < 0) {
+        PyBuffer_Release(&view);
+        ascan_free(&s);
+        return s.metas ? PyErr_NoMemory() : NULL;
+    }
+    Reader r = {(cp)view.buf, (cp)view.buf + view.len};
+    Py_ssize_t n = 0;
+    int handled = 0, got = 0;
+
+    skip_ws(&r);
+    if (r.p < r.end && *r.p == '[') {
+        r.p++;
+        skip_ws(&r);
+        if (r.p < r.end && *r.p == ']') {
+            r.p++;
+            handled = 1;
+        } else {
+            for (;;) {
+                if ((got = read_ascend_event(&r, &s)) < 0)
+                    break;
+                n++;
+                skip_ws(&r);
+                if (r.p >= r.end)
+                    break;
+                if (*r.p == ']') {
+                    r.p++;
+                    handled = 1;
+                    break;
+                }
+                if (*r.p != ',')
+                    break;
+                r.p++;
+                skip_ws(&r);
+            }
+        }
+        skip_ws(&r);
+        if (r.p != r.end)
+            handled = 0; /* trailing text: msgspec reports where the array ends */
+    }
+    PyBuffer_Release(&view);
+    if (got == -2) {
+        ascan_free(&s);
+        return NULL;
+    }
+    /* a name that is no string, read by the any-type path: a float inside it reads as its
+     * text there, as its repr on the typed path (column.json_names) */
+    if (!handled || ((s.exact || s.maybe_inexact) && s.odd_name)) {
+        ascan_free(&s);
+        Py_RETURN_NONE;
+    }
+    if (buf_put(&s.pids.text, "]", 1) < 0 || buf_put(&s.names.text, "]", 1) < 0 ||
+        buf_put(&s.tasks.text, "]", 1) < 0) {
+        ascan_free(&s);
+        return PyErr_NoMemory();
+    }
+    PyObject *out = Py_BuildValue(
+        "(ny#y#y#y#y#y#y#y#y#O)", n, DATA_OR_EMPTY(s.pid), DATA_OR_EMPTY(s.pids.text),
+        DATA_OR_EMPTY(s.ts), DATA_OR_EMPTY(s.dur), DATA_OR_EMPTY(s.ok),
+        DATA_OR_EMPTY(s.name_ids), DATA_OR_EMPTY(s.names.text), DATA_OR_EMPTY(s.task_ids),
+        DATA_OR_EMPTY(s.tasks.text), s.metas);
+    ascan_free(&s);
+    return out;
+}
+
 /* -- the module -------------------------------------------------------------------------- */
 
 static void scan_free(Scan *s) {
@@ -648,9 +1142,8 @@ static void scan_free(Scan *s) {
     PyMem_Free(s->ts.data);
     PyMem_Free(s->dur.data);
     PyMem_Free(s->ok.data);
-    PyMem_Free(s->names.data);
     PyMem_Free(s->name_ids.data);
-    PyMem_Free(s->table);
+    table_free(&s->names);
 }
 
 static PyObject *scan(PyObject *module, PyObject *args) {
@@ -668,7 +1161,7 @@ static PyObject *scan(PyObject *module, PyObject *args) {
     memset(&s, 0, sizeof s);
     s.kind_of = kind_of;
     s.want_names = want_names;
-    if (buf_put(&s.names, "[", 1) < 0) {
+    if (buf_put(&s.names.text, "[", 1) < 0) {
         PyBuffer_Release(&view);
         return PyErr_NoMemory();
     }
@@ -718,13 +1211,13 @@ static PyObject *scan(PyObject *module, PyObject *args) {
     PyObject *names = Py_None;
     Py_INCREF(Py_None);
     if (want_names) {
-        if (buf_put(&s.names, "]", 1) < 0) {
+        if (buf_put(&s.names.text, "]", 1) < 0) {
             scan_free(&s);
             Py_DECREF(Py_None);
             return PyErr_NoMemory();
         }
         Py_DECREF(Py_None);
-        names = PyBytes_FromStringAndSize(s.names.data, s.names.len);
+        names = PyBytes_FromStringAndSize(s.names.text.data, s.names.text.len);
     }
     PyObject *out = NULL;
     if (names)
@@ -740,6 +1233,10 @@ static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
      "scan(data, kind_of, names) -> (n, kinds, ts, dur, ok, name_ids, names) | None: the kept columns "
      "of a run of Kineto events (module doc)."},
+    {"scan_ascend", scan_ascend, METH_VARARGS,
+     "scan_ascend(data) -> (n, pid_ids, pids, ts, dur, ok, name_ids, names, task_ids, tasks, "
+     "metas) | None: the kept columns of a run of torch-npu trace_view.json events (module "
+     "doc)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import msgspec
 import numpy as np
 
+from residency.traces import kineto_scan
 from residency.traces.columns import (
     EXACT,
     GET_DUR,
@@ -36,6 +37,7 @@ from residency.traces.columns import (
     decoded_names,
     drain_parts,
     intervals,
+    json_names,
     take_rows,
 )
 from residency.traces.files import TraceError
@@ -124,8 +126,32 @@ class AscendColumns:
         self.name_error = self.name_error or other.name_error
 
     def add(self, data: bytes, index: int = 0) -> int:
-        """Decode one run of events (a JSON array) and keep its columns."""
+        """Decode one run of events (a JSON array) and keep its columns: read by the compiled
+        reader where it handles the run (`residency.traces.kineto_scan.scan_ascend`), else by
+        msgspec."""
+        scanned = kineto_scan.scan_ascend(data)
+        if scanned is not None:
+            self.add_scanned(scanned)
+            return scanned.events
         return add_run(self, data, _A_FAST, _A_EXACT)
+
+    def add_scanned(self, got: kineto_scan.AscendScanned) -> None:
+        """Keep the columns the compiled reader gave for one run (those `add_fast` keeps)."""
+        self.metas += [(msgspec.json.decode(pid), args) for pid, args in got.metas]
+        pids = self.pids  # each distinct pid once, in order of first appearance
+        pid_codes = np.array([pids.setdefault(p, len(pids))
+                              for p in msgspec.json.decode(got.pids)], np.int32)
+        self.pid.append(pid_codes[got.pid_ids])
+        self.ts.append(got.ts)
+        self.dur.append(got.dur)
+        self.ok.append(got.ok)
+        self.name.append(self.names.code(json_names(got.names))[got.name_ids])
+        self.bad.append(np.zeros(len(got.ts), bool))
+        codes = self.tasks
+        task_codes = np.array([codes.setdefault(t, len(codes) - 1)
+                               for t in msgspec.json.decode(got.tasks, type=list[str])]
+                              + [NO_CODE], np.int16)
+        self.task.append(task_codes[got.task_ids])  # -1 reads the last entry: NO_CODE
 
     def add_fast(self, events: list[Any]) -> bool:
         """Keep the columns of fast-path events; False (nothing kept) when a duration is not
