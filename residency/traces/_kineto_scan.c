@@ -1,4 +1,5 @@
-/* The columns a Kineto trace gives analysis, read from one run of its events in one pass.
+/* The columns a Kineto trace (and torch-npu's text export) gives analysis, read from one run of
+ * its events in one pass.
  *
  * `scan(data, kind_of, names)`: `data` is the text of a JSON array of events (a run, as
  * residency.traces.jsonstream hands it over). The text is validated as strict JSON (RFC 8259,
@@ -21,6 +22,21 @@
  * (null, true, ...). With `names` (0: none, 1: host ranges', 2: every kept event's): those
  * events' name numbers (int32) and the JSON array of the distinct raw name values they
  * number ("" where missing); else b"" and None.
+ *
+ * `scan_ascend(data)`: the same for a run of torch-npu's text export (trace_view.json), what
+ * residency.traces.ascend_text's AscendColumns keeps of it: per complete event with a pid (an
+ * int or a string), in order, the pid's number among the run's distinct raw pids, ts and dur
+ * as ns (ts as `units.us_to_ns` reads an int, a float or decimal text `-?d+(.d+)?`; dur exact
+ * from its decimal text), ok (both times, |ts| and dur below 2**62 ns, dur >= 0), the raw
+ * name's number, args["Task Type"]'s number (-1: none) among the run's distinct raw strings;
+ * and each process_name metadata event's (raw pid, raw args). Returns (events, pid_ids, pids,
+ * ts, dur, ok, name_ids, names, task_ids, tasks, metas), the tables as JSON arrays; or None
+ * where msgspec decides: invalid JSON, an escaped or repeated key, an escaped ph, an element
+ * that is not an object, time text of another form, an exponent, a float or long int pid,
+ * nesting deeper than MAX_DEPTH, and a name that is no string where the msgspec path reads
+ * the run with its any-type events (a float in a name is text there). Values its typed decode
+ * rejects but its any-type path reads (a text dur, args null, an unknown phase, ...) are read
+ * as that path reads them.
  *
  * The input is untrusted: every read is bounded by the buffer's end; nothing is executed.
  */
@@ -746,17 +762,15 @@ typedef struct {
     Buf pid, ts, dur, ok, name_ids, task_ids;
     Table pids, names, tasks;
     PyObject *metas; /* list of (raw pid, raw args) of the process_name events */
-    int exact;         /* msgspec's typed path rejects the run: its any-type path reads it */
-    int maybe_inexact; /* a kept duration the typed path may not take as exact float64 */
-    int odd_name;      /* a kept event's name is not a string */
 } AScan;
 
 #define INT64_US_OK 9223372036854775LL /* |us| below 2**63 // 1000: an int time's ns fit */
 #define LIMIT_NS (1LL << 62)
 
-/* A pid as msgspec's two paths read it. 1: an int (at most 18 digits) or a string; 0: missing
- * or null; 2: true, false, an array or an object (no pid, but only the any-type path reads
- * it: s->exact); -1: not handled (a float is text on the any-type path, a big int). */
+/* A pid as msgspec's paths read it. 1: an int (at most 18 digits) or a string; 0: missing or
+ * null; 2: true, false, an array or an object (no pid on the any-type path, which reads the
+ * run where the typed one rejects it); -1: not handled (a float is text on the any-type path;
+ * a long int). */
 static int pid_kind(const Val *v) {
     if (v->type == V_MISSING || v->type == V_NULL)
         return 0;
@@ -814,26 +828,19 @@ static int put_id(Buf *b, int32_t id) {
     return buf_put(b, &id, 4);
 }
 
-/* The id of a raw value in `t`; -1 with no error: not handled; -2: an error is set. */
-static int32_t ascend_id(Table *t, cp start, Py_ssize_t len) {
-    return table_id(t, start, len);
-}
-
-/* A time of a kept event as us_to_ns reads it on either msgspec path: *ns and *ok. `is_dur`:
- * a number must be exact decimal ns (floats_to_ns agrees where the typed path keeps it). Sets
- * *exact where only the any-type path reads the value (a float ts, a text dur, null or another
- * type as dur, a bool, array or object as either). -1: not handled. */
-static int time_ns(const Val *v, int is_dur, int kept, int64_t *ns, int *ok, int *exact) {
+/* A time of an event as `_keep` reads it on either msgspec path: *ns and *ok (computed where
+ * `kept`). `is_dur`: a number is exact decimal ns (floats_to_ns agrees wherever the typed path
+ * keeps it, exact_floats); a float ts is its text on the any-type path: decimal ns too; an int
+ * ts is _ints_to_ns's. Null or any other type: not a time. -1: not handled. */
+static int time_ns(const Val *v, int is_dur, int kept, int64_t *ns, int *ok) {
     *ns = 0;
     *ok = 0;
     switch (v->type) {
     case V_MISSING:
         return 0;
     case V_NULL:
-        *exact |= is_dur;
         return 0;
     case V_STRING:
-        *exact |= is_dur;
         if (!kept)
             return 0;
         if (v->esc || text_ns(v->start + 1, v->end - 1, ns) < 0)
@@ -851,13 +858,11 @@ static int time_ns(const Val *v, int is_dur, int kept, int64_t *ns, int *ok, int
             *ns = *ok ? us * 1000 : 0;
             return 0;
         }
-        *exact |= !is_dur; /* a float ts: text on the any-type path */
         if (number_ns(&v->num, ns) < 0)
             return -1; /* beyond 9e15 us */
         *ok = 1;
         return 0;
     default:
-        *exact = 1;
         return 0;
     }
 }
@@ -868,47 +873,32 @@ static int ascend_x(AScan *s, Val *pid, Val *ts, Val *dur, Val *name, Val *args,
     int has_pid = pid_kind(pid);
     if (has_pid < 0)
         return -1;
-    if (has_pid == 2)
-        s->exact = 1;
     int kept = has_pid == 1;
     int64_t dns, tns;
     int dok, tok;
-    if (time_ns(ts, 0, kept, &tns, &tok, &s->exact) < 0 ||
-        time_ns(dur, 1, kept, &dns, &dok, &s->exact) < 0)
+    if (time_ns(ts, 0, kept, &tns, &tok) < 0 || time_ns(dur, 1, kept, &dns, &dok) < 0)
         return -1;
     if (args->type == V_OBJECT) {
         if (odd_args)
             return -1; /* an escaped or repeated key: msgspec decides */
-        if (task->type != V_MISSING && task->type != V_NULL && task->type != V_STRING)
-            s->exact = 1; /* no Task Type on the any-type path */
-    } else if (args->type != V_MISSING) {
-        s->exact = 1; /* args null or no object: no Task Type */
-    }
+    } /* args null or no object, a Task Type no string: none (the any-type path) */
     if (!kept)
         return 0;
-    if (dok && dur->type == V_NUMBER) {
-        /* float64 gives these ns only where exact_floats holds: where it may not, the
-         * msgspec path reads the run as any-type events */
-        const Number *n = &dur->num;
-        Py_ssize_t nf = n->frac_end - n->frac_start;
-        if (n->int_end - n->int_start >= 12 ||
-            (nf > 3 && n->frac_start[3] >= '2' && n->frac_start[3] <= '7'))
-            s->maybe_inexact = 1;
-    }
+    if (name->type != V_MISSING && name->type != V_NULL && name->type != V_STRING)
+        return -1; /* msgspec's paths read such a name each its own way (a float as its repr
+                    * or its text, 1e400 an error only where the name is used) */
     uint8_t ok = tok && dok && tns < LIMIT_NS && tns > -LIMIT_NS && dns >= 0 && dns < LIMIT_NS;
-    int32_t pid_id = ascend_id(&s->pids, pid->start, pid->end - pid->start);
+    int32_t pid_id = table_id(&s->pids, pid->start, pid->end - pid->start);
     if (pid_id < 0)
         return pid_id;
-    if (name->type != V_MISSING && name->type != V_STRING)
-        s->odd_name = 1;
-    int32_t name_id_ = name->type == V_MISSING ? ascend_id(&s->names, EMPTY_NAME, 2)
-                                               : ascend_id(&s->names, name->start,
+    int32_t name_id_ = name->type != V_STRING ? table_id(&s->names, EMPTY_NAME, 2) /* "" */
+                                               : table_id(&s->names, name->start,
                                                            name->end - name->start);
     if (name_id_ < 0)
         return name_id_;
     int32_t task_id = -1;
     if (args->type == V_OBJECT && task->type == V_STRING) {
-        task_id = ascend_id(&s->tasks, task->start, task->end - task->start);
+        task_id = table_id(&s->tasks, task->start, task->end - task->start);
         if (task_id < 0)
             return task_id;
     }
@@ -926,13 +916,10 @@ static int ascend_m(AScan *s, Val *pid, Val *name, Val *args) {
     int kind = pid_kind(pid);
     if (kind < 0)
         return -1;
-    if (kind == 2)
-        s->exact = 1;
     if (name->type == V_MISSING)
         return 0;
     if (name->type != V_STRING) {
-        s->exact = 1; /* no str: the any-type path reads it as no process_name */
-        return 0;
+        return 0; /* no str: the any-type path reads it as no process_name */
     }
     if (name->esc)
         return -1;
@@ -970,8 +957,6 @@ static inline int ascend_key(cp k, Py_ssize_t n) {
         return A_OTHER;
     }
 }
-
-static const char OTHER_PHASES[] = "BEiICbnesftPNODVvRc()";
 
 /* One event object at r->p. -1: not handled; -2: an error is set. */
 static int read_ascend_event(Reader *r, AScan *s) {
@@ -1033,19 +1018,15 @@ static int read_ascend_event(Reader *r, AScan *s) {
     Val *ph = &v[A_PH];
     if (ph->type == V_STRING && ph->esc)
         return -1; /* an escaped ph may read "X" */
-    if (ph->type != V_STRING || ph->end - ph->start != 3) {
-        s->exact = 1; /* no phase of the typed path: the any-type path ignores the event */
-        return 0;
-    }
+    if (ph->type != V_STRING || ph->end - ph->start != 3)
+        return 0; /* no phase of the typed path: the any-type path ignores the event */
     unsigned char c = ph->start[1];
     if (c == 'X')
         return ascend_x(s, &v[A_PID], &v[A_TS], &v[A_DUR], &v[A_NAME], &v[A_ARGS], &task,
                         odd_args);
     if (c == 'M')
         return ascend_m(s, &v[A_PID], &v[A_NAME], &v[A_ARGS]);
-    if (!(c && memchr(OTHER_PHASES, c, sizeof OTHER_PHASES - 1)))
-        s->exact = 1; /* an unknown phase: the any-type path ignores the event */
-    return 0; /* a phase whose fields the msgspec path ignores */
+    return 0; /* another phase (or an unknown one): its fields are ignored on both paths */
 }
 
 static void ascan_free(AScan *s) {
@@ -1115,9 +1096,7 @@ static PyObject *scan_ascend(PyObject *module, PyObject *args) {
         ascan_free(&s);
         return NULL;
     }
-    /* a name that is no string, read by the any-type path: a float inside it reads as its
-     * text there, as its repr on the typed path (column.json_names) */
-    if (!handled || ((s.exact || s.maybe_inexact) && s.odd_name)) {
+    if (!handled) {
         ascan_free(&s);
         Py_RETURN_NONE;
     }
@@ -1242,7 +1221,8 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT, "residency.traces._kineto_scan",
-    "One-pass strict reader of the columns of a run of Kineto events.", -1, methods,
+    "One-pass strict reader of the columns of a run of Kineto (or torch-npu text) events.", -1,
+    methods,
 };
 
 PyMODINIT_FUNC PyInit__kineto_scan(void) {

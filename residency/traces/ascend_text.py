@@ -6,6 +6,9 @@ Every ``X`` event of a process is kept; which are device tasks (`ASCEND_DEVICE_P
 known once every ``process_name`` metadata event is read. For issue 17's busy definitions each
 task's ``args["Task Type"]`` and each host range's lane (its process name) are kept as int16
 codes into name tables. Times are absolute epoch microseconds, decimal text.
+
+Runs are read by the compiled reader (`residency.traces.kineto_scan.scan_ascend`) where it
+handles them, else by msgspec (a typed decode, or the any-type one): the same columns either way.
 """
 
 from __future__ import annotations
