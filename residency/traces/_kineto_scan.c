@@ -11,8 +11,9 @@
  * Returns None where the text is not handled here: not valid JSON, or valid but outside the
  * forms below (an escaped key or ph, a repeated key, a kept time as text or with an
  * exponent, a time beyond 9e15 us, nesting deeper than MAX_DEPTH, an element that is not an
- * object, more than MAX_CATS distinct categories, names colliding past MAX_PROBES). The
- * caller then decodes the run with msgspec, which gives the same columns or the error.
+ * object, more than MAX_CATS distinct categories, names colliding past MAX_PROBES, a kept
+ * name that is neither a string nor null, a float that may pass DBL_MAX). The caller then
+ * decodes the run with msgspec, which gives the same columns or the error.
  * Accepting only what msgspec accepts (never more) is what makes the two paths agree: this
  * reader is stricter where it is simpler.
  *
@@ -251,17 +252,28 @@ static inline int read_number(Reader *r, Number *num) {
         num->frac_end = p;
         num->fraction = 1;
     }
+    long digits = (long)(num->int_end - num->int_start), magnitude = digits;
     if (p < end && (*p == 'e' || *p == 'E')) {
         p++;
+        int eneg = 0;
         if (p < end && (*p == '+' || *p == '-'))
-            p++;
+            eneg = *p++ == '-';
         cp d = p;
-        while (p < end && is_digit(*p))
+        long ev = 0;
+        while (p < end && is_digit(*p)) {
+            if (ev < 1000000)
+                ev = ev * 10 + (*p - '0');
             p++;
+        }
         if (p == d)
             return -1;
         num->exponent = 1;
+        magnitude = eneg ? digits - ev : digits + ev;
     }
+    /* a float that may pass DBL_MAX (1e400, 1.8e308): msgspec refuses it ("Number out of
+     * range"), so its path decides (an integer of any length it reads as an int) */
+    if ((num->fraction || num->exponent) && magnitude > 300)
+        return -1;
     r->p = p;
     return 0;
 }
@@ -663,6 +675,10 @@ static int read_event(Reader *r, Scan *s) {
         return -1;
     }
     if (s->want_names == 2 || (s->want_names == 1 && kind == 2)) {
+        /* a kept name that is neither a string nor null: msgspec's path (it reads a number's
+         * decimal text as it is written, "1.50", and refuses 1e400 as a trace error) */
+        if (name && *name != '"' && *name != 'n')
+            return -1;
         int32_t id = name ? name_id(s, name, name_len) : name_id(s, EMPTY_NAME, 2);
         if (id < 0)
             return -1;
