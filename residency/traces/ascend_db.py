@@ -17,19 +17,22 @@ recipe reads them (``prof_exports/cluster_time_summary_export.py``: computing = 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from residency.traces.columns import Parsed
+from residency.traces.columns import FoldedHost, Parsed
 from residency.traces.files import TraceError
 from residency.traces.sqlitedb import NO_INTEGER, UntrustedDatabase, open_untrusted
 
-__all__ = ["BLOCK_ROWS", "DB_GLOB", "DB_RE", "READINGS", "UnusualDatabase", "first_codes",
-           "profiler_db_problem", "read_db", "read_db_memory", "taken_pair"]
+__all__ = ["BLOCK_ROWS", "DB_GLOB", "DB_RE", "HOST_LANES", "READINGS", "UnusualDatabase",
+           "first_codes", "omit_host", "profiler_db_problem", "read_db", "read_db_memory",
+           "taken_pair"]
 
 DB_RE = re.compile(r"ascend_pytorch_profiler_(\d+)\.db")  # the export's name; group 1: rank
 DB_GLOB = "ascend_pytorch_profiler*.db"  # the files a session's output folder is searched for
@@ -105,6 +108,7 @@ _HOST_SQL = {  # table -> (lane, its host ranges); times CAST: PYTORCH_API's are
                               ("MSTX_EVENTS", "message", "MsTx"))
 }
 _COMM_LANE = "Communication"
+HOST_LANES = frozenset(lane for lane, _ in _HOST_SQL.values())  # the ranges `keep_host` filters
 
 
 def _open_db(path: Path, *, digest: bool = False) -> UntrustedDatabase:
@@ -125,7 +129,7 @@ row; `columns` by columns only (`UnusualDatabase` where it declines); `rows` row
 
 
 def read_db(path: Path, *, digest: bool = False, device_names: bool = True,
-            reading: str = "auto") -> Parsed:
+            reading: str = "auto", keep_host: Callable[[str], bool] | None = None) -> Parsed:
     """Read a torch-npu ``ascend_pytorch_profiler_<rank>.db`` (or msprof database) with the
     standard library, into the columns a text export gives: every ``TASK`` row a device task
     (type: its ``COMPUTE_TASK_INFO.taskType`` when it has one, else ``TASK.taskType``, both
@@ -138,7 +142,11 @@ def read_db(path: Path, *, digest: bool = False, device_names: bool = True,
     parse's `digest` is the content digest of exactly those bytes. Without `device_names`
     the device tasks' names may be left out (``None``), as a Kineto parse leaves them.
     `reading` (`READINGS`) chooses the column reading, the row reading, or (`auto`) the
-    first where it is exact.
+    first where it is exact. With `keep_host` (a predicate on a name, asked once per distinct
+    name), the ``Python``, ``CANN`` and ``MsTx`` ranges (`HOST_LANES`) whose name it refuses
+    are left out of `ranges` as each table is read, and counted with their extremes in
+    `host_folded` (None: none left out); the ``Communication`` ranges are always kept. The kept
+    rows, their order and codes are those of the whole reading filtered (`omit_host`).
 
     Raises:
         TraceError: not a SQLite database, or a required table (``STRING_IDS``, ``TASK``)
@@ -157,15 +165,15 @@ def read_db(path: Path, *, digest: bool = False, device_names: bool = True,
                 raise TraceError(path, f"no table {table}: not a torch-npu profiler database "
                                  f"(tables: {', '.join(sorted(tables)) or 'none'})")
         if reading == "rows":
-            parsed = _read_rows(path, con, tables)
+            parsed = omit_host(_read_rows(path, con, tables), keep_host)
         elif reading == "columns":
-            parsed = _read_columns(con, tables, device_names)
+            parsed = _read_columns(con, tables, device_names, keep_host)
         else:
             try:
-                parsed = _read_columns(con, tables, device_names)
+                parsed = _read_columns(con, tables, device_names, keep_host)
             except (UnusualDatabase, sqlite3.DatabaseError):  # (an odd schema or odd values,
                 # or an error: SQLite's own joins, row by row, which name it as they always did)
-                parsed = _read_rows(path, con, tables)
+                parsed = omit_host(_read_rows(path, con, tables), keep_host)
         rank = None
         if "RANK_DEVICE_MAP" in tables:
             found = {r[0] for r in con.execute("SELECT rankId FROM RANK_DEVICE_MAP")}
@@ -200,6 +208,38 @@ def _read_rows(path: Path, con: UntrustedDatabase, tables: set[str]) -> Parsed:
                   _times(path, [r[:2] for r in host]), _texts([r[2] for r in host]), 0,
                   task, np.full(len(host), -1, np.int16), lane, tuple(types), tuple(lanes),
                   device_names=_texts([r[2] for r in device]))
+
+
+def omit_host(p: Parsed, keep_host: Callable[[str], bool] | None) -> Parsed:
+    """`p` (a whole reading of a database) without the ranges of `HOST_LANES` whose name
+    `keep_host` refuses (asked once per distinct name), those counted in `p.host_folded`; lanes
+    renumbered by first appearance among the rows kept. `p` itself where nothing is refused
+    (or `keep_host` is None)."""
+    if keep_host is None or not len(p.ranges):
+        return p
+    lanes = [k for k, lane in enumerate(p.lanes) if lane in HOST_LANES]
+    names = p.names.tolist()
+    verdict = {n: bool(keep_host(n)) for n in set(names)}
+    kept = ~np.isin(p.range_lane, lanes) | np.fromiter(map(verdict.__getitem__, names), bool,
+                                                       len(names))
+    if bool(kept.all()):
+        return p
+    left = p.ranges[~kept]
+    counted = _joined(FoldedHost(len(left), int(left[:, 0].min()), int(left[:, 1].max()),
+                                 int(left[:, 1].min())), p.host_folded)
+    lane, old = first_codes(p.range_lane[kept])
+    return dataclasses.replace(p, ranges=p.ranges[kept], names=p.names[kept],
+                               range_task_type=p.range_task_type[kept], range_lane=lane,
+                               lanes=tuple(p.lanes[i] for i in old.tolist()),
+                               host_folded=counted)
+
+
+def _joined(a: FoldedHost, b: FoldedHost | None) -> FoldedHost:
+    """The ranges counted in `a` and in `b` (None: none) as one count."""
+    if b is None:
+        return a
+    return FoldedHost(a.ranges + b.ranges, min(a.first_start, b.first_start),
+                      max(a.last_end, b.last_end), min(a.first_end, b.first_end))
 
 
 # -- the same reading, by columns ------------------------------------------------------------
@@ -337,9 +377,11 @@ def _drain(parts: list[np.ndarray]) -> np.ndarray:
     return out
 
 
-def _read_columns(con: UntrustedDatabase, tables: set[str], device_names: bool = True
-                  ) -> Parsed:
-    """`_read_rows`' result, read by columns (see above); `UnusualDatabase` where it cannot be.
+def _read_columns(con: UntrustedDatabase, tables: set[str], device_names: bool = True,
+                  keep_host: Callable[[str], bool] | None = None) -> Parsed:
+    """`_read_rows`' result (`omit_host`'s with `keep_host`), read by columns (see above);
+    `UnusualDatabase` where it cannot be. The host tables' rows `keep_host` refuses are let go
+    as each table is read.
     Each table's columns are let go as soon as what they give is taken from them, and the
     device tasks are finished (sorted, coded) before the host tables are read, so that a rank
     is held about once, not in every intermediate form at the same time."""
@@ -407,10 +449,17 @@ def _read_columns(con: UntrustedDatabase, tables: set[str], device_names: bool =
     table = strings.table
     names_of_tasks = table[name[order]] if device_names else None
     del name, order
+    refused = None if keep_host is None else _refused_ids(strings, keep_host)
+    counted = None
     for tab, column, lane in _HOST_COLUMNS:
         if tab in tables:
             s, e, n = _columns(con, tab, ["startNs", "endNs", column], "cci",
                                " WHERE startNs IS NOT NULL AND endNs IS NOT NULL")
+            if refused is not None:
+                if bool((e < s).any()):
+                    raise UnusualDatabase  # (as below, before any row is let go)
+                s, e, n, left = _kept_rows(s, e, n, *refused)
+                counted = _joined(left, counted) if left is not None else counted
             add(s, e, _coalesce(strings.code(n), np.full(len(n), strings.empty)), lane)
             del s, e, n
     if "COMMUNICATION_OP" in tables:
@@ -430,7 +479,43 @@ def _read_columns(con: UntrustedDatabase, tables: set[str], device_names: bool =
     del horder
     return Parsed(None, device, ranges, table[h_name], 0, task,
                   np.full(len(h_name), -1, np.int16), lane, tuple(table[type_codes]),
-                  tuple(lanes[i] for i in lane_codes.tolist()), device_names=names_of_tasks)
+                  tuple(lanes[i] for i in lane_codes.tolist()), device_names=names_of_tasks,
+                  host_folded=counted)
+
+
+def _refused_ids(strings: _Strings, keep_host: Callable[[str], bool]
+                 ) -> tuple[np.ndarray, bool]:
+    """The STRING_IDS ids (sorted) whose name `keep_host` decides otherwise than the empty
+    name, and its verdict on the empty name (that of a NULL value, an absent id, no id): a
+    host row is kept when its id is listed xor that verdict. Asked once per distinct value."""
+    verdict = np.fromiter((bool(keep_host(v)) for v in strings.table.tolist()), bool,
+                          len(strings.table))
+    default = bool(verdict[strings.empty])
+    by_id = np.where(strings.codes >= 0, verdict[np.maximum(strings.codes, 0)], default)
+    return strings.ids[by_id != default], default
+
+
+def _kept_rows(s: np.ndarray, e: np.ndarray, n: np.ndarray, listed: np.ndarray,
+               default: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, FoldedHost | None]:
+    """A host table's rows (starts, ends, name ids) that `_refused_ids` keeps, and what the
+    others give (None: none left out)."""
+    if len(listed):
+        at = np.minimum(np.searchsorted(listed, n), len(listed) - 1)
+        keep = listed[at] == n  # (`_NO_ID` is never a STRING_IDS id)
+        if default:
+            np.logical_not(keep, out=keep)
+    else:
+        keep = np.full(len(n), default)
+    left = len(keep) - int(np.count_nonzero(keep))
+    if not left:
+        return s, e, n, None
+    drop = ~keep
+    big, small = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+    counted = FoldedHost(left, int(np.min(s, where=drop, initial=big)),
+                         int(np.max(e, where=drop, initial=small)),
+                         int(np.min(e, where=drop, initial=big)))
+    del drop
+    return s[keep], e[keep], n[keep], counted
 
 
 def taken_pair(first: np.ndarray, second: np.ndarray, order: np.ndarray) -> np.ndarray:

@@ -680,21 +680,28 @@ _COLUMNS = ("device", "ranges", "device_task_type", "range_task_type", "range_la
 
 def parse_source(fmt: str, source: Path, **job: Any) -> Parsed:
     """`parse_trace` (keywords as it takes them), or `residency.traces.ascend_db.read_db` for
-    torch-npu's SQLite export."""
+    torch-npu's SQLite export (of the keywords: `digest`, `device_names`, `keep_host`)."""
     return _parse_one(fmt, source, **job)
 
 
 def _parse_one(fmt: str, source: Path, **job: Any) -> Parsed:
     """`parse_trace`, or `residency.traces.ascend_db.read_db` for torch-npu's SQLite export."""
-    if source.suffix == ".db" or _is_sqlite(source):
+    if is_database(source):
         from residency.traces.ascend_db import read_db
 
         return read_db(source, digest=bool(job.get("digest")),
-                       device_names=bool(job.get("device_names", True)))
+                       device_names=bool(job.get("device_names", True)),
+                       keep_host=job.get("keep_host"))
     if fmt != "kineto":
         job = {k: v for k, v in job.items() if k not in ("device_names", "fold_device",
                                                            "keep_host")}
     return parse_trace(fmt, source, **job)
+
+
+def is_database(source: Path) -> bool:
+    """Whether `source` is read as torch-npu's SQLite export (`parse_source`): a ``.db`` file,
+    or one that starts with SQLite's header; never read in parts."""
+    return source.suffix == ".db" or _is_sqlite(source)
 
 
 def _is_sqlite(source: Path) -> bool:

@@ -116,8 +116,8 @@ def _computed(plan: Any, i: int, job: dict[str, Any], parsed: Any, *,
     wrx = None if job["window_marker"] is None else compile_pattern(job["window_marker"],
                                                              "window_marker")
     rx = None if job["marker"] is None else compile_pattern(job["marker"], "marker")
-    if parsed is None:  # (Kineto: device rows folded into their union as they are read, and
-        # only the host ranges the patterns match kept)
+    if parsed is None:  # (Kineto: device rows folded into their union as they are read; Kineto
+        # and a database: only the host ranges the patterns match kept, the others counted)
         kw = dict(root=root, chunk_bytes=job["chunk_bytes"], max_bytes=limit, digest=cache,
                   device_names=False)
         try:
@@ -187,7 +187,8 @@ def _here(plan: Any, job: dict[str, Any], workers: int | None
     entry looked up there, else parsed and reduced there (`rank_reduction`). Else cache
     entries are looked up here first (in threads), then the rest parsed here, one file per
     worker process while there are enough of them, or each large file in parts in the workers
-    (`residency.traces.load.parse_files`) and reduced here, one rank at a time."""
+    (`residency.traces.load.parse_files`; a database, never read in parts, read here) and
+    reduced here, one rank at a time."""
     from residency.traces import load as tr
 
     n_items = len(plan.sources)
@@ -210,8 +211,12 @@ def _here(plan: Any, job: dict[str, Any], workers: int | None
     elif len(todo) >= n:  # (recorded, but entries refused: stale or damaged)
         done = dict(zip(todo, _pool(plan, job, n, {i: stats[i] for i in todo})[0],
                         strict=True))
-    else:  # fewer files than workers: each file's parts in the workers
+    else:  # fewer files than workers: each file's parts in the workers (a database, never
+        # read in parts, is read here: only the host ranges its reduction reads kept)
         for i in todo:
+            if tr.is_database(plan.sources[i]):
+                done[i] = _computed(plan, i, job, None)
+                continue
             (p,) = tr.parse_files(plan.format, [plan.sources[i]], workers=workers,
                                   root=plan.parse_root, chunk_bytes=job["chunk_bytes"],
                                   max_bytes=job["max_trace_bytes"], digest=job["cache"],
