@@ -17,6 +17,7 @@ import functools
 import itertools
 import math
 import operator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -31,12 +32,12 @@ from residency.traces.columns import (
     GET_TASK,
     GET_TS,
     NO_CODE,
+    FoldedHost,
     Names,
     Parsed,
     Reader,
     add_run,
     any_names,
-    concat,
     decoded_names,
     drain_parts,
     intervals,
@@ -46,10 +47,12 @@ from residency.traces.columns import (
 from residency.traces.files import TraceError
 from residency.traces.units import LIMIT_NS, exact_floats, floats_to_ns, us_to_ns
 
-__all__ = ["ASCEND_DERIVED_PROCESSES", "ASCEND_DEVICE_PROCESS", "READER", "AscendColumns"]
+__all__ = ["ASCEND_COMM_PROCESSES", "ASCEND_DERIVED_PROCESSES", "ASCEND_DEVICE_PROCESS",
+           "READER", "AscendColumns"]
 
 ASCEND_DEVICE_PROCESS = "Ascend Hardware"
 ASCEND_DERIVED_PROCESSES = frozenset({"Overlap Analysis"})
+ASCEND_COMM_PROCESSES = frozenset({"Communication", "HCCL"})  # "HCCL" before torch-npu 2.1
 
 
 # -- event types ------------------------------------------------------------------------------
@@ -94,7 +97,9 @@ class AscendColumns:
     """Kept columns of a torch-npu ``trace_view.json``: every ``X`` event of a process (which
     are device tasks is known only once every ``process_name`` is read)."""
 
-    def __init__(self) -> None:
+    def __init__(self, device_names: bool = True) -> None:
+        self.want_names = device_names
+        self.host_filter: Callable[[str], bool] | None = None
         self.pids: dict[Any, int] = {}
         self.pid: list[np.ndarray] = []
         self.ts: list[np.ndarray] = []
@@ -110,6 +115,12 @@ class AscendColumns:
 
     def compact(self) -> None:
         """Nothing to trim."""
+
+    def keep_host(self, wanted: Callable[[str], bool]) -> None:
+        """Keep, of the host ranges outside the Communication and derived lanes, only those
+        whose name is `wanted` (asked once per distinct name), and count the others
+        (`residency.traces.columns.FoldedHost`)."""
+        self.host_filter = wanted
 
     def extend(self, other: AscendColumns) -> None:
         """Append the columns of the events after ours (another part of the file)."""
@@ -230,15 +241,34 @@ class AscendColumns:
         device, order, _ = intervals(ts[dev], dur[dev], 0)
         dev = take_rows(dev, order)
         host = np.flatnonzero(ok & (kinds >= 2))
+        del ok
+        names, bad = drain_parts(self.name, np.int32), drain_parts(self.bad, bool)
+        folded = None
+        if self.host_filter is not None:  # (times absolute: a count cannot leave the range)
+            always = np.array([kind_of[code] == 3 or process.get(p) in ASCEND_COMM_PROCESSES
+                               for p, code in self.pids.items()], bool)
+            wanted = np.array([bool(self.host_filter(n)) for n in self.names.codes], bool)
+            keep = always[pid[host]] | wanted[names[host]] | bad[host]
+            folded, host = _counted(ts[host[~keep]], dur[host[~keep]]), host[keep]
         ranges, horder, _ = intervals(ts[host], dur[host], 0)
         host = take_rows(host, horder)
-        if concat(self.bad, bool)[host].any():
+        del ts, dur
+        if bad[host].any():
             raise TraceError(source, f"invalid JSON: {self.name_error}")
-        names, table = concat(self.name, np.int32), self.names.table()
+        table = self.names.table()
         return Parsed(None, device, ranges, table[names[host]],
                       rejected, task[dev], task[host], lane_of[pid[host]],
                       tuple(t for t in self.tasks if t is not None), tuple(lanes),
-                      device_names=table[names[dev]])
+                      device_names=table[names[dev]] if self.want_names else None,
+                      host_folded=folded)
+
+
+def _counted(ts: np.ndarray, dur: np.ndarray) -> FoldedHost | None:
+    """The figures of host ranges counted, not kept (None: none)."""
+    if not len(ts):
+        return None
+    end = ts + dur  # (no wrap: both were checked below 2**62)
+    return FoldedHost(len(ts), int(ts.min()), int(end.max()), int(end.min()))
 
 
 def _task_type(raw: msgspec.Raw) -> str | None:
@@ -250,6 +280,6 @@ def _task_type(raw: msgspec.Raw) -> str | None:
     return task if type(task) is str else None
 
 
-READER = Reader(lambda device_names=True: AscendColumns(),
+READER = Reader(AscendColumns,
                 _AscendTrace | list[_AscendEvent],  # type: ignore[operator]
                 reads_document=False)

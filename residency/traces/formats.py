@@ -66,9 +66,10 @@ def parse_trace(fmt: str, source: Path, *, root: Path | None = None,
     """Stream `source` (format `fmt`: "kineto" or "ascend") into columns; without
     `device_names`, a Kineto parse leaves the device tasks' names out (``None``); with
     `fold_device` (Kineto, without `device_names`), it folds the device tasks into their union
-    as they are read (`Parsed.device_folded`) and keeps no rows of them; with `keep_host`
-    (Kineto), it keeps only the host ranges whose name `keep_host` wants and counts the others
-    (`Parsed.host_folded`). Either may raise `residency.traces.columns.NotFoldable`.
+    as they are read (`Parsed.device_folded`) and keeps no rows of them; with `keep_host`, it
+    keeps only the host ranges whose name `keep_host` wants (torch-npu: outside the
+    Communication and derived lanes) and counts the others (`Parsed.host_folded`). Either may
+    raise `residency.traces.columns.NotFoldable` (Kineto).
 
     Raises:
         TraceError: the file cannot be read (module `residency.traces.files`), is not valid JSON

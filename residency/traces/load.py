@@ -43,7 +43,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from residency.traces.ascend_text import ASCEND_DERIVED_PROCESSES, ASCEND_DEVICE_PROCESS
+from residency.traces.ascend_text import (
+    ASCEND_COMM_PROCESSES,
+    ASCEND_DERIVED_PROCESSES,
+    ASCEND_DEVICE_PROCESS,
+)
 from residency.traces.categories import DEVICE_CATEGORIES, HOST_CATEGORIES
 from residency.traces.files import (
     CHUNK_BYTES,
@@ -73,7 +77,6 @@ __all__ = ["ASCEND_COMM_PROCESSES", "ASCEND_DERIVED_PROCESSES", "ASCEND_DEVICE_P
            "HOST_CATEGORIES", "MAX_TRACE_BYTES", "RankTimeline", "TraceError", "TraceNote",
            "TraceSet", "load_traces"]
 
-ASCEND_COMM_PROCESSES = frozenset({"Communication", "HCCL"})  # "HCCL" before torch-npu 2.1
 COMMUNICATION_LANE = "[Communication]"  # the task type `residency.traces.busy` gives their ranges
 
 CACHE_DIR = "residency.parquet.cache"  # where versions before 0.2 cached: never read, skipped
@@ -692,9 +695,8 @@ def _parse_one(fmt: str, source: Path, **job: Any) -> Parsed:
         return read_db(source, digest=bool(job.get("digest")),
                        device_names=bool(job.get("device_names", True)),
                        keep_host=job.get("keep_host"))
-    if fmt != "kineto":
-        job = {k: v for k, v in job.items() if k not in ("device_names", "fold_device",
-                                                           "keep_host")}
+    if fmt != "kineto":  # (the device rows of torch-npu's text export are known at its end)
+        job = {k: v for k, v in job.items() if k != "fold_device"}
     return parse_trace(fmt, source, **job)
 
 

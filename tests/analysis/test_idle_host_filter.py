@@ -7,9 +7,11 @@ extremes, with the compiled reader or not, and where a counted row would be drop
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import random
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +21,7 @@ from residency.analysis.idle import idle_summary, idle_summary_at
 from residency.analysis.idle.reduce import rank_reduction
 from residency.traces import kineto_scan
 from residency.traces.load import load_traces, parse_source, plan_traces
+from tests.helpers import ROOT, copy_fixture
 
 MARKER = r"residency\.release\[normal\]"
 WINDOW = r"^step \d+$"
@@ -124,3 +127,44 @@ def test_a_counted_row_out_of_range_once_based_is_parsed_again_whole(tmp_path, r
     assert whole.rejected_events == 1
     for kw in (dict(cache=False, workers=1), dict(cache=True, workers=2)):
         assert idle_summary_at(d, marker=MARKER, chunk_bytes=2048, **kw) == whole
+
+
+def _tracegen():
+    spec = importlib.util.spec_from_file_location("tracegen", ROOT / "benchmarks" /
+                                                  "tracegen.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("tracegen", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("source", ["generated", "ascend_real", "ascend_basic"])
+@pytest.mark.parametrize("marker,window", [
+    (MARKER, None), (None, None), ("aten::mm", "Free|release"), ("$^", "^Aclnn|^Ascend"),
+    (".", None)])
+def test_a_torch_npu_text_reduction_keeps_only_what_it_reads(tmp_path, reader, source,
+                                                               marker, window):
+    """torch-npu's text export: host ranges outside the Communication and derived lanes kept
+    only where a pattern matches them, the rest counted; the reduction is the whole one."""
+    if source == "generated":
+        d = tmp_path / "npu"
+        _tracegen().generate(d, 2, 3000, 4, fmt="ascend")
+    else:
+        d = copy_fixture(source, tmp_path / "npu")
+    plan = plan_traces(d)
+    job = dict(busy=None, marker=marker, window_marker=window, cache=False, chunk_bytes=4096,
+               max_trace_bytes=1 << 30)
+    counted = 0
+    for i, src in enumerate(plan.sources):
+        whole_parse = parse_source("ascend", src, root=plan.parse_root, chunk_bytes=4096,
+                                   max_bytes=1 << 30)
+        whole = rank_reduction(plan, i, parsed=whole_parse, **job)
+        filtered = rank_reduction(plan, i, **job)
+        assert _fields(filtered) == _fields(whole)
+        kept = parse_source("ascend", src, root=plan.parse_root, chunk_bytes=4096,
+                            max_bytes=1 << 30, device_names=False,
+                            keep_host=lambda n: marker is not None and re.search(marker, n)
+                            is not None)
+        counted += 0 if kept.host_folded is None else kept.host_folded.ranges
+        assert kept.device_names is None
+    assert counted > 0 if marker != "." else counted == 0  # (the filter ran, or had nothing)

@@ -116,8 +116,8 @@ def _computed(plan: Any, i: int, job: dict[str, Any], parsed: Any, *,
     wrx = None if job["window_marker"] is None else compile_pattern(job["window_marker"],
                                                              "window_marker")
     rx = None if job["marker"] is None else compile_pattern(job["marker"], "marker")
-    if parsed is None:  # (Kineto: device rows folded into their union as they are read; Kineto
-        # and a database: only the host ranges the patterns match kept, the others counted)
+    if parsed is None:  # (Kineto: device rows folded into their union as they are read; every
+        # format: only the host ranges the patterns match kept, the others counted)
         kw = dict(root=root, chunk_bytes=job["chunk_bytes"], max_bytes=limit, digest=cache,
                   device_names=False)
         try:
