@@ -32,8 +32,9 @@ from residency.traces.columns import (
     GET_TASK,
     GET_TS,
     NO_CODE,
-    FoldedHost,
+    HostFilter,
     Names,
+    NotFoldable,
     Parsed,
     Reader,
     add_run,
@@ -99,7 +100,9 @@ class AscendColumns:
 
     def __init__(self, device_names: bool = True) -> None:
         self.want_names = device_names
-        self.host_filter: Callable[[str], bool] | None = None
+        self.host_filter: HostFilter | None = None
+        self._named: dict[Any, str | None] = {}  # process names read so far (`keep_host`)
+        self._counted: dict[int, str] = {}  # pid code -> the name its rows were counted under
         self.pids: dict[Any, int] = {}
         self.pid: list[np.ndarray] = []
         self.ts: list[np.ndarray] = []
@@ -119,11 +122,45 @@ class AscendColumns:
     def keep_host(self, wanted: Callable[[str], bool]) -> None:
         """Keep, of the host ranges outside the Communication and derived lanes, only those
         whose name is `wanted` (asked once per distinct name), and count the others
-        (`residency.traces.columns.FoldedHost`)."""
-        self.host_filter = wanted
+        (`residency.traces.columns.FoldedHost`): as each run is read where its process is
+        named already (torch-npu writes the names first), else at the end."""
+        assert not self.pid
+        self.host_filter = HostFilter(wanted)
+
+    def _count_early(self, first_meta: int) -> None:
+        """With `keep_host`: take the process names of the metadata from `first_meta` on, then
+        count (and let go) the unwanted host ranges of the run just kept whose process is
+        named a host lane; `finish` checks that no process is named otherwise later."""
+        f = self.host_filter
+        if f is None:
+            return
+        for pid, raw in self.metas[first_meta:]:
+            try:
+                args = msgspec.json.decode(raw) if len(raw) else None
+            except (msgspec.DecodeError, RecursionError):  # (`finish` raises it)
+                continue
+            if isinstance(args, dict) and type(pid) in (int, str):
+                name = args.get("name")
+                self._named[pid] = name if type(name) is str else None
+        named = self._named
+        lanes = np.array([p in named and _counted_lane(named[p]) for p in self.pids], bool)
+        pid, ok, bad = self.pid[-1], self.ok[-1], self.bad[-1]
+        drop = lanes[pid] & ok & ~bad
+        if not drop.any():
+            return
+        drop &= ~f.wanted(self.name[-1], self.names)
+        if not drop.any():
+            return
+        f.count(self.ts[-1][drop], self.dur[-1][drop])
+        for code in np.unique(pid[drop]).tolist():
+            self._counted.setdefault(code, named[list(self.pids)[code]])
+        keep = ~drop
+        for parts in (self.pid, self.ts, self.dur, self.ok, self.name, self.bad, self.task):
+            parts[-1] = parts[-1][keep]
 
     def extend(self, other: AscendColumns) -> None:
         """Append the columns of the events after ours (another part of the file)."""
+        assert self.host_filter is None and other.host_filter is None
         pids = np.array([self.pids.setdefault(p, len(self.pids)) for p in other.pids],
                         np.int32)
         names = self.names.absorb(other.names)
@@ -151,6 +188,7 @@ class AscendColumns:
 
     def add_scanned(self, got: kineto_scan.AscendScanned) -> None:
         """Keep the columns the compiled reader gave for one run (those `add_fast` keeps)."""
+        metas = len(self.metas)
         self.metas += [(msgspec.json.decode(pid), args) for pid, args in got.metas]
         pids = self.pids  # each distinct pid once, in order of first appearance
         pid_codes = np.array([pids.setdefault(p, len(pids))
@@ -166,6 +204,7 @@ class AscendColumns:
                                for t in msgspec.json.decode(got.tasks, type=list[str])]
                               + [NO_CODE], np.int16)
         self.task.append(task_codes[got.task_ids])  # -1 reads the last entry: NO_CODE
+        self._count_early(metas)
 
     def add_fast(self, events: list[Any]) -> bool:
         """Keep the columns of fast-path events; False (nothing kept) when a duration is not
@@ -176,20 +215,24 @@ class AscendColumns:
         dur = np.fromiter(map(GET_DUR, xs), np.float64, len(xs))
         if not exact_floats(dur):
             return False
+        metas = len(self.metas)
         self.metas += [(e.process, bytes(e.args))
                        for e in itertools.compress(events, map(operator.not_, has_pid))
                        if type(e) is _AscendMeta and e.name == "process_name"]
         names, bad, error = decoded_names(xs)
         self._keep(xs, names, bad, error, list(map(GET_TASK, xs)), floats_to_ns(dur))
+        self._count_early(metas)
         return True
 
     def add_exact(self, events: list[Any]) -> None:
         """Keep the columns of any-type events."""
+        metas = len(self.metas)
         self.metas += [(e.pid, bytes(e.args)) for e in events
                        if e.ph == "M" and e.name == "process_name"]
         xs = [e for e in events if e.ph == "X" and type(e.pid) in (int, str)]
         self._keep(xs, any_names(xs), None, None, [_task_type(e.args) for e in xs],
                    us_to_ns([e.dur for e in xs]))
+        self._count_early(metas)
 
     def _keep(self, xs: list[Any], names: list[str], bad: np.ndarray | None,
               error: str | None, tasks: list[str | None],
@@ -244,12 +287,17 @@ class AscendColumns:
         del ok
         names, bad = drain_parts(self.name, np.int32), drain_parts(self.bad, bool)
         folded = None
-        if self.host_filter is not None:  # (times absolute: a count cannot leave the range)
+        f = self.host_filter
+        if f is not None:  # (times absolute: a count cannot leave the range)
+            codes = list(self.pids)
+            if any(not _counted_lane(process.get(codes[c])) for c in self._counted):
+                raise NotFoldable  # (a process named anew after its rows were counted)
             always = np.array([kind_of[code] == 3 or process.get(p) in ASCEND_COMM_PROCESSES
                                for p, code in self.pids.items()], bool)
-            wanted = np.array([bool(self.host_filter(n)) for n in self.names.codes], bool)
-            keep = always[pid[host]] | wanted[names[host]] | bad[host]
-            folded, host = _counted(ts[host[~keep]], dur[host[~keep]]), host[keep]
+            keep = always[pid[host]] | f.wanted(names[host], self.names) | bad[host]
+            f.count(ts[host[~keep]], dur[host[~keep]])
+            host = host[keep]
+            folded = f.finish(0) if f.ranges else None
         ranges, horder, _ = intervals(ts[host], dur[host], 0)
         host = take_rows(host, horder)
         del ts, dur
@@ -263,12 +311,11 @@ class AscendColumns:
                       host_folded=folded)
 
 
-def _counted(ts: np.ndarray, dur: np.ndarray) -> FoldedHost | None:
-    """The figures of host ranges counted, not kept (None: none)."""
-    if not len(ts):
-        return None
-    end = ts + dur  # (no wrap: both were checked below 2**62)
-    return FoldedHost(len(ts), int(ts.min()), int(end.max()), int(end.min()))
+def _counted_lane(process: str | None) -> bool:
+    """Whether the host ranges of a process of this name may be counted instead of kept (not
+    the device's, a derived or a Communication lane)."""
+    return (process != ASCEND_DEVICE_PROCESS and process not in ASCEND_DERIVED_PROCESSES
+            and process not in ASCEND_COMM_PROCESSES)
 
 
 def _task_type(raw: msgspec.Raw) -> str | None:

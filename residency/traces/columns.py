@@ -8,6 +8,7 @@ The format modules (`residency.traces.kineto`, `residency.traces.ascend_text`) e
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -69,8 +70,52 @@ class FoldedHost:
 
 
 class NotFoldable(Exception):
-    """A folded parse would have dropped device rows its fold no longer holds (a start out of
-    range once ``baseTimeNanoseconds`` is added): parse again without folding."""
+    """A folded parse would have dropped rows its fold no longer holds (a start out of range
+    once ``baseTimeNanoseconds`` is added; a torch-npu process named anew after rows of its
+    were counted as host ranges): parse again without folding."""
+
+
+class HostFilter:
+    """Which host ranges a parse keeps (a format's `keep_host`: those whose name is wanted,
+    asked once per distinct name), and the figures of those it only counts ([start, end)
+    relative to the base until `finish`)."""
+
+    def __init__(self, wanted: Callable[[str], bool]) -> None:
+        self._wanted = wanted
+        self._by_code = np.zeros(0, bool)  # per name code, whether wanted
+        self.ranges = 0
+        self.starts = [0, 0]  # earliest and latest start
+        self.ends = [0, 0]  # earliest and latest end
+
+    def wanted(self, codes: np.ndarray, names: Names) -> np.ndarray:
+        """Whether each row of name `codes` (into `names`) is kept."""
+        known = len(self._by_code)
+        if len(names.codes) > known:  # (dicts keep their order: the codes' order)
+            new = [bool(self._wanted(n)) for n in
+                   itertools.islice(names.codes, known, None)]
+            self._by_code = np.concatenate([self._by_code, np.array(new, bool)])
+        return self._by_code[codes]
+
+    def count(self, ts: np.ndarray, dur: np.ndarray) -> None:
+        """Count rows of these starts and durations (not kept)."""
+        if not len(ts):
+            return
+        end = ts + dur  # (no wrap: both were checked below 2**62)
+        lo, hi, e_lo, e_hi = int(ts.min()), int(ts.max()), int(end.min()), int(end.max())
+        if self.ranges:
+            lo, hi = min(lo, self.starts[0]), max(hi, self.starts[1])
+            e_lo, e_hi = min(e_lo, self.ends[0]), max(e_hi, self.ends[1])
+        self.starts, self.ends = [lo, hi], [e_lo, e_hi]
+        self.ranges += len(ts)
+
+    def finish(self, base: int) -> FoldedHost:
+        """The counted rows' figures made absolute; NotFoldable where a start leaves the range
+        once `base` is added (`intervals` would drop that row, which a count cannot tell)."""
+        if self.ranges and not (self.starts[0] + base > -LIMIT_NS
+                                and self.starts[1] + base < LIMIT_NS):
+            raise NotFoldable
+        return FoldedHost(self.ranges, self.starts[0] + base, self.ends[1] + base,
+                          self.ends[0] + base)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ number's decimal text (`residency.traces.columns.EXACT`). The document-level fie
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import operator
 import reprlib
@@ -34,7 +33,7 @@ from residency.traces.columns import (
     GET_TS,
     NO_CODE,
     FoldedDevice,
-    FoldedHost,
+    HostFilter,
     Named,
     Names,
     NotFoldable,
@@ -106,7 +105,7 @@ class KinetoColumns:
         self._raw_kinds: dict[bytes, int] = {}
         self._kinds = _CategoryKinds()
         self.fold: _DeviceFold | None = None
-        self.host_filter: _HostFilter | None = None
+        self.host_filter: HostFilter | None = None
 
     def fold_device(self) -> None:
         """Fold the device rows into their union as they are read, never holding them
@@ -118,7 +117,7 @@ class KinetoColumns:
         """Keep only the host ranges whose name is `wanted` (asked once per distinct name) and
         count the others (`residency.traces.columns.FoldedHost`), never holding their rows."""
         assert not self.host_ts
-        self.host_filter = _HostFilter(wanted)
+        self.host_filter = HostFilter(wanted)
 
     def kind_of(self, raw: bytes) -> int:
         """The kind (`_category_kinds`) of a category given as its raw JSON string."""
@@ -317,45 +316,6 @@ class _DeviceFold:
         head += base
         return FoldedDevice(iv.Packed.of_parts(head, lengths, gaps), self.tasks,
                             self.starts[0] + base, self.ends[1] + base, self.ends[0] + base)
-
-
-class _HostFilter:
-    """Which host ranges a parse keeps (`KinetoColumns.keep_host`), and the figures of those it
-    only counts ([start, end) relative to the base until `finish`)."""
-
-    def __init__(self, wanted: Callable[[str], bool]) -> None:
-        self._wanted = wanted
-        self._by_code = np.zeros(0, bool)  # per name code, whether wanted
-        self.ranges = 0
-        self.starts = [0, 0]  # earliest and latest start
-        self.ends = [0, 0]  # earliest and latest end
-
-    def wanted(self, codes: np.ndarray, names: Names) -> np.ndarray:
-        """Whether each row of name `codes` (into `names`) is kept."""
-        known = len(self._by_code)
-        if len(names.codes) > known:  # (dicts keep their order: the codes' order)
-            new = [bool(self._wanted(n)) for n in
-                   itertools.islice(names.codes, known, None)]
-            self._by_code = np.concatenate([self._by_code, np.array(new, bool)])
-        return self._by_code[codes]
-
-    def count(self, ts: np.ndarray, dur: np.ndarray) -> None:
-        end = ts + dur  # (no wrap: both were checked below 2**62)
-        lo, hi, e_lo, e_hi = int(ts.min()), int(ts.max()), int(end.min()), int(end.max())
-        if self.ranges:
-            lo, hi = min(lo, self.starts[0]), max(hi, self.starts[1])
-            e_lo, e_hi = min(e_lo, self.ends[0]), max(e_hi, self.ends[1])
-        self.starts, self.ends = [lo, hi], [e_lo, e_hi]
-        self.ranges += len(ts)
-
-    def finish(self, base: int) -> FoldedHost:
-        """The counted rows' figures made absolute; NotFoldable where a start leaves the range
-        once `base` is added (`intervals` would drop that row, which a count cannot tell)."""
-        if self.ranges and not (self.starts[0] + base > -LIMIT_NS
-                                and self.starts[1] + base < LIMIT_NS):
-            raise NotFoldable
-        return FoldedHost(self.ranges, self.starts[0] + base, self.ends[1] + base,
-                          self.ends[0] + base)
 
 
 class _Rows:

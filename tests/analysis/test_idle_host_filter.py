@@ -20,6 +20,8 @@ import pytest
 from residency.analysis.idle import idle_summary, idle_summary_at
 from residency.analysis.idle.reduce import rank_reduction
 from residency.traces import kineto_scan
+from residency.traces.ascend_text import READER
+from residency.traces.columns import NotFoldable
 from residency.traces.load import load_traces, parse_source, plan_traces
 from tests.helpers import ROOT, copy_fixture
 
@@ -168,3 +170,63 @@ def test_a_torch_npu_text_reduction_keeps_only_what_it_reads(tmp_path, reader, s
         counted += 0 if kept.host_folded is None else kept.host_folded.ranges
         assert kept.device_names is None
     assert counted > 0 if marker != "." else counted == 0  # (the filter ran, or had nothing)
+
+
+def _npu_session(d: Path, events: list[dict], rank: int = 0) -> Path:
+    out = d / f"host_{100 + rank}_20251130010203_ascend_pt" / "ASCEND_PROFILER_OUTPUT"
+    out.mkdir(parents=True)
+    (out.parent / f"profiler_info_{rank}.json").write_text(json.dumps({"rank_id": rank}))
+    (out / "trace_view.json").write_text(json.dumps(events))
+    return out / "trace_view.json"
+
+
+def _npu_events(n: int = 400) -> list[dict]:
+    out: list[dict] = [{"ph": "M", "name": "process_name", "pid": p, "tid": 0,
+                        "args": {"name": name}}
+                       for p, name in ((1, "Python"), (2, "CANN"), (3, "Ascend Hardware"),
+                                       (4, "Communication"))]
+    for i in range(n):
+        us = f"{1764500000000000 + 10 * i}.125"
+        out.append({"ph": "X", "name": "aten::mm" if i % 7 else "residency.release[normal]",
+                    "pid": 1 + i % 2, "tid": 1, "ts": us, "dur": 3.5})
+        out.append({"ph": "X", "name": f"k{i % 3}", "pid": 3, "tid": 9, "ts": us, "dur": 2.0,
+                    "args": {"Task Type": "AI_CORE"}})
+    return out
+
+
+def test_a_torch_npu_rank_lets_unwanted_host_ranges_go_as_it_reads(tmp_path, reader):
+    """The process names come first (as torch-npu writes them): the unwanted host ranges are
+    counted run by run, never all held until the end."""
+    path = _npu_session(tmp_path, _npu_events())
+    rx = re.compile(MARKER)
+    cols = READER.columns(False)
+    cols.keep_host(lambda n: rx.search(n) is not None)
+    with path.open("rb") as f:
+        events = f.read()
+    cols.add(events)
+    held = sum(len(x) for x in cols.ts)
+    assert held < 400 + 400 // 7 + 10  # device rows and wanted ranges, not every host range
+    parsed = cols.finish(path, None)
+    whole = parse_source("ascend", path, root=tmp_path, chunk_bytes=1 << 20, max_bytes=1 << 30)
+    wanted = np.array([rx.search(n) is not None for n in whole.names], bool)
+    assert np.array_equal(parsed.ranges, whole.ranges[wanted])
+    assert parsed.host_folded.ranges == int((~wanted).sum()) > 0
+
+
+def test_a_process_named_anew_after_its_ranges_were_counted_is_read_whole(tmp_path, reader):
+    """A process named a host lane first and the device's later (the last name counts): its
+    rows were counted as host ranges, so the parse is refused and read again whole."""
+    events = _npu_events()
+    events.append({"ph": "M", "name": "process_name", "pid": 2, "tid": 0,
+                   "args": {"name": "Ascend Hardware"}})  # (CANN's rows are device tasks)
+    path = _npu_session(tmp_path / "t", events)
+    with pytest.raises(NotFoldable):
+        parse_source("ascend", path, root=path.parent, chunk_bytes=4096, max_bytes=1 << 30,
+                     device_names=False, keep_host=lambda n: False)
+    plan = plan_traces(tmp_path / "t")
+    job = dict(busy=None, marker=MARKER, window_marker=None, cache=False, chunk_bytes=4096,
+               max_trace_bytes=1 << 30)
+    whole = rank_reduction(plan, 0, parsed=parse_source(
+        "ascend", path, root=path.parent, chunk_bytes=4096, max_bytes=1 << 30), **job)
+    assert _fields(rank_reduction(plan, 0, **job)) == _fields(whole)
+    assert whole.device_tasks == 400 + 200  # (pid 2's rows among them)
