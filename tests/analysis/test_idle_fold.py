@@ -6,6 +6,7 @@ and where a row would be dropped once ``baseTimeNanoseconds`` is added (parsed a
 from __future__ import annotations
 
 import json
+import pickle
 import random
 from pathlib import Path
 
@@ -125,13 +126,17 @@ def test_unions_come_back_through_files_or_pickles_alike(tmp_path, monkeypatch, 
     for rank in (0, 1):
         _kineto(d, _events(rank), 1_764_500_000_000_000_000, rank)
     whole = idle_summary(load_traces(d, cache=False), marker=MARKER)
-    monkeypatch.setattr(idle_reduce, "SPILL_MIN_BYTES", spill_min)  # (the workers fork)
-    read, unpacked = [], idle_reduce.Spilled.unpacked
-
-    def spy(self):
-        read.append(self.path)
-        return unpacked(self)
-
-    monkeypatch.setattr(idle_reduce.Spilled, "unpacked", spy)
+    monkeypatch.setattr(idle_reduce, "SPILL_MIN_BYTES", spill_min)
+    plan = load.plan_traces(d)
+    job = dict(busy=None, marker=MARKER, window_marker=None, cache=False, chunk_bytes=2048,
+               max_trace_bytes=1 << 30)
+    folder = tmp_path / "spill"
+    folder.mkdir()
+    for i in range(len(plan.sources)):  # (what a worker hands back, made here)
+        sent = idle_reduce.packed_reduction(plan, i, spill=str(folder), **job)
+        assert isinstance(sent.busy, idle_reduce.Spilled) == (spill_min == 0)
+        busy = (sent.busy.unpacked() if spill_min == 0 else
+                pickle.loads(pickle.dumps(sent.busy)).unpack())
+        assert np.array_equal(busy, idle_reduce.rank_reduction(plan, i, **job).busy)
+    assert not list(folder.iterdir())  # (each file read back once, and removed)
     assert idle_summary_at(d, marker=MARKER, cache=False, workers=2) == whole
-    assert len(read) == (2 if spill_min == 0 else 0)
