@@ -11,6 +11,21 @@ import pytest
 from tests.helpers import FIXTURE_RUN, PAIRED, copy_run, run_python, sealed_copy
 
 
+@pytest.fixture(params=["compiled", "pure"])
+def trace_reader(request):
+    """Each test twice: with the compiled trace reader (skipped where it is not built), and
+    with msgspec reading every run (`residency.traces.kineto_scan.msgspec_only`)."""
+    from residency.traces import kineto_scan
+
+    if request.param == "pure":
+        with kineto_scan.msgspec_only():
+            yield request.param
+        return
+    if not kineto_scan.available():
+        pytest.skip("the compiled reader is not built")
+    yield request.param
+
+
 @pytest.fixture
 def subprocess_python():
     """`run_python` as a fixture."""

@@ -256,3 +256,34 @@ def oracle_union(rows: list[tuple[int, int]]) -> list[tuple[int, int]]:
         else:
             out.append([s, e])
     return [(s, e) for s, e in out]
+
+
+def tracegen() -> Any:
+    """`benchmarks/tracegen.py` (the benchmark's trace generator) as a module."""
+    import importlib.util
+
+    if "tracegen" in sys.modules:
+        return sys.modules["tracegen"]
+    spec = importlib.util.spec_from_file_location("tracegen", ROOT / "benchmarks" /
+                                                  "tracegen.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["tracegen"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_sqlite(path: Path, tables: dict[str, tuple[str, list[tuple]]]) -> Path:
+    """A SQLite file at `path` (replaced) holding `tables`: name -> (column declarations, rows)."""
+    import sqlite3
+
+    path.unlink(missing_ok=True)
+    con = sqlite3.connect(path)
+    for table, (columns, rows) in tables.items():
+        con.execute(f"CREATE TABLE {table} ({columns})")
+        if rows:
+            con.executemany(f"INSERT INTO {table} VALUES ({','.join('?' * len(rows[0]))})",
+                            rows)
+    con.commit()
+    con.close()
+    return path

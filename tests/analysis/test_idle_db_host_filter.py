@@ -6,11 +6,8 @@ and so the CLI's answer, is the one of the whole reading, field by field, in bot
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import re
-import sqlite3
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +20,9 @@ from residency.analysis.idle.reduce import rank_reduction
 from residency.traces import ascend_db
 from residency.traces.files import TraceError
 from residency.traces.load import plan_traces
+from tests.helpers import tracegen, write_sqlite
 
-from ..helpers import ROOT, run_cli
+from ..helpers import run_cli
 
 PATTERNS = [None, "zzz", "aten", "", "^$", "mm|release", "hcom"]  # none, some, all, empty
 
@@ -39,17 +37,7 @@ def _write(folder: Path, tables: dict[str, tuple[str, list[tuple]]]) -> Path:
     """A torch-npu session under `folder` whose database has `tables`."""
     out = folder / "h_1_20261201120000000_ascend_pt" / "ASCEND_PROFILER_OUTPUT"
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "ascend_pytorch_profiler_0.db"
-    path.unlink(missing_ok=True)
-    con = sqlite3.connect(path)
-    for table, (columns, rows) in tables.items():
-        con.execute(f"CREATE TABLE {table} ({columns})")
-        if rows:
-            con.executemany(f"INSERT INTO {table} VALUES ({','.join('?' * len(rows[0]))})",
-                            rows)
-    con.commit()
-    con.close()
-    return path
+    return write_sqlite(out / "ascend_pytorch_profiler_0.db", tables)
 
 
 _NAME_IDS = st.one_of(st.integers(1, 8), st.none())  # 7, 8: ids STRING_IDS lacks
@@ -203,15 +191,6 @@ def test_each_distinct_name_is_asked_once_per_table_set(tmp_path):
         parsed.ranges)
 
 
-def _tracegen():
-    spec = importlib.util.spec_from_file_location("tracegen", ROOT / "benchmarks" /
-                                                  "tracegen.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("tracegen", module)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _spy_reads(monkeypatch, *, whole: bool = False) -> list:
     """The `host_folded` of every database parse from now on; with `whole`, each database read
     whole (`keep_host` ignored)."""
@@ -234,7 +213,7 @@ def _spy_reads(monkeypatch, *, whole: bool = False) -> list:
 ])
 def test_idle_json_is_the_whole_readings_on_generated_databases(tmp_path, options):
     d = tmp_path / "db"
-    _tracegen().generate(d, 2, 4000, 3, fmt="ascend-db")
+    tracegen().generate(d, 2, 4000, 3, fmt="ascend-db")
     args = ("idle", str(d), "--no-cache", "--json", "--workers", "1", *options)
     with pytest.MonkeyPatch.context() as mp:
         reads = _spy_reads(mp)
@@ -253,7 +232,7 @@ def test_a_database_with_fewer_files_than_workers_is_read_filtered_too(tmp_path)
     """One rank on two workers: no file each, so files are read in parts, but a database never
     is: it is read here, keeping only the host ranges its reduction reads."""
     d = tmp_path / "db"
-    _tracegen().generate(d, 1, 3000, 5, fmt="ascend-db")
+    tracegen().generate(d, 1, 3000, 5, fmt="ascend-db")
     args = ("idle", str(d), "--no-cache", "--json", "--workers", "2", "--marker", "aten::mm")
     with pytest.MonkeyPatch.context() as mp:
         reads = _spy_reads(mp)

@@ -16,21 +16,10 @@ import pytest
 from residency.analysis.idle import idle_summary, idle_summary_at
 from residency.analysis.idle import reduce as idle_reduce
 from residency.traces import intervals as iv
-from residency.traces import kineto_scan, load
+from residency.traces import load
 from residency.traces.columns import NotFoldable
 from residency.traces.load import load_traces, parse_source
 from tests.helpers import MARKER, many_ranks
-
-
-@pytest.fixture(params=["compiled", "pure"])
-def reader(request):
-    if request.param == "pure":
-        with kineto_scan.msgspec_only():
-            yield request.param
-        return
-    if not kineto_scan.available():
-        pytest.skip("the compiled reader is not built")
-    yield request.param
 
 
 def _parse(path: Path, **kw):
@@ -38,7 +27,7 @@ def _parse(path: Path, **kw):
                         device_names=False, **kw)
 
 
-def test_a_parse_folds_its_device_rows_into_their_union(tmp_path, reader):
+def test_a_parse_folds_its_device_rows_into_their_union(tmp_path, trace_reader):
     d = many_ranks(tmp_path / "t", 2)
     for path in (d / "rank0" / "trace.json", d / "rank1" / "trace.json.gz"):
         whole, folded = _parse(path), _parse(path, fold_device=True)
@@ -75,7 +64,8 @@ def _events(seed: int, n: int = 600, *, shuffled: bool = False) -> list[dict]:
 
 
 @pytest.mark.parametrize("shape", ["in order", "shuffled", "a start out of range"])
-def test_folded_reductions_equal_the_whole_timeline_path(tmp_path, reader, shape, monkeypatch):
+def test_folded_reductions_equal_the_whole_timeline_path(tmp_path, trace_reader, shape,
+                                                         monkeypatch):
     late = shape == "a start out of range"
     base = 4_520_000_000_000_000_000 if late else 1_764_500_000_000_000_000
     d = tmp_path / "t"

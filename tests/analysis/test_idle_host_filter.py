@@ -7,11 +7,9 @@ extremes, with the compiled reader or not, and where a counted row would be drop
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import random
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,27 +17,15 @@ import pytest
 
 from residency.analysis.idle import idle_summary, idle_summary_at
 from residency.analysis.idle.reduce import rank_reduction
-from residency.traces import kineto_scan
 from residency.traces.ascend_text import READER
 from residency.traces.columns import NotFoldable
 from residency.traces.load import load_traces, parse_source, plan_traces
-from tests.helpers import ROOT, copy_fixture
+from tests.helpers import copy_fixture, tracegen
 
 MARKER = r"residency\.release\[normal\]"
 WINDOW = r"^step \d+$"
 NAMES = ["residency.release[normal]", "residency.release[forced]", "step 1", "step 22",
          "aten::mm", "ünïcode \"quoted\"", "", "step x", "a\\b"]
-
-
-@pytest.fixture(params=["compiled", "pure"])
-def reader(request):
-    if request.param == "pure":
-        with kineto_scan.msgspec_only():
-            yield request.param
-        return
-    if not kineto_scan.available():
-        pytest.skip("the compiled reader is not built")
-    yield request.param
 
 
 def _events(seed: int, n: int = 500) -> list[dict]:
@@ -77,7 +63,7 @@ def _parse(path: Path, **kw):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_a_parse_keeps_the_wanted_host_ranges_and_counts_the_rest(tmp_path, reader, seed):
+def test_a_parse_keeps_the_wanted_host_ranges_and_counts_the_rest(tmp_path, trace_reader, seed):
     path = _trace(tmp_path, _events(seed), 1_764_500_000_000_000_000, 0)
     rx = re.compile(MARKER)
     whole, kept = _parse(path), _parse(path, keep_host=lambda n: rx.search(n) is not None)
@@ -102,7 +88,7 @@ def _fields(r) -> dict:
 
 @pytest.mark.parametrize("marker,window", [(MARKER, None), (None, WINDOW), (MARKER, WINDOW),
                                            (None, None), ("$^", None)])
-def test_a_filtered_reduction_equals_the_whole_timelines(tmp_path, reader, marker, window):
+def test_a_filtered_reduction_equals_the_whole_timelines(tmp_path, trace_reader, marker, window):
     d = tmp_path / "t"
     for rank in (0, 1):
         _trace(d, _events(10 + rank), 1_764_500_000_000_000_000, rank)
@@ -116,7 +102,7 @@ def test_a_filtered_reduction_equals_the_whole_timelines(tmp_path, reader, marke
         assert whole.host_ranges > len(filtered.markers) + len(filtered.window_ranges)
 
 
-def test_a_counted_row_out_of_range_once_based_is_parsed_again_whole(tmp_path, reader):
+def test_a_counted_row_out_of_range_once_based_is_parsed_again_whole(tmp_path, trace_reader):
     d = tmp_path / "t"
     base = 4_520_000_000_000_000_000
     for rank in (0, 1):
@@ -131,26 +117,17 @@ def test_a_counted_row_out_of_range_once_based_is_parsed_again_whole(tmp_path, r
         assert idle_summary_at(d, marker=MARKER, chunk_bytes=2048, **kw) == whole
 
 
-def _tracegen():
-    spec = importlib.util.spec_from_file_location("tracegen", ROOT / "benchmarks" /
-                                                  "tracegen.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("tracegen", module)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("source", ["generated", "ascend_real", "ascend_basic"])
 @pytest.mark.parametrize("marker,window", [
     (MARKER, None), (None, None), ("aten::mm", "Free|release"), ("$^", "^Aclnn|^Ascend"),
     (".", None)])
-def test_a_torch_npu_text_reduction_keeps_only_what_it_reads(tmp_path, reader, source,
+def test_a_torch_npu_text_reduction_keeps_only_what_it_reads(tmp_path, trace_reader, source,
                                                                marker, window):
     """torch-npu's text export: host ranges outside the Communication and derived lanes kept
     only where a pattern matches them, the rest counted; the reduction is the whole one."""
     if source == "generated":
         d = tmp_path / "npu"
-        _tracegen().generate(d, 2, 3000, 4, fmt="ascend")
+        tracegen().generate(d, 2, 3000, 4, fmt="ascend")
     else:
         d = copy_fixture(source, tmp_path / "npu")
     plan = plan_traces(d)
@@ -194,7 +171,7 @@ def _npu_events(n: int = 400) -> list[dict]:
     return out
 
 
-def test_a_torch_npu_rank_lets_unwanted_host_ranges_go_as_it_reads(tmp_path, reader):
+def test_a_torch_npu_rank_lets_unwanted_host_ranges_go_as_it_reads(tmp_path, trace_reader):
     """The process names come first (as torch-npu writes them): the unwanted host ranges are
     counted run by run, never all held until the end."""
     path = _npu_session(tmp_path, _npu_events())
@@ -213,7 +190,7 @@ def test_a_torch_npu_rank_lets_unwanted_host_ranges_go_as_it_reads(tmp_path, rea
     assert parsed.host_folded.ranges == int((~wanted).sum()) > 0
 
 
-def test_a_process_named_anew_after_its_ranges_were_counted_is_read_whole(tmp_path, reader):
+def test_a_process_named_anew_after_its_ranges_were_counted_is_read_whole(tmp_path, trace_reader):
     """A process named a host lane first and the device's later (the last name counts): its
     rows were counted as host ranges, so the parse is refused and read again whole."""
     events = _npu_events()

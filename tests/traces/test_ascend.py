@@ -21,7 +21,7 @@ from residency.analysis.idle import busy_intervals, idle_summary, idle_summary_a
 from residency.traces import cache as tracecache
 from residency.traces.busy import classify, resolve
 from residency.traces.load import CACHE_DIR, TraceError, TraceNote, load_traces
-from tests.helpers import ROOT
+from tests.helpers import ROOT, write_sqlite
 from tests.helpers import copy_fixture as copy
 
 DATA = ROOT / "tests" / "data" / "traces"
@@ -679,16 +679,7 @@ def test_the_column_reading_is_the_row_reading_on_odd_databases(tmp_path, tables
     starts: wherever the column reading answers, it is the row-by-row reading's answer."""
     from residency.traces import ascend_db
 
-    path = tmp_path / "odd.db"
-    path.unlink(missing_ok=True)
-    con = sqlite3.connect(path)
-    for table, (columns, rows) in tables.items():
-        con.execute(f"CREATE TABLE {table} ({columns})")
-        if rows:
-            con.executemany(f"INSERT INTO {table} VALUES ({','.join('?' * len(rows[0]))})",
-                            rows)
-    con.commit()
-    con.close()
+    path = write_sqlite(tmp_path / "odd.db", tables)
     try:
         want = ascend_db.read_db(path, reading="rows")
     except (TraceError, TypeError) as exc:
