@@ -1058,6 +1058,51 @@ static void ascan_free(AScan *s) {
     Py_XDECREF(s->metas);
 }
 
+/* -- one run: a JSON array of events ---------------------------------------------------- */
+
+/* The text at r read as one JSON array (and nothing after it), `read` taking each element in
+ * turn with `state` (it returns < 0 where the run is not handled here, -2 where memory ran
+ * out); whether it was read whole; the elements read in *n, the last `read` result in *got. */
+static int read_array(Reader *r, int (*read)(Reader *, void *), void *state, Py_ssize_t *n,
+                      int *got) {
+    int handled = 0;
+    skip_ws(r);
+    if (r->p < r->end && *r->p == '[') {
+        r->p++;
+        skip_ws(r);
+        if (r->p < r->end && *r->p == ']') {
+            r->p++;
+            handled = 1;
+        } else {
+            for (;;) {
+                if ((*got = read(r, state)) < 0)
+                    break;
+                (*n)++;
+                skip_ws(r);
+                if (r->p >= r->end)
+                    break;
+                if (*r->p == ']') {
+                    r->p++;
+                    handled = 1;
+                    break;
+                }
+                if (*r->p != ',')
+                    break;
+                r->p++;
+                skip_ws(r);
+            }
+        }
+        skip_ws(r);
+        if (r->p != r->end)
+            handled = 0; /* trailing text: msgspec reports where the array ends */
+    }
+    return handled;
+}
+
+static int read_ascend_element(Reader *r, void *s) { return read_ascend_event(r, (AScan *)s); }
+
+static int read_kineto_element(Reader *r, void *s) { return read_event(r, (Scan *)s); }
+
 #define DATA_OR_EMPTY(b) ((b).data ? (b).data : ""), (b).len
 
 static PyObject *scan_ascend(PyObject *module, PyObject *args) {
@@ -1075,38 +1120,8 @@ static PyObject *scan_ascend(PyObject *module, PyObject *args) {
     }
     Reader r = {(cp)view.buf, (cp)view.buf + view.len};
     Py_ssize_t n = 0;
-    int handled = 0, got = 0;
-
-    skip_ws(&r);
-    if (r.p < r.end && *r.p == '[') {
-        r.p++;
-        skip_ws(&r);
-        if (r.p < r.end && *r.p == ']') {
-            r.p++;
-            handled = 1;
-        } else {
-            for (;;) {
-                if ((got = read_ascend_event(&r, &s)) < 0)
-                    break;
-                n++;
-                skip_ws(&r);
-                if (r.p >= r.end)
-                    break;
-                if (*r.p == ']') {
-                    r.p++;
-                    handled = 1;
-                    break;
-                }
-                if (*r.p != ',')
-                    break;
-                r.p++;
-                skip_ws(&r);
-            }
-        }
-        skip_ws(&r);
-        if (r.p != r.end)
-            handled = 0; /* trailing text: msgspec reports where the array ends */
-    }
+    int got = 0;
+    int handled = read_array(&r, read_ascend_element, &s, &n, &got);
     PyBuffer_Release(&view);
     if (got == -2) {
         ascan_free(&s);
@@ -1162,38 +1177,8 @@ static PyObject *scan(PyObject *module, PyObject *args) {
     }
     Reader r = {(cp)view.buf, (cp)view.buf + view.len};
     Py_ssize_t n = 0;
-    int handled = 0;
-
-    skip_ws(&r);
-    if (r.p < r.end && *r.p == '[') {
-        r.p++;
-        skip_ws(&r);
-        if (r.p < r.end && *r.p == ']') {
-            r.p++;
-            handled = 1;
-        } else {
-            for (;;) {
-                if (read_event(&r, &s) < 0)
-                    break;
-                n++;
-                skip_ws(&r);
-                if (r.p >= r.end)
-                    break;
-                if (*r.p == ']') {
-                    r.p++;
-                    handled = 1;
-                    break;
-                }
-                if (*r.p != ',')
-                    break;
-                r.p++;
-                skip_ws(&r);
-            }
-        }
-        skip_ws(&r);
-        if (r.p != r.end)
-            handled = 0; /* trailing text: msgspec reports where the array ends */
-    }
+    int got = 0;
+    int handled = read_array(&r, read_kineto_element, &s, &n, &got);
     PyBuffer_Release(&view);
     if (s.failed) {
         scan_free(&s);
