@@ -123,7 +123,8 @@ def _computed(plan: Any, i: int, job: dict[str, Any], parsed: Any, *,
         try:
             parsed = tr.parse_source(plan.format, source, fold_device=True,
                                      keep_host=_wanted(rx, wrx), **kw)
-        except NotFoldable:  # (a start out of range once the base is added: rows needed)
+        except NotFoldable:  # (a start out of range once the base is added, or a torch-npu
+            # process named anew after its rows were counted: the whole rows needed)
             parsed = tr.parse_source(plan.format, source, **kw)
     content_rank, digest, parsed_world = parsed.rank, parsed.digest, parsed.world_size
     folded, host_folded = parsed.device_folded, parsed.host_folded
