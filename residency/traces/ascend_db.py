@@ -225,21 +225,13 @@ def omit_host(p: Parsed, keep_host: Callable[[str], bool] | None) -> Parsed:
     if bool(kept.all()):
         return p
     left = p.ranges[~kept]
-    counted = _joined(FoldedHost(len(left), int(left[:, 0].min()), int(left[:, 1].max()),
-                                 int(left[:, 1].min())), p.host_folded)
+    counted = FoldedHost(len(left), int(left[:, 0].min()), int(left[:, 1].max()),
+                         int(left[:, 1].min())).joined(p.host_folded)
     lane, old = first_codes(p.range_lane[kept])
     return dataclasses.replace(p, ranges=p.ranges[kept], names=p.names[kept],
                                range_task_type=p.range_task_type[kept], range_lane=lane,
                                lanes=tuple(p.lanes[i] for i in old.tolist()),
                                host_folded=counted)
-
-
-def _joined(a: FoldedHost, b: FoldedHost | None) -> FoldedHost:
-    """The ranges counted in `a` and in `b` (None: none) as one count."""
-    if b is None:
-        return a
-    return FoldedHost(a.ranges + b.ranges, min(a.first_start, b.first_start),
-                      max(a.last_end, b.last_end), min(a.first_end, b.first_end))
 
 
 # -- the same reading, by columns ------------------------------------------------------------
@@ -459,7 +451,7 @@ def _read_columns(con: UntrustedDatabase, tables: set[str], device_names: bool =
                 if bool((e < s).any()):
                     raise UnusualDatabase  # (as below, before any row is let go)
                 s, e, n, left = _kept_rows(s, e, n, *refused)
-                counted = _joined(left, counted) if left is not None else counted
+                counted = left.joined(counted) if left is not None else counted
             add(s, e, _coalesce(strings.code(n), np.full(len(n), strings.empty)), lane)
             del s, e, n
     if "COMMUNICATION_OP" in tables:

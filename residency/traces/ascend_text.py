@@ -13,6 +13,7 @@ handles them, else by msgspec (a typed decode, or the any-type one): the same co
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import math
@@ -134,15 +135,9 @@ class AscendColumns:
         f = self.host_filter
         if f is None:
             return
-        for pid, raw in self.metas[first_meta:]:
-            try:
-                args = msgspec.json.decode(raw) if len(raw) else None
-            except (msgspec.DecodeError, RecursionError):  # (`finish` raises it)
-                continue
-            if isinstance(args, dict) and type(pid) in (int, str):
-                name = args.get("name")
-                self._named[pid] = name if type(name) is str else None
         named = self._named
+        with contextlib.suppress(msgspec.DecodeError, RecursionError):  # (`finish` raises it)
+            _read_process_names(self.metas[first_meta:], named)
         lanes = np.array([p in named and _counted_lane(named[p]) for p in self.pids], bool)
         pid, ok, bad = self.pid[-1], self.ok[-1], self.bad[-1]
         drop = lanes[pid] & ok & ~bad
@@ -258,12 +253,8 @@ class AscendColumns:
     def finish(self, source: Path, doc: Any) -> Parsed:
         """The timeline, once every process's name is known. torch-npu times are absolute: no
         Kineto ``baseTimeNanoseconds`` (or ``distributedInfo``) applies."""
-        process: dict[Any, Any] = {}
-        for pid, raw in self.metas:
-            args = msgspec.json.decode(raw) if len(raw) else None  # invalid UTF-8: TraceError
-            if isinstance(args, dict) and type(pid) in (int, str):
-                name = args.get("name")
-                process[pid] = name if type(name) is str else None  # a list or dict: no name
+        process: dict[Any, str | None] = {}
+        _read_process_names(self.metas, process)  # (invalid UTF-8: TraceError)
         lanes: dict[str, int] = {}
         kind_of = np.zeros(len(self.pids), np.int8)
         lane_of = np.full(len(self.pids), NO_CODE, np.int16)
@@ -292,9 +283,8 @@ class AscendColumns:
             codes = list(self.pids)
             if any(not _counted_lane(process.get(codes[c])) for c in self._counted):
                 raise NotFoldable  # (a process named anew after its rows were counted)
-            always = np.array([kind_of[code] == 3 or process.get(p) in ASCEND_COMM_PROCESSES
-                               for p, code in self.pids.items()], bool)
-            keep = always[pid[host]] | f.wanted(names[host], self.names) | bad[host]
+            counted = np.array([_counted_lane(process.get(p)) for p in self.pids], bool)
+            keep = ~counted[pid[host]] | f.wanted(names[host], self.names) | bad[host]
             f.count(ts[host[~keep]], dur[host[~keep]])
             host = host[keep]
             folded = f.finish(0) if f.ranges else None
@@ -309,6 +299,20 @@ class AscendColumns:
                       tuple(t for t in self.tasks if t is not None), tuple(lanes),
                       device_names=table[names[dev]] if self.want_names else None,
                       host_folded=folded)
+
+
+def _read_process_names(metas: list[tuple[Any, bytes]], into: dict[Any, str | None]) -> None:
+    """Each ``process_name`` event's name into `into` by pid, in order (the last one counts;
+    a name that is not a string: None).
+
+    Raises:
+        msgspec.DecodeError: raw args that are not JSON (invalid UTF-8).
+    """
+    for pid, raw in metas:
+        args = msgspec.json.decode(raw) if len(raw) else None
+        if isinstance(args, dict) and type(pid) in (int, str):
+            name = args.get("name")
+            into[pid] = name if type(name) is str else None  # a list or dict: no name
 
 
 def _counted_lane(process: str | None) -> bool:

@@ -68,6 +68,14 @@ class FoldedHost:
     last_end: int  # latest end
     first_end: int  # earliest end
 
+    def joined(self, other: FoldedHost | None) -> FoldedHost:
+        """These ranges and `other`'s (None: none) as one count."""
+        if other is None:
+            return self
+        return FoldedHost(self.ranges + other.ranges, min(self.first_start, other.first_start),
+                          max(self.last_end, other.last_end),
+                          min(self.first_end, other.first_end))
+
 
 class NotFoldable(Exception):
     """A folded parse would have dropped rows its fold no longer holds (a start out of range
