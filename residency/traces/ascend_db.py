@@ -20,13 +20,14 @@ from __future__ import annotations
 import dataclasses
 import re
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from residency.traces.columns import FoldedHost, Parsed
+from residency.traces import intervals as iv
+from residency.traces.columns import FoldedClasses, FoldedHost, Parsed
 from residency.traces.files import TraceError
 from residency.traces.sqlitedb import NO_INTEGER, UntrustedDatabase, open_untrusted
 
@@ -129,7 +130,8 @@ row; `columns` by columns only (`UnusualDatabase` where it declines); `rows` row
 
 
 def read_db(path: Path, *, digest: bool = False, device_names: bool = True,
-            reading: str = "auto", keep_host: Callable[[str], bool] | None = None) -> Parsed:
+            reading: str = "auto", keep_host: Callable[[str], bool] | None = None,
+            fold: Sequence[frozenset[str]] | None = None) -> Parsed:
     """Read a torch-npu ``ascend_pytorch_profiler_<rank>.db`` (or msprof database) with the
     standard library, into the columns a text export gives: every ``TASK`` row a device task
     (type: its ``COMPUTE_TASK_INFO.taskType`` when it has one, else ``TASK.taskType``, both
@@ -147,6 +149,11 @@ def read_db(path: Path, *, digest: bool = False, device_names: bool = True,
     are left out of `ranges` as each table is read, and counted with their extremes in
     `host_folded` (None: none left out); the ``Communication`` ranges are always kept. The kept
     rows, their order and codes are those of the whole reading filtered (`omit_host`).
+    With `fold` (sets of task classes, `residency.traces.busy.CLASSES`) and the column
+    reading, the device tasks are not kept but folded as they are read, one union per set
+    (a set with ``communication``: with the Communication lane's ranges, as
+    `residency.traces.busy.busy_tasks` counts them), with their counts by type
+    (`Parsed.device_classes`; `device` then empty); the row reading keeps them as ever.
 
     Raises:
         TraceError: not a SQLite database, or a required table (``STRING_IDS``, ``TASK``)
@@ -167,10 +174,10 @@ def read_db(path: Path, *, digest: bool = False, device_names: bool = True,
         if reading == "rows":
             parsed = omit_host(_read_rows(path, con, tables), keep_host)
         elif reading == "columns":
-            parsed = _read_columns(con, tables, device_names, keep_host)
+            parsed = _read_columns(con, tables, device_names, keep_host, fold)
         else:
             try:
-                parsed = _read_columns(con, tables, device_names, keep_host)
+                parsed = _read_columns(con, tables, device_names, keep_host, fold)
             except (UnusualDatabase, sqlite3.DatabaseError):  # (an odd schema or odd values,
                 # or an error: SQLite's own joins, row by row, which name it as they always did)
                 parsed = omit_host(_read_rows(path, con, tables), keep_host)
@@ -236,6 +243,7 @@ def omit_host(p: Parsed, keep_host: Callable[[str], bool] | None) -> Parsed:
 
 # -- the same reading, by columns ------------------------------------------------------------
 # Each table is scanned once, plainly (no join, no subquery, no temporary table), in batches
+# of consecutive rowids (`_batches`: a rank's raw columns are never all held at once), each
 # turned into int64 columns at once; the joins are done on the columns (sorted keys, first
 # rows by scan order), as `_DEVICE_SQL`'s lookups and the LEFT JOINs of `_HOST_SQL` do them.
 # That equivalence holds when every id is an integer that appears once in STRING_IDS, every
@@ -266,24 +274,55 @@ def _integer_affinity(con: UntrustedDatabase, table: str, columns: tuple[str, ..
 
 
 def _columns(con: UntrustedDatabase, table: str, columns: list[str], kinds: str,
-             where: str = "") -> list[np.ndarray]:
-    """Int64 columns of `table`, per `kinds` letter: ``t`` an integer (else
-    `UnusualDatabase`), ``c`` one CAST to an integer, ``i`` an id (NULL or not an integer:
-    `_NO_ID`), ``k`` a key (NULL: `_NO_ID`; another non-integer, or the integer `_NO_ID`
-    itself: `UnusualDatabase`).
+             cond: str = "") -> list[np.ndarray]:
+    """Int64 columns of `table` (its rows where the SQL condition `cond` holds, if given), per
+    `kinds` letter: ``t`` an integer (else `UnusualDatabase`), ``c`` one CAST to an integer,
+    ``i`` an id (NULL or not an integer: `_NO_ID`), ``k`` a key (NULL: `_NO_ID`; another
+    non-integer, or the integer `_NO_ID` itself: `UnusualDatabase`).
     Each value's storage class decides, as typeof() tells it (`UntrustedDatabase.int_columns`:
     ``t`` and ``c`` its rule ``v``, ``i`` and ``k`` its own)."""
     exprs = [f"CAST({c} AS INTEGER)" if k == "c" else c for c, k in zip(columns, kinds,
                                                                           strict=True)]
     rules = kinds.replace("t", "v").replace("c", "v")
+    where = f" WHERE {cond}" if cond else ""
     out = con.int_columns(exprs, f"FROM main.{table}{where}", rules)
     if out is None:  # a value of another type
         raise UnusualDatabase
     for c, k, col in zip(columns, kinds, out, strict=True):
         if k == "k" and bool((col == _NO_ID).any()) and con.execute(
-                f"SELECT 1 FROM main.{table} WHERE {c} = {_NO_ID} LIMIT 1").fetchall():
+                f"SELECT 1 FROM main.{table} WHERE {f'({cond}) AND ' if cond else ''}"
+                f"{c} = {_NO_ID} LIMIT 1").fetchall():
             raise UnusualDatabase  # (that integer itself, not a NULL)
     return out
+
+
+BATCH_ROWS = 1 << 18  # rowids a batch of `_batches` spans (at least)
+_MAX_BATCHES = 4096  # a table of sparse rowids is read in at most about this many batches
+_ROWID_NAMES = frozenset({"rowid", "_rowid_", "oid"})
+
+
+def _batches(con: UntrustedDatabase, table: str, columns: list[str], kinds: str,
+             cond: str = "") -> Iterator[list[np.ndarray]]:
+    """`_columns` of `table` batch by batch: the rows of consecutive rowid ranges, in scan
+    order, so a reader holds one batch of raw columns, not the table's. A table whose scan
+    order might not be its rowid order (an index, a column that hides the rowid, WITHOUT
+    ROWID) is one batch, read as `_columns` reads it."""
+    info = con.execute(f"PRAGMA main.table_info({table})").fetchall()
+    lo = hi = None
+    if (not con.execute(f"PRAGMA main.index_list({table})").fetchall()
+            and not any(str(r[1]).lower() in _ROWID_NAMES for r in info)):
+        try:  # (one aggregate a query: SQLite then reads one end of the table, no scan)
+            lo = con.execute(f"SELECT min(rowid) FROM main.{table}").fetchall()[0][0]
+            hi = con.execute(f"SELECT max(rowid) FROM main.{table}").fetchall()[0][0]
+        except sqlite3.DatabaseError:
+            lo = hi = None
+    if type(lo) is not int or type(hi) is not int or hi - lo < BATCH_ROWS:
+        yield _columns(con, table, columns, kinds, cond)
+        return
+    step = max(BATCH_ROWS, (hi - lo) // _MAX_BATCHES + 1)
+    for first in range(lo, hi + 1, step):
+        span = f"rowid BETWEEN {first} AND {min(first + step - 1, hi)}"
+        yield _columns(con, table, columns, kinds, f"({cond}) AND {span}" if cond else span)
 
 
 class _Strings:
@@ -320,8 +359,14 @@ def _first_by_key(keys: np.ndarray, values: np.ndarray, keep: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray]:
     """Per distinct key (`_NO_ID` left out) the value of its first kept row, in scan order."""
     keep = keep & (keys != _NO_ID)
-    unique, first = np.unique(keys[keep], return_index=True)
-    return unique, values[keep][first]
+    if bool(keep.all()):
+        kept, held = keys, values
+    else:
+        kept, held = keys[keep], values[keep]
+    if len(kept) < 2 or bool((kept[1:] > kept[:-1]).all()):  # (as torch-npu writes them:
+        return kept, held  # ascending and distinct, so no sort)
+    unique, first = np.unique(kept, return_index=True)
+    return unique, held[first]
 
 
 def _lookup(unique: np.ndarray, values: np.ndarray, keys: np.ndarray,
@@ -369,49 +414,170 @@ def _drain(parts: list[np.ndarray]) -> np.ndarray:
     return out
 
 
+class _TaskLookups:
+    """What a ``TASK`` row takes from ``COMPUTE_TASK_INFO`` and ``COMMUNICATION_TASK_INFO``
+    by its ``globalTaskId`` (each key's first row in scan order, as `_DEVICE_SQL`'s lookups):
+    the compute task's type (and name, with `names`) and whether it is a communication task
+    (and that task's name, with `names`), as value codes of `strings`."""
+
+    def __init__(self, con: UntrustedDatabase, tables: set[str], strings: _Strings, *,
+                 names: bool) -> None:
+        self.strings = strings
+        self.ci_type = self.ci_name = self.comm_name = self.comm = None
+        if "COMPUTE_TASK_INFO" in tables:
+            cols, kinds = ["globalTaskId", "taskType"], "ki"
+            if names:
+                cols, kinds = [*cols, "name"], kinds + "i"
+            parts: list[list[np.ndarray]] = [[] for _ in cols]
+            for batch in _batches(con, "COMPUTE_TASK_INFO", cols, kinds):
+                parts[0].append(batch[0])
+                for j in range(1, len(cols)):  # (codes: a table's positions, int32)
+                    parts[j].append(strings.code(batch[j]).astype(np.int32))
+                del batch
+            key = _drain(parts[0])
+            ctype = _drain(parts[1])
+            self.ci_type = _first_by_key(key, ctype, (ctype >= 0) & (ctype != strings.na))
+            del ctype
+            if names:
+                cname = _drain(parts[2])
+                self.ci_name = _first_by_key(key, cname, cname != _ABSENT)
+        if "COMMUNICATION_TASK_INFO" in tables:
+            mkey, mname = _columns(con, "COMMUNICATION_TASK_INFO", ["globalTaskId", "name"],
+                                   "ki")
+            mname = strings.code(mname)
+            self.comm_name = _first_by_key(mkey, mname, mname != _ABSENT) if names else None
+            self.comm = _first_by_key(mkey, mkey, np.ones(len(mkey), bool))
+
+    def kinds(self, gid: np.ndarray, task_type: np.ndarray) -> np.ndarray:
+        """Each task's type code: its compute task's type, else its own (`task_type`), else
+        the empty value."""
+        ci = _lookup(*self.ci_type, gid) if self.ci_type is not None else np.int32(_ABSENT)
+        return _coalesce(ci, task_type, np.int32(self.strings.empty)).astype(np.int32,
+                                                                               copy=False)
+
+    def names(self, gid: np.ndarray, task_type: np.ndarray) -> np.ndarray:
+        """Each task's name code: its compute task's name, else its communication task's,
+        else its type (`task_type`), else the empty value (built with `names`)."""
+        none = np.int32(_ABSENT)
+        ci = _lookup(*self.ci_name, gid) if self.ci_name is not None else none
+        comm = _lookup(*self.comm_name, gid) if self.comm_name is not None else none
+        return _coalesce(ci, comm, task_type, np.int32(self.strings.empty)).astype(
+            np.int32, copy=False)
+
+    def communication(self, gid: np.ndarray) -> np.ndarray:
+        """Whether each task is listed in ``COMMUNICATION_TASK_INFO``."""
+        if self.comm is None:
+            return np.zeros(len(gid), bool)
+        return _lookup(*self.comm, gid) != _ABSENT
+
+
+def _task_batches(con: UntrustedDatabase, lookups: _TaskLookups
+                  ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                      np.ndarray]]:
+    """``TASK`` batch by batch (`_batches`): starts, ends, ``globalTaskId``, the tasks' own
+    type codes and their type codes (`_TaskLookups.kinds`)."""
+    for start, end, ttype, gid in _batches(con, "TASK", ["startNs", "endNs", "taskType",
+                                                         "globalTaskId"], "ttik"):
+        if bool((end < start).any()):
+            raise UnusualDatabase  # (`_read_rows` names the first such row)
+        task_type = lookups.strings.code(ttype).astype(np.int32)
+        del ttype
+        yield start, end, gid, task_type, lookups.kinds(gid, task_type)
+
+
 def _read_columns(con: UntrustedDatabase, tables: set[str], device_names: bool = True,
-                  keep_host: Callable[[str], bool] | None = None) -> Parsed:
+                  keep_host: Callable[[str], bool] | None = None,
+                  fold: Sequence[frozenset[str]] | None = None) -> Parsed:
     """`_read_rows`' result (`omit_host`'s with `keep_host`), read by columns (see above);
     `UnusualDatabase` where it cannot be. The host tables' rows `keep_host` refuses are let go
-    as each table is read.
-    Each table's columns are let go as soon as what they give is taken from them, and the
-    device tasks are finished (sorted, coded) before the host tables are read, so that a rank
-    is held about once, not in every intermediate form at the same time."""
+    as each batch is read. With `fold`, the device tasks are folded as they are read
+    (`_DeviceFold`), never kept: `Parsed.device_classes`.
+    Every table is read batch by batch (`_batches`), and each batch's columns are let go as
+    soon as what they give is taken from them, so that a rank is held about once, not in every
+    intermediate form at the same time."""
     if not all(_integer_affinity(con, t, cols) for t, cols in _ID_COLUMNS.items()
                if t in tables):
         raise UnusualDatabase
     strings = _Strings(con)
-    start, end, ttype, gid = _columns(con, "TASK", ["startNs", "endNs", "taskType",
-                                                    "globalTaskId"], "ttik")
-    if bool((end < start).any()):
-        raise UnusualDatabase  # (`_read_rows` names the first such row)
-    task_type = strings.code(ttype).astype(np.int32)  # (codes: a table's positions)
-    del ttype
-    none = np.int32(_ABSENT)  # (a lookup that found nothing, for every row)
-    ci_name, ci_type = none, none
-    if "COMPUTE_TASK_INFO" in tables:
-        ckey, cname, ctype = _columns(con, "COMPUTE_TASK_INFO",
-                                      ["globalTaskId", "name", "taskType"], "kii")
-        cname = strings.code(cname).astype(np.int32)
-        ctype = strings.code(ctype).astype(np.int32)
-        ci_name = _lookup(*_first_by_key(ckey, cname, cname != _ABSENT), gid)
-        ci_type = _lookup(*_first_by_key(ckey, ctype, (ctype >= 0) & (ctype != strings.na)),
-                          gid)
-        del ckey, cname, ctype
-    comm_name, comm = none, np.zeros(len(gid), bool)
-    if "COMMUNICATION_TASK_INFO" in tables:
-        mkey, mname = _columns(con, "COMMUNICATION_TASK_INFO", ["globalTaskId", "name"],
-                               "ki")
-        mname = strings.code(mname)
-        comm_name = _lookup(*_first_by_key(mkey, mname, mname != _ABSENT), gid)
-        comm = _lookup(*_first_by_key(mkey, mkey, np.ones(len(mkey), bool)), gid) != _ABSENT
-        del mkey, mname
-    del gid
-    empty = np.int32(strings.empty)
-    name = _coalesce(ci_name, comm_name, task_type, empty).astype(np.int32, copy=False)
-    del ci_name, comm_name
-    kind = _coalesce(ci_type, task_type, empty).astype(np.int32, copy=False)
-    del ci_type, task_type, empty, none
+    ops = None
+    if "COMMUNICATION_OP" in tables:
+        s, e, n = _columns(con, "COMMUNICATION_OP", ["startNs", "endNs", "opName"], "tti")
+        if bool((e < s).any()):
+            raise UnusualDatabase  # (`_read_rows` names the first such row)
+        ops = (s, e, _coalesce(strings.code(n), np.full(len(n), strings.empty)))
+        del s, e, n
+    lookups = _TaskLookups(con, tables, strings, names=device_names
+                           or "COMMUNICATION_TASK_INFO" in tables)
+    cs: list[np.ndarray] = []  # the communication tasks: starts, ends, name codes
+    ce: list[np.ndarray] = []
+    cn: list[np.ndarray] = []
+    table = strings.table
+    if fold is not None:
+        folding = _DeviceFold(table, fold, ops)
+        for start, end, gid, task_type, kind in _task_batches(con, lookups):
+            comm = lookups.communication(gid)
+            tasks = None
+            if bool(comm.any()):
+                tasks = (start[comm], end[comm])
+                cs.append(tasks[0])
+                ce.append(tasks[1])
+                cn.append(lookups.names(gid[comm], task_type[comm]))
+                dev = ~comm
+                start, end, kind = start[dev], end[dev], kind[dev]
+            folding.add(start, end, kind, tasks)
+            del start, end, gid, task_type, kind, comm, tasks
+        folded = folding.finish()
+        device, task, kinds = np.empty((0, 2), np.int64), np.empty(0, np.int16), ()
+        names_of_tasks = None
+    else:
+        ds: list[np.ndarray] = []  # the device tasks: starts, ends, type codes (, names)
+        de: list[np.ndarray] = []
+        dk: list[np.ndarray] = []
+        dn: list[np.ndarray] = []
+        for start, end, gid, task_type, kind in _task_batches(con, lookups):
+            comm = lookups.communication(gid)
+            name = lookups.names(gid, task_type) if device_names or comm.any() else None
+            if bool(comm.any()):
+                cs.append(start[comm])
+                ce.append(end[comm])
+                cn.append(name[comm])
+                dev = ~comm
+                start, end, kind = start[dev], end[dev], kind[dev]
+                name = name[dev] if device_names else None
+            ds.append(start)
+            de.append(end)
+            dk.append(kind)
+            if device_names:
+                dn.append(name)
+            del start, end, gid, task_type, kind, comm, name
+        start, end = _drain(ds), _drain(de)
+        order = np.argsort(start, kind="stable")
+        device = taken_pair(start, end, order)
+        del start, end
+        task, type_codes = first_codes(_drain(dk)[order])
+        kinds = tuple(table[type_codes])
+        names_of_tasks = table[_drain(dn)[order]] if device_names else None
+        del order
+        folded = None
+    del lookups
+    communication = (_drain(cs), _drain(ce), _drain(cn)) if cs else None
+    ranges, h_name, lane, lanes, counted = _host_rows(con, tables, strings, keep_host, ops,
+                                                      communication)
+    return Parsed(None, device, ranges, table[h_name], 0, task,
+                  np.full(len(h_name), -1, np.int16), lane, kinds, lanes,
+                  device_names=names_of_tasks, host_folded=counted, device_classes=folded)
+
+
+def _host_rows(con: UntrustedDatabase, tables: set[str], strings: _Strings,
+               keep_host: Callable[[str], bool] | None,
+               ops: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+               communication: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[str, ...],
+                          FoldedHost | None]:
+    """The host ranges (sorted by start), their name codes, lane codes and lanes, and what
+    the rows `keep_host` refused give (None: none refused): the host tables' rows (batch by
+    batch), then `ops` (``COMMUNICATION_OP``) and the `communication` tasks, both in the
+    ``Communication`` lane."""
     lanes: list[str] = []
     hs: list[np.ndarray] = []  # the host rows' starts, ends, value codes, lanes, by table
     he: list[np.ndarray] = []
@@ -426,27 +592,13 @@ def _read_columns(con: UntrustedDatabase, tables: set[str], device_names: bool =
         hn.append(n.astype(np.int32, copy=False))  # (a table's positions)
         hl.append(np.full(len(s), lanes.index(lane), np.int8))
 
-    # the device tasks first, finished: sorted by start, their rows and codes in final form
-    communication = (start[comm], end[comm], name[comm])
-    if bool(comm.any()):
-        dev = ~comm
-        start, end, name, kind = start[dev], end[dev], name[dev], kind[dev]
-        del dev
-    del comm
-    order = np.argsort(start, kind="stable")
-    device = taken_pair(start, end, order)
-    del start, end
-    task, type_codes = first_codes(kind[order])
-    del kind
-    table = strings.table
-    names_of_tasks = table[name[order]] if device_names else None
-    del name, order
     refused = None if keep_host is None else _refused_ids(strings, keep_host)
     counted = None
     for tab, column, lane in _HOST_COLUMNS:
-        if tab in tables:
-            s, e, n = _columns(con, tab, ["startNs", "endNs", column], "cci",
-                               " WHERE startNs IS NOT NULL AND endNs IS NOT NULL")
+        if tab not in tables:
+            continue
+        for s, e, n in _batches(con, tab, ["startNs", "endNs", column], "cci",
+                                "startNs IS NOT NULL AND endNs IS NOT NULL"):
             if refused is not None:
                 if bool((e < s).any()):
                     raise UnusualDatabase  # (as below, before any row is let go)
@@ -454,12 +606,13 @@ def _read_columns(con: UntrustedDatabase, tables: set[str], device_names: bool =
                 counted = left.joined(counted) if left is not None else counted
             add(s, e, _coalesce(strings.code(n), np.full(len(n), strings.empty)), lane)
             del s, e, n
-    if "COMMUNICATION_OP" in tables:
-        s, e, n = _columns(con, "COMMUNICATION_OP", ["startNs", "endNs", "opName"], "tti")
-        add(s, e, _coalesce(strings.code(n), np.full(len(n), strings.empty)), _COMM_LANE)
-        del s, e, n
-    add(*communication, _COMM_LANE)
-    del communication
+    if ops is not None:
+        add(*ops, _COMM_LANE)
+    if communication is not None:
+        add(*communication, _COMM_LANE)
+    if not hs:
+        return (np.empty((0, 2), np.int64), np.empty(0, np.int32), np.empty(0, np.int16), (),
+                counted)
     h_start, h_end = _drain(hs), _drain(he)
     if bool((h_end < h_start).any()):
         raise UnusualDatabase  # (`_read_rows` names the first such row)
@@ -469,10 +622,80 @@ def _read_columns(con: UntrustedDatabase, tables: set[str], device_names: bool =
     lane, lane_codes = first_codes(_drain(hl)[horder])
     h_name = _drain(hn)[horder]
     del horder
-    return Parsed(None, device, ranges, table[h_name], 0, task,
-                  np.full(len(h_name), -1, np.int16), lane, tuple(table[type_codes]),
-                  tuple(lanes[i] for i in lane_codes.tolist()), device_names=names_of_tasks,
-                  host_folded=counted)
+    return ranges, h_name, lane, tuple(lanes[i] for i in lane_codes.tolist()), counted
+
+
+class _DeviceFold:
+    """torch-npu device tasks folded batch by batch (`add`) into one union per set of task
+    classes asked for (`residency.traces.intervals.Folded`), with their counts by type and
+    their extremes: `finish` gives the `FoldedClasses`. A set with ``communication`` takes
+    the Communication lane's ranges too (``COMMUNICATION_OP``, communication tasks), as
+    `residency.traces.busy.busy_tasks` counts them. Batches in time order fold with one
+    batch held; the union is exact in any order (`Folded`)."""
+
+    def __init__(self, table: np.ndarray, fold: Sequence[frozenset[str]],
+                 ops: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> None:
+        from residency.traces.busy import classify
+
+        self.table = table
+        klass = [classify(str(v)) for v in table.tolist()]
+        self.sets = list(dict.fromkeys(fold))
+        self.member = [np.fromiter((k in c for k in klass), bool, len(klass))
+                       for c in self.sets]
+        self.unions = [iv.Folded() for _ in self.sets]
+        self.bounds: list[tuple[int, int] | None] = [None] * len(self.sets)  # as recorded
+        self.counts = np.zeros(len(table), np.int64)
+        self.tasks = 0
+        self.extremes: list[int] = []  # earliest start, latest end, earliest end
+        if ops is not None and len(ops[0]):
+            order = np.argsort(ops[0], kind="stable")
+            self.ops: np.ndarray = taken_pair(ops[0], ops[1], order)
+        else:
+            self.ops = np.empty((0, 2), np.int64)
+        self.op_at = [0] * len(self.sets)  # the next `ops` row each set takes
+
+    def add(self, start: np.ndarray, end: np.ndarray, kind: np.ndarray,
+            communication: tuple[np.ndarray, np.ndarray] | None) -> None:
+        """One batch: its device tasks (starts, ends, type codes) and its communication
+        tasks' starts and ends (None: none)."""
+        if len(start):
+            self.counts += np.bincount(kind, minlength=len(self.table))
+            self.tasks += len(start)
+            got = (int(start.min()), int(end.max()), int(end.min()))
+            self.extremes = list(got) if not self.extremes else [
+                min(got[0], self.extremes[0]), max(got[1], self.extremes[1]),
+                min(got[2], self.extremes[2])]
+        for j, (classes, member) in enumerate(zip(self.sets, self.member, strict=True)):
+            m = member[kind]
+            rows = [np.column_stack((start[m], end[m]))] if bool(m.any()) else []
+            if "communication" in classes and communication is not None:
+                rows.append(np.column_stack(communication))
+            if not rows:
+                continue
+            cut = min(int(r[:, 0].min()) for r in rows)
+            stop = int(np.searchsorted(self.ops[:, 0], cut, "left")) if len(self.ops) else 0
+            if "communication" in classes and stop > self.op_at[j]:  # the operations that
+                rows.append(self.ops[self.op_at[j]:stop])  # start before this batch's rows
+                self.op_at[j] = stop
+            self._add(j, np.concatenate(rows) if len(rows) > 1 else rows[0])
+
+    def _add(self, j: int, rows: np.ndarray) -> None:
+        got, was = (int(rows[:, 0].min()), int(rows[:, 1].max())), self.bounds[j]
+        self.bounds[j] = got if was is None else (min(was[0], got[0]), max(was[1], got[1]))
+        self.unions[j].add(rows)
+
+    def finish(self) -> FoldedClasses:
+        """The folded tasks (the folding given up)."""
+        unions = {}
+        for j, classes in enumerate(self.sets):
+            if "communication" in classes and self.op_at[j] < len(self.ops):
+                self._add(j, self.ops[self.op_at[j]:])
+            unions[classes] = iv.Packed.of_parts(*self.unions[j].packed())
+        present = np.flatnonzero(self.counts)
+        counts = {str(self.table[c]): int(self.counts[c]) for c in present.tolist()}
+        first_start, last_end, first_end = self.extremes or (0, 0, 0)
+        return FoldedClasses(unions, dict(zip(self.sets, self.bounds, strict=True)), counts,
+                             self.tasks, first_start, last_end, first_end)
 
 
 def _refused_ids(strings: _Strings, keep_host: Callable[[str], bool]

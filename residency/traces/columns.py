@@ -43,6 +43,8 @@ class Parsed:
     device_folded: FoldedDevice | None = None
     # a parse that kept only the host ranges it was asked for: what the others were
     host_folded: FoldedHost | None = None
+    # a torch-npu database parse with the device tasks folded by class (`device` then empty)
+    device_classes: FoldedClasses | None = None
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,22 @@ class FoldedDevice:
     reduction needs of them. Times absolute, in ns."""
 
     union: Any  # residency.traces.intervals.Packed: the merged rows
+    tasks: int  # rows folded in
+    first_start: int  # earliest start (meaningless when `tasks` is 0)
+    last_end: int  # latest end
+    first_end: int  # earliest end
+
+
+@dataclass(frozen=True)
+class FoldedClasses:
+    """torch-npu device tasks a parse folded by class as they were read instead of keeping
+    their rows (`residency.traces.ascend_db.read_db`'s `fold`): what a rank's busy reduction
+    needs of them. Times absolute, in ns."""
+
+    unions: dict[frozenset[str], Any]  # per set of classes: residency.traces.intervals.Packed
+    # per set: the earliest start and latest end of its rows as recorded (None: no row)
+    bounds: dict[frozenset[str], tuple[int, int] | None]
+    types: dict[str, int]  # tasks by type (every task, whatever its class)
     tasks: int  # rows folded in
     first_start: int  # earliest start (meaningless when `tasks` is 0)
     last_end: int  # latest end

@@ -45,6 +45,9 @@ def matching(t: RankTimeline, rx: re.Pattern[str]) -> iv.Intervals:
 
 
 _NONE = np.empty((0, 2), np.int64)
+# torch-npu: the classes of a rank's `computing` and `work` unions (torch-npu's step checks)
+COMPUTING = frozenset({"compute", "unknown"})
+WORK = COMPUTING | {"communication"}
 
 
 
@@ -77,9 +80,8 @@ def reduce_rank(t: RankTimeline, definition: busydef.BusyDefinition, fmt: str,
     del chosen, rows  # (torch-npu: the chosen rows, a copy, freed before the next two)
     computing = work = None
     if fmt == "ascend":
-        computing = iv.merge(busydef.class_rows(t, frozenset({"compute", "unknown"})))
-        work = iv.merge(busydef.class_rows(t, frozenset({"compute", "unknown",
-                                                         "communication"})))
+        computing = iv.merge(busydef.class_rows(t, COMPUTING))
+        work = iv.merge(busydef.class_rows(t, WORK))
     return RankReduction(
         t.rank, t.source, t.device_tasks, t.rejected_events, busy, bounds,
         dict(excluded), dict(unknown),
@@ -116,22 +118,25 @@ def _computed(plan: Any, i: int, job: dict[str, Any], parsed: Any, *,
     wrx = None if job["window_marker"] is None else compile_pattern(job["window_marker"],
                                                              "window_marker")
     rx = None if job["marker"] is None else compile_pattern(job["marker"], "marker")
-    if parsed is None:  # (Kineto: device rows folded into their union as they are read; every
-        # format: only the host ranges the patterns match kept, the others counted)
+    definition = busydef.resolve(job["busy"], plan.format)
+    if parsed is None:  # (Kineto: device rows folded into their union as they are read; a
+        # torch-npu database: into one union per set of classes; every format: only the host
+        # ranges the patterns match kept, the others counted)
         kw = dict(root=root, chunk_bytes=job["chunk_bytes"], max_bytes=limit, digest=cache,
                   device_names=False)
         try:
             parsed = tr.parse_source(plan.format, source, fold_device=True,
+                                     fold_classes=(definition.classes, COMPUTING, WORK),
                                      keep_host=_wanted(rx, wrx), **kw)
         except NotFoldable:  # (a start out of range once the base is added, or a torch-npu
             # process named anew after its rows were counted: the whole rows needed)
             parsed = tr.parse_source(plan.format, source, **kw)
     content_rank, digest, parsed_world = parsed.rank, parsed.digest, parsed.world_size
     folded, host_folded = parsed.device_folded, parsed.host_folded
+    by_class = parsed.device_classes
     rank = tr.rank_of(plan, i, content_rank, warn=False)  # warned once, where gathered
     t = tr.timeline_of(parsed, -1 if rank is None else rank, source, plan.sessions[i])
     del parsed
-    definition = busydef.resolve(job["busy"], plan.format)
     r = dataclasses.replace(reduce_rank(t, definition, plan.format, rx, wrx, consume=own),
                             rank=rank, content_rank=content_rank, world_size=parsed_world)
     del t
@@ -139,6 +144,8 @@ def _computed(plan: Any, i: int, job: dict[str, Any], parsed: Any, *,
         r = _with_host_folded(r, host_folded)
     if folded is not None:
         r = _with_folded(r, folded)
+    if by_class is not None:
+        r = _with_classes(r, by_class, definition)
     if cache:  # (digest: of exactly the bytes parsed; none, nothing is recorded)
         entries.record(plan, i, job, stat, digest, r)
     if isinstance(r.busy, iv.Packed) and not packed:
@@ -179,6 +186,30 @@ def _with_folded(r: RankReduction, f: Any) -> RankReduction:
     return dataclasses.replace(r, device_tasks=f.tasks, busy=f.union,
                                busy_bounds=(f.first_start, f.last_end), span=span,
                                end_abs=end if r.end_abs is None else max(r.end_abs, end))
+
+
+def _with_classes(r: RankReduction, f: Any, definition: busydef.BusyDefinition
+                  ) -> RankReduction:
+    """`r`, reduced from a timeline without device rows (a torch-npu database parse that
+    folded them by class), with what `reduce_rank` takes of those rows from their fold `f`
+    (a `residency.traces.columns.FoldedClasses`, whose unions hold the Communication lane's
+    ranges where their classes count it); the busy union packed."""
+    klass = {ty: busydef.classify(ty) for ty in f.types}
+    excluded = {ty: n for ty, n in sorted(f.types.items())
+                if klass[ty] not in definition.classes}
+    excluded.update(r.excluded)  # (the Communication lane's, where it does not count)
+    unknown = {ty: n for ty, n in sorted(f.types.items()) if klass[ty] == "unknown"}
+    span, end_abs = r.span, r.end_abs
+    if f.tasks:
+        span = ((f.first_start, f.last_end) if span is None else
+                (min(span[0], f.first_start), max(span[1], f.last_end)))
+        end = max(-f.first_end, f.last_end)  # the largest |end| of a device row
+        end_abs = end if end_abs is None else max(end_abs, end)
+    return dataclasses.replace(r, device_tasks=f.tasks, busy=f.unions[definition.classes],
+                               busy_bounds=f.bounds[definition.classes],
+                               excluded=excluded, unknown=unknown, span=span, end_abs=end_abs,
+                               computing=f.unions[COMPUTING].unpack(),
+                               work=f.unions[WORK].unpack())
 
 
 def _here(plan: Any, job: dict[str, Any], workers: int | None
