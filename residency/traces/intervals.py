@@ -10,10 +10,16 @@ recorded and as every result here is: sets are merged as sorted columns, never s
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+try:
+    from residency.traces import _intervals as _ext
+except ImportError:  # not built (no compiler at install time): numpy merges the columns
+    _ext = None
 
 Intervals = npt.NDArray[np.int64]
 
@@ -247,7 +253,10 @@ def measure_union(*sets: npt.ArrayLike, within: npt.ArrayLike | None = None,
     """``measure(intersection(union(*sets), within))`` (`within` None: no clipping), without
     building the union: the time axis is swept in blocks of about `block_rows` rows of the
     largest set, each block's rows of every set clipped to it and merged there, so the memory
-    beyond the inputs is one block's, whatever their size."""
+    beyond the inputs is one block's, whatever their size; where the compiled merge is built
+    (``_intervals.c``) and `within` is one interval, the sets' rows are merged in one pass
+    instead, with no copy; a `within` of several intervals overlapping few rows reads those
+    rows alone."""
     parts = [p for p in (merge(s) for s in sets) if len(p)]
     if not parts:
         return 0
@@ -263,6 +272,12 @@ def measure_union(*sets: npt.ArrayLike, within: npt.ArrayLike | None = None,
         lo, hi = max(lo, int(w[0, 0])), min(hi, int(w[-1, 1]))
         if lo >= hi:
             return 0
+    if _union_c is not None and (w is None or len(w) == 1):  # (compiled: every set's rows
+        return int(_union_c([_flat(p) for p in parts], lo, hi))  # merged as they are, clipped)
+    if w is not None:
+        found = _within_rows(parts, w, block_rows)
+        if found is not None:  # (few rows inside `within`: those alone, not the time between)
+            return found
     biggest = max(parts, key=len)
     block_rows = SWEEP_ROWS if block_rows is None else block_rows
     cuts = np.unique(np.r_[lo, np.clip(biggest[max(1, block_rows)::max(1, block_rows), 0],
@@ -282,6 +297,55 @@ def measure_union(*sets: npt.ArrayLike, within: npt.ArrayLike | None = None,
     return total
 
 
+def _compiled() -> Any:
+    """`_intervals.union_length` where it is built and not turned off (``RESIDENCY_PURE_PYTHON``,
+    as for the compiled trace readers), else None."""
+    from residency.traces.kineto_scan import DISABLE_ENV
+
+    return None if _ext is None or os.environ.get(DISABLE_ENV, "") not in ("", "0") else (
+        _ext.union_length)
+
+
+_union_c = _compiled()
+
+
+def _within_rows(parts: list[Intervals], w: Intervals,
+                 block_rows: int | None = None) -> int | None:
+    """``measure(intersection(union(*parts), w))`` for normalised `parts` and `w` from the
+    rows of `parts` that overlap an interval of `w` alone, found by search and clipped to it,
+    a group of `w`'s intervals at a time (about `block_rows` rows of each set: the memory);
+    None where one interval of `w` overlaps more rows than that (`measure_union` then
+    sweeps)."""
+    block_rows = SWEEP_ROWS if block_rows is None else block_rows
+    first = [_ends_at_or_before(p, w[:, 0]) for p in parts]  # per set, per interval of w
+    count = [np.maximum(_starts_before(p, w[:, 1]) - i, 0) for p, i in zip(parts, first,
+                                                                           strict=True)]
+    widest = np.max(count, axis=0)  # per interval, the most rows of one set
+    if int(widest.max()) > block_rows:
+        return None
+    reach = np.cumsum(widest)
+    total, at = 0, 0
+    while at < len(w):  # intervals at..stop: at most about block_rows rows of each set
+        stop = max(at + 1, int(np.searchsorted(reach, (reach[at - 1] if at else 0)
+                                                + block_rows, "right")))
+        lo_w, hi_w = w[at:stop, 0], w[at:stop, 1]
+        clipped = []
+        for p, i, k in zip(parts, first, count, strict=True):
+            k = k[at:stop]
+            n = int(k.sum())
+            if not n:
+                continue
+            ends = np.cumsum(k)
+            row = np.repeat(i[at:stop] - (ends - k), k) + np.arange(n)  # (each interval's rows)
+            c = p[row]
+            np.maximum(c[:, 0], np.repeat(lo_w, k), out=c[:, 0])
+            np.minimum(c[:, 1], np.repeat(hi_w, k), out=c[:, 1])
+            clipped.append(c)  # (sorted, disjoint, none empty: `w` is normalised)
+        total += _union_length(clipped)
+        at = stop
+    return total
+
+
 def _union_length(parts: list[Intervals]) -> int:
     """The measure of the union of normalised sets, from their merged columns (no union
     built): the groups' ends summed minus their starts."""
@@ -289,6 +353,9 @@ def _union_length(parts: list[Intervals]) -> int:
         return 0
     if len(parts) == 1:
         return int((parts[0][:, 1] - parts[0][:, 0]).sum())
+    if _union_c is not None:
+        return int(_union_c([_flat(p) for p in parts], min(int(p[0, 0]) for p in parts),
+                            max(int(p[-1, 1]) for p in parts)))
     starts = _merge_runs([np.ascontiguousarray(p[:, 0]) for p in parts])
     ends = _merge_runs([np.ascontiguousarray(p[:, 1]) for p in parts])
     new = starts[1:] > ends[:-1]  # where a group begins (and the previous one ends)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from residency.traces import intervals as iv
+from residency.traces.kineto_scan import DISABLE_ENV
 
 # small coordinates so a set of covered integer points is an exact model of [start, end)
 interval = st.tuples(st.integers(-20, 60), st.integers(0, 25)).map(lambda p: (p[0], p[0] + p[1]))
@@ -182,6 +185,57 @@ def test_measure_union_matches_naive_in_any_block_size(sets, within, block_rows)
                            block_rows=block_rows)
     covered = set().union(*(points(s) for s in sets))
     assert got == len(covered if within is None else covered & points(within))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(interval_sets, max_size=5), st.one_of(st.none(), interval_sets),
+       st.integers(1, 4))
+def test_the_compiled_merge_measures_as_numpy_does(sets, within, block_rows):
+    """`_intervals.union_length` (every set merged by start in one pass, clipped to the one
+    interval of `within`) gives the numpy block sweep's measure, to the ns."""
+    if iv._union_c is None:
+        pytest.skip("residency.traces._intervals is not built or turned off here")
+    args = [arr(s) for s in sets]
+    w = None if within is None else arr(within)
+    got = iv.measure_union(*args, within=w, block_rows=block_rows)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(iv, "_union_c", None)
+        assert got == iv.measure_union(*args, within=w, block_rows=block_rows)
+
+
+def test_the_compiled_merge_is_built_and_refuses_other_rows():
+    import shutil
+    import sysconfig
+
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if os.environ.get(DISABLE_ENV, "") not in ("", "0") or shutil.which(cc) is None:
+        pytest.skip("the compiled merge is off here (RESIDENCY_PURE_PYTHON or no compiler)")
+    assert iv._union_c is not None, "residency.traces._intervals is not built: reinstall"
+    rows = np.array([[0, 5], [10, 20]], np.int64)
+    assert iv._union_c([rows.reshape(-1), np.array([3, 12, 30, 40], np.int64)], -9, 99) == 30
+    assert iv._union_c([rows.reshape(-1)], 4, 15) == 6 and iv._union_c([], 0, 9) == 0
+    for bad in (np.zeros(4, np.int32), np.zeros(3, np.int64), rows[:, 0]):
+        with pytest.raises((ValueError, BufferError)):
+            iv._union_c([bad], 0, 1)
+
+
+def test_few_rows_within_are_measured_without_sweeping_the_time_between(monkeypatch):
+    """Markers inside two device-dense ranks: only the rows overlapping them are read (found by
+    search, clipped), a group of intervals at a time; the sweep block by block never runs."""
+    rng = np.random.default_rng(5)
+    sets = []
+    for _ in range(2):
+        bounds = np.cumsum(rng.integers(1, 50, 400_000)).reshape(-1, 2)
+        sets.append(bounds)
+    within = np.cumsum(rng.integers(1_000, 30_000, 600)).reshape(-1, 2)
+    want = iv.measure_union(iv.intersection(iv.union(*sets), within))
+
+    def no_sweep(*args):
+        raise AssertionError("swept")
+
+    monkeypatch.setattr(iv, "_clipped", no_sweep)
+    assert iv.measure_union(*sets, within=within) == want
+    assert iv.measure_union(*sets, within=within, block_rows=1_000) == want  # (groups)
 
 
 def test_merge_in_place_writes_over_the_rows_it_was_given():
