@@ -665,6 +665,9 @@ class _DeviceFold:
             self.extremes = list(got) if not self.extremes else [
                 min(got[0], self.extremes[0]), max(got[1], self.extremes[1]),
                 min(got[2], self.extremes[2])]
+            if not iv.starts_sorted(start):  # (sorted once: each set's rows then come sorted)
+                order = np.argsort(start, kind="stable")
+                start, end, kind = start[order], end[order], kind[order]
         for j, (classes, member) in enumerate(zip(self.sets, self.member, strict=True)):
             m = member[kind]
             rows = [np.column_stack((start[m], end[m]))] if bool(m.any()) else []
@@ -677,19 +680,21 @@ class _DeviceFold:
             if "communication" in classes and stop > self.op_at[j]:  # the operations that
                 rows.append(self.ops[self.op_at[j]:stop])  # start before this batch's rows
                 self.op_at[j] = stop
-            self._add(j, np.concatenate(rows) if len(rows) > 1 else rows[0])
+            self._add(j, rows)
 
-    def _add(self, j: int, rows: np.ndarray) -> None:
-        got, was = (int(rows[:, 0].min()), int(rows[:, 1].max())), self.bounds[j]
+    def _add(self, j: int, rows: list[np.ndarray]) -> None:
+        """Rows of set `j`, in parts (the first sorted by start), recorded and folded."""
+        got = (min(int(r[:, 0].min()) for r in rows), max(int(r[:, 1].max()) for r in rows))
+        was = self.bounds[j]
         self.bounds[j] = got if was is None else (min(was[0], got[0]), max(was[1], got[1]))
-        self.unions[j].add(rows)
+        self.unions[j].add(rows[0] if len(rows) == 1 else iv.union(*rows))
 
     def finish(self) -> FoldedClasses:
         """The folded tasks (the folding given up)."""
         unions = {}
         for j, classes in enumerate(self.sets):
             if "communication" in classes and self.op_at[j] < len(self.ops):
-                self._add(j, self.ops[self.op_at[j]:])
+                self._add(j, [self.ops[self.op_at[j]:]])
             unions[classes] = iv.Packed.of_parts(*self.unions[j].packed())
         present = np.flatnonzero(self.counts)
         counts = {str(self.table[c]): int(self.counts[c]) for c in present.tolist()}

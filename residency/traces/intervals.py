@@ -29,7 +29,7 @@ SWEEP_ROWS = 1 << 16  # rows of the largest set per block of `measure_union` (ea
 
 __all__ = ["Folded", "Intervals", "Packed", "as_intervals", "complement", "intersection",
            "is_normalised", "measure", "measure_union", "merge", "merge_in_place", "pack",
-           "union", "unpack", "unpacked"]
+           "starts_sorted", "union", "unpack", "unpacked"]
 
 
 def as_intervals(x: npt.ArrayLike) -> Intervals:
@@ -80,7 +80,12 @@ def _frozen(a: Intervals) -> Intervals:
 
 
 def _starts_sorted(a: Intervals) -> bool:
-    return len(a) < 2 or bool(np.all(a[1:, 0] >= a[:-1, 0]))
+    return starts_sorted(a[:, 0])
+
+
+def starts_sorted(starts: np.ndarray) -> bool:
+    """Whether the 1-D `starts` never decrease (rows sorted by start need no sort)."""
+    return len(starts) < 2 or bool(np.all(starts[1:] >= starts[:-1]))
 
 
 def _merge_by_start(a: Intervals, out: Intervals | None = None) -> Intervals:
