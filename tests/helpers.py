@@ -8,6 +8,7 @@ as a subprocess) and `tests/memorytraces.py` (emulated-NPU traces with memory re
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import io
 import json
@@ -25,8 +26,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
+from hypothesis import strategies as st
 
+from residency.analysis.idle.model import RankReduction
+from residency.analysis.idle.reduce import rank_reduction
 from residency.records import manifest as manifest_format
+from residency.traces import ascend_db
+from residency.traces.files import TraceError
+from residency.traces.load import plan_traces
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT / "tests" / "data" / "traces"          # trace fixtures, one folder each
@@ -287,3 +295,88 @@ def write_sqlite(path: Path, tables: dict[str, tuple[str, list[tuple]]]) -> Path
     con.commit()
     con.close()
     return path
+
+
+# -- torch-npu databases for the idle reduction (tests/analysis/test_idle_db_*.py) ----------
+def write_torch_npu_db(folder: Path, tables: dict[str, tuple[str, list[tuple]]]) -> Path:
+    """A torch-npu session under `folder` whose database has `tables`."""
+    out = folder / "h_1_20261201120000000_ascend_pt" / "ASCEND_PROFILER_OUTPUT"
+    out.mkdir(parents=True, exist_ok=True)
+    return write_sqlite(out / "ascend_pytorch_profiler_0.db", tables)
+
+
+_DB_NAME_IDS = st.one_of(st.integers(1, 8), st.none())  # 7, 8: ids STRING_IDS lacks
+_DB_VALUES = st.one_of(st.sampled_from(["aten::mm", "aclnnMm", "", "residency.release",
+                                     "hcom_allReduce", "AI_CORE", "aten::add"]), st.none())
+
+
+@st.composite
+def torch_npu_tables(draw: Any) -> dict[str, tuple[str, list[tuple]]]:
+    """(A hypothesis strategy) a small torch-npu database with every host table: names NULL,
+    absent from STRING_IDS or with a NULL value, host times NULL (left out by the reading),
+    negative, now and then an end before its start."""
+    strings = list(enumerate(draw(st.lists(_DB_VALUES, min_size=1, max_size=6)), start=1))
+    t = st.integers(-60, 60)
+    odd = draw(st.integers(0, 9)) == 0
+
+    def span(d):
+        s, n = d(t), d(st.integers(-3 if odd else 0, 20))
+        return s, s + n
+
+    def host(text: bool) -> list[tuple]:
+        rows = []
+        for _ in range(draw(st.integers(0, 8))):
+            start, end = span(draw)
+            if draw(st.integers(0, 5)) == 0:
+                start, end = draw(st.sampled_from([(None, end), (start, None), (None, None)]))
+            rows.append((*(str(x) if text and x is not None else x for x in (start, end)),
+                         draw(_DB_NAME_IDS)))
+        return rows
+
+    tasks = [(*span(draw), draw(st.integers(1, 8)), g) for g in range(draw(st.integers(0, 6)))]
+    comm = draw(st.lists(st.integers(0, 6), max_size=2, unique=True))
+    return {
+        "STRING_IDS": ("id INTEGER, value TEXT", strings),
+        "TASK": ("startNs INTEGER, endNs INTEGER, taskType INTEGER, globalTaskId INTEGER",
+                 tasks),
+        "COMPUTE_TASK_INFO": ("globalTaskId INTEGER, name INTEGER, taskType INTEGER",
+                              [(g, 1, 6) for g in range(0, len(tasks), 2)]),
+        "COMMUNICATION_TASK_INFO": ("globalTaskId INTEGER, name INTEGER",
+                                    [(g, 5) for g in comm]),
+        "COMMUNICATION_OP": ("startNs INTEGER, endNs INTEGER, opName INTEGER",
+                             [(*span(draw), draw(_DB_NAME_IDS)) for _ in range(draw(
+                                 st.integers(0, 2)))]),
+        "PYTORCH_API": ("startNs TEXT, endNs TEXT, name INTEGER", host(True)),
+        "CANN_API": ("startNs INTEGER, endNs INTEGER, name INTEGER", host(False)),
+        "MSTX_EVENTS": ("startNs INTEGER, endNs INTEGER, message INTEGER", host(False)),
+    }
+
+
+def reductions_reading(folder: Path, options: dict, readings: list[dict]) -> list:
+    """Rank 0's reduction of `folder` as `idle` computes it under `options`, once per entry of
+    `readings` (the keywords that entry sets on every `ascend_db.read_db`); or the exception
+    each raised."""
+    plan = plan_traces(folder)
+    job = {**dict(busy="ascend", marker=None, window_marker=None, cache=False,
+                  chunk_bytes=1 << 20, max_trace_bytes=1 << 30), **options}
+    read = ascend_db.read_db
+    out = []
+    for setting in readings:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ascend_db, "read_db", lambda *a, setting=setting, **kw: read(*a, **{
+                **kw, **setting}))
+            try:
+                out.append(rank_reduction(plan, 0, **job))
+            except (ascend_db.UnusualDatabase, TraceError) as exc:
+                out.append(type(exc))
+    return out
+
+
+def same_reduction(a: RankReduction, b: RankReduction) -> None:
+    """`a` and `b` field by field (arrays by dtype, shape and values)."""
+    for f in dataclasses.fields(RankReduction):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+            assert (x.dtype, x.shape, x.tolist()) == (y.dtype, y.shape, y.tolist()), f.name
+        else:
+            assert x == y, f.name

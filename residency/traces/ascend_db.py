@@ -131,7 +131,8 @@ row; `columns` by columns only (`UnusualDatabase` where it declines); `rows` row
 
 def read_db(path: Path, *, digest: bool = False, device_names: bool = True,
             reading: str = "auto", keep_host: Callable[[str], bool] | None = None,
-            fold: Sequence[frozenset[str]] | None = None) -> Parsed:
+            fold: Sequence[frozenset[str]] | None = None,
+            classify: Callable[[str], str] | None = None) -> Parsed:
     """Read a torch-npu ``ascend_pytorch_profiler_<rank>.db`` (or msprof database) with the
     standard library, into the columns a text export gives: every ``TASK`` row a device task
     (type: its ``COMPUTE_TASK_INFO.taskType`` when it has one, else ``TASK.taskType``, both
@@ -149,7 +150,8 @@ def read_db(path: Path, *, digest: bool = False, device_names: bool = True,
     are left out of `ranges` as each table is read, and counted with their extremes in
     `host_folded` (None: none left out); the ``Communication`` ranges are always kept. The kept
     rows, their order and codes are those of the whole reading filtered (`omit_host`).
-    With `fold` (sets of task classes, `residency.traces.busy.CLASSES`) and the column
+    With `fold` (sets of task classes, `residency.traces.busy.CLASSES`; `classify` gives a
+    task type's class, as `residency.traces.busy.classify` does) and the column
     reading, the device tasks are not kept but folded as they are read, one union per set
     (a set with ``communication``: with the Communication lane's ranges, as
     `residency.traces.busy.busy_tasks` counts them), with their counts by type
@@ -159,8 +161,10 @@ def read_db(path: Path, *, digest: bool = False, device_names: bool = True,
         TraceError: not a SQLite database, or a required table (``STRING_IDS``, ``TASK``)
             missing, named in the message.
         UnusualDatabase: with `reading="columns"`, a database the column reading declines.
-        ValueError: `reading` is not one of `READINGS`.
+        ValueError: `reading` is not one of `READINGS`, or `fold` without `classify`.
     """
+    if fold is not None and classify is None:
+        raise ValueError("`fold` needs `classify`: the class of a task type")
     if reading not in READINGS:
         raise ValueError(f"The value for `reading` must be one of {list(READINGS)}, but "
                          f"{reading!r} was passed.")
@@ -174,10 +178,10 @@ def read_db(path: Path, *, digest: bool = False, device_names: bool = True,
         if reading == "rows":
             parsed = omit_host(_read_rows(path, con, tables), keep_host)
         elif reading == "columns":
-            parsed = _read_columns(con, tables, device_names, keep_host, fold)
+            parsed = _read_columns(con, tables, device_names, keep_host, fold, classify)
         else:
             try:
-                parsed = _read_columns(con, tables, device_names, keep_host, fold)
+                parsed = _read_columns(con, tables, device_names, keep_host, fold, classify)
             except (UnusualDatabase, sqlite3.DatabaseError):  # (an odd schema or odd values,
                 # or an error: SQLite's own joins, row by row, which name it as they always did)
                 parsed = omit_host(_read_rows(path, con, tables), keep_host)
@@ -487,7 +491,8 @@ def _task_batches(con: UntrustedDatabase, lookups: _TaskLookups
 
 def _read_columns(con: UntrustedDatabase, tables: set[str], device_names: bool = True,
                   keep_host: Callable[[str], bool] | None = None,
-                  fold: Sequence[frozenset[str]] | None = None) -> Parsed:
+                  fold: Sequence[frozenset[str]] | None = None,
+                  classify: Callable[[str], str] | None = None) -> Parsed:
     """`_read_rows`' result (`omit_host`'s with `keep_host`), read by columns (see above);
     `UnusualDatabase` where it cannot be. The host tables' rows `keep_host` refuses are let go
     as each batch is read. With `fold`, the device tasks are folded as they are read
@@ -513,7 +518,7 @@ def _read_columns(con: UntrustedDatabase, tables: set[str], device_names: bool =
     cn: list[np.ndarray] = []
     table = strings.table
     if fold is not None:
-        folding = _DeviceFold(table, fold, ops)
+        folding = _DeviceFold(table, fold, classify or (lambda _: ""), ops)
         for start, end, gid, task_type, kind in _task_batches(con, lookups):
             comm = lookups.communication(gid)
             tasks = None
@@ -634,9 +639,8 @@ class _DeviceFold:
     batch held; the union is exact in any order (`Folded`)."""
 
     def __init__(self, table: np.ndarray, fold: Sequence[frozenset[str]],
+                 classify: Callable[[str], str],
                  ops: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> None:
-        from residency.traces.busy import classify
-
         self.table = table
         klass = [classify(str(v)) for v in table.tolist()]
         self.sets = list(dict.fromkeys(fold))

@@ -10,7 +10,9 @@ recorded and as every result here is: sets are merged as sorted columns, never s
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -27,9 +29,10 @@ BLOCK_ROWS = 1 << 18  # rows per block where work goes block by block (memory: o
 SWEEP_ROWS = 1 << 16  # rows of the largest set per block of `measure_union` (each set's rows
 # in a block are copied, merged and sorted there: ~6 MB for two device-dense ranks)
 
-__all__ = ["Folded", "Intervals", "Packed", "as_intervals", "complement", "intersection",
-           "is_normalised", "measure", "measure_union", "merge", "merge_in_place", "pack",
-           "starts_sorted", "union", "unpack", "unpacked"]
+__all__ = ["Folded", "Intervals", "Packed", "as_intervals", "bounds", "complement", "compiled",
+           "intersection", "is_normalised", "measure", "measure_union", "merge",
+           "merge_in_place", "numpy_only", "pack", "starts_sorted", "union", "unpack",
+           "unpacked"]
 
 
 def as_intervals(x: npt.ArrayLike) -> Intervals:
@@ -41,8 +44,10 @@ def as_intervals(x: npt.ArrayLike) -> Intervals:
     return a
 
 
-def _as_array(x: npt.ArrayLike) -> Intervals:
-    """`x` as an ``(n, 2)`` int64 array (its rows not checked)."""
+def _as_array(x: npt.ArrayLike | Packed) -> Intervals:
+    """`x` as an ``(n, 2)`` int64 array (its rows not checked; a `Packed` set unpacked)."""
+    if isinstance(x, Packed):
+        return x.unpack()
     a = np.asarray(x)
     if a.size == 0:
         return np.empty((0, 2), np.int64)
@@ -246,14 +251,17 @@ def complement(x: npt.ArrayLike, window: npt.ArrayLike) -> Intervals:
     return _intersect2(gaps if keep.all() else gaps[keep], w)
 
 
-def measure(x: npt.ArrayLike) -> int:
-    """Total length in nanoseconds of the union of the rows of `x` (overlaps count once)."""
+def measure(x: npt.ArrayLike | Packed) -> int:
+    """Total length in nanoseconds of the union of the rows of `x` (overlaps count once; a
+    `Packed` set measured as it is packed)."""
+    if isinstance(x, Packed):
+        return x.measure()
     m = merge(x)
     return sum(int((b[:, 1] - b[:, 0]).sum())  # (block by block: no column of lengths)
                for b in (m[lo:lo + BLOCK_ROWS] for lo in range(0, len(m), BLOCK_ROWS)))
 
 
-def measure_union(*sets: npt.ArrayLike, within: npt.ArrayLike | None = None,
+def measure_union(*sets: npt.ArrayLike | Packed, within: npt.ArrayLike | None = None,
                   block_rows: int | None = None) -> int:
     """``measure(intersection(union(*sets), within))`` (`within` None: no clipping), without
     building the union: the time axis is swept in blocks of about `block_rows` rows of the
@@ -261,28 +269,34 @@ def measure_union(*sets: npt.ArrayLike, within: npt.ArrayLike | None = None,
     beyond the inputs is one block's, whatever their size; where the compiled merge is built
     (``_intervals.c``) and `within` is one interval, the sets' rows are merged in one pass
     instead, with no copy; a `within` of several intervals overlapping few rows reads those
-    rows alone."""
-    parts = [p for p in (merge(s) for s in sets) if len(p)]
-    if not parts:
-        return 0
+    rows alone. A `Packed` set is read as it is packed where the compiled merge is built (else
+    unpacked)."""
     w = None if within is None else merge(as_intervals(np.reshape(np.asarray(within),
                                                                   (-1, 2))))
     if w is not None and not len(w):
         return 0
-    lo = min(int(p[0, 0]) for p in parts)
-    hi = max(int(p[-1, 1]) for p in parts)
-    if len(parts) == 1 and (w is None or (len(w) == 1 and w[0, 0] <= lo and hi <= w[0, 1])):
-        return _union_length(parts)  # (one set, inside one window interval: nothing to clip)
+    kept = [s if isinstance(s, Packed) and _union_c is not None else merge(s) for s in sets]
+    kept = [p for p in kept if len(p)]
+    if not kept:
+        return 0
+    ends = [p.bounds() if isinstance(p, Packed) else (int(p[0, 0]), int(p[-1, 1]))
+            for p in kept]
+    lo, hi = min(b[0] for b in ends), max(b[1] for b in ends)
+    if len(kept) == 1 and (w is None or (len(w) == 1 and w[0, 0] <= lo and hi <= w[0, 1])):
+        one = kept[0]  # (one set, inside one window interval: nothing to clip)
+        return one.measure() if isinstance(one, Packed) else _union_length([one])
+    if w is not None and len(w) > 1 and not any(isinstance(p, Packed) for p in kept):
+        found = _within_rows(kept, w, block_rows)
+        if found is not None:  # (few rows inside `within`: those alone, not the time between)
+            return found
+    if _union_c is not None:  # (compiled: every set's rows merged as they are, clipped)
+        sets_c = [p.compiled() if isinstance(p, Packed) else _flat(p) for p in kept]
+        return int(_union_c(sets_c, np.array([lo, hi], np.int64) if w is None else _flat(w)))
+    parts = kept
     if w is not None:
         lo, hi = max(lo, int(w[0, 0])), min(hi, int(w[-1, 1]))
         if lo >= hi:
             return 0
-    if _union_c is not None and (w is None or len(w) == 1):  # (compiled: every set's rows
-        return int(_union_c([_flat(p) for p in parts], lo, hi))  # merged as they are, clipped)
-    if w is not None:
-        found = _within_rows(parts, w, block_rows)
-        if found is not None:  # (few rows inside `within`: those alone, not the time between)
-            return found
     biggest = max(parts, key=len)
     block_rows = SWEEP_ROWS if block_rows is None else block_rows
     cuts = np.unique(np.r_[lo, np.clip(biggest[max(1, block_rows)::max(1, block_rows), 0],
@@ -312,6 +326,23 @@ def _compiled() -> Any:
 
 
 _union_c = _compiled()
+
+
+def compiled() -> bool:
+    """Whether unions are measured by the compiled merge in this process (``_intervals.c``)."""
+    return _union_c is not None
+
+
+@contextlib.contextmanager
+def numpy_only() -> Iterator[None]:
+    """Within: every union is measured by numpy, as without the compiled merge (comparisons of
+    the two)."""
+    global _union_c
+    saved, _union_c = _union_c, None
+    try:
+        yield
+    finally:
+        _union_c = saved
 
 
 def _within_rows(parts: list[Intervals], w: Intervals,
@@ -359,8 +390,8 @@ def _union_length(parts: list[Intervals]) -> int:
     if len(parts) == 1:
         return int((parts[0][:, 1] - parts[0][:, 0]).sum())
     if _union_c is not None:
-        return int(_union_c([_flat(p) for p in parts], min(int(p[0, 0]) for p in parts),
-                            max(int(p[-1, 1]) for p in parts)))
+        return int(_union_c([_flat(p) for p in parts], np.array(
+            [min(int(p[0, 0]) for p in parts), max(int(p[-1, 1]) for p in parts)], np.int64)))
     starts = _merge_runs([np.ascontiguousarray(p[:, 0]) for p in parts])
     ends = _merge_runs([np.ascontiguousarray(p[:, 1]) for p in parts])
     new = starts[1:] > ends[:-1]  # where a group begins (and the previous one ends)
@@ -448,6 +479,29 @@ def unpack(head: np.ndarray, lengths: np.ndarray, gaps: np.ndarray) -> Intervals
     raises ValueError where they cannot come from `pack` (a wrong shape or dtype, a length or
     gap that is not positive, a time beyond 2**62), so a damaged entry is refused, never read
     as something else. Memory beyond the result: one block."""
+    head = _checked(head, lengths, gaps)
+    if len(head) == 0:
+        return np.empty((0, 2), np.int64)
+    s0, e0 = int(head[0, 0]), int(head[0, 1])
+    n = len(lengths) + 1
+    out = np.empty((n, 2), np.int64)
+    flat = out.reshape(-1)
+    flat[0], flat[1] = s0, e0
+    flat[2::2] = gaps
+    flat[3::2] = lengths
+    carry = e0
+    step = 2 * BLOCK_ROWS
+    for lo in range(2, 2 * n, step):  # a running sum block by block (no whole-column copy)
+        blk = flat[lo:lo + step]
+        np.cumsum(blk, out=blk)
+        blk += carry
+        carry = int(blk[-1])
+    return out
+
+
+def _checked(head: np.ndarray, lengths: np.ndarray, gaps: np.ndarray) -> np.ndarray:
+    """`head` as an array, once the three arrays are ones `pack` can give (`unpack`'s
+    ValueError where not)."""
     head = np.asarray(head)
     if head.dtype != np.int64 or head.ndim != 2 or head.shape[1] != 2 or len(head) > 1:
         raise ValueError("the first row must be a (0 or 1, 2) int64 array")
@@ -468,20 +522,7 @@ def unpack(head: np.ndarray, lengths: np.ndarray, gaps: np.ndarray) -> Intervals
              + float(gaps.sum(dtype=np.float64)))
     if not (-_LIMIT < s0 < e0 < _LIMIT and reach < _LIMIT * 0.99):
         raise ValueError("times out of range")
-    n = len(lengths) + 1
-    out = np.empty((n, 2), np.int64)
-    flat = out.reshape(-1)
-    flat[0], flat[1] = s0, e0
-    flat[2::2] = gaps
-    flat[3::2] = lengths
-    carry = e0
-    step = 2 * BLOCK_ROWS
-    for lo in range(2, 2 * n, step):  # a running sum block by block (no whole-column copy)
-        blk = flat[lo:lo + step]
-        np.cumsum(blk, out=blk)
-        blk += carry
-        carry = int(blk[-1])
-    return out
+    return head
 
 
 class Packed:
@@ -508,6 +549,43 @@ class Packed:
     def unpack(self) -> Intervals:
         """The set, a new ``(n, 2)`` int64 array (`unpack`)."""
         return unpack(*self.parts)
+
+    def checked(self) -> Packed:
+        """This set, once its arrays are ones `pack` can give (ValueError: as `unpack`
+        raises), so that it may be measured without being unpacked."""
+        _checked(*self.parts)
+        return self
+
+    def __len__(self) -> int:
+        return len(self.parts[0]) and len(self.parts[1]) + 1
+
+    def measure(self) -> int:
+        """The set's measure in ns (its rows' lengths summed as packed)."""
+        head, lengths, _ = self.parts
+        if not len(head):
+            return 0
+        return int(head[0, 1] - head[0, 0]) + int(lengths.sum(dtype=np.int64))
+
+    def bounds(self) -> tuple[int, int]:
+        """The first start and the last end (of a set that is not empty)."""
+        head, lengths, gaps = self.parts
+        return int(head[0, 0]), (int(head[0, 1]) + int(lengths.sum(dtype=np.int64))
+                                 + int(gaps.sum(dtype=np.int64)))
+
+    def compiled(self) -> tuple[int, int, np.ndarray, np.ndarray]:
+        """The set as `_intervals.union_length` reads a packed set (not empty)."""
+        head, lengths, gaps = self.parts
+        return (int(head[0, 0]), int(head[0, 1]), np.ascontiguousarray(lengths),
+                np.ascontiguousarray(gaps))
+
+
+def bounds(x: Intervals | Packed) -> tuple[int, int] | None:
+    """The first start and the last end of the normalised set `x` (None: empty)."""
+    if not len(x):
+        return None
+    if isinstance(x, Packed):
+        return x.bounds()
+    return int(x[0, 0]), int(x[-1, 1])
 
 
 def unpacked(x: Intervals | Packed) -> Intervals:

@@ -684,7 +684,7 @@ _COLUMNS = ("device", "ranges", "device_task_type", "range_task_type", "range_la
 def parse_source(fmt: str, source: Path, **job: Any) -> Parsed:
     """`parse_trace` (keywords as it takes them), or `residency.traces.ascend_db.read_db` for
     torch-npu's SQLite export (of the keywords: `digest`, `device_names`, `keep_host`, and
-    `fold_classes`, its `fold`, which other formats ignore)."""
+    `fold_classes` and `classify`, its `fold` and `classify`, which other formats ignore)."""
     return _parse_one(fmt, source, **job)
 
 
@@ -695,8 +695,9 @@ def _parse_one(fmt: str, source: Path, **job: Any) -> Parsed:
 
         return read_db(source, digest=bool(job.get("digest")),
                        device_names=bool(job.get("device_names", True)),
-                       keep_host=job.get("keep_host"), fold=job.get("fold_classes"))
-    job = {k: v for k, v in job.items() if k != "fold_classes"}  # (databases only)
+                       keep_host=job.get("keep_host"), fold=job.get("fold_classes"),
+                       classify=job.get("classify"))
+    job = {k: v for k, v in job.items() if k not in ("fold_classes", "classify")}  # (databases)
     if fmt != "kineto":  # (the device rows of torch-npu's text export are known at its end)
         job = {k: v for k, v in job.items() if k != "fold_device"}
     return parse_trace(fmt, source, **job)

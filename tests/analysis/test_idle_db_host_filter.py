@@ -5,22 +5,23 @@ and so the CLI's answer, is the one of the whole reading, field by field, in bot
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from residency.analysis.idle.model import RankReduction
-from residency.analysis.idle.reduce import rank_reduction
 from residency.traces import ascend_db
 from residency.traces.files import TraceError
-from residency.traces.load import plan_traces
-from tests.helpers import tracegen, write_sqlite
+from tests.helpers import (
+    reductions_reading,
+    same_reduction,
+    torch_npu_tables,
+    tracegen,
+    write_torch_npu_db,
+)
 
 from ..helpers import run_cli
 
@@ -33,88 +34,13 @@ def _keep(*patterns: str | None):
     return lambda name: any(rx.search(name) is not None for rx in compiled)
 
 
-def _write(folder: Path, tables: dict[str, tuple[str, list[tuple]]]) -> Path:
-    """A torch-npu session under `folder` whose database has `tables`."""
-    out = folder / "h_1_20261201120000000_ascend_pt" / "ASCEND_PROFILER_OUTPUT"
-    out.mkdir(parents=True, exist_ok=True)
-    return write_sqlite(out / "ascend_pytorch_profiler_0.db", tables)
-
-
-_NAME_IDS = st.one_of(st.integers(1, 8), st.none())  # 7, 8: ids STRING_IDS lacks
-_VALUES = st.one_of(st.sampled_from(["aten::mm", "aclnnMm", "", "residency.release",
-                                     "hcom_allReduce", "AI_CORE", "aten::add"]), st.none())
-
-
-@st.composite
-def _database(draw) -> dict[str, tuple[str, list[tuple]]]:
-    """A small database with every host table: names NULL, absent from STRING_IDS or with a
-    NULL value, host times NULL (left out by the reading), negative, now and then an end
-    before its start."""
-    strings = list(enumerate(draw(st.lists(_VALUES, min_size=1, max_size=6)), start=1))
-    t = st.integers(-60, 60)
-    odd = draw(st.integers(0, 9)) == 0
-
-    def span(d):
-        s, n = d(t), d(st.integers(-3 if odd else 0, 20))
-        return s, s + n
-
-    def host(text: bool) -> list[tuple]:
-        rows = []
-        for _ in range(draw(st.integers(0, 8))):
-            start, end = span(draw)
-            if draw(st.integers(0, 5)) == 0:
-                start, end = draw(st.sampled_from([(None, end), (start, None), (None, None)]))
-            rows.append((*(str(x) if text and x is not None else x for x in (start, end)),
-                         draw(_NAME_IDS)))
-        return rows
-
-    tasks = [(*span(draw), draw(st.integers(1, 8)), g) for g in range(draw(st.integers(0, 6)))]
-    comm = draw(st.lists(st.integers(0, 6), max_size=2, unique=True))
-    return {
-        "STRING_IDS": ("id INTEGER, value TEXT", strings),
-        "TASK": ("startNs INTEGER, endNs INTEGER, taskType INTEGER, globalTaskId INTEGER",
-                 tasks),
-        "COMPUTE_TASK_INFO": ("globalTaskId INTEGER, name INTEGER, taskType INTEGER",
-                              [(g, 1, 6) for g in range(0, len(tasks), 2)]),
-        "COMMUNICATION_TASK_INFO": ("globalTaskId INTEGER, name INTEGER",
-                                    [(g, 5) for g in comm]),
-        "COMMUNICATION_OP": ("startNs INTEGER, endNs INTEGER, opName INTEGER",
-                             [(*span(draw), draw(_NAME_IDS)) for _ in range(draw(
-                                 st.integers(0, 2)))]),
-        "PYTORCH_API": ("startNs TEXT, endNs TEXT, name INTEGER", host(True)),
-        "CANN_API": ("startNs INTEGER, endNs INTEGER, name INTEGER", host(False)),
-        "MSTX_EVENTS": ("startNs INTEGER, endNs INTEGER, message INTEGER", host(False)),
-    }
-
-
 def _reductions(folder: Path, reading: str, marker: str | None, window: str | None,
                 busy: str = "ascend"):
     """The rank's reduction as `idle` computes it (the database read by `reading`, only the
     host ranges the patterns match kept), and from the whole reading; or the exception each
     raised."""
-    plan = plan_traces(folder)
-    job = dict(busy=busy, marker=marker, window_marker=window, cache=False,
-               chunk_bytes=1 << 20, max_trace_bytes=1 << 30)
-    read = ascend_db.read_db
-    out = []
-    for keep in (True, False):
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(ascend_db, "read_db", lambda *a, keep=keep, **kw: read(*a, **{
-                **kw, "reading": reading, **({} if keep else {"keep_host": None})}))
-            try:
-                out.append(rank_reduction(plan, 0, **job))
-            except (ascend_db.UnusualDatabase, TraceError) as exc:
-                out.append(type(exc))
-    return out
-
-
-def _same_reduction(a: RankReduction, b: RankReduction) -> None:
-    for f in dataclasses.fields(RankReduction):
-        x, y = getattr(a, f.name), getattr(b, f.name)
-        if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
-            assert (x.dtype, x.shape, x.tolist()) == (y.dtype, y.shape, y.tolist()), f.name
-        else:
-            assert x == y, f.name
+    return reductions_reading(folder, dict(busy=busy, marker=marker, window_marker=window),
+                              [{"reading": reading}, {"reading": reading, "keep_host": None}])
 
 
 def _read(path: Path, reading: str, keep=None):
@@ -126,17 +52,17 @@ def _read(path: Path, reading: str, keep=None):
 
 @settings(max_examples=250, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(_database(), st.sampled_from(PATTERNS), st.sampled_from(PATTERNS),
+@given(torch_npu_tables(), st.sampled_from(PATTERNS), st.sampled_from(PATTERNS),
        st.sampled_from(["columns", "rows"]))
 def test_the_reduction_of_a_filtered_reading_is_the_whole_readings(tmp_path, tables, marker,
                                                                     window, reading):
-    path = _write(tmp_path, tables)
+    path = write_torch_npu_db(tmp_path, tables)
     kept, whole = _reductions(tmp_path, reading, marker, window)
     if isinstance(whole, type):  # (refused, or an error: the same either way)
         assert kept is whole
         return
     assert not isinstance(kept, type), kept
-    _same_reduction(kept, whole)
+    same_reduction(kept, whole)
     keep = _keep(marker, window)
     parsed = _read(path, reading, keep)
     lanes = [parsed.lanes[k] for k in parsed.range_lane.tolist()]
@@ -151,7 +77,7 @@ def test_the_reduction_of_a_filtered_reading_is_the_whole_readings(tmp_path, tab
 def test_names_null_absent_or_empty_are_one_name_and_every_aggregate_is_carried(tmp_path):
     """A NULL name, an id STRING_IDS lacks and a NULL value all read as ''; the ranges left
     out hold the earliest start, the latest end and the largest |end|, and are counted."""
-    path = _write(tmp_path, {
+    path = write_torch_npu_db(tmp_path, {
         "STRING_IDS": ("id INTEGER, value TEXT", [(1, "aten::mm"), (2, None), (3, "x")]),
         "TASK": ("startNs INTEGER, endNs INTEGER, taskType INTEGER, globalTaskId INTEGER",
                  [(0, 10, 3, 1)]),
@@ -167,11 +93,11 @@ def test_names_null_absent_or_empty_are_one_name_and_every_aggregate_is_carried(
         f = empty.host_folded
         assert (f.ranges, f.first_start, f.last_end, f.first_end) == (4, -500, 700, -400)
         for marker in ("^$", "mm", None):
-            _same_reduction(*_reductions(tmp_path, reading, marker, None))
+            same_reduction(*_reductions(tmp_path, reading, marker, None))
 
 
 def test_each_distinct_name_is_asked_once_per_table_set(tmp_path):
-    path = _write(tmp_path, {
+    path = write_torch_npu_db(tmp_path, {
         "STRING_IDS": ("id INTEGER, value TEXT", [(1, "a"), (2, "b"), (3, "a")]),
         "TASK": ("startNs INTEGER, endNs INTEGER, taskType INTEGER, globalTaskId INTEGER", []),
         "PYTORCH_API": ("startNs TEXT, endNs TEXT, name INTEGER",

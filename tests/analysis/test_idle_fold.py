@@ -105,7 +105,7 @@ def test_a_spilled_union_comes_back_once_exactly(tmp_path):
     x = iv.merge(np.array([[0, 5], [7, 9], [20, 1 << 40]], np.int64))
     s = idle_reduce.Spilled(iv.Packed(x), str(tmp_path))
     assert Path(s.path).parent == tmp_path
-    assert np.array_equal(s.unpacked(), x) and not list(tmp_path.iterdir())
+    assert np.array_equal(s.packed().unpack(), x) and not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("spill_min", [0, 1 << 40])
@@ -125,8 +125,43 @@ def test_unions_come_back_through_files_or_pickles_alike(tmp_path, monkeypatch, 
     for i in range(len(plan.sources)):  # (what a worker hands back, made here)
         sent = idle_reduce.packed_reduction(plan, i, spill=str(folder), **job)
         assert isinstance(sent.busy, idle_reduce.Spilled) == (spill_min == 0)
-        busy = (sent.busy.unpacked() if spill_min == 0 else
+        busy = (sent.busy.packed().unpack() if spill_min == 0 else
                 pickle.loads(pickle.dumps(sent.busy)).unpack())
         assert np.array_equal(busy, idle_reduce.rank_reduction(plan, i, **job).busy)
     assert not list(folder.iterdir())  # (each file read back once, and removed)
     assert idle_summary_at(d, marker=MARKER, cache=False, workers=2) == whole
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_warm_run_measures_the_cached_unions_as_they_are_packed(tmp_path, monkeypatch,
+                                                                 workers):
+    """The busy unions from cache entries (and from worker processes) stay packed on the
+    client: `summarize` measures them as packed (the compiled merge decodes them row by row),
+    never unpacking them (40 MB a device-dense rank faulted in): the same figures."""
+    if not iv.compiled():
+        pytest.skip("residency.traces._intervals is not built or turned off here")
+    d = many_ranks(tmp_path / "t", 3)
+    cold = idle_summary_at(d, marker=MARKER, workers=workers)
+
+    def never(*args):
+        raise AssertionError("unpacked")
+
+    monkeypatch.setattr(iv, "unpack", never)
+    assert idle_summary_at(d, marker=MARKER, workers=workers).to_dict() == cold.to_dict()
+    assert idle_summary_at(d, marker=MARKER, workers=workers, cache=False).to_dict() == (
+        cold.to_dict())
+
+
+def test_a_packed_set_is_measured_and_bounded_as_its_rows():
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 50, 3000):
+        x = iv.merge(np.cumsum(rng.integers(1, 1 << 20, 2 * n)).reshape(-1, 2))
+        p = iv.Packed(x).checked()
+        assert (len(p), p.measure(), p.bounds()) == (len(x), iv.measure(x),
+                                                     (int(x[0, 0]), int(x[-1, 1])))
+        assert iv.bounds(p) == iv.bounds(x) and iv.measure(p) == iv.measure(x)
+    empty = iv.Packed(np.empty((0, 2), np.int64))
+    assert (len(empty), empty.measure(), iv.bounds(empty)) == (0, 0, None)
+    with pytest.raises(ValueError, match="not positive"):
+        iv.Packed.of_parts(np.array([[0, 5]], np.int64), np.zeros(1, np.uint8),
+                           np.ones(1, np.uint8)).checked()

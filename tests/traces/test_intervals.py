@@ -191,51 +191,42 @@ def test_measure_union_matches_naive_in_any_block_size(sets, within, block_rows)
 @given(st.lists(interval_sets, max_size=5), st.one_of(st.none(), interval_sets),
        st.integers(1, 4))
 def test_the_compiled_merge_measures_as_numpy_does(sets, within, block_rows):
-    """`_intervals.union_length` (every set merged by start in one pass, clipped to the one
-    interval of `within`) gives the numpy block sweep's measure, to the ns."""
-    if iv._union_c is None:
+    """The compiled merge (every set merged by start in one pass, packed sets decoded row by
+    row, clipped to `within`) gives numpy's measure, to the ns, for sets and packed sets."""
+    if not iv.compiled():
         pytest.skip("residency.traces._intervals is not built or turned off here")
     args = [arr(s) for s in sets]
     w = None if within is None else arr(within)
     got = iv.measure_union(*args, within=w, block_rows=block_rows)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(iv, "_union_c", None)
+    packed = [iv.Packed(iv.merge(a)) if k % 2 else a for k, a in enumerate(args)]
+    assert iv.measure_union(*packed, within=w, block_rows=block_rows) == got  # (read packed)
+    with iv.numpy_only():
+        assert not iv.compiled()
         assert got == iv.measure_union(*args, within=w, block_rows=block_rows)
+        assert got == iv.measure_union(*packed, within=w, block_rows=block_rows)
 
 
-def test_the_compiled_merge_is_built_and_refuses_other_rows():
+def test_the_compiled_merge_is_built_where_a_compiler_is():
     import shutil
     import sysconfig
 
     cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if os.environ.get(DISABLE_ENV, "") not in ("", "0") or shutil.which(cc) is None:
         pytest.skip("the compiled merge is off here (RESIDENCY_PURE_PYTHON or no compiler)")
-    assert iv._union_c is not None, "residency.traces._intervals is not built: reinstall"
-    rows = np.array([[0, 5], [10, 20]], np.int64)
-    assert iv._union_c([rows.reshape(-1), np.array([3, 12, 30, 40], np.int64)], -9, 99) == 30
-    assert iv._union_c([rows.reshape(-1)], 4, 15) == 6 and iv._union_c([], 0, 9) == 0
-    for bad in (np.zeros(4, np.int32), np.zeros(3, np.int64), rows[:, 0]):
-        with pytest.raises((ValueError, BufferError)):
-            iv._union_c([bad], 0, 1)
+    assert iv.compiled(), "residency.traces._intervals is not built: reinstall (pip install -e .)"
 
 
-def test_few_rows_within_are_measured_without_sweeping_the_time_between(monkeypatch):
-    """Markers inside two device-dense ranks: only the rows overlapping them are read (found by
-    search, clipped), a group of intervals at a time; the sweep block by block never runs."""
+def test_few_rows_within_are_measured_alone():
+    """Markers inside two 400k-row sets (a few rows each): the same measure by the rows they
+    overlap alone (found by search, clipped, a group of intervals at a time) as by the union."""
     rng = np.random.default_rng(5)
-    sets = []
-    for _ in range(2):
-        bounds = np.cumsum(rng.integers(1, 50, 400_000)).reshape(-1, 2)
-        sets.append(bounds)
+    sets = [np.cumsum(rng.integers(1, 50, 400_000)).reshape(-1, 2) for _ in range(2)]
     within = np.cumsum(rng.integers(1_000, 30_000, 600)).reshape(-1, 2)
-    want = iv.measure_union(iv.intersection(iv.union(*sets), within))
-
-    def no_sweep(*args):
-        raise AssertionError("swept")
-
-    monkeypatch.setattr(iv, "_clipped", no_sweep)
-    assert iv.measure_union(*sets, within=within) == want
-    assert iv.measure_union(*sets, within=within, block_rows=1_000) == want  # (groups)
+    want = iv.measure(iv.intersection(iv.union(*sets), within))
+    for block_rows in (None, 1_000, 10):
+        assert iv.measure_union(*sets, within=within, block_rows=block_rows) == want
+        with iv.numpy_only():
+            assert iv.measure_union(*sets, within=within, block_rows=block_rows) == want
 
 
 def test_merge_in_place_writes_over_the_rows_it_was_given():

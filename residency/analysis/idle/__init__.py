@@ -211,7 +211,8 @@ def summarize(fmt: str, reductions: Sequence[RankReduction],
     rows = []
     for r in reductions:
         busy_in = iv.measure_union(r.busy, within=window)
-        span = int(r.busy[-1, 1] - r.busy[0, 0]) if len(r.busy) else 0
+        first_last = iv.bounds(r.busy)
+        span = first_last[1] - first_last[0] if first_last is not None else 0
         free = (None if r.free is None else iv.measure(iv.intersection(r.free, window)))
         if free is not None and definition.name == "msprof":
             check_free(r, window, free)

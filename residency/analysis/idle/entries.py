@@ -24,10 +24,11 @@ def options(plan: Any, job: dict[str, Any]) -> dict[str, Any]:
     # ranges, step intervals
 
 
-def cached(plan: Any, i: int, job: dict[str, Any], stat: os.stat_result | None = None
-            ) -> RankReduction | None:
+def cached(plan: Any, i: int, job: dict[str, Any], stat: os.stat_result | None = None, *,
+           packed: bool = False) -> RankReduction | None:
     """Item `i`'s reduction from its cache entry, if one matches (`stat`: the trace's status
-    from `residency.traces.load.open_stat`, taken now when not given)."""
+    from `residency.traces.load.open_stat`, taken now when not given); with `packed`, its busy
+    union as the entry holds it (`iv.Packed`, checked, not unpacked)."""
     from residency.traces import cache as tracecache
     from residency.traces import load as tr
 
@@ -38,7 +39,7 @@ def cached(plan: Any, i: int, job: dict[str, Any], stat: os.stat_result | None =
         stat = tr.open_stat(source, plan.parse_root, job["max_trace_bytes"])
     got = tracecache.get("idle", source, stat, options(plan, job), root=plan.parse_root,
                          max_trace_bytes=job["max_trace_bytes"])
-    return from_entry(plan, i, got) if got is not None else None
+    return from_entry(plan, i, got, packed=packed) if got is not None else None
 
 
 def record(plan: Any, i: int, job: dict[str, Any], stat: os.stat_result, digest: Any,
@@ -93,9 +94,10 @@ def _counts(v: Any) -> dict[str, int]:
     return dict(v)
 
 
-def from_entry(plan: Any, i: int, got: tuple[dict[str, Any], dict[str, np.ndarray]]
-                ) -> RankReduction | None:
-    """A reduction from a cache entry; None when the entry is not well formed."""
+def from_entry(plan: Any, i: int, got: tuple[dict[str, Any], dict[str, np.ndarray]], *,
+               packed: bool = False) -> RankReduction | None:
+    """A reduction from a cache entry (with `packed`, its busy union left packed, once
+    checked); None when the entry is not well formed."""
     from residency.traces import load as tr
 
     meta, arrays = got
@@ -111,7 +113,8 @@ def from_entry(plan: Any, i: int, got: tuple[dict[str, Any], dict[str, np.ndarra
             if a.dtype != np.int64 or a.ndim != 2 or a.shape[1] != 2:
                 return None
             rows[k] = np.array(a)  # (not a view: the entry's bytes are freed)
-        rows["busy"] = iv.unpack(rows["busy"], arrays["busy_lengths"], arrays["busy_gaps"])
+        parts = (rows["busy"], np.array(arrays["busy_lengths"]), np.array(arrays["busy_gaps"]))
+        rows["busy"] = iv.Packed.of_parts(*parts).checked() if packed else iv.unpack(*parts)
         end_abs = meta["end_abs"]
         if end_abs is not None and type(end_abs) is not int:
             return None

@@ -74,7 +74,9 @@ class IdleSummary:
 @dataclasses.dataclass(frozen=True, eq=False)
 class RankReduction:
     """What one rank contributes to an `IdleSummary`: its busy union and its marker ranges,
-    never its columns. `busy`: the merged busy intervals; `busy_bounds`: earliest start and
+    never its columns. `busy`: the merged busy intervals (an `iv.Packed` set where the
+    reduction came from a worker process or a cache entry for `summarize`, which measures it
+    packed; `iv.unpacked` gives the rows); `busy_bounds`: earliest start and
     latest end of its busy tasks as recorded (None: none); `markers` / `window_ranges`: its
     host ranges matching the marker / window marker (as recorded, not merged); `free`: its
     merged Overlap Analysis ``Free`` slices (None: no such lane) and `overlap_span` that
@@ -87,7 +89,7 @@ class RankReduction:
     source: Path
     device_tasks: int
     rejected_events: int
-    busy: iv.Intervals
+    busy: iv.Intervals | iv.Packed
     busy_bounds: tuple[int, int] | None
     excluded: dict[str, int]
     unknown: dict[str, int]

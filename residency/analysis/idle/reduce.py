@@ -98,10 +98,11 @@ def rank_reduction(plan: Any, i: int, *, busy: str, marker: str | None,
                    packed: bool = False) -> RankReduction:
     """The reduction of `plan`'s item `i` (a `residency.traces.load.TracePlan`): from the user's
     cache when an entry matches, else parsed (or from `parsed`, its parse) and recorded. With
-    `packed`, its busy union may come as an `iv.Packed` (as a parse folded it)."""
+    `packed`, its busy union may come as an `iv.Packed` (as a parse folded it, or as its
+    cache entry holds it)."""
     job = {"busy": busy, "marker": marker, "window_marker": window_marker, "cache": cache,
            "chunk_bytes": chunk_bytes, "max_trace_bytes": max_trace_bytes}
-    hit = entries.cached(plan, i, job) if parsed is None else None
+    hit = entries.cached(plan, i, job, packed=packed) if parsed is None else None
     return hit if hit is not None else _computed(plan, i, job, parsed, packed=packed)
 
 
@@ -127,6 +128,7 @@ def _computed(plan: Any, i: int, job: dict[str, Any], parsed: Any, *,
         try:
             parsed = tr.parse_source(plan.format, source, fold_device=True,
                                      fold_classes=(definition.classes, COMPUTING, WORK),
+                                     classify=busydef.classify,
                                      keep_host=_wanted(rx, wrx), **kw)
         except NotFoldable:  # (a start out of range once the base is added, or a torch-npu
             # process named anew after its rows were counted: the whole rows needed)
@@ -235,11 +237,12 @@ def _here(plan: Any, job: dict[str, Any], workers: int | None
         return _pool(plan, job, n, stats)  # (lookups in the workers: no start-up cost here)
     found: list[RankReduction | None] = [None] * n_items
     if job["cache"] and n_items:
-        found = map_threads(lambda i: entries.cached(plan, i, job, stats[i]), range(n_items))
+        found = map_threads(lambda i: entries.cached(plan, i, job, stats[i], packed=True),
+                            range(n_items))
     todo = [i for i, r in enumerate(found) if r is None]
     done: dict[int, RankReduction] = {}
     if n <= 1 or (workers is None and small):
-        done = {i: _computed(plan, i, job, None) for i in todo}
+        done = {i: _computed(plan, i, job, None, packed=True) for i in todo}
     elif len(todo) >= n:  # (recorded, but entries refused: stale or damaged)
         done = dict(zip(todo, _pool(plan, job, n, {i: stats[i] for i in todo})[0],
                         strict=True))
@@ -247,13 +250,13 @@ def _here(plan: Any, job: dict[str, Any], workers: int | None
         # read in parts, is read here: only the host ranges its reduction reads kept)
         for i in todo:
             if tr.is_database(plan.sources[i]):
-                done[i] = _computed(plan, i, job, None)
+                done[i] = _computed(plan, i, job, None, packed=True)
                 continue
             (p,) = tr.parse_files(plan.format, [plan.sources[i]], workers=workers,
                                   root=plan.parse_root, chunk_bytes=job["chunk_bytes"],
                                   max_bytes=job["max_trace_bytes"], digest=job["cache"],
                                   device_names=False)
-            done[i] = _computed(plan, i, job, p)
+            done[i] = _computed(plan, i, job, p, packed=True)
             del p
     return [found[i] if found[i] is not None else done[i] for i in range(n_items)], None
 
@@ -301,8 +304,8 @@ SPILL_MIN_BYTES = 1 << 20  # a smaller packed union is pickled: a file a rank co
 class Spilled:
     """A rank's packed busy union written to a file in a folder the receiver owns: the trip
     from a worker process without a pickle of its columns (pickled, an array is copied twice
-    more in the worker, 30 MB for a 2.5M-row device-dense union); `unpacked` reads it back
-    (once: the file is removed) and unpacks it."""
+    more in the worker, 30 MB for a 2.5M-row device-dense union); `packed` reads it back
+    (once: the file is removed)."""
 
     __slots__ = ("path",)
 
@@ -312,19 +315,20 @@ class Spilled:
             for a in busy.parts:
                 np.save(f, a, allow_pickle=False)
 
-    def unpacked(self) -> iv.Intervals:
+    def packed(self) -> iv.Packed:
+        """The union written (read back once: the file is removed), checked."""
         with open(self.path, "rb") as f:
             parts = [np.load(f, allow_pickle=False) for _ in range(3)]
         os.unlink(self.path)
-        return iv.Packed.of_parts(*parts).unpack()
+        return iv.Packed.of_parts(*parts).checked()
 
 
 def _pool(plan: Any, job: dict[str, Any], n: int, stats: dict[int, os.stat_result]
           ) -> tuple[list[RankReduction], iv.Intervals | None]:
     """The reductions of the items of `stats`, in their order, by `n` worker processes in jobs
     of a few ranks (`residency.traces.parallel.task_groups`, largest first). Each rank's union
-    comes back packed, through a file (`Spilled`), and is unpacked here after the workers are
-    gone, one at a time; the
+    comes back packed, through a file (`Spilled`), and stays packed here (`summarize` measures
+    packed sets as they are: unpacking a device-dense rank's union faulted in 40 MB a rank); the
     all-rank union is not built (`summarize` sweeps the ranks' unions): on one machine a tree
     of unions through the workers sent each union twice more and doubled the peak (732 MB
     against 351 MB on 2 x 2.5M device-dense ranks)."""
@@ -339,7 +343,7 @@ def _pool(plan: Any, job: dict[str, Any], n: int, stats: dict[int, os.stat_resul
                                     kwargs={**job, "spill": folder})
         for i in items:
             r = got.pop(i)
-            busy = r.busy.unpacked() if isinstance(r.busy, Spilled) else iv.unpacked(r.busy)
+            busy = r.busy.packed() if isinstance(r.busy, Spilled) else r.busy
             out.append(dataclasses.replace(r, busy=busy))
             del r
     return out, None
