@@ -19,37 +19,71 @@
 #include <stdint.h>
 #include <string.h>
 
+#define CHUNK 512 /* rows of a packed set decoded at a time */
+
 typedef struct {
-    const int64_t *rows; /* unpacked: 2 values a row; NULL where packed */
-    const char *len, *gap; /* packed: the columns after the first row */
-    int lsz, gsz;          /* their item sizes */
-    int64_t s0, e0;        /* packed: the first row */
-    Py_ssize_t n, at;      /* rows, the cursor's row */
+    const int64_t *rows;   /* the rows at hand: the set's own, or a decoded chunk */
+    Py_ssize_t n, at;      /* rows at hand, the cursor's row among them */
     int64_t s, e;          /* the cursor's row */
     Py_ssize_t wi;         /* the first interval of `within` that may meet it */
+    /* packed sets: the columns after the first row, their item sizes, rows decoded so far
+     * (of `total`), the last end decoded, and the chunk they are decoded into */
+    const char *len, *gap;
+    int lsz, gsz;
+    Py_ssize_t total, done;
+    int64_t last_e;
+    int64_t *buf;
 } Cursor;
 
-static uint64_t item(const char *p, int size, Py_ssize_t i) {
+/* Copies `count` items of `size` bytes from `src` (from item `from`) into every other slot
+ * of `dst`, as int64 (unsigned: pack's columns). */
+static void spread(int64_t *dst, const char *src, int size, Py_ssize_t from, Py_ssize_t count) {
     switch (size) {
-    case 1: return ((const uint8_t *)p)[i];
-    case 2: return ((const uint16_t *)p)[i];
-    case 4: return ((const uint32_t *)p)[i];
-    default: return ((const uint64_t *)p)[i];
+    case 1:
+        for (Py_ssize_t i = 0; i < count; i++) dst[2 * i] = ((const uint8_t *)src)[from + i];
+        break;
+    case 2:
+        for (Py_ssize_t i = 0; i < count; i++) dst[2 * i] = ((const uint16_t *)src)[from + i];
+        break;
+    case 4:
+        for (Py_ssize_t i = 0; i < count; i++) dst[2 * i] = ((const uint32_t *)src)[from + i];
+        break;
+    default:
+        for (Py_ssize_t i = 0; i < count; i++)
+            dst[2 * i] = (int64_t)((const uint64_t *)src)[from + i];
     }
 }
 
-/* Loads row `at` (rows: read; packed: from the row before, already loaded). */
-static void load(Cursor *c) {
-    if (c->rows) {
-        c->s = c->rows[2 * c->at];
-        c->e = c->rows[2 * c->at + 1];
-    } else if (c->at == 0) {
-        c->s = c->s0;
-        c->e = c->e0;
-    } else {
-        c->s = (int64_t)((uint64_t)c->e + item(c->gap, c->gsz, c->at - 1));
-        c->e = (int64_t)((uint64_t)c->s + item(c->len, c->lsz, c->at - 1));
+/* Decodes the next chunk of a packed cursor (rows 1.. of its set; row 0 is decoded when the
+ * cursor is made): 0 where none is left. */
+static int refill(Cursor *c) {
+    if (!c->buf || c->done >= c->total) return 0;
+    Py_ssize_t count = c->total - c->done;
+    if (count > CHUNK) count = CHUNK;
+    Py_ssize_t from = c->done - 1; /* (column item k is row k + 1's) */
+    spread(c->buf, c->gap, c->gsz, from, count);
+    spread(c->buf + 1, c->len, c->lsz, from, count);
+    int64_t e = c->last_e;
+    for (Py_ssize_t i = 0; i < count; i++) { /* (wraps where a hostile column overflows) */
+        int64_t s = (int64_t)((uint64_t)e + (uint64_t)c->buf[2 * i]);
+        e = (int64_t)((uint64_t)s + (uint64_t)c->buf[2 * i + 1]);
+        c->buf[2 * i] = s;
+        c->buf[2 * i + 1] = e;
     }
+    c->last_e = e;
+    c->done += count;
+    c->rows = c->buf;
+    c->n = count;
+    c->at = 0;
+    return 1;
+}
+
+/* Moves `c` to its next row, loaded: 0 where the set is done. */
+static int advance(Cursor *c) {
+    if (++c->at >= c->n && !refill(c)) return 0;
+    c->s = c->rows[2 * c->at];
+    c->e = c->rows[2 * c->at + 1];
+    return 1;
 }
 
 static void sift_down(Cursor *cur, Py_ssize_t *heap, Py_ssize_t size, Py_ssize_t i) {
@@ -100,19 +134,17 @@ static int is_int_format(const Py_buffer *v, int any_unsigned) {
                                                    v->itemsize == 4 || v->itemsize == 8);
 }
 
-/* Moves `c` to its first row, from its current one on, that meets `w` (none can meet any
- * interval before c->wi): 1 where there is one (loaded), 0 where the set is done. Rows that
- * meet nothing of `w` add nothing to the measure, so they are passed over here, decoded but
+/* Moves `c` (its current row loaded) to its first row, from that one on, that meets `w`
+ * (none can meet any interval before c->wi): 1 where there is one, 0 where the set is done.
+ * Rows that meet nothing of `w` add nothing to the measure, so they are passed over here,
  * never merged (markers: a few short intervals over a device-dense set). */
 static int settle(Cursor *c, const int64_t *w, Py_ssize_t nw) {
-    while (c->at < c->n) {
-        load(c);
+    for (;;) {
         while (c->wi < nw && w[2 * c->wi + 1] <= c->s) c->wi++;
         if (c->wi == nw) return 0;
         if (c->e > w[2 * c->wi] && c->e > c->s) return 1;
-        c->at++;
+        if (!advance(c)) return 0;
     }
-    return 0;
 }
 
 /* The measure of [s, e) intersected with the normalised `w` (nw intervals), from interval
@@ -143,12 +175,7 @@ static int64_t two_way(Cursor *a, Cursor *b, int64_t lo, int64_t hi) {
             s0 = fresh ? s : s0;
             e0 = (fresh || e > e0) ? e : e0;
         }
-        c->at++;
-        int ok = c->at < c->n;
-        if (ok) {
-            load(c);
-            ok = c->s < hi;
-        }
+        int ok = advance(c) && c->s < hi;
         if (pick)
             vb = ok;
         else
@@ -197,10 +224,17 @@ static PyObject *union_length(PyObject *module, PyObject *args) {
                 PyErr_SetString(PyExc_ValueError, bad);
                 goto done;
             }
-            cur[i].len = lv->buf, cur[i].gap = gv->buf;
-            cur[i].lsz = (int)lv->itemsize, cur[i].gsz = (int)gv->itemsize;
-            cur[i].s0 = s0, cur[i].e0 = e0;
-            cur[i].n = lv->len / lv->itemsize + 1;
+            Cursor *c = &cur[i];
+            c->len = lv->buf, c->gap = gv->buf;
+            c->lsz = (int)lv->itemsize, c->gsz = (int)gv->itemsize;
+            c->total = lv->len / lv->itemsize + 1;
+            c->buf = PyMem_Malloc(2 * CHUNK * sizeof(int64_t));
+            if (!c->buf) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            c->buf[0] = s0, c->buf[1] = e0; /* row 0, as a chunk of its own */
+            c->rows = c->buf, c->n = 1, c->done = 1, c->last_e = e0;
         } else {
             if (PyObject_GetBuffer(item_obj, &views[held], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
                 goto done;
@@ -220,7 +254,10 @@ static PyObject *union_length(PyObject *module, PyObject *args) {
     Py_ssize_t size = 0, w_at = 0;
     for (Py_ssize_t i = 0; i < k; i++) {
         Cursor *c = &cur[i];
-        c->at = c->rows ? first_after(c, lo) : 0;  /* (packed: passed over by `settle`) */
+        c->at = c->buf ? 0 : first_after(c, lo); /* (packed: passed over by `settle`) */
+        if (c->at >= c->n) continue;
+        c->s = c->rows[2 * c->at];
+        c->e = c->rows[2 * c->at + 1];
         if (settle(c, w, nw)) {
             heap[size] = i;
             sift_up(cur, heap, size++);
@@ -235,8 +272,7 @@ static PyObject *union_length(PyObject *module, PyObject *args) {
     while (size > 0) {
         Cursor *c = &cur[heap[0]];
         int64_t s = c->s, e = c->e;
-        c->at++;
-        if (settle(c, w, nw)) {
+        if (advance(c) && settle(c, w, nw)) {
             sift_down(cur, heap, size, 0);
         } else {
             heap[0] = heap[--size];
@@ -255,6 +291,7 @@ static PyObject *union_length(PyObject *module, PyObject *args) {
     Py_END_ALLOW_THREADS
     out = PyLong_FromLongLong(total);
 done:
+    for (Py_ssize_t i = 0; cur && i < k; i++) PyMem_Free(cur[i].buf);
     for (Py_ssize_t i = 0; i < held; i++) PyBuffer_Release(&views[i]);
     PyMem_Free(views);
     PyMem_Free(cur);

@@ -206,6 +206,24 @@ def test_the_compiled_merge_measures_as_numpy_does(sets, within, block_rows):
         assert got == iv.measure_union(*packed, within=w, block_rows=block_rows)
 
 
+def test_packed_sets_are_decoded_across_chunks():
+    """Sets of thousands of rows (the compiled merge decodes a packed set 512 rows at a time),
+    with gaps and lengths of every width: the same measures packed, as rows and by numpy."""
+    rng = np.random.default_rng(11)
+    for widths in ((1, 50), (1, 1 << 12), (1 << 20, 1 << 33)):
+        sets = [iv.merge(np.cumsum(rng.integers(*widths, 2 * n)).reshape(-1, 2))
+                for n in (1, 700, 5_000, 12_345)]
+        hi = max(int(x[-1, 1]) for x in sets)
+        for within in (None, [[0, hi // 3]], np.sort(rng.integers(0, hi, 40)).reshape(-1, 2)):
+            packed = [iv.Packed(x) for x in sets]
+            want = iv.measure_union(*sets, within=within)
+            assert iv.measure_union(*packed, within=within) == want
+            assert iv.measure_union(*packed[1:3], within=within) == iv.measure_union(
+                *sets[1:3], within=within)
+            with iv.numpy_only():
+                assert iv.measure_union(*sets, within=within) == want
+
+
 def test_the_compiled_merge_is_built_where_a_compiler_is():
     import shutil
     import sysconfig
