@@ -635,8 +635,11 @@ class _DeviceFold:
     classes asked for (`residency.traces.intervals.Folded`), with their counts by type and
     their extremes: `finish` gives the `FoldedClasses`. A set with ``communication`` takes
     the Communication lane's ranges too (``COMMUNICATION_OP``, communication tasks), as
-    `residency.traces.busy.busy_tasks` counts them. Batches in time order fold with one
-    batch held; the union is exact in any order (`Folded`)."""
+    `residency.traces.busy.busy_tasks` counts them. Batches in time order (each starting no
+    earlier than the one before) fold with one batch held; from the first batch out of that
+    order on, the batches' rows are held once (20 bytes a task) and folded in at `finish`, one
+    set at a time, so the unions are exact in any order and a rank's rows are never held once
+    per set."""
 
     def __init__(self, table: np.ndarray, fold: Sequence[frozenset[str]],
                  classify: Callable[[str], str],
@@ -657,6 +660,8 @@ class _DeviceFold:
         else:
             self.ops = np.empty((0, 2), np.int64)
         self.op_at = [0] * len(self.sets)  # the next `ops` row each set takes
+        self.floor: int | None = None  # the earliest start of the last batch folded
+        self.held: list[tuple[np.ndarray, ...]] | None = None  # batches out of order, and after
 
     def add(self, start: np.ndarray, end: np.ndarray, kind: np.ndarray,
             communication: tuple[np.ndarray, np.ndarray] | None) -> None:
@@ -669,9 +674,25 @@ class _DeviceFold:
             self.extremes = list(got) if not self.extremes else [
                 min(got[0], self.extremes[0]), max(got[1], self.extremes[1]),
                 min(got[2], self.extremes[2])]
-            if not iv.starts_sorted(start):  # (sorted once: each set's rows then come sorted)
-                order = np.argsort(start, kind="stable")
-                start, end, kind = start[order], end[order], kind[order]
+        starts = [int(start.min())] if len(start) else []
+        if communication is not None and len(communication[0]):
+            starts.append(int(communication[0].min()))
+        if not starts:
+            return
+        if self.held is None and self.floor is not None and min(starts) < self.floor:
+            self.held = []  # (out of time order: held from here on, folded at the end)
+        self.floor = min(starts)
+        if self.held is not None:
+            none = np.empty(0, np.int64)
+            self.held.append((start, end, kind, *(communication or (none, none))))
+            return
+        self._fold(start, end, kind, communication)
+
+    def _fold(self, start: np.ndarray, end: np.ndarray, kind: np.ndarray,
+              communication: tuple[np.ndarray, np.ndarray] | None) -> None:
+        if len(start) and not iv.starts_sorted(start):  # (sorted once: each set's rows then
+            order = np.argsort(start, kind="stable")  # come sorted)
+            start, end, kind = start[order], end[order], kind[order]
         for j, (classes, member) in enumerate(zip(self.sets, self.member, strict=True)):
             m = member[kind]
             rows = [np.column_stack((start[m], end[m]))] if bool(m.any()) else []
@@ -687,7 +708,7 @@ class _DeviceFold:
             self._add(j, rows)
 
     def _add(self, j: int, rows: list[np.ndarray]) -> None:
-        """Rows of set `j`, in parts (the first sorted by start), recorded and folded."""
+        """Rows of set `j`, in parts (each in any order), recorded and folded."""
         got = (min(int(r[:, 0].min()) for r in rows), max(int(r[:, 1].max()) for r in rows))
         was = self.bounds[j]
         self.bounds[j] = got if was is None else (min(was[0], got[0]), max(was[1], got[1]))
@@ -696,7 +717,17 @@ class _DeviceFold:
     def finish(self) -> FoldedClasses:
         """The folded tasks (the folding given up)."""
         unions = {}
+        held, self.held = self.held or [], None
         for j, classes in enumerate(self.sets):
+            if held:  # (one set's rows of the held batches at a time)
+                rows = [np.column_stack((s[self.member[j][k]], e[self.member[j][k]]))
+                        for s, e, k, _, _ in held]
+                if "communication" in classes:
+                    rows += [np.column_stack((cs, ce)) for _, _, _, cs, ce in held]
+                rows = [r for r in rows if len(r)]
+                if rows:
+                    self._add(j, [np.concatenate(rows)])
+                del rows
             if "communication" in classes and self.op_at[j] < len(self.ops):
                 self._add(j, [self.ops[self.op_at[j]:]])
             unions[classes] = iv.Packed.of_parts(*self.unions[j].packed())

@@ -107,6 +107,28 @@ def test_idle_folds_a_generated_database_batch_by_batch(tmp_path, monkeypatch, o
     assert json.loads(got) == json.loads(whole)
 
 
+def test_tasks_recorded_stream_by_stream_fold_to_the_same_figures(tmp_path, monkeypatch):
+    """A TASK table written type by type (each in time order, the whole not): the batches out
+    of time order are held once and folded at the end, the same JSON as the whole reading."""
+    d = tmp_path / "db"
+    tracegen().generate(d, 2, 6000, 9, fmt="ascend-db")
+    for db in sorted(d.rglob("*.db")):
+        con = sqlite3.connect(db)
+        con.executescript("CREATE TABLE T2 AS SELECT * FROM TASK ORDER BY taskType, startNs;"
+                          "DROP TABLE TASK; ALTER TABLE T2 RENAME TO TASK;")
+        con.close()
+    monkeypatch.setattr(ascend_db, "BATCH_ROWS", 300)
+    args = ("idle", str(d), "--no-cache", "--json", "--workers", "1", "--busy", "all")
+    rc, got, err = run_cli(*args)
+    assert rc == 0, err
+    read = ascend_db.read_db
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ascend_db, "read_db", lambda *a, **kw: read(*a, **{**kw, "fold": None}))
+        rc, whole, err = run_cli(*args)
+    assert rc == 0, err
+    assert json.loads(got) == json.loads(whole)
+
+
 def test_a_table_that_may_not_scan_in_rowid_order_is_read_at_once(tmp_path, monkeypatch):
     """An index (SQLite may scan it instead of the table) or a column named rowid: one batch,
     so the first row of a key is still the first in the order SQLite scans."""
