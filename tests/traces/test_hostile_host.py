@@ -42,7 +42,8 @@ def test_the_local_cluster_refuses_a_second_client(tmp_path, monkeypatch):
         host_port = address.split("://", 1)[1]
         for name, addr, security in (
                 ("plain", f"tcp://{host_port}", None),
-                ("own-tls", f"tls://{host_port}", Security.temporary())):
+                ("own-tls", f"tls://{host_port}", Security.temporary()),
+                ("own-ec-tls", f"tls://{host_port}", parallel.local_security())):
             try:
                 with distributed.Client(addr, security=security, timeout="5s") as c:
                     c.run_on_scheduler(lambda: 1)
@@ -56,8 +57,29 @@ def test_the_local_cluster_refuses_a_second_client(tmp_path, monkeypatch):
     local = idle_summary_at(d, marker=MARKER, cache=False)
     assert idle_summary_at(d, marker=MARKER, cache=False, scheduler="local",
                            workers=1) == local
-    assert set(tried) == {"plain", "own-tls"}
+    assert set(tried) == {"plain", "own-tls", "own-ec-tls"}
     assert "connected" not in tried.values(), tried
+
+
+def test_the_local_clusters_credentials_are_made_for_it_and_required_both_ways():
+    """`--scheduler local`'s credentials: a P-256 key made in memory for this cluster (an RSA
+    key took ~50 ms a run), one certificate every role presents and requires, encryption
+    required; two clusters never share them (F1)."""
+    pytest.importorskip("distributed", reason="dask[distributed] is not installed")
+    import ssl
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    a, b = parallel.local_security(), parallel.local_security()
+    assert a.require_encryption and a.tls_client_key != b.tls_client_key
+    cert = x509.load_pem_x509_certificate(a.tls_ca_file.encode())
+    assert isinstance(cert.public_key(), ec.EllipticCurvePublicKey)
+    assert cert.public_key().curve.name == "secp256r1"
+    for role in ("client", "scheduler", "worker"):
+        context = a.get_connection_args(role)["ssl_context"]
+        assert context.verify_mode == ssl.CERT_REQUIRED, role
+        assert a.get_listen_args(role)["ssl_context"].verify_mode == ssl.CERT_REQUIRED, role
 
 
 @pytest.mark.parametrize(("address", "words"), [
