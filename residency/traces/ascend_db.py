@@ -660,7 +660,6 @@ class _DeviceFold:
         else:
             self.ops = np.empty((0, 2), np.int64)
         self.op_at = [0] * len(self.sets)  # the next `ops` row each set takes
-        self.floor: int | None = None  # the earliest start of the last batch folded
         self.held: list[tuple[np.ndarray, ...]] | None = None  # batches out of order, and after
 
     def add(self, start: np.ndarray, end: np.ndarray, kind: np.ndarray,
@@ -674,25 +673,21 @@ class _DeviceFold:
             self.extremes = list(got) if not self.extremes else [
                 min(got[0], self.extremes[0]), max(got[1], self.extremes[1]),
                 min(got[2], self.extremes[2])]
-        starts = [int(start.min())] if len(start) else []
-        if communication is not None and len(communication[0]):
-            starts.append(int(communication[0].min()))
-        if not starts:
-            return
-        if self.held is None and self.floor is not None and min(starts) < self.floor:
+        if self.held is None and not self._fold(start, end, kind, communication):
             self.held = []  # (out of time order: held from here on, folded at the end)
-        self.floor = min(starts)
         if self.held is not None:
             none = np.empty(0, np.int64)
             self.held.append((start, end, kind, *(communication or (none, none))))
-            return
-        self._fold(start, end, kind, communication)
 
     def _fold(self, start: np.ndarray, end: np.ndarray, kind: np.ndarray,
-              communication: tuple[np.ndarray, np.ndarray] | None) -> None:
+              communication: tuple[np.ndarray, np.ndarray] | None) -> bool:
+        """Fold one batch into every set's union where each set's rows of it start no earlier
+        than its last batch's did (`Folded.floor`), so that no union gives up folding; False
+        (nothing folded) where one would."""
         if len(start) and not iv.starts_sorted(start):  # (sorted once: each set's rows then
             order = np.argsort(start, kind="stable")  # come sorted)
             start, end, kind = start[order], end[order], kind[order]
+        runs = []
         for j, (classes, member) in enumerate(zip(self.sets, self.member, strict=True)):
             m = member[kind]
             rows = [np.column_stack((start[m], end[m]))] if bool(m.any()) else []
@@ -701,11 +696,17 @@ class _DeviceFold:
             if not rows:
                 continue
             cut = min(int(r[:, 0].min()) for r in rows)
+            floor = self.unions[j].floor
+            if floor is not None and cut < floor:
+                return False
             stop = int(np.searchsorted(self.ops[:, 0], cut, "left")) if len(self.ops) else 0
-            if "communication" in classes and stop > self.op_at[j]:  # the operations that
-                rows.append(self.ops[self.op_at[j]:stop])  # start before this batch's rows
+            runs.append((j, rows, stop if "communication" in classes else None))
+        for j, rows, stop in runs:
+            if stop is not None and stop > self.op_at[j]:  # the operations that start
+                rows.append(self.ops[self.op_at[j]:stop])  # before this batch's rows
                 self.op_at[j] = stop
             self._add(j, rows)
+        return True
 
     def _add(self, j: int, rows: list[np.ndarray]) -> None:
         """Rows of set `j`, in parts (each in any order), recorded and folded."""
