@@ -25,13 +25,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import multiprocessing
 import os
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from typing import Any
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # (imported where a pool starts: a warm run answered by the cache, ~8 ms
+    from concurrent.futures import ProcessPoolExecutor  # of imports, never starts one)
 
 from residency.errors import BadInput, RunFailed
 
@@ -53,6 +55,8 @@ _kept = False
 def start_method() -> str:
     """How to start worker processes from this process: ``"fork"`` (cheapest) where it is safe,
     from a process with no threads of its own, else ``"spawn"``."""
+    import multiprocessing
+
     return "fork" if (threading.active_count() == 1 and "fork" in
                       multiprocessing.get_all_start_methods()) else "spawn"
 
@@ -66,6 +70,9 @@ def usable_cpus() -> int:
 
 def process_pool(n: int) -> ProcessPoolExecutor:
     """`n` worker processes (module doc)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
     return ProcessPoolExecutor(n, mp_context=multiprocessing.get_context(start_method()),
                                initializer=keep_heap)
 
