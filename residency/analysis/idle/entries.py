@@ -113,7 +113,8 @@ def from_entry(plan: Any, i: int, got: tuple[dict[str, Any], dict[str, np.ndarra
             if a.dtype != np.int64 or a.ndim != 2 or a.shape[1] != 2:
                 return None
             rows[k] = np.array(a)  # (not a view: the entry's bytes are freed)
-        parts = (rows["busy"], np.array(arrays["busy_lengths"]), np.array(arrays["busy_gaps"]))
+        # (packed: its columns left as views of the entry's bytes, which they are most of)
+        parts = (rows["busy"], arrays["busy_lengths"], arrays["busy_gaps"])
         rows["busy"] = iv.Packed.of_parts(*parts).checked() if packed else iv.unpack(*parts)
         end_abs = meta["end_abs"]
         if end_abs is not None and type(end_abs) is not int:
