@@ -67,6 +67,16 @@ def _reads(monkeypatch) -> list[tuple[str, int]]:
     return seen
 
 
+def _unfolded(args: tuple[str, ...]) -> dict:
+    """The CLI's JSON for `args` with every database read whole (no `fold`)."""
+    read = ascend_db.read_db
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ascend_db, "read_db", lambda *a, **kw: read(*a, **{**kw, "fold": None}))
+        rc, whole, err = run_cli(*args)
+    assert rc == 0, err
+    return json.loads(whole)
+
+
 @pytest.mark.parametrize("options", [(), ("--busy", "msprof"), ("--busy", "all"),
                                      ("--marker", "aten::mm")])
 def test_idle_folds_a_generated_database_batch_by_batch(tmp_path, monkeypatch, options):
@@ -100,11 +110,7 @@ def test_idle_folds_a_generated_database_batch_by_batch(tmp_path, monkeypatch, o
     tasks = [n for table, n in reads if table == "TASK"]
     assert len(tasks) > 2 * 3 and max(tasks) <= 300, reads
     assert loose and not any(loose)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ascend_db, "read_db", lambda *a, **kw: read(*a, **{**kw, "fold": None}))
-        rc, whole, err = run_cli(*args)
-    assert rc == 0, err
-    assert json.loads(got) == json.loads(whole)
+    assert json.loads(got) == _unfolded(args)
 
 
 def test_tasks_recorded_stream_by_stream_fold_to_the_same_figures(tmp_path, monkeypatch):
@@ -121,12 +127,7 @@ def test_tasks_recorded_stream_by_stream_fold_to_the_same_figures(tmp_path, monk
     args = ("idle", str(d), "--no-cache", "--json", "--workers", "1", "--busy", "all")
     rc, got, err = run_cli(*args)
     assert rc == 0, err
-    read = ascend_db.read_db
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ascend_db, "read_db", lambda *a, **kw: read(*a, **{**kw, "fold": None}))
-        rc, whole, err = run_cli(*args)
-    assert rc == 0, err
-    assert json.loads(got) == json.loads(whole)
+    assert json.loads(got) == _unfolded(args)
 
 
 def test_a_table_that_may_not_scan_in_rowid_order_is_read_at_once(tmp_path, monkeypatch):
