@@ -645,10 +645,12 @@ class _DeviceFold:
                  classify: Callable[[str], str],
                  ops: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> None:
         self.table = table
-        klass = [classify(str(v)) for v in table.tolist()]
+        self.classify = classify
         self.sets = list(dict.fromkeys(fold))
-        self.member = [np.fromiter((k in c for k in klass), bool, len(klass))
-                       for c in self.sets]
+        # per set, whether each value code's class is in it: filled for the codes tasks take
+        # as their type (`_classified`), not for every string of STRING_IDS (op names too)
+        self.member = [np.zeros(len(table), bool) for _ in self.sets]
+        self.known = np.zeros(len(table), bool)
         self.unions = [iv.Folded() for _ in self.sets]
         self.bounds: list[tuple[int, int] | None] = [None] * len(self.sets)  # as recorded
         self.counts = np.zeros(len(table), np.int64)
@@ -667,6 +669,7 @@ class _DeviceFold:
         """One batch: its device tasks (starts, ends, type codes) and its communication
         tasks' starts and ends (None: none)."""
         if len(start):
+            self._classified(kind)
             self.counts += np.bincount(kind, minlength=len(self.table))
             self.tasks += len(start)
             got = (int(start.min()), int(end.max()), int(end.min()))
@@ -678,6 +681,15 @@ class _DeviceFold:
         if self.held is not None:
             none = np.empty(0, np.int64)
             self.held.append((start, end, kind, *(communication or (none, none))))
+
+    def _classified(self, kind: np.ndarray) -> None:
+        """Classify the type codes of `kind` not seen before (each distinct one once)."""
+        new = np.unique(kind[~self.known[kind]])
+        for code in new.tolist():
+            klass = self.classify(str(self.table[code]))
+            for member, classes in zip(self.member, self.sets, strict=True):
+                member[code] = klass in classes
+        self.known[new] = True
 
     def _fold(self, start: np.ndarray, end: np.ndarray, kind: np.ndarray,
               communication: tuple[np.ndarray, np.ndarray] | None) -> bool:
