@@ -56,8 +56,8 @@ from residency.traces.files import (
     open_regular,
 )
 
-__all__ = ["PARSER_VERSION", "cache_dir", "enabled", "get", "get_parsed", "max_bytes",
-           "payload_digest", "put", "put_parsed"]
+__all__ = ["PARSER_VERSION", "cache_dir", "enabled", "get", "get_parsed", "get_set",
+           "max_bytes", "payload_digest", "put", "put_parsed", "put_set"]
 
 # 9: BLAKE3 trace digests (was SHA-256); 8: SHA-256 trace digests of the bytes parsed (was
 # xxh3-128); 7: distributedInfo.world_size
@@ -206,7 +206,7 @@ def get(kind: str, source: Path, stat: os.stat_result, options: dict[str, Any], 
         recorded = header.get("trace_digest")
         if not isinstance(recorded, str) or recorded.split(":", 1)[0] not in _DIGESTS:
             return None
-        if not _vouched(header, stat, st) and digest_like(
+        if not _vouched(header.get("trace_stat"), stat, st) and digest_like(
                 recorded, source, root=root, max_bytes=max_trace_bytes) != recorded:
             return None  # the trace changed (size and mtime kept)
         arrays = _arrays(header, payload)
@@ -229,15 +229,16 @@ def _fingerprint(stat: os.stat_result) -> list[int]:
     return [stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
 
 
-def _vouched(header: dict[str, Any], stat: os.stat_result, entry: os.stat_result) -> bool:
-    """Whether the trace's status alone shows it is the file the entry's digest was taken of,
+def _vouched(recorded: Any, stat: os.stat_result, entry: os.stat_result) -> bool:
+    """Whether the trace's status `stat` alone shows it is the file the entry's digest was
+    taken of (its fingerprint `recorded` then),
     so it need not be hashed again (git's index does the same): the same fingerprint, recorded
     at least `RACY_NS` before the entry was last written or used (its mtime: a change within
     the clock's granularity of the recording could keep ctime, git's racy-clean case; a use
     verified the bytes or was itself vouched for), and no seal in force (a sealed read checks
     every byte)."""
     return (os.name == "posix" and active_seal() is None  # (Windows' ctime is the creation's)
-            and header.get("trace_stat") == _fingerprint(stat)
+            and recorded == _fingerprint(stat)
             and stat.st_ctime_ns < entry.st_mtime_ns - RACY_NS)
 
 
@@ -305,12 +306,84 @@ def put(kind: str, source: Path, stat: os.stat_result, options: dict[str, Any],
             blobs.append(a.reshape(-1).view(np.uint8))
             offset += a.nbytes
         asserted = {"trace_digest": trace_digest, "trace_stat": _fingerprint(stat)}
-        header = json.dumps({"key": key, **asserted,
-                             "payload_digest": payload_digest(asserted, blobs), "meta": meta,
-                             "arrays": specs}).encode()
-        write_bytes_atomic(path, [_MAGIC + struct.pack("<Q", len(header)) + header, *blobs],
-                           tmp=tmp, mode=0o600, fsync=False)
-        _written(path.parent, path, len(_MAGIC) + 8 + len(header) + offset)
+        _write(path, tmp, {"key": key, **asserted, "payload_digest":
+                           payload_digest(asserted, blobs), "meta": meta, "arrays": specs},
+               blobs, offset)
+    except (OSError, ValueError, TypeError):
+        pass
+
+
+def _write(path: Path, tmp: Path, header: dict[str, Any], blobs: list[Any], size: int) -> None:
+    """Write an entry: `header`, then the `blobs` (`size` bytes in all)."""
+    head = json.dumps(header).encode()
+    write_bytes_atomic(path, [_MAGIC + struct.pack("<Q", len(head)) + head, *blobs],
+                       tmp=tmp, mode=0o600, fsync=False)
+    _written(path.parent, path, len(_MAGIC) + 8 + len(head) + size)
+
+
+# -- a trace set's figures (`residency.analysis.idle`: the all-rank summary) -----------------
+
+def _set_key(kind: str, sources: list[Path], stats: list[os.stat_result],
+             options: dict[str, Any]) -> dict[str, Any]:
+    return {"kind": kind, "parser": PARSER_VERSION, "options": options,
+            "paths": [str(_real(s)) for s in sources], "sizes": [st.st_size for st in stats],
+            "mtimes_ns": [st.st_mtime_ns for st in stats]}
+
+
+SET_MAX_BYTES = 1 << 24  # a set's entry holds figures (JSON), never columns
+
+
+def get_set(kind: str, sources: list[Path], stats: list[os.stat_result],
+            options: dict[str, Any], *, root: Path | None = None) -> dict[str, Any] | None:
+    """The figures recorded (`put_set`) for the trace set `sources` (in this order; `stats`:
+    their status, taken now) under `options`, when every trace's status vouches that it is
+    the file they were computed from (`_vouched`). No trace is hashed: where one's status
+    does not vouch for it (changed, or written within `RACY_NS` of the entry), None, and the
+    ranks' own entries decide, each checking its trace's digest."""
+    if not sources or not all(enabled(root, s) for s in sources):
+        return None
+    key = _set_key(kind, sources, stats, options)
+    path = _entry(key)
+    try:
+        fd, st = open_regular(path, max_bytes=SET_MAX_BYTES)
+    except TraceError:  # absent, not a regular file, too large: no entry
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(st.st_size + 1)
+        if len(data) != st.st_size:
+            return None
+        header, payload = _split(data)
+        recorded = header.get("trace_stat")
+        if (header.get("key") != key or len(payload) or header.get("arrays") != []
+                or header.get("payload_digest") != payload_digest(header, [])
+                or not isinstance(recorded, list) or len(recorded) != len(stats)
+                or not all(_vouched(r, s, st) for r, s in zip(recorded, stats, strict=True))):
+            return None
+        meta = header.get("meta")
+        if not isinstance(meta, dict):
+            return None
+    except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error):
+        return None  # an unusable entry is ignored; the next computation rewrites it
+    with contextlib.suppress(OSError):
+        os.utime(path)  # recently used
+    return meta
+
+
+def put_set(kind: str, sources: list[Path], stats: list[os.stat_result],
+            options: dict[str, Any], meta: dict[str, Any], *, root: Path | None = None
+            ) -> None:
+    """Record `meta` (JSON: the figures of the trace set `sources`, computed under `options`
+    from the files whose status was `stats`) for `get_set`; a failure is ignored, as `put`'s."""
+    if not sources or not all(enabled(root, s) for s in sources):
+        return
+    path = _entry(_set_key(kind, sources, stats, options))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}{_TMP_SUFFIX}")
+    try:
+        asserted = {"trace_stat": [_fingerprint(st) for st in stats]}
+        _write(path, tmp, {"key": _set_key(kind, sources, stats, options), **asserted,
+                           "payload_digest": payload_digest(asserted, []), "meta": meta,
+                           "arrays": []}, [], 0)
     except (OSError, ValueError, TypeError):
         pass
 

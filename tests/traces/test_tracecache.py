@@ -412,7 +412,7 @@ def test_cache_dir_follows_xdg_and_can_be_turned_off(tmp_path, monkeypatch):
     assert run_cli("idle", str(d), "--no-cache")[0] == 0
     assert not (tmp_path / "xdg").exists()
     assert run_cli("idle", str(d))[0] == 0
-    assert len(list((tmp_path / "xdg").rglob("*.entry"))) == 2
+    assert len(list((tmp_path / "xdg").rglob("*.entry"))) == 3  # 2 ranks, the set's summary
 
 
 def test_a_cache_dir_inside_the_traces_folder_is_never_used(tmp_path, monkeypatch):
@@ -441,7 +441,8 @@ def test_entries_are_used_and_follow_the_trace(tmp_path, monkeypatch, fixture):
     fresh_idle = idle_summary_at(d, cache=False)
     load_traces(d)
     idle_summary_at(d)
-    assert len(entries()) == 4  # columns and reduction of two ranks
+    # columns and reduction of two ranks, and a Kineto set's summary
+    assert len(entries()) == 4 + (fixture == "kineto_basic")
     calls = _counting(monkeypatch)
     same_traces(load_traces(d), fresh)
     assert idle_summary_at(d) == fresh_idle
@@ -546,6 +547,96 @@ def test_a_sealed_read_hashes_the_trace_whatever_its_status(tmp_path, monkeypatc
     assert len(hashed) == 2
 
 
+# -- a trace set's summary ----------------------------------------------------------------
+
+def _counting_reductions(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    reductions = idle.reductions_at
+    monkeypatch.setattr(idle, "reductions_at",
+                        lambda plan, *a, **k: calls.append(len(plan.sources))
+                        or reductions(plan, *a, **k))
+    return calls
+
+
+def _raised(call) -> tuple[object, list[tuple[type, str]]]:
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = call()
+    return got, [(w.category, str(w.message)) for w in caught]
+
+
+def test_a_repeated_idle_reads_the_sets_summary_not_its_ranks(tmp_path, monkeypatch):
+    """Once its traces' status vouches for them, a Kineto set's summary is the recorded one:
+    no rank's reduction is read, the figures and warnings are the computed ones (the window
+    basis too), and another option or a changed trace computes again."""
+    d = many_ranks(tmp_path / "t", 3)
+    src = d / "rank0" / "trace.json"
+    doc = json.loads(src.read_text())
+    doc["distributedInfo"]["rank"] = 5  # a warning: its path names rank 0
+    src.write_text(json.dumps(doc))
+    kw = dict(marker="release", window_marker="aten::mm")
+    cold, cold_warned = _raised(lambda: idle_summary_at(d, **kw))
+    assert cold.window_basis == "window marker" and cold.ranks == (1, 2, 5)
+    assert any("its path names rank 0" in m for _, m in cold_warned)
+    reduced, parsed = _counting_reductions(monkeypatch), _counting(monkeypatch)
+    assert _raised(lambda: idle_summary_at(d, **kw)) == (cold, cold_warned)
+    assert reduced == [3] and parsed == []  # just written: too recent to vouch (racy)
+    _age_entries(10)
+    reduced.clear()
+    hashed = _counting_digests(monkeypatch)
+    assert _raised(lambda: idle_summary_at(d, **kw)) == (cold, cold_warned)
+    assert reduced == [] and parsed == [] and hashed == []
+    assert idle_summary_at(d, marker="release") == idle_summary_at(d, marker="release",
+                                                                     cache=False)
+    assert reduced == [3, 3]  # another option: another summary (and the uncached one)
+    doc = json.loads(src.read_text())
+    doc["traceEvents"].append({"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7,
+                               "ts": 0, "dur": 1})
+    src.write_text(json.dumps(doc))
+    parsed.clear()
+    now = idle_summary_at(d, **kw)
+    assert parsed == [src]  # the changed trace alone, the others from their entries
+    assert now == idle_summary_at(d, **kw, cache=False) != cold
+
+
+def test_warnings_before_an_error_are_raised_with_it(tmp_path):
+    """What `idle_summary_at` warns while computing a set it cannot summarise (no device task
+    anywhere) reaches the caller with the error; nothing is recorded."""
+    d = tmp_path / "t"
+    d.mkdir()
+    (d / "rank0.trace.json").write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 0,
+         "dur": 5}]}))
+    for _ in range(2):
+        with pytest.warns(UserWarning, match="no device task"), \
+                pytest.raises(ValueError, match="allow_no_device_tasks"):
+            idle_summary_at(d)
+    _age_entries(10)
+    assert [p for p in entries() if "idle-summary" in p.read_bytes()[:4096].decode(
+        errors="replace")] == []
+
+
+def test_the_summary_json_reads_back_as_the_summary(tmp_path):
+    """`IdleSummary.from_dict` reads what `to_dict` wrote (torch-npu step checks included);
+    a field of the wrong type is named."""
+    from residency.analysis.idle.model import IdleSummary
+
+    for fixture in ("kineto_basic", "ascend_basic", "field/npu_session"):
+        s = idle_summary(load_traces(copy_fixture(fixture, tmp_path / fixture), cache=False),
+                         marker="release")
+        back = IdleSummary.from_dict(json.loads(json.dumps(s.to_dict())))
+        assert back == s and back.to_dict() == s.to_dict()
+    assert any(r.steps for r in s.per_rank)  # (the torch-npu set's)
+    bad = json.loads(json.dumps(s.to_dict()))
+    bad["per_rank"][str(s.ranks[0])]["busy_ns"] = "12"
+    with pytest.raises(ValueError, match=rf"per_rank\[{s.ranks[0]}\]\.busy_ns"):
+        IdleSummary.from_dict(bad)
+    with pytest.raises(ValueError, match="ranks"):
+        IdleSummary.from_dict({**s.to_dict(), "ranks": [99]})
+
+
 def test_mtime_alone_invalidates(tmp_path, monkeypatch):
     d = copy_fixture("kineto_basic", tmp_path)
     load_traces(d)
@@ -610,8 +701,8 @@ def test_an_edited_entry_with_a_recomputed_digest_still_needs_the_trace(tmp_path
 
 
 def forge(entry: Path) -> bytes:
-    """`entry` with its first busy interval (or device task) 3 s longer and every digest
-    recomputed: an entry that a loader reading it would trust."""
+    """`entry` with its first busy interval (or device task; a set's all-rank idle) 3 s off
+    and every digest recomputed: an entry that a loader reading it would trust."""
     import struct
 
     data = bytearray(entry.read_bytes())
@@ -619,9 +710,12 @@ def forge(entry: Path) -> bytes:
     (n,) = struct.unpack_from("<Q", data, magic)
     header = json.loads(bytes(data[magic + 8:magic + 8 + n]))
     payload = bytearray(data[magic + 8 + n:])
-    (offset,) = [a[3] for a in header["arrays"] if a[0] in ("busy", "device")]
-    end = struct.unpack_from("<q", payload, offset + 8)[0]
-    struct.pack_into("<q", payload, offset + 8, end + 3_000_000_000)
+    if header["key"]["kind"] == "idle-summary":  # a set's figures: its all-rank idle 3 s off
+        header["meta"]["summary"]["all_rank_idle_ns"] -= 3_000_000_000
+    else:
+        (offset,) = [a[3] for a in header["arrays"] if a[0] in ("busy", "device")]
+        end = struct.unpack_from("<q", payload, offset + 8)[0]
+        struct.pack_into("<q", payload, offset + 8, end + 3_000_000_000)
     header["payload_digest"] = tracecache.payload_digest(header, [bytes(payload)])
     head = json.dumps(header).encode()
     return bytes(data[:magic]) + struct.pack("<Q", len(head)) + head + bytes(payload)
@@ -639,7 +733,7 @@ def test_a_forged_cache_shipped_with_a_run_has_no_effect(tmp_path, monkeypatch):
     idle_summary_at(real, marker="release")
     load_traces(real)
     forged = {p.name: forge(p) for p in (tmp_path / "forger").rglob("*.entry")}
-    assert len(forged) == 4
+    assert len(forged) == 5
     for p in (tmp_path / "forger").rglob("*.entry"):  # the forgery is what a reader trusts
         p.write_bytes(forged[p.name])
     assert idle_summary_at(real, marker="release") != truth
@@ -657,6 +751,7 @@ def test_a_forged_cache_shipped_with_a_run_has_no_effect(tmp_path, monkeypatch):
 
 
 def test_the_cache_is_bounded_least_recently_used_first(tmp_path, monkeypatch):
+    monkeypatch.setattr(idle.entries, "SUMMARY_FORMATS", frozenset())  # ranks' entries alone
     d = many_ranks(tmp_path / "t", 3)
     idle_summary_at(d, cache=True)
     sizes = sorted(p.stat().st_size for p in entries())
@@ -696,13 +791,19 @@ def test_an_idle_entry_holds_the_busy_union_packed(tmp_path):
 
     d = many_ranks(tmp_path / "t", 2)
     cold = idle_summary_at(d, marker="release")
+    ranks = 0
     for p in entries():
         data = p.read_bytes()
         magic = data.index(b"\n") + 1
         (n,) = np.frombuffer(data[magic:magic + 8], "<u8")
-        specs = {a[0]: a for a in json.loads(data[magic + 8:magic + 8 + int(n)])["arrays"]}
+        header = json.loads(data[magic + 8:magic + 8 + int(n)])
+        if header["key"]["kind"] == "idle-summary":
+            continue
+        specs = {a[0]: a for a in header["arrays"]}
         assert specs["busy"][2] == [1, 2]
         assert specs["busy_lengths"][1] in ("|u1", "<u2", "<u4")
+        ranks += 1
+    assert ranks == 2
     assert idle_summary_at(d, marker="release") == cold
 
 

@@ -32,10 +32,11 @@ import dataclasses
 import os
 import warnings
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from residency.analysis.idle import entries
 from residency.analysis.idle.checks import check_free, step_checks, warn_unknown
 from residency.analysis.idle.model import IdleSummary, RankIdle, RankReduction
 from residency.analysis.idle.reduce import (
@@ -266,7 +267,10 @@ def idle_summary_at(path: str | os.PathLike[str], *, marker: str | None = None,
     traces at the same paths (a shared file system) and import this version of residency.
     With `cache`, each rank's reduction is taken from (and recorded in) the user's cache
     directory of the machine that reads it (`residency.traces.cache`; key: the trace's content
-    digest, size, mtime, these options and the parser version).
+    digest, size, mtime, these options and the parser version); without `scheduler`, a Kineto
+    set's summary and its warnings are recorded there too, and given back (the warnings raised
+    again) while every trace's status vouches that it is unchanged
+    (`residency.analysis.idle.entries.summary_cached`).
 
     Raises:
         TraceError: as `residency.traces.load.load_traces`.
@@ -283,6 +287,37 @@ def idle_summary_at(path: str | os.PathLike[str], *, marker: str | None = None,
     job = {"busy": definition.name, "marker": marker, "window_marker": window_marker,
            "cache": cache, "chunk_bytes": chunk_bytes or tr.CHUNK_BYTES,
            "max_trace_bytes": max_trace_bytes or tr.MAX_TRACE_BYTES}
+    if not (cache and scheduler is None and plan.format in entries.SUMMARY_FORMATS):
+        return _summary_at(plan, job, definition, scheduler, workers, allow_no_device_tasks)
+    # the set's summary, recorded on this machine (ranks' status only: nothing hashed)
+    stats = [tr.open_stat(s, plan.parse_root, job["max_trace_bytes"]) for s in plan.sources]
+    key = entries.summary_options(plan, job, session=session, group=group,
+                                  allow_no_device_tasks=allow_no_device_tasks)
+    hit = entries.summary_cached(plan, key, stats)
+    if hit is not None:
+        for w in hit[1]:
+            warnings.warn(w, stacklevel=2)
+        return hit[0]
+    caught: list[warnings.WarningMessage] = []
+    try:  # its warnings, recorded with it (raised again here, whatever happens)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            summary = _summary_at(plan, job, definition, scheduler, workers,
+                                  allow_no_device_tasks)
+    finally:
+        for w in caught:
+            warnings.warn(w.message, stacklevel=2)
+    entries.record_summary(plan, key, stats, summary, [w.message for w in caught])
+    return summary
+
+
+def _summary_at(plan: Any, job: dict[str, Any], definition: busydef.BusyDefinition,
+                scheduler: str | None, workers: int | None, allow_no_device_tasks: bool
+                ) -> IdleSummary:
+    """`idle_summary_at`'s figures, computed from the ranks' reductions."""
+    from residency.traces import load as tr
+
+    marker, window_marker = job["marker"], job["window_marker"]
     n = len(plan.sources)
     reductions, union = reductions_at(plan, job, scheduler=scheduler, workers=workers)
     if plan.format == "ascend":

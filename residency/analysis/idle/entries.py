@@ -1,6 +1,8 @@
 """The ``idle`` entries of the trace cache (`residency.traces.cache`): a `RankReduction` and
-the options it was computed under, written and read back (`record`, `cached`); an entry that
-is not well formed reads as no entry."""
+the options it was computed under, written and read back (`record`, `cached`); and a Kineto
+trace set's `IdleSummary` with the warnings its computation raised (`record_summary`,
+`summary_cached`), so that a repeated ``residency idle`` reads one small entry instead of every
+rank's union. An entry that is not well formed reads as no entry."""
 
 from __future__ import annotations
 
@@ -9,11 +11,12 @@ from typing import Any
 
 import numpy as np
 
-from residency.analysis.idle.model import RankReduction
+from residency.analysis.idle.model import IdleSummary, RankReduction
 from residency.traces import busy as busydef
 from residency.traces import intervals as iv
 
-__all__ = ["cached", "entry_meta", "from_entry", "options", "record", "recorded"]
+__all__ = ["cached", "entry_meta", "from_entry", "options", "record", "record_summary",
+           "recorded", "summary_cached", "summary_options"]
 
 
 def options(plan: Any, job: dict[str, Any]) -> dict[str, Any]:
@@ -136,3 +139,70 @@ def from_entry(plan: Any, i: int, got: tuple[dict[str, Any], dict[str, np.ndarra
                              hosts, rows.get("computing"), rows.get("work"), world)
     except (KeyError, TypeError, ValueError):
         return None
+
+
+# -- a trace set's summary ------------------------------------------------------------------
+
+SUMMARY_FORMATS = frozenset({"kineto"})  # whose figures come from the trace files alone
+# (a torch-npu set's also from its CSV summaries and profiler metadata: not recorded)
+
+
+def summary_options(plan: Any, job: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """What a trace set's summary entry was computed under: the ranks' `options`, the folder
+    as given (warnings name files by it), the trace size limit and `extra` (the other
+    arguments of `residency.analysis.idle.idle_summary_at` that change its figures or its
+    warnings)."""
+    return {**options(plan, job), "summary": 1, "root": str(plan.root),
+            "max_trace_bytes": job["max_trace_bytes"], **extra}
+
+
+def _categories() -> dict[str, type[Warning]]:
+    """The warning categories a summary entry may replay, by name."""
+    from residency.traces.load import TraceNote
+
+    return {c.__name__: c for c in (UserWarning, RuntimeWarning, TraceNote)}
+
+
+def summary_cached(plan: Any, key: dict[str, Any], stats: list[os.stat_result]
+                   ) -> tuple[IdleSummary, list[Warning]] | None:
+    """The summary recorded for `plan`'s traces as they are now (`stats`) under `key`
+    (`summary_options`), with the warnings to raise again; None without a usable entry."""
+    import dataclasses
+
+    from residency.traces import cache as tracecache
+
+    if plan.format not in SUMMARY_FORMATS:
+        return None
+    got = tracecache.get_set("idle-summary", list(plan.sources), stats, key,
+                             root=plan.parse_root)
+    if got is None:
+        return None
+    try:
+        summary = IdleSummary.from_dict(got["summary"])
+        basis, notes = got["window_basis"], got["warnings"]
+        kinds = _categories()
+        if type(basis) is not str or not isinstance(notes, list):
+            return None
+        replay = [kinds[k](m) for k, m in notes if type(m) is str]
+        if len(replay) != len(notes):
+            return None
+    except (KeyError, TypeError, ValueError):
+        return None
+    return dataclasses.replace(summary, window_basis=basis), replay
+
+
+def record_summary(plan: Any, key: dict[str, Any], stats: list[os.stat_result],
+                   summary: IdleSummary, raised: list[Warning]) -> None:
+    """Record `summary` of `plan`'s traces (their status `stats` taken before they were read)
+    and the warnings its computation `raised`, under `key`; nothing where a warning's category
+    could not be raised again as it was."""
+    from residency.traces import cache as tracecache
+
+    kinds = _categories()
+    if plan.format not in SUMMARY_FORMATS or any(kinds.get(type(w).__name__) is not type(w)
+                                                 for w in raised):
+        return
+    meta = {"summary": summary.to_dict(), "window_basis": summary.window_basis,
+            "warnings": [[type(w).__name__, str(w)] for w in raised]}
+    tracecache.put_set("idle-summary", list(plan.sources), stats, key, meta,
+                       root=plan.parse_root)

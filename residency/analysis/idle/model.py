@@ -71,6 +71,74 @@ class IdleSummary:
         }
 
 
+    @classmethod
+    def from_dict(cls, d: Any) -> IdleSummary:
+        """The summary `to_dict` wrote (as JSON read back: ranks as keys are strings), its
+        `window_basis` (not in that JSON) the default.
+
+        Raises:
+            ValueError: `d` is not such an object (naming the first field that is not).
+        """
+        def get(obj: Any, field: str, kind: Any, where: str = "") -> Any:
+            if not isinstance(obj, dict) or field not in obj:
+                raise ValueError(f"{where}{field}: missing")
+            v = obj[field]
+            ok = ((type(v) is int) if kind is int else
+                  (v is None or type(v) is int) if kind == "int?" else
+                  (v is None or type(v) is str) if kind == "str?" else isinstance(v, kind))
+            if not ok:
+                raise ValueError(f"{where}{field}: {type(v).__name__}, not {kind}")
+            return v
+
+        def counts(obj: Any, field: str, where: str) -> dict[str, int]:
+            v = get(obj, field, dict, where)
+            if not all(type(k) is str and type(n) is int for k, n in v.items()):
+                raise ValueError(f"{where}{field}: not counts by name")
+            return dict(v)
+
+        ranks = get(d, "ranks", list)
+        window = get(d, "window_ns", list)
+        per = get(d, "per_rank", dict)
+        if (not all(type(r) is int for r in ranks) or len(window) != 2
+                or not all(type(t) is int for t in window)
+                or sorted(per) != sorted(str(r) for r in ranks)):
+            raise ValueError("ranks, window_ns, per_rank: do not agree")
+        rows = []
+        for r in ranks:
+            at = f"per_rank[{r}]."
+            row = per[str(r)]
+            steps = get(row, "torch_npu_steps", list, at)
+            if steps:
+                from residency.traces.ascend import StepCheck
+
+                steps = [StepCheck(get(c, "step", str, at),
+                                   get(c, "reported_computing_ns", int, at),
+                                   get(c, "reported_free_ns", int, at),
+                                   get(c, "computing_ns", "int?", at),
+                                   get(c, "free_ns", "int?", at),
+                                   _pair_or_none(get(c, "window_ns", (list, type(None)), at)))
+                         for c in steps]
+            rows.append(RankIdle(r, get(row, "busy_ns", int, at), get(row, "idle_ns", int, at),
+                                 get(row, "device_tasks", int, at), get(row, "markers", int, at),
+                                 get(row, "span_idle_ns", int, at),
+                                 counts(row, "excluded_tasks", at),
+                                 get(row, "reported_free_ns", "int?", at),
+                                 counts(row, "unknown_tasks", at), tuple(steps)))
+        return cls(get(d, "format", str), tuple(ranks), (window[0], window[1]),
+                   get(d, "window_measure_ns", int), get(d, "all_rank_idle_ns", int),
+                   get(d, "marker_ns", int), get(d, "marker_idle_intersection_ns", int),
+                   get(d, "rejected_events", int), tuple(rows), get(d, "marker", "str?"),
+                   get(d, "window_marker", "str?"), get(d, "busy_definition", str))
+
+
+def _pair_or_none(v: list[Any] | None) -> tuple[int, int] | None:
+    if v is None:
+        return None
+    if len(v) != 2 or not all(type(t) is int for t in v):
+        raise ValueError(f"not a pair of ints: {v!r}")
+    return v[0], v[1]
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class RankReduction:
     """What one rank contributes to an `IdleSummary`: its busy union and its marker ranges,
