@@ -8,19 +8,23 @@ directory that lies inside the folder the traces were found in is not used at al
 
 Key: an entry's file name is a digest of what it stands for: its kind (``columns``: one
 file's parsed columns, for `residency.traces.load.load_traces`; ``idle``: one rank's
-reduction, for `residency.analysis.idle`), `PARSER_VERSION`, the options it was computed
-under, and the trace's real path, size and mtime_ns. Its header repeats that key and records
-the content digest of the trace's bytes as they were parsed
-(`residency.traces.files.content_hash`); the payload (arrays) carries its own digest. An
-entry is used only when the key matches, the trace read now has the recorded digest (a change
-that keeps size and mtime is caught) and the payload matches its digest; an edited,
-truncated, foreign or unreadable entry is ignored, and rewritten after the parse. Entries are
-read as regular files of bounded size; arrays are rebuilt from raw bytes of a whitelisted
-dtype (no pickle). The trace is not hashed again where its status vouches for it (`_vouched`:
-the same device, inode, size, mtime and ctime as when its digest was taken, recorded at least
-`RACY_NS` before the entry was written or last used, on POSIX, outside a sealed read), as git's
-index skips unchanged files: any write through the file system moves ctime, which no user can
-set back. The payload digest covers the trace's digest and status as well as the arrays.
+reduction, for `residency.analysis.idle`; ``idle-summary``: a trace set's summary, `put_set`),
+`PARSER_VERSION`, the options it was computed under, and the trace's real path, size and
+mtime_ns (a set's: each trace's). Its header repeats that key and records the trace's status
+and the content digest of its bytes as they were parsed (`residency.traces.files.content_hash`);
+the payload (arrays) carries its own digest. An entry is used only when the key matches, the
+trace read now has the recorded digest (a change that keeps size and mtime is caught) and the
+payload matches its digest; an edited, truncated, foreign or unreadable entry is ignored, and
+rewritten after the parse. Entries are read as regular files of bounded size; arrays are
+rebuilt from raw bytes of a whitelisted dtype (no pickle). The trace is not hashed again where
+its status vouches for it (`_vouched`: the same device, inode, size, mtime and ctime as
+recorded, at least `RACY_NS` before the entry was written or last used, on POSIX, outside a
+sealed read), as git's index skips unchanged files: any write through the file system moves
+ctime, which no user can set back. So a trace that last changed `RACY_NS` before it is read
+(`settled`) needs no digest at all: its ``idle`` entry records its status alone (taken before
+the read, and recorded only if the trace still has it after), used only where that status
+vouches for it, else the trace is read again; a set's summary is always such an entry. The
+payload digest covers the trace's digest and status as well as the arrays.
 
 Bounded: at most `max_bytes()` in all (``RESIDENCY_CACHE_MAX_BYTES``, default 4 GiB); after a
 write the least recently used entries are removed (a hit refreshes an entry's mtime).
@@ -57,7 +61,7 @@ from residency.traces.files import (
 )
 
 __all__ = ["PARSER_VERSION", "cache_dir", "enabled", "get", "get_parsed", "get_set",
-           "max_bytes", "payload_digest", "put", "put_parsed", "put_set"]
+           "max_bytes", "payload_digest", "put", "put_parsed", "put_set", "settled"]
 
 # 9: BLAKE3 trace digests (was SHA-256); 8: SHA-256 trace digests of the bytes parsed (was
 # xxh3-128); 7: distributedInfo.world_size
@@ -204,10 +208,14 @@ def get(kind: str, source: Path, stat: os.stat_result, options: dict[str, Any], 
         if header.get("payload_digest") != payload_digest(header, [payload]):
             return None  # edited or truncated: never trusted
         recorded = header.get("trace_digest")
-        if not isinstance(recorded, str) or recorded.split(":", 1)[0] not in _DIGESTS:
+        vouched = _vouched(header.get("trace_stat"), stat, st)
+        if recorded is None:  # an entry of the status alone: used where it vouches
+            if not vouched:
+                return None
+        elif not isinstance(recorded, str) or recorded.split(":", 1)[0] not in _DIGESTS:
             return None
-        if not _vouched(header.get("trace_stat"), stat, st) and digest_like(
-                recorded, source, root=root, max_bytes=max_trace_bytes) != recorded:
+        elif not vouched and digest_like(recorded, source, root=root,
+                                         max_bytes=max_trace_bytes) != recorded:
             return None  # the trace changed (size and mtime kept)
         arrays = _arrays(header, payload)
         meta = header.get("meta")
@@ -221,6 +229,14 @@ def get(kind: str, source: Path, stat: os.stat_result, options: dict[str, Any], 
 
 
 RACY_NS = 2 * 10**9  # a status recorded this close to the entry's writing vouches for nothing
+
+
+def settled(stat: os.stat_result) -> bool:
+    """Whether a trace of status `stat` (taken now) last changed long enough ago that an
+    entry written after it is read will be vouched for by that status (`_vouched`): then its
+    digest is not needed (`put` without one), and it need not be hashed as it is read."""
+    return (os.name == "posix" and active_seal() is None
+            and stat.st_ctime_ns < time.time_ns() - RACY_NS)
 
 
 def _fingerprint(stat: os.stat_result) -> list[int]:
@@ -288,11 +304,19 @@ def put(kind: str, source: Path, stat: os.stat_result, options: dict[str, Any],
         trace_digest: str | None, meta: dict[str, Any], arrays: dict[str, np.ndarray], *,
         root: Path | None = None) -> None:
     """Record an entry (module doc); a failure (read-only or full disk, ...) is ignored.
-    Nothing is recorded without the trace's digest. The entry is written to a temporary file
+    Without the trace's digest (`trace_digest` None), an entry of its status alone, used only
+    where that vouches for the trace (`_vouched`), and recorded only where the trace's status
+    is still `stat` (not changed while it was read). The entry is written to a temporary file
     created exclusively (never through a link), mode 0600, then renamed into place; removed
     when the write is interrupted."""
-    if trace_digest is None or not enabled(root, source):
+    if not enabled(root, source):
         return
+    if trace_digest is None:
+        try:
+            if _fingerprint(os.stat(source)) != _fingerprint(stat):
+                return
+        except OSError:
+            return
     key = _key(kind, source, stat, options)
     path = _entry(key)
     tmp = path.with_name(f".{path.name}.{os.getpid()}{_TMP_SUFFIX}")
@@ -475,7 +499,10 @@ def _codes(names: np.ndarray) -> tuple[np.ndarray, list[str]]:
 
 def put_parsed(source: Path, stat: os.stat_result, p: Parsed, *,
                root: Path | None = None) -> None:
-    """Record the parse of `source` (kind ``columns``); needs `p.digest`."""
+    """Record the parse of `source` (kind ``columns``); needs `p.digest` (else nothing is
+    recorded)."""
+    if p.digest is None:
+        return
     device_names = (p.device_names if p.device_names is not None
                     else object_array([""] * len(p.device)))
     codes, table = _codes(np.concatenate((p.names, device_names)))

@@ -547,6 +547,66 @@ def test_a_sealed_read_hashes_the_trace_whatever_its_status(tmp_path, monkeypatc
     assert len(hashed) == 2
 
 
+def _trace_digests() -> list[object]:
+    """The trace digest each ``idle`` entry of a rank records (None: its status alone)."""
+    import struct
+
+    out = []
+    for p in entries():
+        data = p.read_bytes()
+        magic = data.index(b"\n") + 1
+        (n,) = struct.unpack_from("<Q", data, magic)
+        header = json.loads(data[magic + 8:magic + 8 + n])
+        if header["key"]["kind"] == "idle":
+            out.append(header["trace_digest"])
+    return out
+
+
+def test_a_settled_trace_is_not_hashed_and_its_status_keys_its_entry(tmp_path, monkeypatch):
+    """A trace that last changed `RACY_NS` before it is read is not hashed: its entry records
+    its status alone, used while that status vouches for the trace (never under a seal); a
+    change that keeps size and mtime moves ctime, and the trace is read again."""
+    import time
+
+    monkeypatch.setattr(idle.entries, "SUMMARY_FORMATS", frozenset())  # ranks' entries alone
+    monkeypatch.setattr(tracecache, "RACY_NS", 50_000_000)
+    d = copy_fixture("kineto_basic", tmp_path)
+    src = d / "rank0.trace.json"
+    time.sleep(0.1)
+    first = idle_summary_at(d)
+    assert _trace_digests() == [None, None]
+    time.sleep(0.1)
+    calls, hashed = _counting(monkeypatch), _counting_digests(monkeypatch)
+    assert idle_summary_at(d) == first and calls == [] and hashed == []
+    unsealed = tracecache.active_seal
+    monkeypatch.setattr(tracecache, "active_seal", lambda: object())
+    assert idle_summary_at(d) == first and len(calls) == 2  # a seal: status vouches nothing
+    monkeypatch.setattr(tracecache, "active_seal", unsealed)
+    calls.clear()
+    st = src.stat()
+    text = src.read_text()
+    i = text.index('"dur": 50')
+    src.write_text(text[:i] + '"dur": 90' + text[i + len('"dur": 50'):])
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))  # size and mtime as they were
+    now = idle_summary_at(d)
+    assert calls == [src] and now != first and now == idle_summary_at(d, cache=False)
+
+
+def test_an_entry_of_the_status_alone_is_not_recorded_for_a_trace_changed_while_read(
+        tmp_path):
+    """`put` without a digest records nothing where the trace's status is no longer the one
+    taken before it was read."""
+    d = copy_fixture("kineto_basic", tmp_path)
+    src = d / "rank0.trace.json"
+    before = src.stat()
+    args = ("idle", src, before, {"t": 1}, None, {}, {})
+    src.write_text(src.read_text() + " ")
+    tracecache.put(*args, root=d)
+    assert entries() == []
+    tracecache.put(args[0], src, src.stat(), *args[3:], root=d)
+    assert len(entries()) == 1
+
+
 # -- a trace set's summary ----------------------------------------------------------------
 
 def _counting_reductions(monkeypatch) -> list[int]:

@@ -45,10 +45,12 @@ def cached(plan: Any, i: int, job: dict[str, Any], stat: os.stat_result | None =
     return from_entry(plan, i, got, packed=packed) if got is not None else None
 
 
-def record(plan: Any, i: int, job: dict[str, Any], stat: os.stat_result, digest: Any,
+def record(plan: Any, i: int, job: dict[str, Any], stat: os.stat_result, digest: str | None,
            r: RankReduction) -> None:
     """Record item `i`'s reduction `r` (computed under `job` from the bytes whose content
-    digest is `digest`) in the user's cache."""
+    digest is `digest`, of the trace whose status was `stat` before it was read) in the user's
+    cache; `digest` None: an entry of the trace's status alone
+    (`residency.traces.cache.put`)."""
     from residency.traces import cache as tracecache
 
     busy: Any = r.busy  # (packed already where the parse folded the rank's device rows)

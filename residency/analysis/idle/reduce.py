@@ -107,14 +107,19 @@ def rank_reduction(plan: Any, i: int, *, busy: str, marker: str | None,
 
 
 def _computed(plan: Any, i: int, job: dict[str, Any], parsed: Any, *,
-              packed: bool = False) -> RankReduction:
+              packed: bool = False, stat: os.stat_result | None = None) -> RankReduction:
+    """Item `i`'s reduction, parsed here (or from `parsed`, its parse, of the trace whose
+    status was `stat` before it was read) and recorded."""
     from residency.traces import cache as tracecache
     from residency.traces import load as tr
     from residency.traces.columns import NotFoldable
 
     source, root, limit = plan.sources[i], plan.parse_root, job["max_trace_bytes"]
-    stat = tr.open_stat(source, root, limit)
+    if stat is None:
+        stat = tr.open_stat(source, root, limit)
     cache = job["cache"] and tracecache.enabled(root, source)
+    # hashed as it is read only where its status will not vouch for it (changed lately)
+    digest = cache and not tracecache.settled(stat)
     own = parsed is None  # parsed here for this reduction alone: its arrays can be reused
     wrx = None if job["window_marker"] is None else compile_pattern(job["window_marker"],
                                                              "window_marker")
@@ -123,7 +128,7 @@ def _computed(plan: Any, i: int, job: dict[str, Any], parsed: Any, *,
     if parsed is None:  # (Kineto: device rows folded into their union as they are read; a
         # torch-npu database: into one union per set of classes; every format: only the host
         # ranges the patterns match kept, the others counted)
-        kw = dict(root=root, chunk_bytes=job["chunk_bytes"], max_bytes=limit, digest=cache,
+        kw = dict(root=root, chunk_bytes=job["chunk_bytes"], max_bytes=limit, digest=digest,
                   device_names=False)
         try:
             parsed = tr.parse_source(plan.format, source, fold_device=True,
@@ -133,7 +138,9 @@ def _computed(plan: Any, i: int, job: dict[str, Any], parsed: Any, *,
         except NotFoldable:  # (a start out of range once the base is added, or a torch-npu
             # process named anew after its rows were counted: the whole rows needed)
             parsed = tr.parse_source(plan.format, source, **kw)
-    content_rank, digest, parsed_world = parsed.rank, parsed.digest, parsed.world_size
+    content_rank, parsed_world = parsed.rank, parsed.world_size
+    trace_digest = parsed.digest if digest else None  # (None: an entry of its status)
+    record = cache and (trace_digest is not None or not digest)
     folded, host_folded = parsed.device_folded, parsed.host_folded
     by_class = parsed.device_classes
     rank = tr.rank_of(plan, i, content_rank, warn=False)  # warned once, where gathered
@@ -148,8 +155,8 @@ def _computed(plan: Any, i: int, job: dict[str, Any], parsed: Any, *,
         r = _with_folded(r, folded)
     if by_class is not None:
         r = _with_classes(r, by_class, definition)
-    if cache:  # (digest: of exactly the bytes parsed; none, nothing is recorded)
-        entries.record(plan, i, job, stat, digest, r)
+    if record:  # (a digest asked for and none given: nothing is recorded)
+        entries.record(plan, i, job, stat, trace_digest, r)
     if isinstance(r.busy, iv.Packed) and not packed:
         r = dataclasses.replace(r, busy=r.busy.unpack())
     return r
@@ -223,6 +230,7 @@ def _here(plan: Any, job: dict[str, Any], workers: int | None
     worker process while there are enough of them, or each large file in parts in the workers
     (`residency.traces.load.parse_files`; a database, never read in parts, read here) and
     reduced here, one rank at a time."""
+    from residency.traces import cache as tracecache
     from residency.traces import load as tr
 
     n_items = len(plan.sources)
@@ -254,9 +262,10 @@ def _here(plan: Any, job: dict[str, Any], workers: int | None
                 continue
             (p,) = tr.parse_files(plan.format, [plan.sources[i]], workers=workers,
                                   root=plan.parse_root, chunk_bytes=job["chunk_bytes"],
-                                  max_bytes=job["max_trace_bytes"], digest=job["cache"],
+                                  max_bytes=job["max_trace_bytes"],
+                                  digest=job["cache"] and not tracecache.settled(stats[i]),
                                   device_names=False)
-            done[i] = _computed(plan, i, job, p, packed=True)
+            done[i] = _computed(plan, i, job, p, packed=True, stat=stats[i])
             del p
     return [found[i] if found[i] is not None else done[i] for i in range(n_items)], None
 
