@@ -670,7 +670,8 @@ class _DeviceFold:
         tasks' starts and ends (None: none)."""
         if len(start):
             self._classified(kind)
-            self.counts += np.bincount(kind, minlength=len(self.table))
+            seen = np.bincount(kind)  # (up to the largest code seen, not the whole table:
+            self.counts[:len(seen)] += seen  # STRING_IDS may hold millions of op names)
             self.tasks += len(start)
             got = (int(start.min()), int(end.max()), int(end.min()))
             self.extremes = list(got) if not self.extremes else [
