@@ -270,7 +270,9 @@ def idle_summary_at(path: str | os.PathLike[str], *, marker: str | None = None,
     digest, size, mtime, these options and the parser version); without `scheduler`, a Kineto
     set's summary and its warnings are recorded there too, and given back (the warnings raised
     again) while every trace's status vouches that it is unchanged
-    (`residency.analysis.idle.entries.summary_cached`).
+    (`residency.analysis.idle.entries.summary_cached`); while such a set is computed, the
+    process's warnings are recorded (`warnings.catch_warnings`, which is not thread-safe) and
+    raised again when it ends.
 
     Raises:
         TraceError: as `residency.traces.load.load_traces`.
