@@ -354,9 +354,11 @@ def against_bare(label: str, d: Path, total: int, ranks: int, args: argparse.Nam
               f"{med(rs, 'rss_mb'):.0f} MB = {med(rs, 'rss_mb') / mb:.1%} of the {what}")
     print(f"cold / bare read: wall {ratio(cold, bare)}, CPU {ratio(cold, bare, 'cpu_s')}  "
           "(target <= 1.2x)")
-    if runs["msgspec"] and nocache:  # (--scale-quick runs no --no-cache)
-        print(f"--no-cache, compiled reader / msgspec path: wall {ratio(nocache, runs['msgspec'])}"
-              f", CPU {ratio(nocache, runs['msgspec'], 'cpu_s')}")
+    if runs["msgspec"]:
+        if nocache:  # (--scale-quick runs no --no-cache)
+            print(f"--no-cache, compiled reader / msgspec path: wall "
+                  f"{ratio(nocache, runs['msgspec'])}, CPU "
+                  f"{ratio(nocache, runs['msgspec'], 'cpu_s')}")
     elif fmt.startswith("kineto"):
         print("the compiled reader is not built here (no C compiler at install, or "
               "RESIDENCY_PURE_PYTHON is set): every figure is the msgspec path's")
