@@ -378,14 +378,12 @@ def get_set(kind: str, sources: list[Path], stats: list[os.stat_result],
         if len(data) != st.st_size:
             return None
         header, payload = _split(data)
-        recorded = header.get("trace_stat")
+        recorded, meta = header.get("trace_stat"), header.get("meta")
         if (header.get("key") != key or len(payload) or header.get("arrays") != []
-                or header.get("payload_digest") != payload_digest(header, [])
+                or not isinstance(meta, dict)
+                or header.get("payload_digest") != payload_digest(header, [_canonical(meta)])
                 or not isinstance(recorded, list) or len(recorded) != len(stats)
                 or not all(_vouched(r, s, st) for r, s in zip(recorded, stats, strict=True))):
-            return None
-        meta = header.get("meta")
-        if not isinstance(meta, dict):
             return None
     except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error):
         return None  # an unusable entry is ignored; the next computation rewrites it
@@ -394,11 +392,17 @@ def get_set(kind: str, sources: list[Path], stats: list[os.stat_result],
     return meta
 
 
+def _canonical(meta: dict[str, Any]) -> bytes:
+    """A set entry's figures as its digest covers them (they are its payload)."""
+    return json.dumps(meta, sort_keys=True).encode()
+
+
 def put_set(kind: str, sources: list[Path], stats: list[os.stat_result],
             options: dict[str, Any], meta: dict[str, Any], *, root: Path | None = None
             ) -> None:
     """Record `meta` (JSON: the figures of the trace set `sources`, computed under `options`
-    from the files whose status was `stats`) for `get_set`; a failure is ignored, as `put`'s."""
+    from the files whose status was `stats`; covered by the entry's digest) for `get_set`; a
+    failure is ignored, as `put`'s."""
     if not sources or not all(enabled(root, s) for s in sources):
         return
     path = _entry(_set_key(kind, sources, stats, options))
@@ -406,8 +410,8 @@ def put_set(kind: str, sources: list[Path], stats: list[os.stat_result],
     try:
         asserted = {"trace_stat": [_fingerprint(st) for st in stats]}
         _write(path, tmp, {"key": _set_key(kind, sources, stats, options), **asserted,
-                           "payload_digest": payload_digest(asserted, []), "meta": meta,
-                           "arrays": []}, [], 0)
+                           "payload_digest": payload_digest(asserted, [_canonical(meta)]),
+                           "meta": meta, "arrays": []}, [], 0)
     except (OSError, ValueError, TypeError):
         pass
 

@@ -661,6 +661,52 @@ def test_a_repeated_idle_reads_the_sets_summary_not_its_ranks(tmp_path, monkeypa
     assert now == idle_summary_at(d, **kw, cache=False) != cold
 
 
+def _summary_entry() -> Path:
+    (p,) = [p for p in entries() if b'"idle-summary"' in p.read_bytes()[:4096]]
+    return p
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "garbage", "wrong type", "too large"])
+def test_a_damaged_summary_entry_is_ignored_and_rewritten(tmp_path, monkeypatch, damage):
+    """A set's summary entry that is damaged, or well sealed but not a summary (a field of
+    another type, its digest recomputed), or larger than a summary may be, is not used: the
+    ranks' entries answer, with the figures of an uncached run, and the entry is rewritten."""
+    import struct
+
+    d = many_ranks(tmp_path / "t", 2)
+    truth = idle_summary_at(d, marker="release", cache=False)
+    idle_summary_at(d, marker="release")
+    _age_entries(10)
+    p = _summary_entry()
+    data = p.read_bytes()
+    magic = data.index(b"\n") + 1
+    (n,) = struct.unpack_from("<Q", data, magic)
+    header = json.loads(data[magic + 8:magic + 8 + n])
+    if damage == "flip":  # the last digit of the all-rank idle time: still valid JSON
+        i = data.index(b'"all_rank_idle_ns": ') + len(b'"all_rank_idle_ns": ')
+        i = data.index(b",", i) - 1
+        data = data[:i] + bytes([data[i] ^ 1]) + data[i + 1:]
+    elif damage == "truncate":
+        data = data[:len(data) // 2]
+    elif damage == "garbage":
+        data = b"not an entry" * 10
+    else:
+        if damage == "wrong type":
+            header["meta"]["summary"]["all_rank_idle_ns"] = "12"
+        else:
+            header["meta"]["padding"] = "x" * tracecache.SET_MAX_BYTES
+        header["payload_digest"] = tracecache.payload_digest(
+            header, [json.dumps(header["meta"], sort_keys=True).encode()])
+        head = json.dumps(header).encode()
+        data = data[:magic] + struct.pack("<Q", len(head)) + head
+    p.write_bytes(data)
+    os.utime(p, ns=(p.stat().st_atime_ns, p.stat().st_mtime_ns + 10**10))  # still vouched
+    reduced = _counting_reductions(monkeypatch)
+    assert idle_summary_at(d, marker="release") == truth
+    assert reduced == [2]  # the summary refused: the ranks' entries read
+    assert _summary_entry().read_bytes() != data  # rewritten
+
+
 def test_warnings_before_an_error_are_raised_with_it(tmp_path):
     """What `idle_summary_at` warns while computing a set it cannot summarise (no device task
     anywhere) reaches the caller with the error; nothing is recorded."""
@@ -772,11 +818,13 @@ def forge(entry: Path) -> bytes:
     payload = bytearray(data[magic + 8 + n:])
     if header["key"]["kind"] == "idle-summary":  # a set's figures: its all-rank idle 3 s off
         header["meta"]["summary"]["all_rank_idle_ns"] -= 3_000_000_000
+        blobs = [json.dumps(header["meta"], sort_keys=True).encode()]  # (its payload)
     else:
         (offset,) = [a[3] for a in header["arrays"] if a[0] in ("busy", "device")]
         end = struct.unpack_from("<q", payload, offset + 8)[0]
         struct.pack_into("<q", payload, offset + 8, end + 3_000_000_000)
-    header["payload_digest"] = tracecache.payload_digest(header, [bytes(payload)])
+        blobs = [bytes(payload)]
+    header["payload_digest"] = tracecache.payload_digest(header, blobs)
     head = json.dumps(header).encode()
     return bytes(data[:magic]) + struct.pack("<Q", len(head)) + head + bytes(payload)
 
