@@ -24,7 +24,8 @@ ctime, which no user can set back. So a trace that last changed `RACY_NS` before
 (`settled`) needs no digest at all: its ``idle`` entry records its status alone (taken before
 the read, and recorded only if the trace still has it after), used only where that status
 vouches for it, else the trace is read again; a set's summary is always such an entry. The
-payload digest covers the trace's digest and status as well as the arrays.
+payload digest covers the trace's digest and status as well as the arrays (a set's entry: its
+figures, which are its payload).
 
 Bounded: at most `max_bytes()` in all (``RESIDENCY_CACHE_MAX_BYTES``, default 4 GiB); after a
 write the least recently used entries are removed (a hit refreshes an entry's mtime).
