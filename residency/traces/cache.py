@@ -192,20 +192,11 @@ def get(kind: str, source: Path, stat: os.stat_result, options: dict[str, Any], 
         return None
     key = _key(kind, source, stat, options)
     path = _entry(key)
-    try:
-        fd, st = open_regular(path, max_bytes=max_bytes() or _DEFAULT_MAX)
-    except TraceError:  # absent, not a regular file, too large: no entry
+    got = _read(path, key, max_bytes() or _DEFAULT_MAX)
+    if got is None:
         return None
+    header, payload, st = got
     try:
-        with os.fdopen(fd, "rb") as f:
-            # (a numpy buffer: large ones are backed by huge pages where the kernel allows,
-            # 3 ms to fault in 15 MB here against 9 ms for a bytearray)
-            data = np.empty(st.st_size, np.uint8)
-            if f.readinto(data) != st.st_size:
-                return None
-        header, payload = _split(data)
-        if header.get("key") != key:
-            return None
         if header.get("payload_digest") != payload_digest(header, [payload]):
             return None  # edited or truncated: never trusted
         recorded = header.get("trace_digest")
@@ -229,6 +220,28 @@ def get(kind: str, source: Path, stat: os.stat_result, options: dict[str, Any], 
     return {**meta, "trace_digest": recorded}, arrays
 
 
+def _read(path: Path, key: dict[str, Any], limit: int
+          ) -> tuple[dict[str, Any], memoryview, os.stat_result] | None:
+    """The header, payload and status of the entry at `path` when it is a regular file of at
+    most `limit` bytes whose header repeats `key`; None otherwise (absent, unreadable, not an
+    entry, another key)."""
+    try:
+        fd, st = open_regular(path, max_bytes=limit)
+    except TraceError:  # absent, not a regular file, too large: no entry
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            # (a numpy buffer: large ones are backed by huge pages where the kernel allows,
+            # 3 ms to fault in 15 MB here against 9 ms for a bytearray)
+            data = np.empty(st.st_size, np.uint8)
+            if f.readinto(data) != st.st_size:
+                return None
+        header, payload = _split(data)
+    except (OSError, ValueError, TypeError, struct.error):
+        return None
+    return (header, payload, st) if header.get("key") == key else None
+
+
 RACY_NS = 2 * 10**9  # a status recorded this close to the entry's writing vouches for nothing
 
 
@@ -236,8 +249,13 @@ def settled(stat: os.stat_result) -> bool:
     """Whether a trace of status `stat` (taken now) last changed long enough ago that an
     entry written after it is read will be vouched for by that status (`_vouched`): then its
     digest is not needed (`put` without one), and it need not be hashed as it is read."""
-    return (os.name == "posix" and active_seal() is None
-            and stat.st_ctime_ns < time.time_ns() - RACY_NS)
+    return _status_may_vouch() and stat.st_ctime_ns < time.time_ns() - RACY_NS
+
+
+def _status_may_vouch() -> bool:
+    """Whether a trace's status may stand for its bytes at all: on POSIX (Windows' ctime is the
+    creation's), outside a sealed read (which checks every byte)."""
+    return os.name == "posix" and active_seal() is None
 
 
 def _fingerprint(stat: os.stat_result) -> list[int]:
@@ -254,8 +272,7 @@ def _vouched(recorded: Any, stat: os.stat_result, entry: os.stat_result) -> bool
     the clock's granularity of the recording could keep ctime, git's racy-clean case; a use
     verified the bytes or was itself vouched for), and no seal in force (a sealed read checks
     every byte)."""
-    return (os.name == "posix" and active_seal() is None  # (Windows' ctime is the creation's)
-            and recorded == _fingerprint(stat)
+    return (_status_may_vouch() and recorded == _fingerprint(stat)
             and stat.st_ctime_ns < entry.st_mtime_ns - RACY_NS)
 
 
@@ -369,18 +386,13 @@ def get_set(kind: str, sources: list[Path], stats: list[os.stat_result],
         return None
     key = _set_key(kind, sources, stats, options)
     path = _entry(key)
-    try:
-        fd, st = open_regular(path, max_bytes=SET_MAX_BYTES)
-    except TraceError:  # absent, not a regular file, too large: no entry
+    got = _read(path, key, SET_MAX_BYTES)
+    if got is None:
         return None
+    header, payload, st = got
     try:
-        with os.fdopen(fd, "rb") as f:
-            data = f.read(st.st_size + 1)
-        if len(data) != st.st_size:
-            return None
-        header, payload = _split(data)
         recorded, meta = header.get("trace_stat"), header.get("meta")
-        if (header.get("key") != key or len(payload) or header.get("arrays") != []
+        if (len(payload) or header.get("arrays") != []
                 or not isinstance(meta, dict)
                 or header.get("payload_digest") != payload_digest(header, [_canonical(meta)])
                 or not isinstance(recorded, list) or len(recorded) != len(stats)
@@ -406,11 +418,12 @@ def put_set(kind: str, sources: list[Path], stats: list[os.stat_result],
     failure is ignored, as `put`'s."""
     if not sources or not all(enabled(root, s) for s in sources):
         return
-    path = _entry(_set_key(kind, sources, stats, options))
+    key = _set_key(kind, sources, stats, options)
+    path = _entry(key)
     tmp = path.with_name(f".{path.name}.{os.getpid()}{_TMP_SUFFIX}")
     try:
         asserted = {"trace_stat": [_fingerprint(st) for st in stats]}
-        _write(path, tmp, {"key": _set_key(kind, sources, stats, options), **asserted,
+        _write(path, tmp, {"key": key, **asserted,
                            "payload_digest": payload_digest(asserted, [_canonical(meta)]),
                            "meta": meta, "arrays": []}, [], 0)
     except (OSError, ValueError, TypeError):

@@ -107,9 +107,10 @@ def rank_reduction(plan: Any, i: int, *, busy: str, marker: str | None,
 
 
 def _computed(plan: Any, i: int, job: dict[str, Any], parsed: Any, *,
-              packed: bool = False, stat: os.stat_result | None = None) -> RankReduction:
+              packed: bool = False, stat: os.stat_result | None = None,
+              hashed: bool | None = None) -> RankReduction:
     """Item `i`'s reduction, parsed here (or from `parsed`, its parse, of the trace whose
-    status was `stat` before it was read) and recorded."""
+    status was `stat` before it was read, `hashed` as it was read or not) and recorded."""
     from residency.traces import cache as tracecache
     from residency.traces import load as tr
     from residency.traces.columns import NotFoldable
@@ -118,8 +119,8 @@ def _computed(plan: Any, i: int, job: dict[str, Any], parsed: Any, *,
     if stat is None:
         stat = tr.open_stat(source, root, limit)
     cache = job["cache"] and tracecache.enabled(root, source)
-    # hashed as it is read only where its status will not vouch for it (changed lately)
-    digest = cache and not tracecache.settled(stat)
+    if hashed is None:
+        hashed = _hashed(plan, i, job, stat)
     own = parsed is None  # parsed here for this reduction alone: its arrays can be reused
     wrx = None if job["window_marker"] is None else compile_pattern(job["window_marker"],
                                                              "window_marker")
@@ -128,7 +129,7 @@ def _computed(plan: Any, i: int, job: dict[str, Any], parsed: Any, *,
     if parsed is None:  # (Kineto: device rows folded into their union as they are read; a
         # torch-npu database: into one union per set of classes; every format: only the host
         # ranges the patterns match kept, the others counted)
-        kw = dict(root=root, chunk_bytes=job["chunk_bytes"], max_bytes=limit, digest=digest,
+        kw = dict(root=root, chunk_bytes=job["chunk_bytes"], max_bytes=limit, digest=hashed,
                   device_names=False)
         try:
             parsed = tr.parse_source(plan.format, source, fold_device=True,
@@ -139,8 +140,8 @@ def _computed(plan: Any, i: int, job: dict[str, Any], parsed: Any, *,
             # process named anew after its rows were counted: the whole rows needed)
             parsed = tr.parse_source(plan.format, source, **kw)
     content_rank, parsed_world = parsed.rank, parsed.world_size
-    trace_digest = parsed.digest if digest else None  # (None: an entry of its status)
-    record = cache and (trace_digest is not None or not digest)
+    trace_digest = parsed.digest if hashed else None  # (None: an entry of its status)
+    record = cache and (trace_digest is not None or not hashed)
     folded, host_folded = parsed.device_folded, parsed.host_folded
     by_class = parsed.device_classes
     rank = tr.rank_of(plan, i, content_rank, warn=False)  # warned once, where gathered
@@ -160,6 +161,16 @@ def _computed(plan: Any, i: int, job: dict[str, Any], parsed: Any, *,
     if isinstance(r.busy, iv.Packed) and not packed:
         r = dataclasses.replace(r, busy=r.busy.unpack())
     return r
+
+
+def _hashed(plan: Any, i: int, job: dict[str, Any], stat: os.stat_result) -> bool:
+    """Whether item `i` (status `stat`, taken before it is read) is hashed as it is read: for
+    its cache entry, where its status will not vouch for it (changed lately,
+    `residency.traces.cache.settled`)."""
+    from residency.traces import cache as tracecache
+
+    return (job["cache"] and tracecache.enabled(plan.parse_root, plan.sources[i])
+            and not tracecache.settled(stat))
 
 
 def _wanted(marker: re.Pattern[str] | None, window_marker: re.Pattern[str] | None
@@ -230,7 +241,6 @@ def _here(plan: Any, job: dict[str, Any], workers: int | None
     worker process while there are enough of them, or each large file in parts in the workers
     (`residency.traces.load.parse_files`; a database, never read in parts, read here) and
     reduced here, one rank at a time."""
-    from residency.traces import cache as tracecache
     from residency.traces import load as tr
 
     n_items = len(plan.sources)
@@ -260,12 +270,12 @@ def _here(plan: Any, job: dict[str, Any], workers: int | None
             if tr.is_database(plan.sources[i]):
                 done[i] = _computed(plan, i, job, None, packed=True)
                 continue
+            hashed = _hashed(plan, i, job, stats[i])
             (p,) = tr.parse_files(plan.format, [plan.sources[i]], workers=workers,
                                   root=plan.parse_root, chunk_bytes=job["chunk_bytes"],
-                                  max_bytes=job["max_trace_bytes"],
-                                  digest=job["cache"] and not tracecache.settled(stats[i]),
+                                  max_bytes=job["max_trace_bytes"], digest=hashed,
                                   device_names=False)
-            done[i] = _computed(plan, i, job, p, packed=True, stat=stats[i])
+            done[i] = _computed(plan, i, job, p, packed=True, stat=stats[i], hashed=hashed)
             del p
     return [found[i] if found[i] is not None else done[i] for i in range(n_items)], None
 
