@@ -642,7 +642,7 @@ def test_a_repeated_idle_reads_the_sets_summary_not_its_ranks(tmp_path, monkeypa
     assert any("its path names rank 0" in m for _, m in cold_warned)
     reduced, parsed = _counting_reductions(monkeypatch), _counting(monkeypatch)
     assert _raised(lambda: idle_summary_at(d, **kw)) == (cold, cold_warned)
-    assert reduced == [3] and parsed == []  # just written: too recent to vouch (racy)
+    assert parsed == []  # (the summary too recent to vouch, racy, or not: the same figures)
     _age_entries(10)
     reduced.clear()
     hashed = _counting_digests(monkeypatch)
